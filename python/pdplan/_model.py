@@ -1,0 +1,121 @@
+"""The reference API's value types: frozen dataclasses that validate through the Rust core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+from pdplan import _core
+from pdplan._core import UnsupportedPDLayoutError
+
+__all__ = [
+    "BufferKind",
+    "BufferLayout",
+    "ParallelLayout",
+    "RankTransferPlan",
+    "TransferFragment",
+    "UnsupportedPDLayoutError",
+]
+
+
+class BufferKind(str, Enum):
+    TARGET_K = "target_k"
+    TARGET_V = "target_v"
+    DRAFT_K = "draft_k"
+    DRAFT_V = "draft_v"
+    MAMBA_STATE = "mamba_state"
+
+
+def _coerce_kind(obj: object) -> None:
+    """Turn a plain string such as ``"target_k"`` into its ``BufferKind`` member."""
+    kind = obj.buffer_kind  # type: ignore[attr-defined]
+    if isinstance(kind, BufferKind):
+        return
+    try:
+        member = BufferKind(kind)
+    except ValueError:
+        raise UnsupportedPDLayoutError(
+            f"buffer_kind must be one of {[k.value for k in BufferKind]}, got {kind!r}"
+        ) from None
+    object.__setattr__(obj, "buffer_kind", member)
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """One side's ranks: ``world_size`` ranks in ``dp_size`` DP groups of equal TP size."""
+
+    role: Literal["prefill", "decode"]
+    world_size: int
+    dp_size: int = 1
+
+    def __post_init__(self) -> None:
+        _core.check_parallel_layout(self)
+
+    @property
+    def tp_size_per_dp(self) -> int:
+        return self.world_size // self.dp_size
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    """Logical layout for one cache/state buffer.
+
+    ``tp_replica_group_size`` describes TP ranks that hold the same logical
+    shard. It is used by GQA/MQA-style KV caches when the prefill TP size is
+    larger than the number of distinct KV heads.
+    """
+
+    buffer_index: int
+    buffer_kind: BufferKind
+    logical_axis: Literal["kv_head", "state_channel", "replicated"]
+    logical_size: int
+    page_size: int
+    bytes_per_logical_unit: int
+    item_stride_bytes: int
+    tp_replica_group_size: int = 1
+
+    def __post_init__(self) -> None:
+        _coerce_kind(self)
+        _core.check_buffer_layout(self)
+
+
+@dataclass(frozen=True)
+class TransferFragment:
+    """Bytes ``[offset, offset + bytes_per_page)`` of every page of one buffer, one rank pair."""
+
+    buffer_index: int
+    buffer_kind: BufferKind
+    src_rank: int
+    dst_rank: int
+    src_page_stride_bytes: int
+    dst_page_stride_bytes: int
+    src_byte_offset: int
+    dst_byte_offset: int
+    bytes_per_page: int
+    page_count: int | None = None
+
+    def __post_init__(self) -> None:
+        _coerce_kind(self)
+        _core.check_transfer_fragment(self)
+
+
+@dataclass(frozen=True)
+class RankTransferPlan:
+    """What one decode rank receives: its prefill sources, fragments and their fanouts."""
+
+    plan_kind: Literal["identity", "fragmented"]
+    target_dp_group: int
+    target_prefill_ranks: tuple[int, ...]
+    required_prefill_response_num: int
+    fragments_by_prefill_rank: dict[int, tuple[TransferFragment, ...]]
+    required_dst_info_num_by_prefill_rank: dict[int, int]
+
+    def required_dst_info_num_for_prefill_rank(self, prefill_rank: int) -> int:
+        try:
+            return self.required_dst_info_num_by_prefill_rank[prefill_rank]
+        except (KeyError, TypeError):
+            raise UnsupportedPDLayoutError(
+                f"prefill_rank={prefill_rank!r} is not a source of this plan; its sources are "
+                f"{list(self.target_prefill_ranks)}"
+            ) from None

@@ -1,0 +1,41 @@
+"""``PDTransferPlanner``: the reference's planner API over the compiled core."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pdplan import _core
+from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan
+
+__all__ = ["PDTransferPlanner"]
+
+
+class PDTransferPlanner:
+    """Plans prefill -> decode transfers for one pair of layouts.
+
+    Construction validates both sides and counts every prefill rank's fanout;
+    ``plan_for_decode_rank`` then answers one decode rank at a time. All of it runs in Rust.
+    """
+
+    def __init__(
+        self,
+        *,
+        prefill_layout: ParallelLayout,
+        decode_layout: ParallelLayout,
+        prefill_buffers: Sequence[BufferLayout],
+        decode_buffers: Sequence[BufferLayout],
+    ) -> None:
+        self.prefill_layout = prefill_layout
+        self.decode_layout = decode_layout
+        self.prefill_buffers = prefill_buffers
+        self.decode_buffers = decode_buffers
+        self._core = _core.Planner(prefill_layout, decode_layout, prefill_buffers, decode_buffers)
+
+    def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan:
+        plan: RankTransferPlan = self._core.plan_for_decode_rank(decode_rank)
+        return plan
+
+    @property
+    def source_fanout(self) -> dict[int, int]:
+        """How many decode ranks each prefill rank serves, for every prefill rank (a copy)."""
+        return self._core.source_fanout()

@@ -1,0 +1,18 @@
+//! pdplan: plans how a KV cache moves from prefill to decode ranks in a disaggregated LLM
+//! server. The core (everything but `python`) knows nothing of Python.
+
+pub mod error;
+pub mod fragment;
+pub mod geometry;
+pub mod interval;
+pub mod layout;
+pub mod planner;
+pub mod wire;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{PlanError, PlanResult};
+pub use fragment::Fragment;
+pub use layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role};
+pub use planner::{PlanKind, Planner, RankPlan, SourcePlan};

@@ -1,0 +1,384 @@
+//! The planner: validates a prefill/decode pair, counts each prefill rank's fanout and plans
+//! the fragments of one decode rank.
+//!
+//! Construction routes each decode TP rank once per *distinct* sharding (not per buffer) and
+//! finds overlapping prefill shards by arithmetic, so it costs ranks x shardings, not
+//! ranks x buffers x TP.
+
+use std::collections::HashMap;
+
+use crate::error::{bail, PlanError, PlanResult};
+use crate::fragment::Fragment;
+use crate::geometry::{route, PageGeometry, Route, Sharding};
+use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanKind {
+    /// Same TP on both sides and no replica groups: copy whole items rank to rank.
+    Identity,
+    Fragmented,
+}
+
+impl PlanKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Identity => "identity",
+            Self::Fragmented => "fragmented",
+        }
+    }
+}
+
+/// What one decode rank receives from one prefill rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourcePlan {
+    pub prefill_rank: u64,
+    /// Fragments in buffer order; empty for identity plans.
+    pub fragments: Vec<Fragment>,
+    /// How many decode ranks this prefill rank serves in all (its fanout).
+    pub fanout: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankPlan {
+    pub kind: PlanKind,
+    pub target_dp_group: u64,
+    /// Prefill ranks ascending.
+    pub sources: Vec<SourcePlan>,
+}
+
+#[derive(Debug, Clone)]
+struct BufferPair {
+    prefill: BufferLayout,
+    decode: BufferLayout,
+    /// Index into `Planner::shardings`.
+    sharding: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Planner {
+    prefill: ParallelLayout,
+    decode: ParallelLayout,
+    buffers: Vec<BufferPair>,
+    shardings: Vec<Sharding>,
+    geometry: PageGeometry,
+    identity: bool,
+    /// Fanout of each prefill TP rank of a DP group that decode ranks read from; the groups
+    /// beyond the decode side's DP count serve nobody.
+    fanout_per_tp_rank: Vec<u64>,
+}
+
+impl Planner {
+    pub fn new(
+        prefill: ParallelLayout,
+        decode: ParallelLayout,
+        prefill_buffers: &[BufferLayout],
+        decode_buffers: &[BufferLayout],
+    ) -> PlanResult<Self> {
+        validate_pairs(prefill_buffers, decode_buffers)?;
+        for (layout, buffers) in [(&prefill, prefill_buffers), (&decode, decode_buffers)] {
+            for buffer in buffers {
+                validate_alignment(layout, buffer)?;
+            }
+        }
+        if decode.dp_size > prefill.dp_size {
+            bail!(
+                "decode dp_size={} is larger than prefill dp_size={}: decode DP group g reads \
+                 from prefill DP group g, so decode groups {}..{} have no source; use a decode \
+                 dp_size of at most {}",
+                decode.dp_size,
+                prefill.dp_size,
+                prefill.dp_size,
+                decode.dp_size,
+                prefill.dp_size
+            );
+        }
+        let mut shardings: Vec<Sharding> = Vec::new();
+        let mut sharding_ids: HashMap<Sharding, usize> = HashMap::new();
+        let buffers = prefill_buffers
+            .iter()
+            .zip(decode_buffers)
+            .map(|(p, d)| {
+                let sharding = Sharding::of(p, d);
+                let id = *sharding_ids.entry(sharding).or_insert_with(|| {
+                    shardings.push(sharding);
+                    shardings.len() - 1
+                });
+                BufferPair {
+                    prefill: *p,
+                    decode: *d,
+                    sharding: id,
+                }
+            })
+            .collect();
+        let identity = prefill.tp_size() == decode.tp_size()
+            && prefill_buffers
+                .iter()
+                .chain(decode_buffers)
+                .all(|b| b.tp_replica_group_size == 1);
+        let mut planner = Self {
+            prefill,
+            decode,
+            buffers,
+            shardings,
+            geometry: PageGeometry::default(),
+            identity,
+            fanout_per_tp_rank: Vec::new(),
+        };
+        planner.fanout_per_tp_rank = planner.count_fanout();
+        Ok(planner)
+    }
+
+    pub const fn prefill(&self) -> &ParallelLayout {
+        &self.prefill
+    }
+
+    pub const fn decode(&self) -> &ParallelLayout {
+        &self.decode
+    }
+
+    pub const fn is_identity(&self) -> bool {
+        self.identity
+    }
+
+    /// Decode ranks that read from `prefill_rank`.
+    pub fn fanout(&self, prefill_rank: u64) -> u64 {
+        let group = prefill_rank / self.prefill.tp_size();
+        if group >= self.decode.dp_size {
+            return 0;
+        }
+        let tp_rank = usize::try_from(prefill_rank % self.prefill.tp_size()).unwrap_or(usize::MAX);
+        self.fanout_per_tp_rank.get(tp_rank).copied().unwrap_or(0)
+    }
+
+    /// Fanout of every prefill rank, rank order.
+    pub fn source_fanout(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (0..self.prefill.world_size).map(|rank| (rank, self.fanout(rank)))
+    }
+
+    fn count_fanout(&self) -> Vec<u64> {
+        let prefill_tp = self.prefill.tp_size();
+        let decode_tp = self.decode.tp_size();
+        let slots = usize::try_from(prefill_tp).unwrap_or(0);
+        let mut counts = vec![0u64; slots];
+        // `seen[p] == d + 1` marks prefill TP rank p as already counted for decode TP rank d.
+        let mut seen = vec![0u64; slots];
+        for decode_tp_rank in 0..decode_tp {
+            for &sharding in &self.shardings {
+                let mut count = |prefill_tp_rank: u64| {
+                    let slot = usize::try_from(prefill_tp_rank).unwrap_or(usize::MAX);
+                    if let (Some(mark), Some(count)) = (seen.get_mut(slot), counts.get_mut(slot)) {
+                        if *mark != decode_tp_rank + 1 {
+                            *mark = decode_tp_rank + 1;
+                            *count += 1;
+                        }
+                    }
+                };
+                match route(sharding, prefill_tp, decode_tp, decode_tp_rank) {
+                    Route::Nothing => {}
+                    Route::WholeItem { prefill_tp_rank } => count(prefill_tp_rank),
+                    Route::Units(overlaps) => {
+                        overlaps.iter().for_each(|o| count(o.prefill_tp_rank));
+                    }
+                }
+            }
+        }
+        counts
+    }
+
+    fn check_decode_rank(&self, decode_rank: u64) -> PlanResult<()> {
+        if decode_rank >= self.decode.world_size {
+            bail!(
+                "decode_rank={decode_rank} is out of range: the decode world has {} ranks \
+                 (0..{})",
+                self.decode.world_size,
+                self.decode.world_size
+            );
+        }
+        Ok(())
+    }
+
+    /// The plan for one decode rank: its prefill sources, fragments and their fanouts.
+    pub fn plan_for_decode_rank(&self, decode_rank: u64) -> PlanResult<RankPlan> {
+        self.check_decode_rank(decode_rank)?;
+        let decode_tp = self.decode.tp_size();
+        let prefill_tp = self.prefill.tp_size();
+        let target_dp_group = decode_rank / decode_tp;
+        let decode_tp_rank = decode_rank % decode_tp;
+        let group_base = target_dp_group * prefill_tp;
+
+        if self.identity {
+            let prefill_rank = group_base + decode_tp_rank;
+            return Ok(RankPlan {
+                kind: PlanKind::Identity,
+                target_dp_group,
+                sources: vec![SourcePlan {
+                    prefill_rank,
+                    fragments: Vec::new(),
+                    fanout: self.fanout(prefill_rank),
+                }],
+            });
+        }
+
+        let routes: Vec<Route> = self
+            .shardings
+            .iter()
+            .map(|&s| route(s, prefill_tp, decode_tp, decode_tp_rank))
+            .collect();
+        // (prefill TP rank, fragment), buffer order then prefill rank order; a stable sort
+        // by rank then groups them while keeping buffer order inside each rank.
+        let mut tagged: Vec<(u64, Fragment)> = Vec::new();
+        for pair in &self.buffers {
+            let fragment = |prefill_tp_rank: u64, span: crate::geometry::ByteSpan| {
+                (
+                    prefill_tp_rank,
+                    Fragment {
+                        buffer_index: pair.prefill.buffer_index,
+                        buffer_kind: pair.prefill.buffer_kind,
+                        src_rank: group_base + prefill_tp_rank,
+                        dst_rank: decode_rank,
+                        src_page_stride_bytes: pair.prefill.item_stride_bytes,
+                        dst_page_stride_bytes: pair.decode.item_stride_bytes,
+                        src_byte_offset: span.src_offset,
+                        dst_byte_offset: span.dst_offset,
+                        bytes_per_page: span.len,
+                        page_count: None,
+                    },
+                )
+            };
+            match routes.get(pair.sharding) {
+                None | Some(Route::Nothing) => {}
+                Some(Route::WholeItem { prefill_tp_rank }) => {
+                    tagged.push(fragment(
+                        *prefill_tp_rank,
+                        self.geometry.whole_item_span(&pair.decode),
+                    ));
+                }
+                Some(Route::Units(overlaps)) => {
+                    for overlap in overlaps {
+                        for span in self
+                            .geometry
+                            .unit_spans(overlap, &pair.prefill, &pair.decode)
+                        {
+                            tagged.push(fragment(overlap.prefill_tp_rank, span));
+                        }
+                    }
+                }
+            }
+        }
+        tagged.sort_by_key(|(rank, _)| *rank);
+
+        let mut sources: Vec<SourcePlan> = Vec::new();
+        for (prefill_tp_rank, fragment) in tagged {
+            let prefill_rank = group_base + prefill_tp_rank;
+            match sources.last_mut() {
+                Some(last) if last.prefill_rank == prefill_rank => last.fragments.push(fragment),
+                _ => sources.push(SourcePlan {
+                    prefill_rank,
+                    fragments: vec![fragment],
+                    fanout: self.fanout(prefill_rank),
+                }),
+            }
+        }
+        Ok(RankPlan {
+            kind: PlanKind::Fragmented,
+            target_dp_group,
+            sources,
+        })
+    }
+}
+
+fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> PlanResult<()> {
+    if prefill.len() != decode.len() {
+        bail!(
+            "prefill/decode buffer counts differ: {} prefill buffers, {} decode buffers; pass \
+             one decode buffer for each prefill buffer, in the same order",
+            prefill.len(),
+            decode.len()
+        );
+    }
+    for (position, (p, d)) in prefill.iter().zip(decode).enumerate() {
+        let differs = |what: &str, pv: &dyn std::fmt::Debug, dv: &dyn std::fmt::Debug| {
+            PlanError::new(format!(
+                "prefill/decode {what} differ at buffer position {position}: prefill {pv:?}, \
+                 decode {dv:?}; both sides must describe the same buffers in the same order"
+            ))
+        };
+        if p.buffer_index != d.buffer_index {
+            return Err(differs("buffer indexes", &p.buffer_index, &d.buffer_index));
+        }
+        if p.buffer_kind != d.buffer_kind {
+            return Err(differs(
+                "buffer kinds",
+                &p.buffer_kind.as_str(),
+                &d.buffer_kind.as_str(),
+            ));
+        }
+        if p.logical_axis != d.logical_axis {
+            return Err(differs(
+                "logical axes",
+                &p.logical_axis.as_str(),
+                &d.logical_axis.as_str(),
+            ));
+        }
+        if p.logical_size != d.logical_size {
+            return Err(differs("logical sizes", &p.logical_size, &d.logical_size));
+        }
+        if p.bytes_per_logical_unit != d.bytes_per_logical_unit {
+            return Err(differs(
+                "logical unit sizes",
+                &p.bytes_per_logical_unit,
+                &d.bytes_per_logical_unit,
+            ));
+        }
+        if p.logical_axis == LogicalAxis::Replicated && d.item_stride_bytes > p.item_stride_bytes {
+            bail!(
+                "replicated buffer {} ({}): the decode item ({} bytes) is larger than the \
+                 prefill item ({} bytes), so copying it would read past the prefill item; \
+                 make the decode item_stride_bytes at most the prefill one",
+                p.buffer_index,
+                p.buffer_kind.as_str(),
+                d.item_stride_bytes,
+                p.item_stride_bytes
+            );
+        }
+    }
+    Ok(())
+}
+
+fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanResult<()> {
+    if !buffer.logical_axis.is_sharded() {
+        return Ok(());
+    }
+    let role = layout.role.as_str();
+    let kind = buffer.buffer_kind.as_str();
+    let tp = layout.tp_size();
+    let replica = buffer.tp_replica_group_size;
+    if tp % replica != 0 {
+        bail!(
+            "tp replica group must divide TP size for buffer_kind={kind} on the {role} side: \
+             tp_size_per_dp={tp}, tp_replica_group_size={replica}"
+        );
+    }
+    let effective_tp = tp / replica;
+    if buffer.logical_size % effective_tp != 0 {
+        bail!(
+            "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
+             logical_size={} is not divisible by effective_tp_size={effective_tp} \
+             (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size whose \
+             shard count divides {}, or a replica group that makes it so",
+            buffer.logical_size,
+            buffer.logical_size
+        );
+    }
+    let item_units = buffer.item_stride_bytes / buffer.bytes_per_logical_unit;
+    let required_units = buffer.logical_size / effective_tp;
+    if item_units < required_units {
+        bail!(
+            "buffer item is smaller than its logical shard for buffer_kind={kind} on the \
+             {role} side: item_units={item_units}, required_units={required_units}; \
+             item_stride_bytes must be at least {} bytes",
+            required_units * buffer.bytes_per_logical_unit
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! Wire format v1: a version frame (`b"1"`) and a compact JSON list of fragment objects, keys
+//! in field order, byte-identical to the reference encoder. Decoding is strict: fragments come
+//! from another process and are not trusted.
+
+use std::fmt::{self, Write as _};
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+
+use crate::error::{bail, PlanError, PlanResult};
+use crate::fragment::Fragment;
+use crate::layout::{BufferKind, MAX_VALUE};
+
+pub const PROTOCOL_VERSION: u32 = 1;
+pub const VERSION_FRAME: &[u8] = b"1";
+
+/// Encodes fragments into (version frame, payload frame).
+pub fn encode(fragments: &[Fragment]) -> (Vec<u8>, Vec<u8>) {
+    // Every fragment serialises to roughly 250 bytes.
+    let mut json = String::with_capacity(2 + fragments.len() * 256);
+    json.push('[');
+    for (position, fragment) in fragments.iter().enumerate() {
+        if position > 0 {
+            json.push(',');
+        }
+        write_fragment(&mut json, fragment);
+    }
+    json.push(']');
+    (VERSION_FRAME.to_vec(), json.into_bytes())
+}
+
+fn write_fragment(out: &mut String, f: &Fragment) {
+    // Writing into a String cannot fail.
+    let _ = write!(
+        out,
+        "{{\"buffer_index\":{},\"buffer_kind\":\"{}\",\"src_rank\":{},\"dst_rank\":{},\
+         \"src_page_stride_bytes\":{},\"dst_page_stride_bytes\":{},\"src_byte_offset\":{},\
+         \"dst_byte_offset\":{},\"bytes_per_page\":{},\"page_count\":",
+        f.buffer_index,
+        f.buffer_kind.as_str(),
+        f.src_rank,
+        f.dst_rank,
+        f.src_page_stride_bytes,
+        f.dst_page_stride_bytes,
+        f.src_byte_offset,
+        f.dst_byte_offset,
+        f.bytes_per_page,
+    );
+    match f.page_count {
+        Some(pages) => {
+            let _ = write!(out, "{pages}}}");
+        }
+        None => out.push_str("null}"),
+    }
+}
+
+/// Decodes a frame pair. Both empty (or absent) means no fragments.
+pub fn decode(
+    version_frame: Option<&[u8]>,
+    payload_frame: Option<&[u8]>,
+) -> PlanResult<Vec<Fragment>> {
+    let version = version_frame.filter(|f| !f.is_empty());
+    let payload = payload_frame.filter(|f| !f.is_empty());
+    let (version, payload) = match (version, payload) {
+        (None, None) => return Ok(Vec::new()),
+        (Some(v), Some(p)) => (v, p),
+        (Some(_), None) => bail!("incomplete transfer plan frames: the payload frame is missing"),
+        (None, Some(_)) => bail!("incomplete transfer plan frames: the version frame is missing"),
+    };
+    if version != VERSION_FRAME {
+        let shown = String::from_utf8_lossy(&version[..version.len().min(32)]).into_owned();
+        bail!(
+            "unsupported transfer plan protocol version frame {shown:?}: this build speaks \
+             version {PROTOCOL_VERSION} only; upgrade the peer or pdplan so both match"
+        );
+    }
+    let text = std::str::from_utf8(payload)
+        .map_err(|e| PlanError::new(format!("transfer plan payload is not valid UTF-8: {e}")))?;
+    let raw: Vec<WireFragment> = serde_json::from_str(text)
+        .map_err(|e| PlanError::new(format!("invalid transfer plan payload: {e}")))?;
+    Ok(raw.into_iter().map(WireFragment::into_fragment).collect())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a transfer fragment object")]
+struct WireFragment {
+    #[serde(deserialize_with = "wire_int")]
+    buffer_index: u64,
+    #[serde(deserialize_with = "wire_kind")]
+    buffer_kind: BufferKind,
+    #[serde(deserialize_with = "wire_int")]
+    src_rank: u64,
+    #[serde(deserialize_with = "wire_int")]
+    dst_rank: u64,
+    #[serde(deserialize_with = "wire_int")]
+    src_page_stride_bytes: u64,
+    #[serde(deserialize_with = "wire_int")]
+    dst_page_stride_bytes: u64,
+    #[serde(deserialize_with = "wire_int")]
+    src_byte_offset: u64,
+    #[serde(deserialize_with = "wire_int")]
+    dst_byte_offset: u64,
+    #[serde(deserialize_with = "wire_int")]
+    bytes_per_page: u64,
+    // `deserialize_with` makes the key required: `null` is allowed, a missing key is not.
+    #[serde(deserialize_with = "wire_optional_int")]
+    page_count: Option<u64>,
+}
+
+impl WireFragment {
+    fn into_fragment(self) -> Fragment {
+        Fragment {
+            buffer_index: self.buffer_index,
+            buffer_kind: self.buffer_kind,
+            src_rank: self.src_rank,
+            dst_rank: self.dst_rank,
+            src_page_stride_bytes: self.src_page_stride_bytes,
+            dst_page_stride_bytes: self.dst_page_stride_bytes,
+            src_byte_offset: self.src_byte_offset,
+            dst_byte_offset: self.dst_byte_offset,
+            bytes_per_page: self.bytes_per_page,
+            page_count: self.page_count,
+        }
+    }
+}
+
+const INT_EXPECTED: &str = "a JSON integer in [0, 2^63)";
+
+/// Accepts JSON integers in [0, 2^63) only: no floats, strings, booleans or nulls.
+struct WireInt;
+
+impl<'de> Visitor<'de> for WireInt {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(INT_EXPECTED)
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<u64, E> {
+        if value > MAX_VALUE {
+            return Err(E::invalid_value(
+                de::Unexpected::Unsigned(value),
+                &INT_EXPECTED,
+            ));
+        }
+        Ok(value)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<u64, E> {
+        u64::try_from(value)
+            .map_err(|_| E::invalid_value(de::Unexpected::Signed(value), &INT_EXPECTED))
+    }
+}
+
+fn wire_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    deserializer.deserialize_any(WireInt)
+}
+
+struct WireOptionalInt;
+
+impl<'de> Visitor<'de> for WireOptionalInt {
+    type Value = Option<u64>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("null or a JSON integer in [0, 2^63)")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<Self::Value, E> {
+        WireInt.visit_u64(value).map(Some)
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<Self::Value, E> {
+        WireInt.visit_i64(value).map(Some)
+    }
+}
+
+fn wire_optional_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    deserializer.deserialize_any(WireOptionalInt)
+}
+
+fn wire_kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BufferKind, D::Error> {
+    // Borrowing fails for strings with escapes; an owned String takes both.
+    let text = String::deserialize(deserializer)?;
+    BufferKind::parse(&text).map_err(|e| de::Error::custom(e.message()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fragment() -> Fragment {
+        Fragment {
+            buffer_index: 3,
+            buffer_kind: BufferKind::TargetV,
+            src_rank: 1,
+            dst_rank: 0,
+            src_page_stride_bytes: 4096,
+            dst_page_stride_bytes: 16384,
+            src_byte_offset: 0,
+            dst_byte_offset: 4096,
+            bytes_per_page: 4096,
+            page_count: None,
+        }
+    }
+
+    fn payload(text: &str) -> PlanResult<Vec<Fragment>> {
+        decode(Some(b"1"), Some(text.as_bytes()))
+    }
+
+    #[test]
+    fn encodes_compact_json_in_field_order() {
+        let (version, json) = encode(&[fragment()]);
+        assert_eq!(version, b"1");
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            "[{\"buffer_index\":3,\"buffer_kind\":\"target_v\",\"src_rank\":1,\"dst_rank\":0,\
+             \"src_page_stride_bytes\":4096,\"dst_page_stride_bytes\":16384,\
+             \"src_byte_offset\":0,\"dst_byte_offset\":4096,\"bytes_per_page\":4096,\
+             \"page_count\":null}]"
+        );
+        assert_eq!(encode(&[]).1, b"[]");
+    }
+
+    #[test]
+    fn round_trips() {
+        let fragments = vec![
+            fragment(),
+            Fragment {
+                page_count: Some(7),
+                ..fragment()
+            },
+        ];
+        let (version, json) = encode(&fragments);
+        assert_eq!(decode(Some(&version), Some(&json)).unwrap(), fragments);
+    }
+
+    #[test]
+    fn empty_frames_mean_no_fragments() {
+        assert_eq!(decode(None, None).unwrap(), vec![]);
+        assert_eq!(decode(Some(b""), Some(b"")).unwrap(), vec![]);
+        assert!(decode(Some(b"1"), None).is_err());
+        assert!(decode(None, Some(b"[]")).is_err());
+    }
+
+    #[test]
+    fn refuses_malformed_payloads() {
+        let good = String::from_utf8(encode(&[fragment()]).1).unwrap();
+        let cases = [
+            good.replace("\"page_count\":null", "\"page_count\":1.5"),
+            good.replace(":4096,", ":4096.0,"),
+            good.replace("\"src_rank\":1", "\"src_rank\":-1"),
+            good.replace("\"src_rank\":1", "\"src_rank\":\"1\""),
+            good.replace("\"src_rank\":1", "\"src_rank\":true"),
+            good.replace("\"src_rank\":1", "\"src_rank\":null"),
+            good.replace("\"src_rank\":1", "\"src_rank\":9223372036854775808"),
+            good.replace("\"src_rank\":1", "\"src_rank\":99999999999999999999999"),
+            good.replace("\"src_rank\":1,", ""),
+            good.replace("\"src_rank\":1", "\"src_rank\":1,\"extra\":0"),
+            good.replace("\"src_rank\":1", "\"src_rank\":1,\"src_rank\":1"),
+            good.replace("target_v", "target_q"),
+            good.replace(",\"page_count\":null", ""),
+            "{}".to_owned(),
+            "[1]".to_owned(),
+            "[".to_owned(),
+            format!("{good} x"),
+        ];
+        for case in cases {
+            assert!(payload(&case).is_err(), "accepted {case}");
+        }
+        assert!(decode(Some(b"1"), Some(&[0xff, 0xfe])).is_err());
+        assert!(decode(Some(b"2"), Some(b"[]")).is_err());
+        assert!(decode(Some(b"01"), Some(b"[]")).is_err());
+        assert!(
+            payload(&good.replace("\"src_rank\":1", "\"src_rank\":9223372036854775807")).is_ok()
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let deep = "[".repeat(100_000);
+        assert!(payload(&deep).is_err());
+    }
+}
