@@ -1,0 +1,49 @@
+"""Build pdplan objects from the plain layout specs used by golden vectors and properties."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdplan import (
+    BufferKind,
+    BufferLayout,
+    ParallelLayout,
+    PDTransferPlanner,
+    RankTransferPlan,
+    TransferFragment,
+)
+
+
+def buffers(rows: list[list[Any]]) -> tuple[BufferLayout, ...]:
+    return tuple(BufferLayout(row[0], BufferKind(row[1]), *row[2:]) for row in rows)
+
+
+def planner_from_spec(spec: dict[str, Any]) -> PDTransferPlanner:
+    return PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", **spec["prefill"]),
+        decode_layout=ParallelLayout("decode", **spec["decode"]),
+        prefill_buffers=buffers(spec["prefill_buffers"]),
+        decode_buffers=buffers(spec["decode_buffers"]),
+    )
+
+
+def fragment_to_dict(fragment: TransferFragment) -> dict[str, Any]:
+    assert isinstance(fragment.buffer_kind, BufferKind)
+    return {**fragment.__dict__, "buffer_kind": fragment.buffer_kind.value}
+
+
+def plan_to_dict(plan: RankTransferPlan) -> dict[str, Any]:
+    """The golden-vector form: dicts as ordered pairs so their order is compared too."""
+    return {
+        "plan_kind": plan.plan_kind,
+        "target_dp_group": plan.target_dp_group,
+        "target_prefill_ranks": list(plan.target_prefill_ranks),
+        "required_prefill_response_num": plan.required_prefill_response_num,
+        "fragments_by_prefill_rank": [
+            [rank, [fragment_to_dict(f) for f in fragments]]
+            for rank, fragments in plan.fragments_by_prefill_rank.items()
+        ],
+        "required_dst_info_num_by_prefill_rank": [
+            list(item) for item in plan.required_dst_info_num_by_prefill_rank.items()
+        ],
+    }

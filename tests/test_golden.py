@@ -1,0 +1,67 @@
+"""pdplan against the reference's own answers, recorded in tests/data/golden_vectors.json
+by scripts/make_golden_vectors.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from layouts import plan_to_dict, planner_from_spec
+
+from pdplan import (
+    UnsupportedPDLayoutError,
+    decode_transfer_fragments,
+    encode_transfer_fragments,
+)
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_vectors.json").read_text())
+CASES = GOLDEN["cases"]
+
+
+def by_outcome(outcome: str) -> list[Any]:
+    return [pytest.param(case, id=case["name"]) for case in CASES if case["outcome"] == outcome]
+
+
+def test_the_vectors_cover_every_outcome() -> None:
+    outcomes = {case["outcome"] for case in CASES}
+    assert outcomes == {"planned", "rejected", "crashed"}
+    assert sum(case["outcome"] == "planned" for case in CASES) >= 100
+
+
+@pytest.mark.parametrize("case", by_outcome("planned"))
+def test_plans_equal_the_reference(case: dict[str, Any]) -> None:
+    planner = planner_from_spec(case["layout"])
+    world = case["layout"]["decode"]["world_size"]
+    plans = [planner.plan_for_decode_rank(rank) for rank in range(world)]
+    assert [plan_to_dict(p) for p in plans] == case["plans"]
+    assert [list(item) for item in planner.source_fanout.items()] == case["source_fanout"]
+
+
+@pytest.mark.parametrize("case", by_outcome("planned"))
+def test_wire_frames_equal_the_reference(case: dict[str, Any]) -> None:
+    planner = planner_from_spec(case["layout"])
+    frames = iter(case["frames"])
+    for rank in range(case["layout"]["decode"]["world_size"]):
+        plan = planner.plan_for_decode_rank(rank)
+        for prefill_rank, fragments in plan.fragments_by_prefill_rank.items():
+            expected = next(frames)
+            assert expected["prefill_rank"] == prefill_rank
+            version, payload = encode_transfer_fragments(fragments)
+            assert version == expected["version"].encode("ascii")
+            assert payload == expected["payload"].encode("utf-8")
+            assert decode_transfer_fragments(version, payload) == fragments
+    assert next(frames, None) is None
+
+
+@pytest.mark.parametrize("case", by_outcome("rejected"))
+def test_layouts_the_reference_rejects_are_rejected(case: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedPDLayoutError):
+        planner_from_spec(case["layout"])
+
+
+@pytest.mark.parametrize("case", by_outcome("crashed"))
+def test_layouts_the_reference_crashes_on_are_rejected_clearly(case: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="dp_size"):
+        planner_from_spec(case["layout"])

@@ -1,0 +1,70 @@
+"""Hypothesis properties: every plan pdplan makes passes the brute-force oracle, and pdplan
+refuses exactly the layouts the oracle calls invalid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from oracle import check_plan, expected_fanout, layout_is_valid
+
+from pdplan import (
+    BufferKind,
+    BufferLayout,
+    ParallelLayout,
+    PDTransferPlanner,
+    UnsupportedPDLayoutError,
+)
+
+TP = st.sampled_from([1, 2, 4, 8] * 3 + [3, 6])
+
+
+@st.composite
+def layouts(draw: Any) -> tuple[Any, ...]:
+    prefill_tp, decode_tp = draw(TP), draw(TP)
+    prefill_dp = draw(st.integers(1, 3))
+    decode_dp = draw(st.integers(1, prefill_dp + (1 if draw(st.integers(0, 9)) == 0 else 0)))
+    prefill = ParallelLayout("prefill", prefill_tp * prefill_dp, prefill_dp)
+    decode = ParallelLayout("decode", decode_tp * decode_dp, decode_dp)
+    prefill_buffers, decode_buffers = [], []
+    for index in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(list(BufferKind)))
+        axis = draw(st.sampled_from(["kv_head", "state_channel", "replicated"]))
+        size = draw(st.sampled_from([1, 2, 4, 8] * 3 + [3, 6, 12, 24]))
+        bpu = draw(st.integers(1, 5))
+        sides = []
+        for tp in (prefill_tp, decode_tp):
+            natural = tp // size if tp > size and tp % size == 0 else 1
+            replica = draw(st.sampled_from([natural] * 4 + [1, 2]))
+            shards = max(1, tp // replica)
+            stride = (size * bpu if axis == "replicated" else -(-size // shards) * bpu)
+            stride += draw(st.sampled_from([0] * 5 + [1, bpu, -1]))
+            sides.append(BufferLayout(index, kind, axis, size, 16, bpu, max(1, stride), replica))
+        prefill_buffers.append(sides[0])
+        decode_buffers.append(sides[1])
+    return prefill, decode, tuple(prefill_buffers), tuple(decode_buffers)
+
+
+@settings(max_examples=400, deadline=None)
+@given(layouts())
+def test_plans_pass_the_oracle(layout: tuple[Any, ...]) -> None:
+    prefill, decode, prefill_buffers, decode_buffers = layout
+    valid = layout_is_valid(*layout)
+    try:
+        planner = PDTransferPlanner(
+            prefill_layout=prefill,
+            decode_layout=decode,
+            prefill_buffers=prefill_buffers,
+            decode_buffers=decode_buffers,
+        )
+    except UnsupportedPDLayoutError:
+        event("refused")
+        assert not valid, "pdplan refused a layout the oracle finds valid"
+        return
+    event("planned")
+    assert valid, "pdplan planned a layout the oracle finds invalid"
+    fanout = expected_fanout(*layout)
+    assert planner.source_fanout == fanout
+    for rank in range(decode.world_size):
+        check_plan(planner.plan_for_decode_rank(rank), rank, *layout, fanout)
