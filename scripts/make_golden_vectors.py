@@ -35,19 +35,30 @@ def load_reference(path: Path) -> Any:
     return module
 
 
-def buffer_fields(index: int, kind: str, axis: str, size: int, bpu: int, stride: int,
-                  replica: int, page: int = 16) -> list[Any]:
+def buffer_fields(
+    index: int, kind: str, axis: str, size: int, bpu: int, stride: int, replica: int, page: int = 16
+) -> list[Any]:
     return [index, kind, axis, size, page, bpu, stride, replica]
 
 
-def sharded_pair(rng: random.Random, index: int, kind: str, axis: str, heads: int,
-                 prefill_tp: int, decode_tp: int, bpu: int) -> tuple[list[Any], list[Any]]:
+def sharded_pair(
+    rng: random.Random,
+    index: int,
+    kind: str,
+    axis: str,
+    heads: int,
+    prefill_tp: int,
+    decode_tp: int,
+    bpu: int,
+) -> tuple[list[Any], list[Any]]:
     """A buffer both sides shard, replica groups derived as a runtime would."""
     sides = []
     for tp in (prefill_tp, decode_tp):
         replica = max(1, tp // heads) if tp > heads else 1
         shards = tp // replica
-        local = heads // shards if shards and heads % shards == 0 else max(1, heads // max(shards, 1))
+        local = (
+            heads // shards if shards and heads % shards == 0 else max(1, heads // max(shards, 1))
+        )
         padding = rng.choice([0, 0, 0, bpu, 7])
         sides.append(buffer_fields(index, kind, axis, heads, bpu, local * bpu + padding, replica))
     return sides[0], sides[1]
@@ -57,8 +68,10 @@ def replicated_pair(rng: random.Random, index: int, kind: str) -> tuple[list[Any
     size = rng.choice([1, 4, 576])
     bpu = rng.choice([2, 32, 64])
     stride = size * bpu
-    return (buffer_fields(index, kind, "replicated", size, bpu, stride + rng.choice([0, 64]), 1),
-            buffer_fields(index, kind, "replicated", size, bpu, stride, 1))
+    return (
+        buffer_fields(index, kind, "replicated", size, bpu, stride + rng.choice([0, 64]), 1),
+        buffer_fields(index, kind, "replicated", size, bpu, stride, 1),
+    )
 
 
 def random_layout(rng: random.Random) -> dict[str, Any]:
@@ -103,12 +116,21 @@ def named_layouts() -> list[tuple[str, dict[str, Any]]]:
         rows = []
         for layer in range(layers):
             for offset, kind in enumerate(("target_k", "target_v")):
-                rows.append(buffer_fields(2 * layer + offset, kind, "kv_head", heads, bpu,
-                                          local * bpu, replica))
+                rows.append(
+                    buffer_fields(
+                        2 * layer + offset, kind, "kv_head", heads, bpu, local * bpu, replica
+                    )
+                )
         return rows
 
-    def layout(ptp: int, dtp: int, heads: int, pdp: int = 1, ddp: int = 1,
-               extra: list[tuple[list[Any], list[Any]]] | None = None) -> dict[str, Any]:
+    def layout(
+        ptp: int,
+        dtp: int,
+        heads: int,
+        pdp: int = 1,
+        ddp: int = 1,
+        extra: list[tuple[list[Any], list[Any]]] | None = None,
+    ) -> dict[str, Any]:
         prefill, decode = kv(ptp, heads), kv(dtp, heads)
         for p, d in extra or []:
             prefill.append(p)
@@ -139,17 +161,21 @@ def named_layouts() -> list[tuple[str, dict[str, Any]]]:
         ("decode_more_dp_groups_crashes", layout(2, 2, 8, 1, 2)),
         ("decode_more_dp_groups_fragmented_crashes", layout(4, 2, 8, 1, 2)),
         ("non_aligned_tp3_8heads", layout(3, 1, 8)),
-        ("no_buffers", {"prefill": {"world_size": 2, "dp_size": 1},
-                        "decode": {"world_size": 2, "dp_size": 1},
-                        "prefill_buffers": [], "decode_buffers": []}),
+        (
+            "no_buffers",
+            {
+                "prefill": {"world_size": 2, "dp_size": 1},
+                "decode": {"world_size": 2, "dp_size": 1},
+                "prefill_buffers": [],
+                "decode_buffers": [],
+            },
+        ),
     ]
 
 
 def run_case(ref: Any, spec: dict[str, Any]) -> dict[str, Any]:
     def buffers(rows: list[list[Any]]) -> tuple[Any, ...]:
-        return tuple(
-            ref.BufferLayout(r[0], ref.BufferKind(r[1]), *r[2:]) for r in rows
-        )
+        return tuple(ref.BufferLayout(r[0], ref.BufferKind(r[1]), *r[2:]) for r in rows)
 
     try:
         planner = ref.PDTransferPlanner(
@@ -158,8 +184,7 @@ def run_case(ref: Any, spec: dict[str, Any]) -> dict[str, Any]:
             prefill_buffers=buffers(spec["prefill_buffers"]),
             decode_buffers=buffers(spec["decode_buffers"]),
         )
-        plans = [planner.plan_for_decode_rank(rank)
-                 for rank in range(spec["decode"]["world_size"])]
+        plans = [planner.plan_for_decode_rank(rank) for rank in range(spec["decode"]["world_size"])]
     except ref.UnsupportedPDLayoutError as exc:
         return {"outcome": "rejected", "message": str(exc)}
     except Exception as exc:  # the reference crashes here; pdplan must reject instead
@@ -172,9 +197,14 @@ def run_case(ref: Any, spec: dict[str, Any]) -> dict[str, Any]:
     for plan in plans:
         for rank, fragments in plan.fragments_by_prefill_rank.items():
             version, payload = ref.encode_transfer_fragments(fragments)
-            encoded.append({"dst_rank": fragments[0].dst_rank if fragments else None,
-                            "prefill_rank": rank, "version": version.decode("ascii"),
-                            "payload": payload.decode("utf-8")})
+            encoded.append(
+                {
+                    "dst_rank": fragments[0].dst_rank if fragments else None,
+                    "prefill_rank": rank,
+                    "version": version.decode("ascii"),
+                    "payload": payload.decode("utf-8"),
+                }
+            )
     return {
         "outcome": "planned",
         "source_fanout": sorted(planner._required_dst_info_num_by_prefill_rank.items()),
@@ -207,8 +237,12 @@ def main() -> None:
     for case in cases:
         case.update(run_case(ref, case["layout"]))
     OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(json.dumps({"source": "shared/reference/transfer_plan.py",
-                                  "cases": cases}, separators=(",", ":")) + "\n")
+    OUTPUT.write_text(
+        json.dumps(
+            {"source": "shared/reference/transfer_plan.py", "cases": cases}, separators=(",", ":")
+        )
+        + "\n"
+    )
     counts: dict[str, int] = {}
     for case in cases:
         counts[case["outcome"]] = counts.get(case["outcome"], 0) + 1

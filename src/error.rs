@@ -18,6 +18,10 @@ impl PlanError {
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    pub fn into_message(self) -> String {
+        self.message
+    }
 }
 
 impl fmt::Display for PlanError {

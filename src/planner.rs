@@ -177,7 +177,9 @@ impl Planner {
                     Route::Nothing => {}
                     Route::WholeItem { prefill_tp_rank } => count(prefill_tp_rank),
                     Route::Units(overlaps) => {
-                        overlaps.iter().for_each(|o| count(o.prefill_tp_rank));
+                        for overlap in &overlaps {
+                            count(overlap.prefill_tp_rank);
+                        }
                     }
                 }
             }
@@ -381,4 +383,125 @@ fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanRes
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::{BufferKind, Role};
+
+    const UNIT: u64 = 16 * 128 * 2;
+
+    fn kv(index: u64, kind: BufferKind, tp: u64, heads: u64) -> BufferLayout {
+        let replica = if tp > heads { tp / heads } else { 1 };
+        BufferLayout {
+            buffer_index: index,
+            buffer_kind: kind,
+            logical_axis: LogicalAxis::KvHead,
+            logical_size: heads,
+            page_size: 16,
+            bytes_per_logical_unit: UNIT,
+            item_stride_bytes: heads / (tp / replica) * UNIT,
+            tp_replica_group_size: replica,
+        }
+    }
+
+    fn planner(prefill_tp: u64, decode_tp: u64, heads: u64) -> PlanResult<Planner> {
+        let bufs = |tp| {
+            vec![
+                kv(0, BufferKind::TargetK, tp, heads),
+                kv(1, BufferKind::TargetV, tp, heads),
+            ]
+        };
+        Planner::new(
+            ParallelLayout::new(Role::Prefill, prefill_tp, 1)?,
+            ParallelLayout::new(Role::Decode, decode_tp, 1)?,
+            &bufs(prefill_tp),
+            &bufs(decode_tp),
+        )
+    }
+
+    #[test]
+    fn tp8_to_tp2_gathers_four_sources_in_rank_then_buffer_order() {
+        let plan = planner(8, 2, 8).unwrap().plan_for_decode_rank(1).unwrap();
+        assert_eq!(plan.kind, PlanKind::Fragmented);
+        let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
+        assert_eq!(ranks, vec![4, 5, 6, 7]);
+        let second = &plan.sources[1];
+        assert_eq!(second.fanout, 1);
+        let indexes: Vec<u64> = second.fragments.iter().map(|f| f.buffer_index).collect();
+        assert_eq!(indexes, vec![0, 1]);
+        let f = second.fragments[0];
+        assert_eq!(
+            (f.src_byte_offset, f.dst_byte_offset, f.bytes_per_page),
+            (0, UNIT, UNIT)
+        );
+        assert_eq!(
+            (f.src_page_stride_bytes, f.dst_page_stride_bytes),
+            (UNIT, 4 * UNIT)
+        );
+    }
+
+    #[test]
+    fn tp2_to_tp8_splits_each_source_over_four_decode_ranks() {
+        let p = planner(2, 8, 8).unwrap();
+        assert_eq!(p.source_fanout().collect::<Vec<_>>(), vec![(0, 4), (1, 4)]);
+        let plan = p.plan_for_decode_rank(5).unwrap();
+        let f = plan.sources[0].fragments[0];
+        assert_eq!(plan.sources[0].prefill_rank, 1);
+        assert_eq!(
+            (f.src_byte_offset, f.dst_byte_offset, f.bytes_per_page),
+            (UNIT, 0, UNIT)
+        );
+    }
+
+    #[test]
+    fn gqa_replicas_send_from_the_first_rank_of_each_group() {
+        // Prefill TP 4 over 2 KV heads: ranks 0 and 2 send, 1 and 3 hold copies.
+        let p = planner(4, 1, 2).unwrap();
+        let plan = p.plan_for_decode_rank(0).unwrap();
+        let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
+        assert_eq!(ranks, vec![0, 2]);
+        assert_eq!(
+            p.source_fanout().collect::<Vec<_>>(),
+            vec![(0, 1), (1, 0), (2, 1), (3, 0)]
+        );
+    }
+
+    #[test]
+    fn equal_tp_without_replicas_is_an_identity_plan() {
+        let p = planner(4, 4, 8).unwrap();
+        assert!(p.is_identity());
+        let plan = p.plan_for_decode_rank(2).unwrap();
+        assert_eq!(plan.kind, PlanKind::Identity);
+        assert_eq!(plan.sources.len(), 1);
+        assert_eq!(plan.sources[0].prefill_rank, 2);
+        assert!(plan.sources[0].fragments.is_empty());
+    }
+
+    #[test]
+    fn refusals_say_what_to_change() {
+        let err = planner(3, 1, 8).unwrap_err();
+        assert!(err.message().contains("non-aligned"), "{err}");
+        let err = Planner::new(
+            ParallelLayout::new(Role::Prefill, 2, 1).unwrap(),
+            ParallelLayout::new(Role::Decode, 4, 2).unwrap(),
+            &[kv(0, BufferKind::TargetK, 2, 8)],
+            &[kv(0, BufferKind::TargetK, 2, 8)],
+        )
+        .unwrap_err();
+        assert!(err.message().contains("dp_size of at most 1"), "{err}");
+        let err = planner(8, 2, 8)
+            .unwrap()
+            .plan_for_decode_rank(2)
+            .unwrap_err();
+        assert!(err.message().contains("out of range"), "{err}");
+    }
+
+    #[test]
+    fn buffers_of_one_shape_share_one_sharding() {
+        let p = planner(8, 2, 8).unwrap();
+        assert_eq!(p.shardings.len(), 1);
+        assert_eq!(p.buffers.len(), 2);
+    }
 }

@@ -23,7 +23,7 @@ create_exception!(
 
 /// The single place a core error becomes a Python exception.
 fn to_py_err(error: PlanError) -> PyErr {
-    UnsupportedPDLayoutError::new_err(error.message().to_owned())
+    UnsupportedPDLayoutError::new_err(error.into_message())
 }
 
 type Converted<T> = Result<T, PlanError>;

@@ -129,7 +129,7 @@ const INT_EXPECTED: &str = "a JSON integer in [0, 2^63)";
 /// Accepts JSON integers in [0, 2^63) only: no floats, strings, booleans or nulls.
 struct WireInt;
 
-impl<'de> Visitor<'de> for WireInt {
+impl Visitor<'_> for WireInt {
     type Value = u64;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -158,7 +158,7 @@ fn wire_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error>
 
 struct WireOptionalInt;
 
-impl<'de> Visitor<'de> for WireOptionalInt {
+impl Visitor<'_> for WireOptionalInt {
     type Value = Option<u64>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {

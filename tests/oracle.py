@@ -34,8 +34,13 @@ def layout_is_valid(
     if len(prefill_buffers) != len(decode_buffers) or decode.dp_size > prefill.dp_size:
         return False
     for p, d in zip(prefill_buffers, decode_buffers):
-        same = ("buffer_index", "buffer_kind", "logical_axis", "logical_size",
-                "bytes_per_logical_unit")
+        same = (
+            "buffer_index",
+            "buffer_kind",
+            "logical_axis",
+            "logical_size",
+            "bytes_per_logical_unit",
+        )
         if any(getattr(p, name) != getattr(d, name) for name in same):
             return False
         if p.logical_axis == "replicated":
@@ -113,7 +118,9 @@ def check_plan(
             p, d = by_index[f.buffer_index]
             assert f.buffer_kind == p.buffer_kind
             assert (f.src_page_stride_bytes, f.dst_page_stride_bytes) == (
-                p.item_stride_bytes, d.item_stride_bytes)
+                p.item_stride_bytes,
+                d.item_stride_bytes,
+            )
             assert f.bytes_per_page > 0
             assert f.src_byte_offset + f.bytes_per_page <= p.item_stride_bytes
             assert f.dst_byte_offset + f.bytes_per_page <= d.item_stride_bytes

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from layouts import plan_to_dict, planner_from_spec
-
 from pdplan import (
     UnsupportedPDLayoutError,
     decode_transfer_fragments,

@@ -8,7 +8,6 @@ from typing import Any
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from oracle import check_plan, expected_fanout, layout_is_valid
-
 from pdplan import (
     BufferKind,
     BufferLayout,
@@ -38,7 +37,7 @@ def layouts(draw: Any) -> tuple[Any, ...]:
             natural = tp // size if tp > size and tp % size == 0 else 1
             replica = draw(st.sampled_from([natural] * 4 + [1, 2]))
             shards = max(1, tp // replica)
-            stride = (size * bpu if axis == "replicated" else -(-size // shards) * bpu)
+            stride = size * bpu if axis == "replicated" else -(-size // shards) * bpu
             stride += draw(st.sampled_from([0] * 5 + [1, bpu, -1]))
             sides.append(BufferLayout(index, kind, axis, size, 16, bpu, max(1, stride), replica))
         prefill_buffers.append(sides[0])

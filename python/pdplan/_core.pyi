@@ -1,0 +1,53 @@
+"""Stub of the compiled core (src/python.rs)."""
+
+from collections.abc import Iterable
+from typing import final
+
+from pdplan._model import (
+    BufferLayout,
+    ParallelLayout,
+    RankTransferPlan,
+    TransferFragment,
+)
+
+__all__ = [
+    "MAX_WORLD_SIZE",
+    "TRANSFER_PLAN_PROTOCOL_VERSION",
+    "Planner",
+    "UnsupportedPDLayoutError",
+    "__version__",
+    "check_buffer_layout",
+    "check_parallel_layout",
+    "check_transfer_fragment",
+    "decode_transfer_fragments",
+    "encode_transfer_fragments",
+]
+
+__version__: str
+TRANSFER_PLAN_PROTOCOL_VERSION: int
+MAX_WORLD_SIZE: int
+
+class UnsupportedPDLayoutError(ValueError):
+    """A layout, plan, frame or request pdplan cannot serve; the message says what to change."""
+
+def check_parallel_layout(layout: ParallelLayout) -> None: ...
+def check_buffer_layout(buffer: BufferLayout) -> None: ...
+def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
+def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
+def decode_transfer_fragments(
+    version_frame: bytes | None, payload_frame: bytes | None
+) -> tuple[TransferFragment, ...]: ...
+
+@final
+class Planner:
+    def __new__(
+        cls,
+        prefill_layout: ParallelLayout,
+        decode_layout: ParallelLayout,
+        prefill_buffers: Iterable[BufferLayout],
+        decode_buffers: Iterable[BufferLayout],
+    ) -> Planner: ...
+    def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan: ...
+    def source_fanout(self) -> dict[int, int]: ...
+    @property
+    def is_identity(self) -> bool: ...

@@ -1,0 +1,288 @@
+"""The public API matches the reference's shape and refuses bad input clearly."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pdplan
+import pytest
+from pdplan import (
+    BufferKind,
+    BufferLayout,
+    ParallelLayout,
+    PDTransferPlanner,
+    RankTransferPlan,
+    TransferFragment,
+    UnsupportedPDLayoutError,
+)
+
+
+def kv(index: int, tp: int, heads: int = 8, replica: int = 1, **changes: Any) -> BufferLayout:
+    shards = tp // replica
+    fields: dict[str, Any] = dict(
+        buffer_index=index,
+        buffer_kind=BufferKind.TARGET_K,
+        logical_axis="kv_head",
+        logical_size=heads,
+        page_size=16,
+        bytes_per_logical_unit=4096,
+        item_stride_bytes=heads // shards * 4096,
+        tp_replica_group_size=replica,
+    )
+    fields.update(changes)
+    return BufferLayout(**fields)
+
+
+def planner(prefill_tp: int = 8, decode_tp: int = 2, **kwargs: Any) -> PDTransferPlanner:
+    return PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", prefill_tp, **kwargs),
+        decode_layout=ParallelLayout("decode", decode_tp),
+        prefill_buffers=(kv(0, prefill_tp),),
+        decode_buffers=(kv(0, decode_tp),),
+    )
+
+
+def test_public_names() -> None:
+    assert set(pdplan.__all__) == {
+        "BufferKind",
+        "ParallelLayout",
+        "BufferLayout",
+        "TransferFragment",
+        "RankTransferPlan",
+        "PDTransferPlanner",
+        "UnsupportedPDLayoutError",
+        "encode_transfer_fragments",
+        "decode_transfer_fragments",
+        "TRANSFER_PLAN_PROTOCOL_VERSION",
+        "__version__",
+    }
+    for name in pdplan.__all__:
+        assert hasattr(pdplan, name)
+    assert pdplan.TRANSFER_PLAN_PROTOCOL_VERSION == 1
+    assert isinstance(pdplan.__version__, str) and pdplan.__version__
+    assert issubclass(UnsupportedPDLayoutError, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        (ParallelLayout, [("role", None), ("world_size", None), ("dp_size", 1)]),
+        (
+            BufferLayout,
+            [
+                ("buffer_index", None),
+                ("buffer_kind", None),
+                ("logical_axis", None),
+                ("logical_size", None),
+                ("page_size", None),
+                ("bytes_per_logical_unit", None),
+                ("item_stride_bytes", None),
+                ("tp_replica_group_size", 1),
+            ],
+        ),
+        (
+            TransferFragment,
+            [
+                ("buffer_index", None),
+                ("buffer_kind", None),
+                ("src_rank", None),
+                ("dst_rank", None),
+                ("src_page_stride_bytes", None),
+                ("dst_page_stride_bytes", None),
+                ("src_byte_offset", None),
+                ("dst_byte_offset", None),
+                ("bytes_per_page", None),
+                ("page_count", None),
+            ],
+        ),
+        (
+            RankTransferPlan,
+            [
+                ("plan_kind", None),
+                ("target_dp_group", None),
+                ("target_prefill_ranks", None),
+                ("required_prefill_response_num", None),
+                ("fragments_by_prefill_rank", None),
+                ("required_dst_info_num_by_prefill_rank", None),
+            ],
+        ),
+    ],
+)
+def test_dataclass_fields_order_and_defaults(cls: type, fields: list[tuple[str, Any]]) -> None:
+    got = [
+        (f.name, None if f.default is dataclasses.MISSING else f.default)
+        for f in dataclasses.fields(cls)
+    ]
+    assert got == fields
+    assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_buffer_kind_values() -> None:
+    assert [k.value for k in BufferKind] == [
+        "target_k",
+        "target_v",
+        "draft_k",
+        "draft_v",
+        "mamba_state",
+    ]
+    assert BufferKind.TARGET_K == "target_k"
+
+
+def test_positional_and_keyword_construction_are_equal_and_hashable() -> None:
+    positional = ParallelLayout("prefill", 8, 2)
+    keyword = ParallelLayout(role="prefill", world_size=8, dp_size=2)
+    assert positional == keyword and hash(positional) == hash(keyword)
+    assert positional.tp_size_per_dp == 4
+    assert ParallelLayout("decode", 4).dp_size == 1
+    buffer = kv(0, 2)
+    assert buffer == BufferLayout(0, BufferKind.TARGET_K, "kv_head", 8, 16, 4096, 4 * 4096)
+    assert len({buffer, kv(0, 2), kv(1, 2)}) == 2
+    fragment = TransferFragment(0, BufferKind.TARGET_V, 1, 0, 64, 128, 0, 64, 64)
+    assert fragment.page_count is None
+    assert hash(fragment) == hash(TransferFragment(0, "target_v", 1, 0, 64, 128, 0, 64, 64))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        buffer.logical_size = 4  # type: ignore[misc]
+
+
+def test_string_buffer_kind_becomes_the_enum_member() -> None:
+    buffer = kv(0, 2, buffer_kind="target_v")
+    assert buffer.buffer_kind is BufferKind.TARGET_V
+    with pytest.raises(UnsupportedPDLayoutError, match="buffer_kind"):
+        kv(0, 2, buffer_kind="target_q")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("prefill", 0), "world_size must be positive"),
+        (("prefill", 8, 0), "dp_size must be positive"),
+        (("prefill", 8, 3), "divisible"),
+        (("prefill", -8), "world_size"),
+        (("router", 8), "role"),
+        (("prefill", True), "world_size"),
+        (("prefill", 8.0), "world_size"),
+        (("prefill", "8"), "world_size"),
+        (("prefill", 2**31), "maximum"),
+        (("prefill", 2**70), "world_size"),
+    ],
+)
+def test_parallel_layout_refusals(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        ParallelLayout(*args)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"logical_size": 0}, "logical_size must be positive"),
+        ({"page_size": 0}, "page_size must be positive"),
+        ({"bytes_per_logical_unit": 0}, "bytes_per_logical_unit must be positive"),
+        ({"item_stride_bytes": 0}, "item_stride_bytes must be positive"),
+        ({"tp_replica_group_size": 0}, "tp_replica_group_size must be positive"),
+        ({"logical_axis": "kv_heads"}, "logical_axis"),
+        ({"buffer_index": -1}, "buffer_index"),
+        ({"buffer_index": False}, "buffer_index"),
+        ({"logical_size": 2.0}, "logical_size"),
+        ({"item_stride_bytes": 2**63}, "item_stride_bytes"),
+        ({"logical_size": 2**40, "bytes_per_logical_unit": 2**40}, "2\\^63"),
+    ],
+)
+def test_buffer_layout_refusals(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        kv(0, 2, **changes)
+
+
+def test_fragment_refusals() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="src_rank"):
+        TransferFragment(0, BufferKind.TARGET_K, -1, 0, 64, 64, 0, 0, 64)
+    with pytest.raises(UnsupportedPDLayoutError, match="page_count"):
+        TransferFragment(0, BufferKind.TARGET_K, 0, 0, 64, 64, 0, 0, 64, page_count=1.5)
+
+
+def test_planner_mismatch_refusals() -> None:
+    def build(prefill: tuple[BufferLayout, ...], decode: tuple[BufferLayout, ...]) -> None:
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 8),
+            decode_layout=ParallelLayout("decode", 2),
+            prefill_buffers=prefill,
+            decode_buffers=decode,
+        )
+
+    with pytest.raises(UnsupportedPDLayoutError, match="buffer counts differ"):
+        build((kv(0, 8), kv(1, 8)), (kv(0, 2),))
+    with pytest.raises(UnsupportedPDLayoutError, match="buffer indexes differ"):
+        build((kv(0, 8),), (kv(1, 2),))
+    with pytest.raises(UnsupportedPDLayoutError, match="buffer kinds differ"):
+        build((kv(0, 8),), (kv(0, 2, buffer_kind=BufferKind.TARGET_V),))
+    with pytest.raises(UnsupportedPDLayoutError, match="logical axes differ"):
+        build((kv(0, 8),), (kv(0, 2, logical_axis="state_channel"),))
+    with pytest.raises(UnsupportedPDLayoutError, match="logical sizes differ"):
+        build((kv(0, 8),), (kv(0, 2, heads=16),))
+    with pytest.raises(UnsupportedPDLayoutError, match="logical unit sizes differ"):
+        build((kv(0, 8),), (kv(0, 2, bytes_per_logical_unit=2048),))
+    with pytest.raises(UnsupportedPDLayoutError, match="smaller than its logical shard"):
+        build((kv(0, 8),), (kv(0, 2, item_stride_bytes=4096),))
+    with pytest.raises(UnsupportedPDLayoutError, match="non-aligned"):
+        build((kv(0, 8, heads=4, item_stride_bytes=4096),), (kv(0, 2, heads=4),))
+    with pytest.raises(UnsupportedPDLayoutError, match="replica group must divide"):
+        build((kv(0, 8, heads=2, replica=3, item_stride_bytes=4096),), (kv(0, 2, heads=2),))
+    with pytest.raises(UnsupportedPDLayoutError, match="buffer"):
+        build((kv(0, 8), "not a buffer"), (kv(0, 2), kv(1, 2)))  # type: ignore[arg-type]
+    mla_p = kv(0, 8, logical_axis="replicated", item_stride_bytes=4096)
+    mla_d = kv(0, 2, logical_axis="replicated", item_stride_bytes=8192)
+    with pytest.raises(UnsupportedPDLayoutError, match="read past the prefill item"):
+        build((mla_p,), (mla_d,))
+
+
+def test_more_decode_dp_groups_than_prefill_is_refused_with_a_fix() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="at most 1"):
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 2),
+            decode_layout=ParallelLayout("decode", 4, 2),
+            prefill_buffers=(kv(0, 2),),
+            decode_buffers=(kv(0, 2),),
+        )
+
+
+@pytest.mark.parametrize("rank", [-1, 2, 2**64, True, 1.0, "0"])
+def test_decode_rank_out_of_range(rank: Any) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="out of range"):
+        planner().plan_for_decode_rank(rank)
+
+
+def test_plan_accessors_and_source_fanout() -> None:
+    p = planner()
+    plan = p.plan_for_decode_rank(1)
+    assert plan.plan_kind == "fragmented"
+    assert plan.target_prefill_ranks == (4, 5, 6, 7)
+    assert plan.required_dst_info_num_for_prefill_rank(5) == 1
+    with pytest.raises(UnsupportedPDLayoutError, match="not a source"):
+        plan.required_dst_info_num_for_prefill_rank(0)
+    assert p.source_fanout == dict.fromkeys(range(8), 1)
+    p.source_fanout[0] = 99
+    assert p.source_fanout[0] == 1, "source_fanout hands out a copy"
+    with pytest.raises(AttributeError):
+        p.source_fanout = {}  # type: ignore[misc]
+    assert p.prefill_layout == ParallelLayout("prefill", 8)
+    assert p.prefill_buffers == (kv(0, 8),)
+
+
+def test_identity_plan_and_idle_prefill_groups() -> None:
+    p = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 8, 2),
+        decode_layout=ParallelLayout("decode", 4),
+        prefill_buffers=(kv(0, 4),),
+        decode_buffers=(kv(0, 4),),
+    )
+    plan = p.plan_for_decode_rank(3)
+    assert plan.plan_kind == "identity"
+    assert plan.target_prefill_ranks == (3,)
+    assert plan.fragments_by_prefill_rank == {}
+    assert plan.required_dst_info_num_by_prefill_rank == {3: 1}
+    assert p.source_fanout == {0: 1, 1: 1, 2: 1, 3: 1, 4: 0, 5: 0, 6: 0, 7: 0}
+
+
+def test_planning_a_huge_world_is_refused_at_once() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="maximum"):
+        planner(prefill_tp=2**31)

@@ -1,0 +1,222 @@
+"""Wire format v1: reference-identical encoding, strict decoding, fuzzed frames."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pdplan import (
+    BufferKind,
+    TransferFragment,
+    UnsupportedPDLayoutError,
+    decode_transfer_fragments,
+    encode_transfer_fragments,
+)
+
+BELOW_2_63 = st.integers(0, 2**63 - 1)
+
+fragments = st.builds(
+    TransferFragment,
+    buffer_index=BELOW_2_63,
+    buffer_kind=st.sampled_from(list(BufferKind)),
+    src_rank=BELOW_2_63,
+    dst_rank=BELOW_2_63,
+    src_page_stride_bytes=BELOW_2_63,
+    dst_page_stride_bytes=BELOW_2_63,
+    src_byte_offset=BELOW_2_63,
+    dst_byte_offset=BELOW_2_63,
+    bytes_per_page=BELOW_2_63,
+    page_count=st.none() | BELOW_2_63,
+)
+
+
+def reference_payload(items: tuple[TransferFragment, ...]) -> bytes:
+    """What the reference encoder writes: compact JSON, keys in field order."""
+    return json.dumps(
+        [{**f.__dict__, "buffer_kind": f.buffer_kind.value} for f in items],
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+GOOD = TransferFragment(3, BufferKind.TARGET_V, 1, 0, 4096, 16384, 0, 4096, 4096)
+
+
+def good_entry() -> dict[str, Any]:
+    return dict(json.loads(encode_transfer_fragments((GOOD,))[1])[0])
+
+
+def decode_entries(entries: Any) -> tuple[TransferFragment, ...]:
+    return decode_transfer_fragments(b"1", json.dumps(entries).encode())
+
+
+@settings(max_examples=200)
+@given(st.lists(fragments, max_size=8).map(tuple))
+def test_encoding_matches_the_reference_and_round_trips(items: tuple[Any, ...]) -> None:
+    version, payload = encode_transfer_fragments(items)
+    assert version == b"1"
+    assert payload == reference_payload(items)
+    assert decode_transfer_fragments(version, payload) == items
+
+
+def test_empty_frames_decode_to_nothing() -> None:
+    assert decode_transfer_fragments(None, None) == ()
+    assert decode_transfer_fragments(b"", b"") == ()
+    assert decode_transfer_fragments(b"1", b"[]") == ()
+    assert encode_transfer_fragments(()) == (b"1", b"[]")
+
+
+def test_decoding_accepts_any_valid_json_spelling() -> None:
+    spaced = json.dumps([good_entry()], indent=2).encode()
+    assert decode_transfer_fragments(b"1", spaced) == (GOOD,)
+    escaped = spaced.replace(b"target_v", b"target\\u005fv")
+    assert decode_transfer_fragments(b"1", escaped) == (GOOD,)
+
+
+def test_invalid_utf8() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="UTF-8"):
+        decode_transfer_fragments(b"1", b'[{"buffer_kind":"\xff"}]')
+
+
+@pytest.mark.parametrize("payload", [b"[", b"not json", b"[{}]]", b"[1,]", b"[NaN]"])
+def test_invalid_json(payload: bytes) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="invalid transfer plan payload"):
+        decode_transfer_fragments(b"1", payload)
+
+
+@pytest.mark.parametrize("payload", [b"{}", b"1", b'"x"', b"null", b"true"])
+def test_top_level_not_a_list(payload: bytes) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=r"sequence|expected"):
+        decode_transfer_fragments(b"1", payload)
+
+
+@pytest.mark.parametrize("entry", [1, "x", None, [], True])
+def test_entry_not_an_object(entry: Any) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="transfer fragment object"):
+        decode_entries([entry])
+
+
+@pytest.mark.parametrize("key", list(good_entry()))
+def test_missing_key(key: str) -> None:
+    entry = good_entry()
+    del entry[key]
+    with pytest.raises(UnsupportedPDLayoutError, match=f"missing field `{key}`"):
+        decode_entries([entry])
+
+
+def test_unknown_key() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="unknown field `extra`"):
+        decode_entries([{**good_entry(), "extra": 0}])
+
+
+def test_duplicate_key() -> None:
+    payload = encode_transfer_fragments((GOOD,))[1].replace(
+        b'"src_rank":1', b'"src_rank":1,"src_rank":2'
+    )
+    with pytest.raises(UnsupportedPDLayoutError, match="duplicate field"):
+        decode_transfer_fragments(b"1", payload)
+
+
+@pytest.mark.parametrize("kind", ["target_q", "TARGET_K", "", 1, None])
+def test_buffer_kind_outside_the_enum(kind: Any) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=r"buffer_kind|string"):
+        decode_entries([{**good_entry(), "buffer_kind": kind}])
+
+
+INTEGER_FIELDS = [k for k in good_entry() if k != "buffer_kind"]
+
+
+@pytest.mark.parametrize("field", INTEGER_FIELDS)
+@pytest.mark.parametrize("value", [1.0, 1.5, "1", True, False, [1], {"a": 1}])
+def test_integer_field_of_the_wrong_json_type(field: str, value: Any) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="integer"):
+        decode_entries([{**good_entry(), field: value}])
+
+
+@pytest.mark.parametrize("field", [f for f in INTEGER_FIELDS if f != "page_count"])
+def test_null_only_for_page_count(field: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="integer"):
+        decode_entries([{**good_entry(), field: None}])
+    assert decode_entries([{**good_entry(), "page_count": None}])[0].page_count is None
+
+
+@pytest.mark.parametrize("field", INTEGER_FIELDS)
+@pytest.mark.parametrize("value", [-1, 2**63, 2**64, 10**30])
+def test_integer_out_of_range(field: str, value: int) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="integer"):
+        decode_entries([{**good_entry(), field: value}])
+
+
+def test_largest_integer_is_accepted() -> None:
+    decoded = decode_entries([{**good_entry(), "bytes_per_page": 2**63 - 1}])
+    assert decoded[0].bytes_per_page == 2**63 - 1
+
+
+@pytest.mark.parametrize("version", [b"2", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1"])
+def test_version_other_than_1(version: bytes) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="version"):
+        decode_transfer_fragments(version, b"[]")
+
+
+@pytest.mark.parametrize(
+    ("version", "payload"), [(b"1", None), (b"1", b""), (None, b"[]"), (b"", b"[]")]
+)
+def test_one_frame_without_the_other(version: bytes | None, payload: bytes | None) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="incomplete"):
+        decode_transfer_fragments(version, payload)
+
+
+def test_frames_must_be_bytes() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="bytes"):
+        decode_transfer_fragments("1", "[]")  # type: ignore[arg-type]
+
+
+def test_deeply_nested_payload_is_refused_not_a_crash() -> None:
+    with pytest.raises(UnsupportedPDLayoutError):
+        decode_transfer_fragments(b"1", b"[" * 200_000)
+
+
+@st.composite
+def mutated_frames(draw: Any) -> tuple[bytes, bytes]:
+    items = draw(st.lists(fragments, min_size=1, max_size=3).map(tuple))
+    version, payload = encode_transfer_fragments(items)
+    data = bytearray(payload)
+    for _ in range(draw(st.integers(1, 6))):
+        action = draw(st.sampled_from(["flip", "insert", "delete", "splice"]))
+        at = draw(st.integers(0, max(0, len(data) - 1)))
+        if action == "flip" and data:
+            data[at] = draw(st.integers(0, 255))
+        elif action == "insert":
+            token = draw(
+                st.sampled_from(
+                    [b"-", b"1", b".5", b"e9", b"null", b"true", b'"', b",", b"{", b"]", b"\xc3"]
+                )
+            )
+            data[at:at] = token
+        elif action == "delete" and data:
+            del data[at : at + draw(st.integers(1, 8))]
+        else:
+            data[at:at] = draw(st.binary(max_size=8))
+    if draw(st.integers(0, 9)) == 0:
+        version = draw(st.binary(max_size=3))
+    return version, bytes(data)
+
+
+@settings(max_examples=1000)
+@given(mutated_frames())
+def test_fuzzed_frames_give_valid_fragments_or_a_clear_error(frames: tuple[bytes, bytes]) -> None:
+    try:
+        decoded = decode_transfer_fragments(*frames)
+    except UnsupportedPDLayoutError:
+        return
+    for fragment in decoded:
+        assert isinstance(fragment, TransferFragment)
+        assert isinstance(fragment.buffer_kind, BufferKind)
+        for name, value in fragment.__dict__.items():
+            if name == "buffer_kind" or (name == "page_count" and value is None):
+                continue
+            assert type(value) is int and 0 <= value < 2**63
+    # What decodes re-encodes to an equivalent list.
+    assert decode_transfer_fragments(*encode_transfer_fragments(decoded)) == decoded
