@@ -1,0 +1,180 @@
+//! Python objects -> validated core values. Every failure is a `PlanError` naming the field.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyString};
+
+use super::objects::ModelTypes;
+use crate::error::PlanError;
+use crate::fragment::Fragment;
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role, MAX_VALUE};
+
+pub type Converted<T> = Result<T, PlanError>;
+
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "an unknown type".to_owned(), |n| n.to_string())
+}
+
+pub fn repr(obj: &Bound<'_, PyAny>) -> String {
+    obj.repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+}
+
+/// A Python int (not a bool) in [0, 2^63).
+pub fn to_u64(value: &Bound<'_, PyAny>, name: &str) -> Converted<u64> {
+    as_u64(value).ok_or_else(|| not_an_index(value, name))
+}
+
+fn as_u64(value: &Bound<'_, PyAny>) -> Option<u64> {
+    if value.is_instance_of::<PyBool>() {
+        return None;
+    }
+    value.extract::<u64>().ok().filter(|n| *n <= MAX_VALUE)
+}
+
+fn not_an_index(value: &Bound<'_, PyAny>, name: &str) -> PlanError {
+    PlanError::new(format!(
+        "{name} must be an integer in [0, 2^63), got {} ({})",
+        repr(value),
+        type_name(value)
+    ))
+}
+
+/// Reads the fields of a value through attributes with interned names (one cached type lookup
+/// and one instance lookup a field, no string made per read), so duck-typed objects work too.
+struct Fields<'a, 'py> {
+    obj: &'a Bound<'py, PyAny>,
+}
+
+/// An interned attribute name: `intern!` caches one Python string per call site.
+macro_rules! name {
+    ($fields:expr, $name:literal) => {
+        pyo3::intern!($fields.obj.py(), $name)
+    };
+}
+
+impl<'py> Fields<'_, 'py> {
+    fn get(&self, name: &Bound<'py, PyString>) -> Converted<Bound<'py, PyAny>> {
+        self.obj.getattr(name).map_err(|_| {
+            PlanError::new(format!(
+                "expected an object with a {:?} field, got {}",
+                name.to_string(),
+                type_name(self.obj)
+            ))
+        })
+    }
+
+    fn u64(&self, name: &Bound<'py, PyString>) -> Converted<u64> {
+        let value = self.get(name)?;
+        // The name is only turned into a Rust string on the error path.
+        as_u64(&value).ok_or_else(|| not_an_index(&value, &name.to_string()))
+    }
+
+    fn string(&self, name: &Bound<'py, PyString>) -> Converted<String> {
+        let value = self.get(name)?;
+        // Members of `str` enums extract as their value.
+        value.extract::<String>().map_err(|_| {
+            PlanError::new(format!(
+                "{name} must be a string, got {} ({})",
+                repr(&value),
+                type_name(&value)
+            ))
+        })
+    }
+
+    fn kind(&self, types: Option<&ModelTypes>) -> Converted<BufferKind> {
+        let value = self.get(name!(self, "buffer_kind"))?;
+        if let Some(kind) = types.and_then(|t| t.kind_of(&value)) {
+            return Ok(kind);
+        }
+        BufferKind::parse(&self.string(name!(self, "buffer_kind"))?)
+    }
+}
+
+pub fn parallel_layout(obj: &Bound<'_, PyAny>) -> Converted<ParallelLayout> {
+    let f = Fields { obj };
+    ParallelLayout::new(
+        Role::parse(&f.string(name!(f, "role"))?)?,
+        f.u64(name!(f, "world_size"))?,
+        f.u64(name!(f, "dp_size"))?,
+    )
+}
+
+pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
+    let f = Fields { obj };
+    let buffer = BufferLayout {
+        buffer_index: f.u64(name!(f, "buffer_index"))?,
+        buffer_kind: f.kind(None)?,
+        logical_axis: LogicalAxis::parse(&f.string(name!(f, "logical_axis"))?)?,
+        logical_size: f.u64(name!(f, "logical_size"))?,
+        page_size: f.u64(name!(f, "page_size"))?,
+        bytes_per_logical_unit: f.u64(name!(f, "bytes_per_logical_unit"))?,
+        item_stride_bytes: f.u64(name!(f, "item_stride_bytes"))?,
+        tp_replica_group_size: f.u64(name!(f, "tp_replica_group_size"))?,
+    };
+    buffer.validate()?;
+    Ok(buffer)
+}
+
+/// A fragment from a `TransferFragment` or any object with its fields; `types` enables the
+/// identity fast path for `BufferKind` members.
+pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Converted<Fragment> {
+    let f = Fields { obj };
+    let page_count = f.get(name!(f, "page_count"))?;
+    let fragment = Fragment {
+        buffer_index: f.u64(name!(f, "buffer_index"))?,
+        buffer_kind: f.kind(types)?,
+        src_rank: f.u64(name!(f, "src_rank"))?,
+        dst_rank: f.u64(name!(f, "dst_rank"))?,
+        src_page_stride_bytes: f.u64(name!(f, "src_page_stride_bytes"))?,
+        dst_page_stride_bytes: f.u64(name!(f, "dst_page_stride_bytes"))?,
+        src_byte_offset: f.u64(name!(f, "src_byte_offset"))?,
+        dst_byte_offset: f.u64(name!(f, "dst_byte_offset"))?,
+        bytes_per_page: f.u64(name!(f, "bytes_per_page"))?,
+        page_count: if page_count.is_none() {
+            None
+        } else {
+            Some(to_u64(&page_count, "page_count")?)
+        },
+    };
+    fragment.validate()?;
+    Ok(fragment)
+}
+
+/// Converts every item of a Python iterable, naming the position of the first bad one.
+pub fn each<'py, T>(
+    items: &Bound<'py, PyAny>,
+    what: &str,
+    mut convert: impl FnMut(&Bound<'py, PyAny>) -> Converted<T>,
+) -> Converted<Vec<T>> {
+    let iter = items.try_iter().map_err(|_| {
+        PlanError::new(format!(
+            "{what} must be a sequence, got {}",
+            type_name(items)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for (position, item) in iter.enumerate() {
+        let item = item.map_err(|e| PlanError::new(format!("{what}: {e}")))?;
+        let converted = convert(&item)
+            .map_err(|e| PlanError::new(format!("{what}[{position}]: {}", e.message())))?;
+        out.push(converted);
+    }
+    Ok(out)
+}
+
+pub fn frame<'a>(value: &'a Bound<'_, PyAny>, name: &str) -> Converted<Option<&'a [u8]>> {
+    if value.is_none() {
+        return Ok(None);
+    }
+    value
+        .cast::<PyBytes>()
+        .map(|b| Some(b.as_bytes()))
+        .map_err(|_| {
+            PlanError::new(format!(
+                "{name} must be bytes or None, got {}",
+                type_name(value)
+            ))
+        })
+}

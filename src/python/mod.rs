@@ -1,0 +1,163 @@
+//! The one binding module: converts Python values to core values and back (`convert`,
+//! `objects`), releases the GIL around core work, and maps every core error to
+//! `UnsupportedPDLayoutError` in one function, `to_py_err`.
+
+mod convert;
+mod objects;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyTuple};
+
+use crate::error::PlanError;
+use crate::planner::Planner;
+use crate::wire;
+use convert::{
+    buffer_layout, each, fragment_with, frame, parallel_layout, repr, to_u64, Converted,
+};
+use objects::{model_types, rank_plan_object, FragmentFactory};
+
+create_exception!(
+    _core,
+    UnsupportedPDLayoutError,
+    PyValueError,
+    "A layout, plan, frame or request pdplan cannot serve; the message says what to change."
+);
+
+/// The single place a core error becomes a Python exception.
+fn to_py_err(error: PlanError) -> PyErr {
+    UnsupportedPDLayoutError::new_err(error.into_message())
+}
+
+/// Validates a `ParallelLayout` (called from its `__post_init__`).
+#[pyfunction]
+fn check_parallel_layout(layout: &Bound<'_, PyAny>) -> PyResult<()> {
+    parallel_layout(layout).map(|_| ()).map_err(to_py_err)
+}
+
+/// Validates a `BufferLayout` (called from its `__post_init__`).
+#[pyfunction]
+fn check_buffer_layout(buffer: &Bound<'_, PyAny>) -> PyResult<()> {
+    buffer_layout(buffer).map(|_| ()).map_err(to_py_err)
+}
+
+/// Validates a `TransferFragment` (called from its `__post_init__`).
+#[pyfunction]
+fn check_transfer_fragment(fragment_obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    fragment_with(fragment_obj, None)
+        .map(|_| ())
+        .map_err(to_py_err)
+}
+
+#[pyfunction]
+fn encode_transfer_fragments<'py>(
+    py: Python<'py>,
+    fragments: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let types = model_types(py)?;
+    let fragments =
+        each(fragments, "fragments", |f| fragment_with(f, Some(types))).map_err(to_py_err)?;
+    let (version, payload) = py.detach(|| wire::encode(&fragments));
+    Ok((PyBytes::new(py, &version), PyBytes::new(py, &payload)))
+}
+
+#[pyfunction]
+#[pyo3(signature = (version_frame, payload_frame))]
+fn decode_transfer_fragments<'py>(
+    py: Python<'py>,
+    version_frame: &Bound<'py, PyAny>,
+    payload_frame: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let version = frame(version_frame, "version_frame").map_err(to_py_err)?;
+    let payload = frame(payload_frame, "payload_frame").map_err(to_py_err)?;
+    // Owned copies so the GIL can be released while parsing.
+    let (version, payload) = (version.map(<[u8]>::to_vec), payload.map(<[u8]>::to_vec));
+    let fragments = py
+        .detach(|| wire::decode(version.as_deref(), payload.as_deref()))
+        .map_err(to_py_err)?;
+    FragmentFactory::new(py)?.tuple(&fragments)
+}
+
+/// The compiled planner behind `pdplan.PDTransferPlanner`.
+#[pyclass(frozen, module = "pdplan._core", name = "Planner")]
+struct PyPlanner {
+    inner: Planner,
+}
+
+#[pymethods]
+impl PyPlanner {
+    #[new]
+    fn new(
+        py: Python<'_>,
+        prefill_layout: &Bound<'_, PyAny>,
+        decode_layout: &Bound<'_, PyAny>,
+        prefill_buffers: &Bound<'_, PyAny>,
+        decode_buffers: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let convert = || -> Converted<_> {
+            Ok((
+                parallel_layout(prefill_layout)?,
+                parallel_layout(decode_layout)?,
+                each(prefill_buffers, "prefill_buffers", buffer_layout)?,
+                each(decode_buffers, "decode_buffers", buffer_layout)?,
+            ))
+        };
+        let (prefill, decode, prefill_buffers, decode_buffers) = convert().map_err(to_py_err)?;
+        let inner = py
+            .detach(|| Planner::new(prefill, decode, &prefill_buffers, &decode_buffers))
+            .map_err(to_py_err)?;
+        Ok(Self { inner })
+    }
+
+    fn plan_for_decode_rank<'py>(
+        &self,
+        py: Python<'py>,
+        decode_rank: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let world = self.inner.decode().world_size;
+        let rank = to_u64(decode_rank, "decode_rank").map_err(|_| {
+            to_py_err(PlanError::new(format!(
+                "decode_rank={} is out of range: the decode world has {world} ranks (0..{world})",
+                repr(decode_rank)
+            )))
+        })?;
+        let plan = py
+            .detach(|| self.inner.plan_for_decode_rank(rank))
+            .map_err(to_py_err)?;
+        rank_plan_object(py, &plan)
+    }
+
+    /// Fanout of every prefill rank, in rank order.
+    fn source_fanout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (rank, fanout) in self.inner.source_fanout() {
+            dict.set_item(rank, fanout)?;
+        }
+        Ok(dict)
+    }
+
+    #[getter]
+    fn is_identity(&self) -> bool {
+        self.inner.is_identity()
+    }
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add(
+        "UnsupportedPDLayoutError",
+        py.get_type::<UnsupportedPDLayoutError>(),
+    )?;
+    m.add("TRANSFER_PLAN_PROTOCOL_VERSION", wire::PROTOCOL_VERSION)?;
+    m.add("MAX_WORLD_SIZE", crate::layout::MAX_WORLD_SIZE)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyPlanner>()?;
+    m.add_function(wrap_pyfunction!(check_parallel_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
+    Ok(())
+}

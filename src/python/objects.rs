@@ -1,0 +1,232 @@
+//! Core values -> Python objects of `pdplan._model`.
+
+use std::ptr;
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyString, PyTuple, PyType};
+
+use crate::fragment::{Fragment, FIELD_NAMES};
+use crate::layout::BufferKind;
+use crate::planner::{PlanKind, RankPlan};
+
+/// The dataclasses of `pdplan._model`, imported once.
+pub struct ModelTypes {
+    pub fragment: Py<PyType>,
+    rank_plan: Py<PyType>,
+    /// `BufferKind` members in `BufferKind::ALL` order.
+    kinds: Vec<Py<PyAny>>,
+    /// Interned field names in `FIELD_NAMES` order.
+    field_names: Vec<Py<PyString>>,
+}
+
+static MODEL_TYPES: PyOnceLock<ModelTypes> = PyOnceLock::new();
+
+pub fn model_types(py: Python<'_>) -> PyResult<&ModelTypes> {
+    MODEL_TYPES.get_or_try_init(py, || {
+        let model = py.import("pdplan._model")?;
+        let kind_type = model.getattr("BufferKind")?;
+        let kinds = BufferKind::ALL
+            .iter()
+            .map(|kind| kind_type.call1((kind.as_str(),)).map(Bound::unbind))
+            .collect::<PyResult<Vec<_>>>()?;
+        Ok(ModelTypes {
+            fragment: model
+                .getattr("TransferFragment")?
+                .cast_into::<PyType>()?
+                .unbind(),
+            rank_plan: model
+                .getattr("RankTransferPlan")?
+                .cast_into::<PyType>()?
+                .unbind(),
+            kinds,
+            field_names: FIELD_NAMES
+                .iter()
+                .map(|name| PyString::intern(py, name).unbind())
+                .collect(),
+        })
+    })
+}
+
+impl ModelTypes {
+    pub fn kind_object<'py>(
+        &self,
+        py: Python<'py>,
+        kind: BufferKind,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let position = BufferKind::ALL.iter().position(|k| *k == kind);
+        position
+            .and_then(|p| self.kinds.get(p))
+            .map(|member| member.bind(py).clone())
+            .ok_or_else(|| pyo3::exceptions::PyRuntimeError::new_err("BufferKind member missing"))
+    }
+
+    /// The core kind of a `BufferKind` member, by identity (the common, fast case).
+    pub fn kind_of(&self, obj: &Bound<'_, PyAny>) -> Option<BufferKind> {
+        self.kinds
+            .iter()
+            .position(|member| member.as_ptr() == obj.as_ptr())
+            .and_then(|p| BufferKind::ALL.get(p).copied())
+    }
+}
+
+/// `RankTransferPlan` fields in dataclass order.
+const RANK_PLAN_FIELDS: [&str; 6] = [
+    "plan_kind",
+    "target_dp_group",
+    "target_prefill_ranks",
+    "required_prefill_response_num",
+    "fragments_by_prefill_rank",
+    "required_dst_info_num_by_prefill_rank",
+];
+
+/// Where each of `Fragment::integer_fields` sits in `FIELD_NAMES`.
+const INTEGER_POSITIONS: [usize; 8] = [0, 2, 3, 4, 5, 6, 7, 8];
+
+/// Builds `TransferFragment` objects without running `__init__` (the values come validated
+/// from the core): `object.__new__` and a generic attribute store a field, through the C slots,
+/// instead of a Python-level call and ten frozen-dataclass setters. Values equal to the previous
+/// fragment's are shared rather than made again: consecutive fragments of a plan differ in one
+/// or two fields.
+pub struct FragmentFactory<'py> {
+    py: Python<'py>,
+    types: &'py ModelTypes,
+    cls: Bound<'py, PyType>,
+    /// Whether instances are garbage-collector tracked (a plain dataclass's are).
+    untrack: bool,
+    last: Option<(Fragment, Vec<Bound<'py, PyAny>>)>,
+}
+
+impl<'py> FragmentFactory<'py> {
+    pub fn new(py: Python<'py>) -> PyResult<Self> {
+        let types = model_types(py)?;
+        let cls = types.fragment.bind(py).clone();
+        // SAFETY: `cls` is a live type object.
+        let flags = unsafe { ffi::PyType_GetFlags(cls.as_type_ptr()) };
+        Ok(Self {
+            py,
+            types,
+            cls,
+            untrack: flags & ffi::Py_TPFLAGS_HAVE_GC != 0,
+            last: None,
+        })
+    }
+
+    fn values(&self, f: &Fragment) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let py = self.py;
+        let mut values = match &self.last {
+            Some((_, values)) => values.clone(),
+            None => vec![py.None().into_bound(py); FIELD_NAMES.len()],
+        };
+        let previous = self.last.as_ref().map(|(p, _)| p);
+        let before = previous.map(Fragment::integer_fields);
+        for (index, (&position, (_, value))) in
+            INTEGER_POSITIONS.iter().zip(f.integer_fields()).enumerate()
+        {
+            if before.is_none_or(|b| b.get(index).is_none_or(|(_, old)| *old != value)) {
+                if let Some(slot) = values.get_mut(position) {
+                    *slot = value.into_pyobject(py)?.into_any();
+                }
+            }
+        }
+        if previous.is_none_or(|p| p.buffer_kind != f.buffer_kind) {
+            values[1] = self.types.kind_object(py, f.buffer_kind)?;
+        }
+        if previous.is_none_or(|p| p.page_count != f.page_count) {
+            values[9] = f.page_count.into_pyobject(py)?.into_any();
+        }
+        Ok(values)
+    }
+
+    pub fn make(&mut self, f: &Fragment) -> PyResult<Bound<'py, PyAny>> {
+        let values = self.values(f)?;
+        let names = self.types.field_names.iter().map(|n| n.bind(self.py));
+        let obj = frozen_instance(&self.cls, names.zip(values.iter()))?;
+        if self.untrack {
+            // SAFETY: `obj` is a live instance of a GC type (checked in `new`) and was tracked by
+            // `tp_new`. A fragment refers only to ints, None and a `BufferKind` member, none of
+            // which can lead back to it, so it can never be part of a cycle; untracking it (as
+            // CPython does for tuples and dicts of atomic values) keeps large plans out of every
+            // garbage-collector pass.
+            unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
+        }
+        self.last = Some((*f, values));
+        Ok(obj)
+    }
+
+    pub fn tuple(&mut self, fragments: &[Fragment]) -> PyResult<Bound<'py, PyTuple>> {
+        let objects = fragments
+            .iter()
+            .map(|f| self.make(f))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyTuple::new(self.py, objects)
+    }
+}
+
+/// A frozen dataclass instance built as `object.__new__(cls)` followed by
+/// `object.__setattr__(obj, name, value)` for each field, through the C slots: the Python-level
+/// calls and the dataclass's `__init__` are what make object creation slow.
+fn frozen_instance<'py, 'a>(
+    cls: &Bound<'py, PyType>,
+    fields: impl Iterator<Item = (&'a Bound<'py, PyString>, &'a Bound<'py, PyAny>)>,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    'py: 'a,
+{
+    let py = cls.py();
+    let no_args = PyTuple::empty(py);
+    // SAFETY: `cls` is a plain Python class (one of our dataclasses) whose `tp_new` is the
+    // inherited `object.__new__`; it is called with an empty argument tuple and no keywords, as
+    // `object.__new__(cls)` would be. The result is an owned reference or NULL with an error
+    // set, which `from_owned_ptr_or_err` turns into a `PyErr`.
+    let obj = unsafe {
+        let slot = ffi::PyType_GetSlot(cls.as_type_ptr(), ffi::Py_tp_new);
+        if slot.is_null() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(
+                "class cannot be instantiated",
+            ));
+        }
+        let tp_new: ffi::newfunc = std::mem::transmute(slot);
+        Bound::from_owned_ptr_or_err(
+            py,
+            tp_new(cls.as_type_ptr(), no_args.as_ptr(), ptr::null_mut()),
+        )?
+    };
+    for (name, value) in fields {
+        // SAFETY: all three are live objects; `PyObject_GenericSetAttr` stores the value in the
+        // instance (taking its own reference) and returns -1 with an error set on failure. Like
+        // `object.__setattr__`, it bypasses the frozen dataclass's `__setattr__`.
+        let status =
+            unsafe { ffi::PyObject_GenericSetAttr(obj.as_ptr(), name.as_ptr(), value.as_ptr()) };
+        if status != 0 {
+            return Err(PyErr::fetch(py));
+        }
+    }
+    Ok(obj)
+}
+
+pub fn rank_plan_object<'py>(py: Python<'py>, plan: &RankPlan) -> PyResult<Bound<'py, PyAny>> {
+    let types = model_types(py)?;
+    let mut factory = FragmentFactory::new(py)?;
+    let fragments = PyDict::new(py);
+    let fanouts = PyDict::new(py);
+    let mut ranks = Vec::with_capacity(plan.sources.len());
+    for source in &plan.sources {
+        ranks.push(source.prefill_rank);
+        if plan.kind == PlanKind::Fragmented {
+            fragments.set_item(source.prefill_rank, factory.tuple(&source.fragments)?)?;
+        }
+        fanouts.set_item(source.prefill_rank, source.fanout)?;
+    }
+    let values: [Bound<'py, PyAny>; 6] = [
+        PyString::new(py, plan.kind.as_str()).into_any(),
+        plan.target_dp_group.into_pyobject(py)?.into_any(),
+        PyTuple::new(py, &ranks)?.into_any(),
+        ranks.len().into_pyobject(py)?.into_any(),
+        fragments.into_any(),
+        fanouts.into_any(),
+    ];
+    let names = RANK_PLAN_FIELDS.map(|name| PyString::intern(py, name));
+    frozen_instance(types.rank_plan.bind(py), names.iter().zip(values.iter()))
+}
