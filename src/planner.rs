@@ -5,11 +5,11 @@
 //! finds overlapping prefill shards by arithmetic, so it costs ranks x shardings, not
 //! ranks x buffers x TP.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
-use crate::geometry::{route, PageGeometry, Route, Sharding};
+use crate::geometry::{route, ByteSpan, PageGeometry, Route, Sharding};
 use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +44,15 @@ pub struct RankPlan {
     pub target_dp_group: u64,
     /// Prefill ranks ascending.
     pub sources: Vec<SourcePlan>,
+}
+
+/// Whole-cluster routing, one row per (decode rank, prefill rank) pair that moves data.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutingTable {
+    pub decode_rank: Vec<u64>,
+    pub prefill_rank: Vec<u64>,
+    pub fragment_count: Vec<u64>,
+    pub bytes_per_page: Vec<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -199,6 +208,93 @@ impl Planner {
         Ok(())
     }
 
+    /// Calls `visit(prefill TP rank, buffer, span)` for every byte span decode TP rank
+    /// `decode_tp_rank` receives in a fragmented plan: buffer order, then prefill rank order.
+    /// The one walk behind per-rank plans and the whole-cluster routing table.
+    fn for_each_span(
+        &self,
+        decode_tp_rank: u64,
+        mut visit: impl FnMut(u64, &BufferPair, ByteSpan),
+    ) {
+        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
+        let routes: Vec<Route> = self
+            .shardings
+            .iter()
+            .map(|&s| route(s, prefill_tp, decode_tp, decode_tp_rank))
+            .collect();
+        for pair in &self.buffers {
+            match routes.get(pair.sharding) {
+                None | Some(Route::Nothing) => {}
+                Some(Route::WholeItem { prefill_tp_rank }) => {
+                    visit(
+                        *prefill_tp_rank,
+                        pair,
+                        self.geometry.whole_item_span(&pair.decode),
+                    );
+                }
+                Some(Route::Units(overlaps)) => {
+                    for overlap in overlaps {
+                        for span in self
+                            .geometry
+                            .unit_spans(overlap, &pair.prefill, &pair.decode)
+                        {
+                            visit(overlap.prefill_tp_rank, pair, span);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Every (decode rank, prefill rank) pair that moves data, with its fragment count and
+    /// bytes per page, decode rank then prefill rank ascending. Identity pairs count one whole
+    /// item per buffer. Work grows with decode TP x buffers, plus the rows themselves.
+    pub fn routing_table(&self) -> RoutingTable {
+        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
+        // Per decode TP rank: (prefill TP rank, fragments, bytes per page), rank ascending.
+        let per_tp_rank: Vec<Vec<(u64, u64, u64)>> = (0..decode_tp)
+            .map(|decode_tp_rank| {
+                if self.identity {
+                    let bytes = self
+                        .buffers
+                        .iter()
+                        .map(|b| b.decode.item_stride_bytes)
+                        .sum();
+                    let count = self.buffers.len() as u64;
+                    return if count == 0 {
+                        Vec::new()
+                    } else {
+                        vec![(decode_tp_rank, count, bytes)]
+                    };
+                }
+                let mut totals: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+                self.for_each_span(decode_tp_rank, |prefill_tp_rank, _, span| {
+                    let entry = totals.entry(prefill_tp_rank).or_default();
+                    entry.0 += 1;
+                    entry.1 = entry.1.saturating_add(span.len);
+                });
+                totals
+                    .into_iter()
+                    .map(|(rank, (count, bytes))| (rank, count, bytes))
+                    .collect()
+            })
+            .collect();
+        let mut table = RoutingTable::default();
+        for group in 0..self.decode.dp_size {
+            for (decode_tp_rank, sources) in (0..decode_tp).zip(&per_tp_rank) {
+                for &(prefill_tp_rank, count, bytes) in sources {
+                    table.decode_rank.push(group * decode_tp + decode_tp_rank);
+                    table
+                        .prefill_rank
+                        .push(group * prefill_tp + prefill_tp_rank);
+                    table.fragment_count.push(count);
+                    table.bytes_per_page.push(bytes);
+                }
+            }
+        }
+        table
+    }
+
     /// The plan for one decode rank: its prefill sources, fragments and their fanouts.
     pub fn plan_for_decode_rank(&self, decode_rank: u64) -> PlanResult<RankPlan> {
         self.check_decode_rank(decode_rank)?;
@@ -221,52 +317,26 @@ impl Planner {
             });
         }
 
-        let routes: Vec<Route> = self
-            .shardings
-            .iter()
-            .map(|&s| route(s, prefill_tp, decode_tp, decode_tp_rank))
-            .collect();
         // (prefill TP rank, fragment), buffer order then prefill rank order; a stable sort
         // by rank then groups them while keeping buffer order inside each rank.
         let mut tagged: Vec<(u64, Fragment)> = Vec::new();
-        for pair in &self.buffers {
-            let fragment = |prefill_tp_rank: u64, span: crate::geometry::ByteSpan| {
-                (
-                    prefill_tp_rank,
-                    Fragment {
-                        buffer_index: pair.prefill.buffer_index,
-                        buffer_kind: pair.prefill.buffer_kind,
-                        src_rank: group_base + prefill_tp_rank,
-                        dst_rank: decode_rank,
-                        src_page_stride_bytes: pair.prefill.item_stride_bytes,
-                        dst_page_stride_bytes: pair.decode.item_stride_bytes,
-                        src_byte_offset: span.src_offset,
-                        dst_byte_offset: span.dst_offset,
-                        bytes_per_page: span.len,
-                        page_count: None,
-                    },
-                )
-            };
-            match routes.get(pair.sharding) {
-                None | Some(Route::Nothing) => {}
-                Some(Route::WholeItem { prefill_tp_rank }) => {
-                    tagged.push(fragment(
-                        *prefill_tp_rank,
-                        self.geometry.whole_item_span(&pair.decode),
-                    ));
-                }
-                Some(Route::Units(overlaps)) => {
-                    for overlap in overlaps {
-                        for span in self
-                            .geometry
-                            .unit_spans(overlap, &pair.prefill, &pair.decode)
-                        {
-                            tagged.push(fragment(overlap.prefill_tp_rank, span));
-                        }
-                    }
-                }
-            }
-        }
+        self.for_each_span(decode_tp_rank, |prefill_tp_rank, pair, span| {
+            tagged.push((
+                prefill_tp_rank,
+                Fragment {
+                    buffer_index: pair.prefill.buffer_index,
+                    buffer_kind: pair.prefill.buffer_kind,
+                    src_rank: group_base + prefill_tp_rank,
+                    dst_rank: decode_rank,
+                    src_page_stride_bytes: pair.prefill.item_stride_bytes,
+                    dst_page_stride_bytes: pair.decode.item_stride_bytes,
+                    src_byte_offset: span.src_offset,
+                    dst_byte_offset: span.dst_offset,
+                    bytes_per_page: span.len,
+                    page_count: None,
+                },
+            ));
+        });
         tagged.sort_by_key(|(rank, _)| *rank);
 
         let mut sources: Vec<SourcePlan> = Vec::new();
@@ -496,6 +566,32 @@ mod tests {
             .plan_for_decode_rank(2)
             .unwrap_err();
         assert!(err.message().contains("out of range"), "{err}");
+    }
+
+    #[test]
+    fn routing_table_agrees_with_every_plan() {
+        for (prefill_tp, decode_tp, heads) in [(8, 2, 8), (2, 8, 8), (4, 1, 2), (4, 4, 8)] {
+            let p = planner(prefill_tp, decode_tp, heads).unwrap();
+            let table = p.routing_table();
+            let mut expected = RoutingTable::default();
+            for rank in 0..decode_tp {
+                let plan = p.plan_for_decode_rank(rank).unwrap();
+                for source in plan.sources {
+                    expected.decode_rank.push(rank);
+                    expected.prefill_rank.push(source.prefill_rank);
+                    if plan.kind == PlanKind::Identity {
+                        expected.fragment_count.push(2);
+                        expected.bytes_per_page.push(2 * heads / decode_tp * UNIT);
+                    } else {
+                        expected.fragment_count.push(source.fragments.len() as u64);
+                        expected
+                            .bytes_per_page
+                            .push(source.fragments.iter().map(|f| f.bytes_per_page).sum());
+                    }
+                }
+            }
+            assert_eq!(table, expected, "{prefill_tp}->{decode_tp}");
+        }
     }
 
     #[test]

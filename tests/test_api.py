@@ -51,6 +51,7 @@ def test_public_names() -> None:
         "TransferFragment",
         "RankTransferPlan",
         "PDTransferPlanner",
+        "RoutingTable",
         "UnsupportedPDLayoutError",
         "encode_transfer_fragments",
         "decode_transfer_fragments",

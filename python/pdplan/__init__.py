@@ -20,7 +20,7 @@ from pdplan._model import (
     RankTransferPlan,
     TransferFragment,
 )
-from pdplan._planner import PDTransferPlanner
+from pdplan._planner import PDTransferPlanner, RoutingTable
 
 __all__ = [
     "TRANSFER_PLAN_PROTOCOL_VERSION",
@@ -29,6 +29,7 @@ __all__ = [
     "PDTransferPlanner",
     "ParallelLayout",
     "RankTransferPlan",
+    "RoutingTable",
     "TransferFragment",
     "UnsupportedPDLayoutError",
     "__version__",

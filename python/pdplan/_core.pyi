@@ -3,6 +3,9 @@
 from collections.abc import Iterable
 from typing import final
 
+import numpy as np
+import numpy.typing as npt
+
 from pdplan._model import (
     BufferLayout,
     ParallelLayout,
@@ -49,5 +52,13 @@ class Planner:
     ) -> Planner: ...
     def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan: ...
     def source_fanout(self) -> dict[int, int]: ...
+    def routing_table(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.int64],
+    ]: ...
     @property
     def is_identity(self) -> bool: ...

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+import numpy.typing as npt
 
 from pdplan import _core
 from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan
 
-__all__ = ["PDTransferPlanner"]
+__all__ = ["PDTransferPlanner", "RoutingTable"]
+
+
+class RoutingTable(NamedTuple):
+    """Whole-cluster routing: one row per (decode rank, prefill rank) pair that moves data,
+    decode rank then prefill rank ascending. Identity pairs count one whole item per buffer."""
+
+    decode_rank: npt.NDArray[np.int64]
+    prefill_rank: npt.NDArray[np.int64]
+    fragment_count: npt.NDArray[np.int64]
+    bytes_per_page: npt.NDArray[np.int64]
 
 
 class PDTransferPlanner:
@@ -34,6 +48,10 @@ class PDTransferPlanner:
     def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan:
         plan: RankTransferPlan = self._core.plan_for_decode_rank(decode_rank)
         return plan
+
+    def routing_table(self) -> RoutingTable:
+        """Who talks to whom across the whole cluster, computed in Rust without the GIL."""
+        return RoutingTable(*self._core.routing_table())
 
     @property
     def source_fanout(self) -> dict[int, int]:

@@ -5,6 +5,7 @@
 mod convert;
 mod objects;
 
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -135,6 +136,42 @@ impl PyPlanner {
             dict.set_item(rank, fanout)?;
         }
         Ok(dict)
+    }
+
+    /// Every (decode rank, prefill rank) pair that moves data, as four int64 arrays: decode
+    /// rank, prefill rank, fragment count, bytes per page. Computed with the GIL released.
+    #[allow(clippy::type_complexity)]
+    fn routing_table<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+    ) {
+        // Every value is below 2^63 (validated sizes, bounded world), so the casts are exact.
+        let signed = |column: Vec<u64>| -> Vec<i64> {
+            column
+                .into_iter()
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+                .collect()
+        };
+        let table = py.detach(|| {
+            let table = self.inner.routing_table();
+            (
+                signed(table.decode_rank),
+                signed(table.prefill_rank),
+                signed(table.fragment_count),
+                signed(table.bytes_per_page),
+            )
+        });
+        (
+            table.0.into_pyarray(py),
+            table.1.into_pyarray(py),
+            table.2.into_pyarray(py),
+            table.3.into_pyarray(py),
+        )
     }
 
     #[getter]
