@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import pdplan
 import pytest
+
+import pdplan
 from pdplan import (
     BufferKind,
     BufferLayout,

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from layouts import plan_to_dict, planner_from_spec
+
 from pdplan import (
     UnsupportedPDLayoutError,
     decode_transfer_fragments,
     encode_transfer_fragments,
 )
+
+from layouts import plan_to_dict, planner_from_spec
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "golden_vectors.json").read_text())
 CASES = GOLDEN["cases"]

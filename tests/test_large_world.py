@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from layouts import plan_to_dict
 
 from pdplan import (
     BufferKind,
@@ -20,19 +19,30 @@ from pdplan import (
 )
 from pdplan._core import MAX_WORLD_SIZE
 
+from layouts import plan_to_dict
+
 
 def kv_buffers(tp: int, layers: int = 4, heads: int = 8) -> tuple[BufferLayout, ...]:
     replica = tp // heads if tp > heads else 1
     unit = 16 * 128 * 2
     return tuple(
-        BufferLayout(i, BufferKind.TARGET_K if i % 2 == 0 else BufferKind.TARGET_V, "kv_head",
-                     heads, 16, unit, heads // (tp // replica) * unit, replica)
+        BufferLayout(
+            i,
+            BufferKind.TARGET_K if i % 2 == 0 else BufferKind.TARGET_V,
+            "kv_head",
+            heads,
+            16,
+            unit,
+            heads // (tp // replica) * unit,
+            replica,
+        )
         for i in range(2 * layers)
     )
 
 
-def cluster(prefill_dp: int, prefill_tp: int, decode_dp: int, decode_tp: int,
-            layers: int = 4) -> PDTransferPlanner:
+def cluster(
+    prefill_dp: int, prefill_tp: int, decode_dp: int, decode_tp: int, layers: int = 4
+) -> PDTransferPlanner:
     return PDTransferPlanner(
         prefill_layout=ParallelLayout("prefill", prefill_dp * prefill_tp, prefill_dp),
         decode_layout=ParallelLayout("decode", decode_dp * decode_tp, decode_dp),
@@ -54,12 +64,12 @@ def test_routing_table_agrees_with_the_plans(shape: tuple[int, int, int, int]) -
         for source in plan.target_prefill_ranks:
             if plan.plan_kind == "identity":
                 buffers = planner.decode_buffers
-                rows.append((rank, source, len(buffers),
-                             sum(b.item_stride_bytes for b in buffers)))
+                rows.append((rank, source, len(buffers), sum(b.item_stride_bytes for b in buffers)))
             else:
                 fragments = plan.fragments_by_prefill_rank[source]
-                rows.append((rank, source, len(fragments),
-                             sum(f.bytes_per_page for f in fragments)))
+                rows.append(
+                    (rank, source, len(fragments), sum(f.bytes_per_page for f in fragments))
+                )
     assert list(zip(*(column.tolist() for column in table))) == rows
     # Each prefill rank's row count is its fanout.
     counts = np.bincount(table.prefill_rank, minlength=planner.prefill_layout.world_size)

@@ -7,7 +7,7 @@ from typing import Any
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from oracle import check_plan, expected_fanout, layout_is_valid
+
 from pdplan import (
     BufferKind,
     BufferLayout,
@@ -15,6 +15,8 @@ from pdplan import (
     PDTransferPlanner,
     UnsupportedPDLayoutError,
 )
+
+from oracle import check_plan, expected_fanout, layout_is_valid
 
 TP = st.sampled_from([1, 2, 4, 8] * 3 + [3, 6])
 

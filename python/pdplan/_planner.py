@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import numpy as np
-import numpy.typing as npt
+if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is imported
+    import numpy as np
+    import numpy.typing as npt
 
 from pdplan import _core
 from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan

@@ -160,7 +160,13 @@ impl<'py> FragmentFactory<'py> {
             .iter()
             .map(|f| self.make(f))
             .collect::<PyResult<Vec<_>>>()?;
-        PyTuple::new(self.py, objects)
+        let tuple = PyTuple::new(self.py, objects)?;
+        if self.untrack {
+            // SAFETY: `tuple` is a live tuple (a GC type) holding only untracked fragments, so it
+            // cannot be part of a cycle either; CPython would untrack it at its next collection.
+            unsafe { ffi::PyObject_GC_UnTrack(tuple.as_ptr().cast()) };
+        }
+        Ok(tuple)
     }
 }
 

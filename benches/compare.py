@@ -1,0 +1,270 @@
+"""Side by side, in one run: pdplan against the pure-Python way on the scale issue's world.
+
+    pip install '.[bench]' && python benches/compare.py
+
+Prints a markdown table (times are the best of several runs; ratio = pure Python / pdplan),
+the peak memory of a 65,536-rank planner, and writes benches/results/scaling.png: the time to
+plan a whole cluster (construction + every decode rank's plan) against world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import pdplan
+
+import pure_python
+from scenarios import Scenario, cluster, large_world
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        started = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - started)
+    return best, result
+
+
+def build(s: Scenario) -> pdplan.PDTransferPlanner:
+    return pdplan.PDTransferPlanner(
+        prefill_layout=s.prefill,
+        decode_layout=s.decode,
+        prefill_buffers=s.prefill_buffers,
+        decode_buffers=s.decode_buffers,
+    )
+
+
+def same_plan(ours: pdplan.RankTransferPlan, theirs: pure_python.Plan) -> bool:
+    def fields(p: Any) -> tuple[Any, ...]:
+        return (
+            p.plan_kind,
+            p.target_dp_group,
+            p.target_prefill_ranks,
+            p.required_prefill_response_num,
+            p.required_dst_info_num_by_prefill_rank,
+            {
+                r: [tuple(vars(f).values()) for f in fs]
+                for r, fs in p.fragments_by_prefill_rank.items()
+            },
+        )
+
+    return fields(ours) == fields(theirs)
+
+
+def large_world_table(repeat: int) -> list[dict[str, Any]]:
+    s = large_world()
+    ranks = range(s.decode.world_size)
+    rows = []
+
+    t_walk, walk = best_of(lambda: pure_python.WalkingPlanner(*s.args), max(1, repeat // 2))
+    t_arith, arith = best_of(lambda: pure_python.ArithmeticPlanner(*s.args), repeat)
+    t_ours, ours = best_of(lambda: build(s), repeat * 4)
+    assert ours.source_fanout == walk.fanout == arith.fanout
+    rows.append(row("construction (validation + source_fanout)", t_walk, t_arith, t_ours, 500))
+
+    t_walk, walk_plans = best_of(lambda: [walk.plan_for_decode_rank(r) for r in ranks], repeat)
+    t_arith, _ = best_of(lambda: [arith.plan_for_decode_rank(r) for r in ranks], repeat)
+    t_ours, our_plans = best_of(lambda: [ours.plan_for_decode_rank(r) for r in ranks], repeat)
+    assert all(same_plan(a, b) for a, b in zip(our_plans, walk_plans))
+    rows.append(
+        row(f"plan_for_decode_rank x {len(ranks)} (equal plans)", t_walk, t_arith, t_ours, 20)
+    )
+
+    lists = [fs for p in our_plans for fs in p.fragments_by_prefill_rank.values()]
+    count = sum(len(fs) for fs in lists)
+    t_py, py_frames = best_of(lambda: [pure_python.encode(fs) for fs in lists], repeat)
+    t_ours, frames = best_of(lambda: [pdplan.encode_transfer_fragments(fs) for fs in lists], repeat)
+    assert frames == py_frames
+    rows.append(
+        row(
+            f"encode_transfer_fragments ({len(lists)} lists, {count} fragments)",
+            t_py,
+            None,
+            t_ours,
+            5,
+        )
+    )
+
+    t_py, _ = best_of(
+        lambda: [pure_python.decode(v, p, pdplan.BufferKind) for v, p in frames], repeat
+    )
+    t_ours, decoded = best_of(
+        lambda: [pdplan.decode_transfer_fragments(v, p) for v, p in frames], repeat
+    )
+    assert decoded == [tuple(fs) for fs in lists]
+    rows.append(row("decode_transfer_fragments (same frames)", t_py, None, t_ours, 5))
+
+    t_ours, table = best_of(ours.routing_table, repeat)
+    rows.append(
+        row(f"routing_table ({len(table.decode_rank)} rank pairs)", None, None, t_ours, None)
+    )
+    return rows
+
+
+def row(
+    name: str, walk: float | None, arith: float | None, ours: float, target: float | None
+) -> dict[str, Any]:
+    return {
+        "operation": name,
+        "pure_python": walk,
+        "pure_python_arithmetic": arith,
+        "pdplan": ours,
+        "target": target,
+    }
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds >= 1:
+        return f"{seconds:.2f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.0f} µs"
+
+
+def print_table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| operation | pure Python (walk) | pure Python (pdplan's algorithm) | pdplan | "
+        "ratio vs walk | ratio vs algorithm | target |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+
+        def ratio(base: float | None, r: dict[str, Any] = r) -> str:
+            return "—" if base is None else f"{base / r['pdplan']:,.1f}×"
+
+        target = "—" if r["target"] is None else f"≥ {r['target']}×"
+        lines.append(
+            f"| {r['operation']} | {fmt_time(r['pure_python'])} | "
+            f"{fmt_time(r['pure_python_arithmetic'])} | {fmt_time(r['pdplan'])} | "
+            f"{ratio(r['pure_python'])} | {ratio(r['pure_python_arithmetic'])} | {target} |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+PEAK_SCRIPT = """
+import gc, json, resource, sys
+import numpy  # loaded up front so its own footprint is not counted
+sys.path.insert(0, {benches!r})
+from scenarios import cluster
+import pdplan
+
+def rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+
+def vm_hwm_kib():
+    # VmHWM, unlike ru_maxrss, is not inherited from the parent across fork.
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+s = cluster(4096, 16, 4096, 4)
+gc.collect()
+before = rss_kib()
+planner = pdplan.PDTransferPlanner(prefill_layout=s.prefill, decode_layout=s.decode,
+    prefill_buffers=s.prefill_buffers, decode_buffers=s.decode_buffers)
+built = rss_kib()
+plan = planner.plan_for_decode_rank(s.decode.world_size - 1)
+fanout = planner.source_fanout
+table = planner.routing_table()
+everything = rss_kib()
+print(json.dumps({{"prefill_ranks": s.prefill.world_size, "decode_ranks": s.decode.world_size,
+                  "buffers": len(s.prefill_buffers), "build_kib": built - before,
+                  "all_kib": everything - before,
+                  "peak_rss_kib": vm_hwm_kib()}}))
+"""
+
+
+def peak_memory() -> dict[str, Any]:
+    """Resident memory of a 65,536-prefill-rank planner, measured in a fresh process."""
+    script = PEAK_SCRIPT.format(benches=str(Path(__file__).parent))
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
+def scaling(repeat: int) -> list[dict[str, Any]]:
+    points = []
+    for world in [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]:
+        tp = min(world, 16)
+        s = cluster(world // tp, tp, world // tp, max(1, tp // 4))
+        ranks = range(s.decode.world_size)
+
+        def walk(s: Scenario = s, ranks: range = ranks) -> None:
+            planner = pure_python.WalkingPlanner(*s.args)
+            [planner.plan_for_decode_rank(r) for r in ranks]
+
+        def ours(s: Scenario = s, ranks: range = ranks) -> None:
+            planner = build(s)
+            [planner.plan_for_decode_rank(r) for r in ranks]
+
+        t_walk, _ = best_of(walk, 1 if world >= 1024 else repeat)
+        t_ours, _ = best_of(ours, repeat)
+        points.append({"prefill_world": world, "pure_python": t_walk, "pdplan": t_ours})
+        print(f"  world {world:5d}: pure Python {fmt_time(t_walk)}, pdplan {fmt_time(t_ours)}")
+    return points
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    worlds = [p["prefill_world"] for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.loglog(worlds, [p["pure_python"] for p in points], "o-", label="pure Python (walk)")
+    ax.loglog(worlds, [p["pdplan"] for p in points], "s-", label="pdplan")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prefill world size (ranks); decode world = prefill / 4")
+    ax.set_ylabel("seconds: construct + plan every decode rank")
+    ax.set_title("Planning a whole cluster (80 layers of K and V, 8 KV heads)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-plot", action="store_true")
+    args = parser.parse_args()
+    RESULTS.mkdir(exist_ok=True)
+    print("## prefill 4096 ranks (256 x TP 16) -> decode 1024 ranks (256 x TP 4), 160 buffers\n")
+    table = print_table(large_world_table(args.repeat))
+    memory = peak_memory()
+    summary = (
+        f"memory, {memory['prefill_ranks']}-rank prefill / {memory['decode_ranks']}-rank decode "
+        f"planner, {memory['buffers']} buffers: resident growth {memory['build_kib']} KiB to "
+        f"build; {memory['all_kib']} KiB with one plan, the {memory['prefill_ranks']}-entry "
+        f"source_fanout dict and the routing table; whole-process peak RSS "
+        f"{memory['peak_rss_kib'] / 1024:.0f} MiB"
+    )
+    print("\n" + summary)
+    table += "\n\n" + summary
+    (RESULTS / "large_world.md").write_text(table + "\n")
+    if not args.no_plot:
+        print("\nscaling:")
+        points = scaling(max(1, args.repeat // 2))
+        plot(points, RESULTS / "scaling.png")
+        (RESULTS / "scaling.json").write_text(json.dumps(points, indent=1) + "\n")
+        print(f"wrote {RESULTS / 'scaling.png'}")
+
+
+if __name__ == "__main__":
+    main()
