@@ -208,6 +208,39 @@ impl Planner {
         Ok(())
     }
 
+    /// The fragments decode rank `decode_rank` receives, by prefill rank, for both plan kinds:
+    /// a fragmented plan's own, or for an identity plan one whole-item fragment a buffer (the
+    /// reference's identity plans carry none; the runtime copies whole items). One call path
+    /// then builds descriptors for both.
+    pub fn transfer_fragments(&self, decode_rank: u64) -> PlanResult<Vec<SourcePlan>> {
+        let mut plan = self.plan_for_decode_rank(decode_rank)?;
+        if plan.kind == PlanKind::Identity {
+            for source in &mut plan.sources {
+                source.fragments = self
+                    .buffers
+                    .iter()
+                    .map(|pair| Fragment {
+                        buffer_index: pair.prefill.buffer_index,
+                        buffer_kind: pair.prefill.buffer_kind,
+                        src_rank: source.prefill_rank,
+                        dst_rank: decode_rank,
+                        src_page_stride_bytes: pair.prefill.item_stride_bytes,
+                        dst_page_stride_bytes: pair.decode.item_stride_bytes,
+                        src_byte_offset: 0,
+                        dst_byte_offset: 0,
+                        // Same TP and shards on both sides; the smaller item is what both hold.
+                        bytes_per_page: pair
+                            .prefill
+                            .item_stride_bytes
+                            .min(pair.decode.item_stride_bytes),
+                        page_count: None,
+                    })
+                    .collect();
+            }
+        }
+        Ok(plan.sources)
+    }
+
     /// Calls `visit(prefill TP rank, buffer, span)` for every byte span decode TP rank
     /// `decode_tp_rank` receives in a fragmented plan: buffer order, then prefill rank order.
     /// The one walk behind per-rank plans and the whole-cluster routing table.

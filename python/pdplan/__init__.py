@@ -13,6 +13,7 @@ from pdplan._core import (
     decode_transfer_fragments,
     encode_transfer_fragments,
 )
+from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._model import (
     BufferKind,
     BufferLayout,
@@ -30,9 +31,11 @@ __all__ = [
     "ParallelLayout",
     "RankTransferPlan",
     "RoutingTable",
+    "TransferDescriptors",
     "TransferFragment",
     "UnsupportedPDLayoutError",
     "__version__",
     "decode_transfer_fragments",
     "encode_transfer_fragments",
+    "transfer_descriptors",
 ]

@@ -14,6 +14,7 @@ from pdplan._model import (
 )
 
 __all__ = [
+    "MAX_DESCRIPTORS",
     "MAX_WORLD_SIZE",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "Planner",
@@ -24,9 +25,11 @@ __all__ = [
     "check_transfer_fragment",
     "decode_transfer_fragments",
     "encode_transfer_fragments",
+    "transfer_descriptors",
 ]
 
 __version__: str
+MAX_DESCRIPTORS: int
 TRANSFER_PLAN_PROTOCOL_VERSION: int
 MAX_WORLD_SIZE: int
 
@@ -41,6 +44,18 @@ def decode_transfer_fragments(
     version_frame: bytes | None, payload_frame: bytes | None
 ) -> tuple[TransferFragment, ...]: ...
 
+def transfer_descriptors(
+    fragments: Iterable[TransferFragment],
+    src_base_ptrs: npt.ArrayLike,
+    dst_base_ptrs: npt.ArrayLike,
+    src_pages: npt.ArrayLike,
+    dst_pages: npt.ArrayLike,
+    *,
+    coalesce: bool = True,
+    src_limits: npt.ArrayLike | None = None,
+    dst_limits: npt.ArrayLike | None = None,
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
+
 @final
 class Planner:
     def __new__(
@@ -52,6 +67,7 @@ class Planner:
     ) -> Planner: ...
     def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan: ...
     def source_fanout(self) -> dict[int, int]: ...
+    def transfer_fragments(self, decode_rank: int) -> dict[int, tuple[TransferFragment, ...]]: ...
     def routing_table(
         self,
     ) -> tuple[

@@ -10,7 +10,7 @@ if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is
     import numpy.typing as npt
 
 from pdplan import _core
-from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan
+from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
 
 __all__ = ["PDTransferPlanner", "RoutingTable"]
 
@@ -49,6 +49,19 @@ class PDTransferPlanner:
     def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan:
         plan: RankTransferPlan = self._core.plan_for_decode_rank(decode_rank)
         return plan
+
+    def transfer_fragments(self, decode_rank: int) -> dict[int, tuple[TransferFragment, ...]]:
+        """The fragments ``decode_rank`` receives, by prefill rank, for both plan kinds.
+
+        A fragmented plan gives its own fragments; an identity plan (which carries none: the
+        runtime copies whole items) gives one whole-item fragment per buffer, so the same
+        wire and descriptor path serves both. Contiguous pages of a whole-item copy coalesce
+        into one descriptor per run.
+        """
+        fragments: dict[int, tuple[TransferFragment, ...]] = self._core.transfer_fragments(
+            decode_rank
+        )
+        return fragments
 
     def routing_table(self) -> RoutingTable:
         """Who talks to whom across the whole cluster, computed in Rust without the GIL."""

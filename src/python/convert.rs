@@ -1,10 +1,11 @@
 //! Python objects -> validated core values. Every failure is a `PlanError` naming the field.
 
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString};
 
 use super::objects::ModelTypes;
-use crate::error::PlanError;
+use crate::error::{bail, PlanError};
 use crate::fragment::Fragment;
 use crate::layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role, MAX_VALUE};
 
@@ -177,4 +178,58 @@ pub fn frame<'a>(value: &'a Bound<'_, PyAny>, name: &str) -> Converted<Option<&'
                 type_name(value)
             ))
         })
+}
+
+/// Non-negative integers from a 1-D numpy integer array (any width, signed or not) or from a
+/// sequence of Python ints: page indices, base addresses, limits.
+pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
+    macro_rules! from_array {
+        ($($t:ty),*) => {$(
+            if let Ok(array) = obj.cast::<PyArray1<$t>>() {
+                let readonly = array.try_readonly().map_err(|e| {
+                    PlanError::new(format!("{name} cannot be read: {e}"))
+                })?;
+                let view = readonly.as_array();
+                return view
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| {
+                        u64::try_from(v).map_err(|_| {
+                            PlanError::new(format!("{name}[{i}] = {v} is negative"))
+                        })
+                    })
+                    .collect();
+            }
+        )*};
+    }
+    from_array!(i64, i32, u64, u32, i16, u16, i8, u8);
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        bail!(
+            "{name} must be a 1-D integer array, got a {}-D array of {}",
+            array.ndim(),
+            array.dtype()
+        );
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        PlanError::new(format!(
+            "{name} must be a 1-D integer numpy array or a sequence of ints, got {}",
+            type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for (i, item) in iter.enumerate() {
+        let item = item.map_err(|e| PlanError::new(format!("{name}: {e}")))?;
+        let value = if item.is_instance_of::<PyBool>() {
+            None
+        } else {
+            item.extract::<u64>().ok()
+        };
+        out.push(value.ok_or_else(|| {
+            PlanError::new(format!(
+                "{name}[{i}] must be a non-negative integer below 2^64, got {}",
+                repr(&item)
+            ))
+        })?);
+    }
+    Ok(out)
 }

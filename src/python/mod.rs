@@ -11,11 +11,12 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
+use crate::descriptors;
 use crate::error::PlanError;
 use crate::planner::Planner;
 use crate::wire;
 use convert::{
-    buffer_layout, each, fragment_with, frame, parallel_layout, repr, to_u64, Converted,
+    buffer_layout, each, fragment_with, frame, parallel_layout, repr, to_u64, u64_column, Converted,
 };
 use objects::{model_types, rank_plan_object, FragmentFactory};
 
@@ -80,10 +81,82 @@ fn decode_transfer_fragments<'py>(
     FragmentFactory::new(py)?.tuple(&fragments)
 }
 
+/// The descriptors of `fragments` x page pairs as three uint64 arrays (src, dst, length);
+/// everything is checked before anything is built, and the build runs without the GIL.
+#[pyfunction]
+#[pyo3(signature = (fragments, src_base_ptrs, dst_base_ptrs, src_pages, dst_pages, *, coalesce=true, src_limits=None, dst_limits=None))]
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn transfer_descriptors<'py>(
+    py: Python<'py>,
+    fragments: &Bound<'py, PyAny>,
+    src_base_ptrs: &Bound<'py, PyAny>,
+    dst_base_ptrs: &Bound<'py, PyAny>,
+    src_pages: &Bound<'py, PyAny>,
+    dst_pages: &Bound<'py, PyAny>,
+    coalesce: bool,
+    src_limits: Option<&Bound<'py, PyAny>>,
+    dst_limits: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+    Bound<'py, PyArray1<u64>>,
+)> {
+    let types = model_types(py)?;
+    let limits =
+        |obj: Option<&Bound<'py, PyAny>>, name| obj.map(|o| u64_column(o, name)).transpose();
+    let convert = || -> Converted<_> {
+        Ok((
+            each(fragments, "fragments", |f| fragment_with(f, Some(types)))?,
+            u64_column(src_base_ptrs, "src_base_ptrs")?,
+            u64_column(dst_base_ptrs, "dst_base_ptrs")?,
+            u64_column(src_pages, "src_pages")?,
+            u64_column(dst_pages, "dst_pages")?,
+            limits(src_limits, "src_limits")?,
+            limits(dst_limits, "dst_limits")?,
+        ))
+    };
+    let (fragments, src_bases, dst_bases, src_pages, dst_pages, src_limits, dst_limits) =
+        convert().map_err(to_py_err)?;
+    let built = py
+        .detach(|| {
+            let src = descriptors::Side {
+                name: "src",
+                bases: &src_bases,
+                pages: &src_pages,
+                limits: src_limits.as_deref(),
+            };
+            let dst = descriptors::Side {
+                name: "dst",
+                bases: &dst_bases,
+                pages: &dst_pages,
+                limits: dst_limits.as_deref(),
+            };
+            descriptors::build(&fragments, &src, &dst, coalesce)
+        })
+        .map_err(to_py_err)?;
+    Ok((
+        built.src_addrs.into_pyarray(py),
+        built.dst_addrs.into_pyarray(py),
+        built.lengths.into_pyarray(py),
+    ))
+}
+
 /// The compiled planner behind `pdplan.PDTransferPlanner`.
 #[pyclass(frozen, module = "pdplan._core", name = "Planner")]
 struct PyPlanner {
     inner: Planner,
+}
+
+impl PyPlanner {
+    fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let world = self.inner.decode().world_size;
+        to_u64(decode_rank, "decode_rank").map_err(|_| {
+            to_py_err(PlanError::new(format!(
+                "decode_rank={} is out of range: the decode world has {world} ranks (0..{world})",
+                repr(decode_rank)
+            )))
+        })
+    }
 }
 
 #[pymethods]
@@ -116,17 +189,29 @@ impl PyPlanner {
         py: Python<'py>,
         decode_rank: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let world = self.inner.decode().world_size;
-        let rank = to_u64(decode_rank, "decode_rank").map_err(|_| {
-            to_py_err(PlanError::new(format!(
-                "decode_rank={} is out of range: the decode world has {world} ranks (0..{world})",
-                repr(decode_rank)
-            )))
-        })?;
+        let rank = self.decode_rank(decode_rank)?;
         let plan = py
             .detach(|| self.inner.plan_for_decode_rank(rank))
             .map_err(to_py_err)?;
         rank_plan_object(py, &plan)
+    }
+
+    /// Fragments by prefill rank for both plan kinds (identity plans: whole items).
+    fn transfer_fragments<'py>(
+        &self,
+        py: Python<'py>,
+        decode_rank: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let rank = self.decode_rank(decode_rank)?;
+        let sources = py
+            .detach(|| self.inner.transfer_fragments(rank))
+            .map_err(to_py_err)?;
+        let mut factory = FragmentFactory::new(py)?;
+        let out = PyDict::new(py);
+        for source in &sources {
+            out.set_item(source.prefill_rank, factory.tuple(&source.fragments)?)?;
+        }
+        Ok(out)
     }
 
     /// Fanout of every prefill rank, in rank order.
@@ -196,5 +281,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;
     m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
+    m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
+    m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
     Ok(())
 }

@@ -1,0 +1,354 @@
+//! Per-request transfer descriptors: fragments x page pairs -> (src address, dst address,
+//! length), in one pass, bounds-checked before anything is written, optionally coalesced.
+//!
+//! Order: fragments as given, pages as given. Fragment `f` and page pair `i` give
+//! `src_bases[f.buffer_index] + src_pages[i] * f.src_page_stride_bytes + f.src_byte_offset`
+//! (and the same for dst), `f.bytes_per_page` long; a fragment's `page_count` limits it to the
+//! first `page_count` pairs.
+
+use crate::error::{bail, PlanResult};
+use crate::fragment::Fragment;
+
+/// Most descriptors one call may produce (24 bytes each: 6 GiB); a larger request is refused
+/// before anything is allocated for it, rather than exhausting memory.
+pub const MAX_DESCRIPTORS: u64 = 1 << 28;
+
+/// Where descriptors point: per `buffer_index`, the buffer's base address and optionally how
+/// many bytes from the base may be touched.
+#[derive(Debug, Clone, Copy)]
+pub struct Side<'a> {
+    pub name: &'static str,
+    pub bases: &'a [u64],
+    pub pages: &'a [u64],
+    pub limits: Option<&'a [u64]>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptors {
+    pub src_addrs: Vec<u64>,
+    pub dst_addrs: Vec<u64>,
+    pub lengths: Vec<u64>,
+}
+
+impl Descriptors {
+    pub fn len(&self) -> usize {
+        self.lengths.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lengths.is_empty()
+    }
+
+    fn push(&mut self, src: u64, dst: u64, len: u64, coalesce: bool) {
+        if coalesce {
+            if let (Some(last_src), Some(last_dst), Some(last_len)) = (
+                self.src_addrs.last(),
+                self.dst_addrs.last(),
+                self.lengths.last_mut(),
+            ) {
+                // Both ends continue the previous descriptor: extend it. The sum cannot wrap:
+                // both addresses were checked to end inside 64 bits.
+                if last_src.checked_add(*last_len) == Some(src)
+                    && last_dst.checked_add(*last_len) == Some(dst)
+                {
+                    *last_len += len;
+                    return;
+                }
+            }
+        }
+        self.src_addrs.push(src);
+        self.dst_addrs.push(dst);
+        self.lengths.push(len);
+    }
+}
+
+/// Pages a fragment uses: all pairs, or the first `page_count` of them.
+fn pages_used(fragment: &Fragment, pairs: usize) -> usize {
+    fragment.page_count.map_or(pairs, |count| {
+        usize::try_from(count).unwrap_or(usize::MAX).min(pairs)
+    })
+}
+
+/// `prefix_max[i]` = the largest page among the first `i + 1`.
+fn prefix_max(pages: &[u64]) -> Vec<u64> {
+    pages
+        .iter()
+        .scan(0u64, |max, &page| {
+            *max = (*max).max(page);
+            Some(*max)
+        })
+        .collect()
+}
+
+/// Checks that every descriptor of `fragment` on `side` stays inside 64 bits and inside the
+/// buffer's limit; since offsets grow with the page, checking the largest page checks them all.
+fn check_side(
+    side: &Side<'_>,
+    position: usize,
+    fragment: &Fragment,
+    largest_page: u64,
+    stride: u64,
+    offset: u64,
+) -> PlanResult<u64> {
+    let name = side.name;
+    let index = fragment.buffer_index;
+    let base = usize::try_from(index)
+        .ok()
+        .and_then(|i| side.bases.get(i))
+        .copied();
+    let Some(base) = base else {
+        bail!(
+            "fragment {position} names buffer_index={index}, but {name}_base_ptrs has {} \
+             entries; pass a base pointer for every buffer the fragments use",
+            side.bases.len()
+        );
+    };
+    let end = largest_page
+        .checked_mul(stride)
+        .and_then(|v| v.checked_add(offset))
+        .and_then(|v| v.checked_add(fragment.bytes_per_page));
+    let Some(end) = end else {
+        bail!(
+            "fragment {position} on the {name} side: page {largest_page} x stride {stride} + \
+             offset {offset} + {} bytes overflows 64 bits",
+            fragment.bytes_per_page
+        );
+    };
+    if base.checked_add(end).is_none() {
+        bail!(
+            "fragment {position} on the {name} side: base 0x{base:x} + {end} bytes overflows \
+             64 bits"
+        );
+    }
+    if let Some(limits) = side.limits {
+        let limit = usize::try_from(index)
+            .ok()
+            .and_then(|i| limits.get(i))
+            .copied();
+        let Some(limit) = limit else {
+            bail!(
+                "{name}_limits has {} entries but fragment {position} uses buffer_index={index}; \
+                 give a limit for every buffer",
+                limits.len()
+            );
+        };
+        if end > limit {
+            bail!(
+                "fragment {position} (buffer_index={index}) would reach byte {end} of the {name} \
+                 buffer, past its limit of {limit} bytes (page {largest_page}, stride {stride}, \
+                 offset {offset}, {} bytes); check the page indices and the plan's strides",
+                fragment.bytes_per_page
+            );
+        }
+    }
+    Ok(base)
+}
+
+/// Builds the descriptors, or refuses before producing any.
+pub fn build(
+    fragments: &[Fragment],
+    src: &Side<'_>,
+    dst: &Side<'_>,
+    coalesce: bool,
+) -> PlanResult<Descriptors> {
+    if src.pages.len() != dst.pages.len() {
+        bail!(
+            "src_pages has {} entries and dst_pages {}; pages are paired by position, so give \
+             both the same length",
+            src.pages.len(),
+            dst.pages.len()
+        );
+    }
+    let pairs = src.pages.len();
+    let (src_max, dst_max) = (prefix_max(src.pages), prefix_max(dst.pages));
+    let mut bases = Vec::with_capacity(fragments.len());
+    let mut total: u64 = 0;
+    for (position, fragment) in fragments.iter().enumerate() {
+        let used = pages_used(fragment, pairs);
+        total = total.saturating_add(used as u64);
+        let Some(last) = used.checked_sub(1) else {
+            bases.push((0, 0));
+            continue;
+        };
+        let (Some(&src_page), Some(&dst_page)) = (src_max.get(last), dst_max.get(last)) else {
+            bail!("page index out of range");
+        };
+        let src_base = check_side(
+            src,
+            position,
+            fragment,
+            src_page,
+            fragment.src_page_stride_bytes,
+            fragment.src_byte_offset,
+        )?;
+        let dst_base = check_side(
+            dst,
+            position,
+            fragment,
+            dst_page,
+            fragment.dst_page_stride_bytes,
+            fragment.dst_byte_offset,
+        )?;
+        bases.push((src_base, dst_base));
+    }
+    if !coalesce && total > MAX_DESCRIPTORS {
+        bail!(
+            "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split the \
+             request's pages or fragments, or coalesce"
+        );
+    }
+    // Every value below was bounds-checked above, so plain arithmetic cannot wrap.
+    let capacity = usize::try_from(total.min(MAX_DESCRIPTORS)).unwrap_or(0);
+    let mut out = Descriptors {
+        src_addrs: Vec::with_capacity(capacity),
+        dst_addrs: Vec::with_capacity(capacity),
+        lengths: Vec::with_capacity(capacity),
+    };
+    for (fragment, (src_base, dst_base)) in fragments.iter().zip(bases) {
+        let used = pages_used(fragment, pairs);
+        let src_start = src_base + fragment.src_byte_offset;
+        let dst_start = dst_base + fragment.dst_byte_offset;
+        for (&sp, &dp) in src.pages[..used].iter().zip(&dst.pages[..used]) {
+            out.push(
+                src_start + sp * fragment.src_page_stride_bytes,
+                dst_start + dp * fragment.dst_page_stride_bytes,
+                fragment.bytes_per_page,
+                coalesce,
+            );
+        }
+        if out.len() as u64 > MAX_DESCRIPTORS {
+            bail!("more than {MAX_DESCRIPTORS} descriptors after coalescing; split the request");
+        }
+    }
+    out.src_addrs.shrink_to_fit();
+    out.dst_addrs.shrink_to_fit();
+    out.lengths.shrink_to_fit();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::BufferKind;
+
+    fn fragment(buffer_index: u64, src_off: u64, dst_off: u64, len: u64) -> Fragment {
+        Fragment {
+            buffer_index,
+            buffer_kind: BufferKind::TargetK,
+            src_rank: 0,
+            dst_rank: 0,
+            src_page_stride_bytes: 64,
+            dst_page_stride_bytes: 128,
+            src_byte_offset: src_off,
+            dst_byte_offset: dst_off,
+            bytes_per_page: len,
+            page_count: None,
+        }
+    }
+
+    fn side<'a>(name: &'static str, bases: &'a [u64], pages: &'a [u64]) -> Side<'a> {
+        Side {
+            name,
+            bases,
+            pages,
+            limits: None,
+        }
+    }
+
+    #[test]
+    fn one_descriptor_per_fragment_and_page_in_order() {
+        let fragments = [fragment(0, 0, 64, 64), fragment(1, 0, 0, 32)];
+        let out = build(
+            &fragments,
+            &side("src", &[1000, 5000], &[2, 0]),
+            &side("dst", &[9000, 20000], &[1, 3]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(out.src_addrs, vec![1000 + 128, 1000, 5000 + 128, 5000]);
+        assert_eq!(
+            out.dst_addrs,
+            vec![9000 + 128 + 64, 9000 + 384 + 64, 20000 + 128, 20000 + 384]
+        );
+        assert_eq!(out.lengths, vec![64, 64, 32, 32]);
+    }
+
+    #[test]
+    fn contiguous_runs_coalesce_on_both_sides_only() {
+        // Whole items: stride == length on both sides, so consecutive pages continue each other.
+        let whole = Fragment {
+            src_page_stride_bytes: 64,
+            dst_page_stride_bytes: 64,
+            ..fragment(0, 0, 0, 64)
+        };
+        let out = build(
+            &[whole],
+            &side("src", &[0], &[0, 1, 2, 5, 6]),
+            &side("dst", &[0], &[10, 11, 12, 13, 14]),
+            true,
+        )
+        .unwrap();
+        assert_eq!(out.src_addrs, vec![0, 320]);
+        assert_eq!(out.dst_addrs, vec![640, 832]);
+        assert_eq!(out.lengths, vec![192, 128]);
+    }
+
+    #[test]
+    fn page_count_limits_the_pages() {
+        let limited = Fragment {
+            page_count: Some(1),
+            ..fragment(0, 0, 0, 8)
+        };
+        let out = build(
+            &[limited],
+            &side("src", &[0], &[4, 5]),
+            &side("dst", &[0], &[6, 7]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 1);
+    }
+
+    #[test]
+    fn refusals() {
+        let f = [fragment(1, 0, 0, 64)];
+        let err = build(
+            &f,
+            &side("src", &[0], &[0]),
+            &side("dst", &[0, 0], &[0]),
+            false,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("src_base_ptrs has 1"), "{err}");
+        let err = build(
+            &f,
+            &side("src", &[0, 0], &[0, 1]),
+            &side("dst", &[0, 0], &[0]),
+            false,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("same length"), "{err}");
+        let limited = Side {
+            limits: Some(&[0, 127]),
+            ..side("src", &[0, 0], &[1])
+        };
+        let err = build(&f, &limited, &side("dst", &[0, 0], &[0]), false).unwrap_err();
+        assert!(err.message().contains("past its limit"), "{err}");
+        let err = build(
+            &f,
+            &side("src", &[0, u64::MAX - 10], &[0]),
+            &side("dst", &[0, 0], &[0]),
+            false,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("overflows"), "{err}");
+        let err = build(
+            &f,
+            &side("src", &[0, 0], &[u64::MAX / 2]),
+            &side("dst", &[0, 0], &[0]),
+            false,
+        )
+        .unwrap_err();
+        assert!(err.message().contains("overflows"), "{err}");
+    }
+}
