@@ -68,3 +68,42 @@ def large_world() -> Scenario:
     80 layers of K and V, 8 KV heads (replica groups of 2 on prefill), 16-token pages,
     head dim 128, bf16."""
     return cluster(256, 16, 256, 4)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request's transfer from one prefill rank: its fragments, base pointers and pages."""
+
+    fragments: tuple[object, ...]
+    src_bases: list[int]
+    dst_bases: list[int]
+    src_pages: object
+    dst_pages: object
+    src_limits: list[int]
+    dst_limits: list[int]
+
+
+def llama70b_request(tokens: int = 32768, page: int = 16) -> Request:
+    """A Llama-3-70B-like model (80 layers, 8 KV heads, head dim 128, bf16) going from prefill
+    TP 8 to decode TP 2: prefill rank 5's 160 fragments to decode rank 1, 2048 pages of a
+    32k-token request in two contiguous runs, pages placed as a paged allocator would."""
+    import numpy as np
+
+    from pdplan import PDTransferPlanner
+
+    s = cluster(1, 8, 1, 2, layers=80, heads=8, head_dim=128, page=page, dtype_bytes=2)
+    planner = PDTransferPlanner(prefill_layout=s.prefill, decode_layout=s.decode,
+                                prefill_buffers=s.prefill_buffers,
+                                decode_buffers=s.decode_buffers)
+    fragments = planner.plan_for_decode_rank(1).fragments_by_prefill_rank[5]
+    pages = tokens // page
+    half = pages // 2
+    src_pages = np.concatenate([np.arange(100, 100 + half), np.arange(5000, 5000 + pages - half)])
+    dst_pages = np.concatenate([np.arange(7, 7 + half), np.arange(3000, 3000 + pages - half)])
+    capacity = 8192  # pages each buffer holds
+    src_limits = [b.item_stride_bytes * capacity for b in s.prefill_buffers]
+    dst_limits = [b.item_stride_bytes * capacity for b in s.decode_buffers]
+    src_bases = [0x7F00_0000_0000 + i * src_limits[i] for i in range(len(src_limits))]
+    dst_bases = [0x7E00_0000_0000 + i * dst_limits[i] for i in range(len(dst_limits))]
+    return Request(fragments, src_bases, dst_bases, src_pages.astype(np.int32),
+                   dst_pages.astype(np.int32), src_limits, dst_limits)

@@ -38,28 +38,6 @@ impl Descriptors {
     pub fn is_empty(&self) -> bool {
         self.lengths.is_empty()
     }
-
-    fn push(&mut self, src: u64, dst: u64, len: u64, coalesce: bool) {
-        if coalesce {
-            if let (Some(last_src), Some(last_dst), Some(last_len)) = (
-                self.src_addrs.last(),
-                self.dst_addrs.last(),
-                self.lengths.last_mut(),
-            ) {
-                // Both ends continue the previous descriptor: extend it. The sum cannot wrap:
-                // both addresses were checked to end inside 64 bits.
-                if last_src.checked_add(*last_len) == Some(src)
-                    && last_dst.checked_add(*last_len) == Some(dst)
-                {
-                    *last_len += len;
-                    return;
-                }
-            }
-        }
-        self.src_addrs.push(src);
-        self.dst_addrs.push(dst);
-        self.lengths.push(len);
-    }
 }
 
 /// Pages a fragment uses: all pairs, or the first `page_count` of them.
@@ -191,39 +169,75 @@ pub fn build(
         )?;
         bases.push((src_base, dst_base));
     }
-    if !coalesce && total > MAX_DESCRIPTORS {
+    if total > MAX_DESCRIPTORS {
         bail!(
             "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split the \
-             request's pages or fragments, or coalesce"
+             request's pages or fragments"
         );
     }
-    // Every value below was bounds-checked above, so plain arithmetic cannot wrap.
-    let capacity = usize::try_from(total.min(MAX_DESCRIPTORS)).unwrap_or(0);
+    let capacity = usize::try_from(total).unwrap_or(0);
     let mut out = Descriptors {
         src_addrs: Vec::with_capacity(capacity),
         dst_addrs: Vec::with_capacity(capacity),
         lengths: Vec::with_capacity(capacity),
     };
+    // One column at a time per fragment: tight loops the compiler vectorizes. Every value was
+    // bounds-checked above, so the arithmetic cannot wrap.
     for (fragment, (src_base, dst_base)) in fragments.iter().zip(bases) {
         let used = pages_used(fragment, pairs);
-        let src_start = src_base + fragment.src_byte_offset;
-        let dst_start = dst_base + fragment.dst_byte_offset;
-        for (&sp, &dp) in src.pages[..used].iter().zip(&dst.pages[..used]) {
-            out.push(
-                src_start + sp * fragment.src_page_stride_bytes,
-                dst_start + dp * fragment.dst_page_stride_bytes,
-                fragment.bytes_per_page,
-                coalesce,
-            );
-        }
-        if out.len() as u64 > MAX_DESCRIPTORS {
-            bail!("more than {MAX_DESCRIPTORS} descriptors after coalescing; split the request");
-        }
+        let (src_start, src_stride) = (
+            src_base + fragment.src_byte_offset,
+            fragment.src_page_stride_bytes,
+        );
+        let (dst_start, dst_stride) = (
+            dst_base + fragment.dst_byte_offset,
+            fragment.dst_page_stride_bytes,
+        );
+        out.src_addrs.extend(
+            src.pages[..used]
+                .iter()
+                .map(|&p| src_start + p * src_stride),
+        );
+        out.dst_addrs.extend(
+            dst.pages[..used]
+                .iter()
+                .map(|&p| dst_start + p * dst_stride),
+        );
+        out.lengths
+            .extend(std::iter::repeat_n(fragment.bytes_per_page, used));
     }
-    out.src_addrs.shrink_to_fit();
-    out.dst_addrs.shrink_to_fit();
-    out.lengths.shrink_to_fit();
+    if coalesce {
+        out.coalesce();
+    }
     Ok(out)
+}
+
+impl Descriptors {
+    /// Merges, in place, each descriptor that continues the previous one on both sides
+    /// (src end == next src and dst end == next dst).
+    fn coalesce(&mut self) {
+        let n = self.lengths.len();
+        let mut kept = 0;
+        for i in 0..n {
+            let (src, dst, len) = (self.src_addrs[i], self.dst_addrs[i], self.lengths[i]);
+            if kept > 0 {
+                let last = kept - 1;
+                let end = self.lengths[last];
+                // Both ends were checked to stay inside 64 bits, so the sums cannot wrap.
+                if self.src_addrs[last] + end == src && self.dst_addrs[last] + end == dst {
+                    self.lengths[last] += len;
+                    continue;
+                }
+            }
+            self.src_addrs[kept] = src;
+            self.dst_addrs[kept] = dst;
+            self.lengths[kept] = len;
+            kept += 1;
+        }
+        self.src_addrs.truncate(kept);
+        self.dst_addrs.truncate(kept);
+        self.lengths.truncate(kept);
+    }
 }
 
 #[cfg(test)]

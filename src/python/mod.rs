@@ -20,6 +20,12 @@ use convert::{
 };
 use objects::{model_types, rank_plan_object, FragmentFactory};
 
+/// Descriptor arrays are large, short-lived allocations; mimalloc keeps freed pages for the next
+/// request instead of returning them to the kernel and faulting them back in each time (as
+/// pydantic-core does, for the same reason).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 create_exception!(
     _core,
     UnsupportedPDLayoutError,
