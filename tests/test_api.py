@@ -53,6 +53,8 @@ def test_public_names() -> None:
         "RankTransferPlan",
         "PDTransferPlanner",
         "RoutingTable",
+        "TransferDescriptors",
+        "transfer_descriptors",
         "UnsupportedPDLayoutError",
         "encode_transfer_fragments",
         "decode_transfer_fragments",
