@@ -266,8 +266,9 @@ def decode(version: bytes, payload: bytes, kind_type: Any) -> tuple[Fragment, ..
     )
 
 
-def descriptors_loop(fragments: Any, src_bases: Any, dst_bases: Any, src_pages: Any,
-                     dst_pages: Any) -> list[tuple[int, int, int]]:
+def descriptors_loop(
+    fragments: Any, src_bases: Any, dst_bases: Any, src_pages: Any, dst_pages: Any
+) -> list[tuple[int, int, int]]:
     """The per-request loop runtimes run today: one tuple per fragment and page pair."""
     out = []
     pairs = list(zip(src_pages.tolist(), dst_pages.tolist()))
@@ -276,13 +277,19 @@ def descriptors_loop(fragments: Any, src_bases: Any, dst_bases: Any, src_pages: 
         dst_base = dst_bases[f.buffer_index] + f.dst_byte_offset
         used = pairs if f.page_count is None else pairs[: f.page_count]
         for sp, dp in used:
-            out.append((src_base + sp * f.src_page_stride_bytes,
-                        dst_base + dp * f.dst_page_stride_bytes, f.bytes_per_page))
+            out.append(
+                (
+                    src_base + sp * f.src_page_stride_bytes,
+                    dst_base + dp * f.dst_page_stride_bytes,
+                    f.bytes_per_page,
+                )
+            )
     return out
 
 
-def descriptors_numpy(fragments: Any, src_bases: Any, dst_bases: Any, src_pages: Any,
-                      dst_pages: Any) -> tuple[Any, Any, Any]:
+def descriptors_numpy(
+    fragments: Any, src_bases: Any, dst_bases: Any, src_pages: Any, dst_pages: Any
+) -> tuple[Any, Any, Any]:
     """Vectorized: one numpy expression per fragment, concatenated (no bounds checks)."""
     import numpy as np
 
@@ -290,9 +297,13 @@ def descriptors_numpy(fragments: Any, src_bases: Any, dst_bases: Any, src_pages:
     srcs, dsts, lens = [], [], []
     for f in fragments:
         n = len(sp) if f.page_count is None else min(f.page_count, len(sp))
-        srcs.append(np.uint64(src_bases[f.buffer_index] + f.src_byte_offset)
-                    + sp[:n] * np.uint64(f.src_page_stride_bytes))
-        dsts.append(np.uint64(dst_bases[f.buffer_index] + f.dst_byte_offset)
-                    + dp[:n] * np.uint64(f.dst_page_stride_bytes))
+        srcs.append(
+            np.uint64(src_bases[f.buffer_index] + f.src_byte_offset)
+            + sp[:n] * np.uint64(f.src_page_stride_bytes)
+        )
+        dsts.append(
+            np.uint64(dst_bases[f.buffer_index] + f.dst_byte_offset)
+            + dp[:n] * np.uint64(f.dst_page_stride_bytes)
+        )
         lens.append(np.full(n, f.bytes_per_page, dtype=np.uint64))
     return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens)

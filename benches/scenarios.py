@@ -92,9 +92,12 @@ def llama70b_request(tokens: int = 32768, page: int = 16) -> Request:
     from pdplan import PDTransferPlanner
 
     s = cluster(1, 8, 1, 2, layers=80, heads=8, head_dim=128, page=page, dtype_bytes=2)
-    planner = PDTransferPlanner(prefill_layout=s.prefill, decode_layout=s.decode,
-                                prefill_buffers=s.prefill_buffers,
-                                decode_buffers=s.decode_buffers)
+    planner = PDTransferPlanner(
+        prefill_layout=s.prefill,
+        decode_layout=s.decode,
+        prefill_buffers=s.prefill_buffers,
+        decode_buffers=s.decode_buffers,
+    )
     fragments = planner.plan_for_decode_rank(1).fragments_by_prefill_rank[5]
     pages = tokens // page
     half = pages // 2
@@ -105,5 +108,12 @@ def llama70b_request(tokens: int = 32768, page: int = 16) -> Request:
     dst_limits = [b.item_stride_bytes * capacity for b in s.decode_buffers]
     src_bases = [0x7F00_0000_0000 + i * src_limits[i] for i in range(len(src_limits))]
     dst_bases = [0x7E00_0000_0000 + i * dst_limits[i] for i in range(len(dst_limits))]
-    return Request(fragments, src_bases, dst_bases, src_pages.astype(np.int32),
-                   dst_pages.astype(np.int32), src_limits, dst_limits)
+    return Request(
+        fragments,
+        src_bases,
+        dst_bases,
+        src_pages.astype(np.int32),
+        dst_pages.astype(np.int32),
+        src_limits,
+        dst_limits,
+    )

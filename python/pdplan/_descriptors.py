@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple
 
 from pdplan import _core
 from pdplan._model import TransferFragment
@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is
     import numpy as np
     import numpy.typing as npt
 
-    IntColumn = Union[npt.NDArray[np.integer], Sequence[int]]
+    IntColumn = npt.NDArray[np.integer] | Sequence[int]
 
 __all__ = ["TransferDescriptors", "transfer_descriptors"]
 
