@@ -8,6 +8,7 @@ pub mod geometry;
 pub mod interval;
 pub mod layout;
 pub mod planner;
+pub mod verify;
 pub mod wire;
 
 #[cfg(feature = "python")]

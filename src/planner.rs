@@ -145,6 +145,13 @@ impl Planner {
         &self.decode
     }
 
+    /// The (prefill, decode) buffer pairs, in order.
+    pub fn buffer_pairs(&self) -> impl Iterator<Item = (&BufferLayout, &BufferLayout)> {
+        self.buffers
+            .iter()
+            .map(|pair| (&pair.prefill, &pair.decode))
+    }
+
     pub const fn is_identity(&self) -> bool {
         self.identity
     }

@@ -87,7 +87,9 @@ def test_the_scale_target_world_builds_quickly_and_routes_every_rank() -> None:
     fanout = planner.source_fanout
     assert len(fanout) == 4096
     assert sorted(set(fanout.values())) == [0, 1]
-    assert elapsed < 60, "not a speed assertion: a guard against accidental O(world^2) work"
+    planner.verify()
+    elapsed = time.perf_counter() - started
+    assert elapsed < 120, "not a speed assertion: a guard against accidental O(world^2) work"
 
 
 def test_a_world_past_the_limit_is_refused_at_once() -> None:
@@ -128,3 +130,19 @@ def test_two_threads_planning_at_once_match_one_thread() -> None:
         assert table == expected_table
         assert fanout == planner.source_fanout
     assert len(results) == 2
+
+
+def test_verify_names_a_gap() -> None:
+    unit = 64
+    replicated = BufferLayout(0, BufferKind.TARGET_K, "replicated", 4, 16, unit, 4 * unit)
+    too_small = BufferLayout(0, BufferKind.TARGET_K, "replicated", 4, 16, unit, 100)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=(replicated,),
+        decode_buffers=(too_small,),
+    )
+    with pytest.raises(
+        UnsupportedPDLayoutError, match=r"decode rank 0, buffer 0 .*100\.\.256.*gap"
+    ):
+        planner.verify()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -65,6 +66,16 @@ def test_plans_pass_the_oracle(layout: tuple[Any, ...]) -> None:
         return
     event("planned")
     assert valid, "pdplan planned a layout the oracle finds invalid"
+    cramped = any(
+        d.logical_axis == "replicated"
+        and d.item_stride_bytes < d.logical_size * d.bytes_per_logical_unit
+        for d in decode_buffers
+    )
+    if cramped:  # the decode item cannot hold the replicated buffer: planned, but a gap
+        with pytest.raises(UnsupportedPDLayoutError, match="gap"):
+            planner.verify()
+    else:
+        planner.verify()
     fanout = expected_fanout(*layout)
     assert planner.source_fanout == fanout
     for rank in range(decode.world_size):

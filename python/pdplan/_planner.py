@@ -63,6 +63,17 @@ class PDTransferPlanner:
         )
         return fragments
 
+    def verify(self) -> None:
+        """Check every plan against the layouts, in Rust without the GIL.
+
+        For every decode rank and buffer, every byte of its shard of each page must be written
+        exactly once, from a prefill rank of its DP group that holds that same logical unit,
+        inside both items; and every prefill rank's fanout must equal the number of decode
+        ranks whose plans name it. Raises ``UnsupportedPDLayoutError`` naming the first gap,
+        overlap or wrong source.
+        """
+        self._core.verify()
+
     def routing_table(self) -> RoutingTable:
         """Who talks to whom across the whole cluster, computed in Rust without the GIL."""
         return RoutingTable(*self._core.routing_table())

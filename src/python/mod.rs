@@ -14,6 +14,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use crate::descriptors;
 use crate::error::PlanError;
 use crate::planner::Planner;
+use crate::verify;
 use crate::wire;
 use convert::{
     buffer_layout, each, fragment_with, frame, parallel_layout, repr, to_u64, u64_column, Converted,
@@ -218,6 +219,11 @@ impl PyPlanner {
             out.set_item(source.prefill_rank, factory.tuple(&source.fragments)?)?;
         }
         Ok(out)
+    }
+
+    /// Checks every plan byte by byte against the layouts; raises naming the first problem.
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| verify::verify(&self.inner)).map_err(to_py_err)
     }
 
     /// Fanout of every prefill rank, in rank order.
