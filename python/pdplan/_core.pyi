@@ -43,7 +43,6 @@ def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[by
 def decode_transfer_fragments(
     version_frame: bytes | None, payload_frame: bytes | None
 ) -> tuple[TransferFragment, ...]: ...
-
 def transfer_descriptors(
     fragments: Iterable[TransferFragment],
     src_base_ptrs: npt.ArrayLike,
