@@ -106,6 +106,9 @@ def large_world_table(repeat: int) -> list[dict[str, Any]]:
     assert decoded == [tuple(fs) for fs in lists]
     rows.append(row("decode_transfer_fragments (same frames)", t_py, None, t_ours, 5))
 
+    t_ours, _ = best_of(ours.verify, repeat)
+    rows.append(row("verify() (every plan, byte-level)", None, None, t_ours, None))
+
     t_ours, table = best_of(ours.routing_table, repeat)
     rows.append(
         row(f"routing_table ({len(table.decode_rank)} rank pairs)", None, None, t_ours, None)

@@ -58,12 +58,16 @@ fn bench(c: &mut Criterion) {
     c.bench_function("plan all 1024 decode ranks", |b| {
         b.iter(|| {
             (0..1024)
-                .map(|rank| planner.plan_for_decode_rank(rank).map(|p| p.sources.len()))
+                .map(|rank| {
+                    planner
+                        .plan_for_decode_rank(rank, None)
+                        .map(|p| p.sources.len())
+                })
                 .sum::<Result<usize, _>>()
         });
     });
     let fragments: Vec<_> = planner
-        .plan_for_decode_rank(0)
+        .plan_for_decode_rank(0, None)
         .expect("plan")
         .sources
         .into_iter()

@@ -89,18 +89,6 @@ impl Planner {
                 validate_alignment(layout, buffer)?;
             }
         }
-        if decode.dp_size > prefill.dp_size {
-            bail!(
-                "decode dp_size={} is larger than prefill dp_size={}: decode DP group g reads \
-                 from prefill DP group g, so decode groups {}..{} have no source; use a decode \
-                 dp_size of at most {}",
-                decode.dp_size,
-                prefill.dp_size,
-                prefill.dp_size,
-                decode.dp_size,
-                prefill.dp_size
-            );
-        }
         let mut shardings: Vec<Sharding> = Vec::new();
         let mut sharding_ids: HashMap<Sharding, usize> = HashMap::new();
         let buffers = prefill_buffers
@@ -156,14 +144,30 @@ impl Planner {
         self.identity
     }
 
-    /// Decode ranks that read from `prefill_rank`.
-    pub fn fanout(&self, prefill_rank: u64) -> u64 {
-        let group = prefill_rank / self.prefill.tp_size();
-        if group >= self.decode.dp_size {
-            return 0;
-        }
+    /// The prefill DP group decode DP group `decode_group` reads from by default: the same
+    /// index, wrapped (`g mod prefill dp_size`) when the decode side has more groups.
+    pub const fn default_prefill_group(&self, decode_group: u64) -> u64 {
+        decode_group % self.prefill.dp_size
+    }
+
+    /// Decode ranks one request makes `prefill_rank` wait for: those of the reading decode DP
+    /// group whose shards overlap its own. The same whichever decode group a request comes from.
+    pub fn request_fanout(&self, prefill_rank: u64) -> u64 {
         let tp_rank = usize::try_from(prefill_rank % self.prefill.tp_size()).unwrap_or(usize::MAX);
         self.fanout_per_tp_rank.get(tp_rank).copied().unwrap_or(0)
+    }
+
+    /// A prefill rank's fanout under the default group mapping: its request fanout when some
+    /// decode group reads from its DP group by default, else 0 (the reference's values wherever
+    /// the reference plans).
+    pub fn fanout(&self, prefill_rank: u64) -> u64 {
+        let group = prefill_rank / self.prefill.tp_size();
+        let is_default_source = group < self.decode.dp_size;
+        if is_default_source {
+            self.request_fanout(prefill_rank)
+        } else {
+            0
+        }
     }
 
     /// Fanout of every prefill rank, rank order.
@@ -219,8 +223,12 @@ impl Planner {
     /// a fragmented plan's own, or for an identity plan one whole-item fragment a buffer (the
     /// reference's identity plans carry none; the runtime copies whole items). One call path
     /// then builds descriptors for both.
-    pub fn transfer_fragments(&self, decode_rank: u64) -> PlanResult<Vec<SourcePlan>> {
-        let mut plan = self.plan_for_decode_rank(decode_rank)?;
+    pub fn transfer_fragments(
+        &self,
+        decode_rank: u64,
+        prefill_group: Option<u64>,
+    ) -> PlanResult<Vec<SourcePlan>> {
+        let mut plan = self.plan_for_decode_rank(decode_rank, prefill_group)?;
         if plan.kind == PlanKind::Identity {
             for source in &mut plan.sources {
                 source.fragments = self
@@ -286,8 +294,9 @@ impl Planner {
         }
     }
 
-    /// Every (decode rank, prefill rank) pair that moves data, with its fragment count and
-    /// bytes per page, decode rank then prefill rank ascending. Identity pairs count one whole
+    /// Every (decode rank, prefill rank) pair that moves data under the default DP-group
+    /// mapping, with its fragment count and bytes per page, decode rank then prefill rank
+    /// ascending. Identity pairs count one whole
     /// item per buffer. Work grows with decode TP x buffers, plus the rows themselves.
     pub fn routing_table(&self) -> RoutingTable {
         let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
@@ -335,12 +344,32 @@ impl Planner {
         table
     }
 
-    /// The plan for one decode rank: its prefill sources, fragments and their fanouts.
-    pub fn plan_for_decode_rank(&self, decode_rank: u64) -> PlanResult<RankPlan> {
+    /// The prefill DP group a request of `decode_rank` reads from: `prefill_group` when a
+    /// router chose one, else the default mapping.
+    fn source_group(&self, decode_rank: u64, prefill_group: Option<u64>) -> PlanResult<u64> {
         self.check_decode_rank(decode_rank)?;
+        match prefill_group {
+            None => Ok(self.default_prefill_group(decode_rank / self.decode.tp_size())),
+            Some(group) if group < self.prefill.dp_size => Ok(group),
+            Some(group) => bail!(
+                "prefill_dp_group={group} is out of range: the prefill side has {} DP groups \
+                 (0..{})",
+                self.prefill.dp_size,
+                self.prefill.dp_size
+            ),
+        }
+    }
+
+    /// The plan for one decode rank: its prefill sources, fragments and their fanouts. It reads
+    /// from `prefill_group` (a router's choice) or, when `None`, the default group.
+    pub fn plan_for_decode_rank(
+        &self,
+        decode_rank: u64,
+        prefill_group: Option<u64>,
+    ) -> PlanResult<RankPlan> {
+        let target_dp_group = self.source_group(decode_rank, prefill_group)?;
         let decode_tp = self.decode.tp_size();
         let prefill_tp = self.prefill.tp_size();
-        let target_dp_group = decode_rank / decode_tp;
         let decode_tp_rank = decode_rank % decode_tp;
         let group_base = target_dp_group * prefill_tp;
 
@@ -352,7 +381,7 @@ impl Planner {
                 sources: vec![SourcePlan {
                     prefill_rank,
                     fragments: Vec::new(),
-                    fanout: self.fanout(prefill_rank),
+                    fanout: self.request_fanout(prefill_rank),
                 }],
             });
         }
@@ -387,7 +416,7 @@ impl Planner {
                 _ => sources.push(SourcePlan {
                     prefill_rank,
                     fragments: vec![fragment],
-                    fanout: self.fanout(prefill_rank),
+                    fanout: self.request_fanout(prefill_rank),
                 }),
             }
         }
@@ -533,7 +562,10 @@ mod tests {
 
     #[test]
     fn tp8_to_tp2_gathers_four_sources_in_rank_then_buffer_order() {
-        let plan = planner(8, 2, 8).unwrap().plan_for_decode_rank(1).unwrap();
+        let plan = planner(8, 2, 8)
+            .unwrap()
+            .plan_for_decode_rank(1, None)
+            .unwrap();
         assert_eq!(plan.kind, PlanKind::Fragmented);
         let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
         assert_eq!(ranks, vec![4, 5, 6, 7]);
@@ -556,7 +588,7 @@ mod tests {
     fn tp2_to_tp8_splits_each_source_over_four_decode_ranks() {
         let p = planner(2, 8, 8).unwrap();
         assert_eq!(p.source_fanout().collect::<Vec<_>>(), vec![(0, 4), (1, 4)]);
-        let plan = p.plan_for_decode_rank(5).unwrap();
+        let plan = p.plan_for_decode_rank(5, None).unwrap();
         let f = plan.sources[0].fragments[0];
         assert_eq!(plan.sources[0].prefill_rank, 1);
         assert_eq!(
@@ -569,7 +601,7 @@ mod tests {
     fn gqa_replicas_send_from_the_first_rank_of_each_group() {
         // Prefill TP 4 over 2 KV heads: ranks 0 and 2 send, 1 and 3 hold copies.
         let p = planner(4, 1, 2).unwrap();
-        let plan = p.plan_for_decode_rank(0).unwrap();
+        let plan = p.plan_for_decode_rank(0, None).unwrap();
         let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
         assert_eq!(ranks, vec![0, 2]);
         assert_eq!(
@@ -582,7 +614,7 @@ mod tests {
     fn equal_tp_without_replicas_is_an_identity_plan() {
         let p = planner(4, 4, 8).unwrap();
         assert!(p.is_identity());
-        let plan = p.plan_for_decode_rank(2).unwrap();
+        let plan = p.plan_for_decode_rank(2, None).unwrap();
         assert_eq!(plan.kind, PlanKind::Identity);
         assert_eq!(plan.sources.len(), 1);
         assert_eq!(plan.sources[0].prefill_rank, 2);
@@ -593,17 +625,9 @@ mod tests {
     fn refusals_say_what_to_change() {
         let err = planner(3, 1, 8).unwrap_err();
         assert!(err.message().contains("non-aligned"), "{err}");
-        let err = Planner::new(
-            ParallelLayout::new(Role::Prefill, 2, 1).unwrap(),
-            ParallelLayout::new(Role::Decode, 4, 2).unwrap(),
-            &[kv(0, BufferKind::TargetK, 2, 8)],
-            &[kv(0, BufferKind::TargetK, 2, 8)],
-        )
-        .unwrap_err();
-        assert!(err.message().contains("dp_size of at most 1"), "{err}");
         let err = planner(8, 2, 8)
             .unwrap()
-            .plan_for_decode_rank(2)
+            .plan_for_decode_rank(2, None)
             .unwrap_err();
         assert!(err.message().contains("out of range"), "{err}");
     }
@@ -615,7 +639,7 @@ mod tests {
             let table = p.routing_table();
             let mut expected = RoutingTable::default();
             for rank in 0..decode_tp {
-                let plan = p.plan_for_decode_rank(rank).unwrap();
+                let plan = p.plan_for_decode_rank(rank, None).unwrap();
                 for source in plan.sources {
                     expected.decode_rank.push(rank);
                     expected.prefill_rank.push(source.prefill_rank);
@@ -632,6 +656,35 @@ mod tests {
             }
             assert_eq!(table, expected, "{prefill_tp}->{decode_tp}");
         }
+    }
+
+    #[test]
+    fn decode_groups_wrap_onto_prefill_groups_and_routers_may_choose() {
+        let p = Planner::new(
+            ParallelLayout::new(Role::Prefill, 4, 2).unwrap(),
+            ParallelLayout::new(Role::Decode, 6, 3).unwrap(),
+            &[kv(0, BufferKind::TargetK, 2, 8)],
+            &[kv(0, BufferKind::TargetK, 2, 8)],
+        )
+        .unwrap();
+        // Decode group 2 (ranks 4, 5) wraps onto prefill group 0.
+        let plan = p.plan_for_decode_rank(5, None).unwrap();
+        assert_eq!(plan.target_dp_group, 0);
+        assert_eq!(plan.sources[0].prefill_rank, 1);
+        let routed = p.plan_for_decode_rank(5, Some(1)).unwrap();
+        assert_eq!(routed.target_dp_group, 1);
+        assert_eq!(routed.sources[0].prefill_rank, 3);
+        assert_eq!(routed.sources[0].fanout, 1);
+        let err = p.plan_for_decode_rank(5, Some(2)).unwrap_err();
+        assert!(
+            err.message().contains("prefill_dp_group=2 is out of range"),
+            "{err}"
+        );
+        assert_eq!(
+            p.source_fanout().map(|(_, f)| f).collect::<Vec<_>>(),
+            vec![1, 1, 1, 1]
+        );
+        crate::verify::verify(&p).unwrap();
     }
 
     #[test]

@@ -126,9 +126,52 @@ impl Context<'_> {
     }
 }
 
+/// Every byte of `0..shard_end` is written by exactly one of `list` (sorted here).
+fn check_coverage(
+    decode_rank: u64,
+    d: &BufferLayout,
+    shard_end: u64,
+    list: &mut [Interval],
+) -> PlanResult<()> {
+    list.sort_unstable_by_key(|i| (i.start, i.end));
+    let name = || {
+        format!(
+            "decode rank {decode_rank}, buffer {} ({})",
+            d.buffer_index,
+            d.buffer_kind.as_str()
+        )
+    };
+    let mut cursor = 0;
+    for interval in list.iter() {
+        if interval.start < cursor {
+            bail!(
+                "{}: bytes {}..{} of each page are written twice (overlap)",
+                name(),
+                interval.start,
+                cursor.min(interval.end)
+            );
+        }
+        if interval.start > cursor {
+            bail!(
+                "{}: bytes {cursor}..{} of each page are never written (gap)",
+                name(),
+                interval.start
+            );
+        }
+        cursor = interval.end;
+    }
+    if cursor < shard_end {
+        bail!(
+            "{}: bytes {cursor}..{shard_end} of each page are never written (gap)",
+            name()
+        );
+    }
+    Ok(())
+}
+
 /// Verifies every plan of `planner`; the error names the first gap, overlap or wrong source.
 pub fn verify(planner: &Planner) -> PlanResult<()> {
-    verify_plans(planner, |rank| planner.transfer_fragments(rank))
+    verify_plans(planner, |rank| planner.transfer_fragments(rank, None))
 }
 
 /// Verifies the plans `plans_for(decode_rank)` gives against `planner`'s layouts and fanout.
@@ -153,21 +196,24 @@ pub fn verify_plans(
         position_of,
     };
     let (prefill, decode) = (planner.prefill(), planner.decode());
-    let mut readers = vec![0u64; usize::try_from(prefill.world_size).unwrap_or(0)];
+    let prefill_tp = prefill.tp_size();
+    // Decode ranks of the current decode DP group reading each prefill TP rank of its source.
+    let mut readers = vec![0u64; usize::try_from(prefill_tp).unwrap_or(0)];
     let mut written: Vec<Vec<Interval>> = vec![Vec::new(); context.pairs.len()];
     for decode_rank in 0..decode.world_size {
         let group = decode_rank / decode.tp_size();
+        let source_group = planner.default_prefill_group(group);
         written.iter_mut().for_each(Vec::clear);
         for source in plans_for(decode_rank)? {
             let prefill_rank = source.prefill_rank;
-            if prefill_rank / prefill.tp_size() != group {
+            if prefill_rank / prefill_tp != source_group {
                 bail!(
                     "decode rank {decode_rank} (DP group {group}) reads from prefill rank \
-                     {prefill_rank}, outside its DP group"
+                     {prefill_rank}, outside prefill DP group {source_group} it maps to"
                 );
             }
             // A source that sends nothing (an identity plan without buffers) serves nobody.
-            if let Some(count) = usize::try_from(prefill_rank)
+            if let Some(count) = usize::try_from(prefill_rank % prefill_tp)
                 .ok()
                 .and_then(|r| readers.get_mut(r))
                 .filter(|_| !source.fragments.is_empty())
@@ -182,53 +228,30 @@ pub fn verify_plans(
             }
         }
         for (position, list) in written.iter_mut().enumerate() {
-            let Some(&(_, d)) = context.pairs.get(position) else {
-                continue;
-            };
-            let wanted = received_units(d, decode.tp_size(), decode_rank % decode.tp_size());
-            let shard_end = wanted.len() * d.bytes_per_logical_unit;
-            list.sort_unstable_by_key(|i| (i.start, i.end));
-            let mut cursor = 0;
-            let name = || {
-                format!(
-                    "decode rank {decode_rank}, buffer {} ({})",
-                    d.buffer_index,
-                    d.buffer_kind.as_str()
-                )
-            };
-            for interval in list.iter() {
-                if interval.start < cursor {
-                    bail!(
-                        "{}: bytes {}..{} of each page are written twice (overlap)",
-                        name(),
-                        interval.start,
-                        cursor.min(interval.end)
-                    );
-                }
-                if interval.start > cursor {
-                    bail!(
-                        "{}: bytes {cursor}..{} of each page are never written (gap)",
-                        name(),
-                        interval.start
-                    );
-                }
-                cursor = interval.end;
-            }
-            if cursor < shard_end {
-                bail!(
-                    "{}: bytes {cursor}..{shard_end} of each page are never written (gap)",
-                    name()
-                );
+            if let Some(&(_, d)) = context.pairs.get(position) {
+                let wanted = received_units(d, decode.tp_size(), decode_rank % decode.tp_size());
+                check_coverage(
+                    decode_rank,
+                    d,
+                    wanted.len() * d.bytes_per_logical_unit,
+                    list,
+                )?;
             }
         }
-    }
-    for (rank, &count) in (0u64..).zip(&readers) {
-        let fanout = planner.fanout(rank);
-        if count != fanout {
-            bail!(
-                "prefill rank {rank} reports a fanout of {fanout} but {count} decode ranks read \
-                 from it"
-            );
+        let last_of_group = (decode_rank + 1) % decode.tp_size() == 0;
+        if last_of_group {
+            // One request of this decode group: each source rank waits for its fanout.
+            for (tp_rank, count) in (0u64..).zip(readers.iter_mut()) {
+                let rank = source_group * prefill_tp + tp_rank;
+                let fanout = planner.request_fanout(rank);
+                if *count != fanout {
+                    bail!(
+                        "prefill rank {rank} reports a fanout of {fanout} but {count} decode \
+                         ranks of decode DP group {group} read from it"
+                    );
+                }
+                *count = 0;
+            }
         }
     }
     Ok(())
@@ -290,7 +313,7 @@ mod tests {
     fn broken(mutate: impl Fn(&mut Vec<SourcePlan>)) -> String {
         let planner = tp8_to_tp2();
         verify_plans(&planner, |rank| {
-            let mut sources = planner.transfer_fragments(rank)?;
+            let mut sources = planner.transfer_fragments(rank, None)?;
             if rank == 1 {
                 mutate(&mut sources);
             }

@@ -31,7 +31,7 @@ def layout_is_valid(
     prefill_buffers: tuple[BufferLayout, ...],
     decode_buffers: tuple[BufferLayout, ...],
 ) -> bool:
-    if len(prefill_buffers) != len(decode_buffers) or decode.dp_size > prefill.dp_size:
+    if len(prefill_buffers) != len(decode_buffers):
         return False
     for p, d in zip(prefill_buffers, decode_buffers):
         same = (
@@ -65,19 +65,25 @@ def expected_fanout(
     prefill_buffers: tuple[BufferLayout, ...],
     decode_buffers: tuple[BufferLayout, ...],
 ) -> dict[int, int]:
+    """Decode ranks one request makes each prefill rank wait for, under the default mapping
+    (decode DP group g reads prefill DP group g % prefill dp_size); 0 where nobody reads."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     fanout = dict.fromkeys(range(prefill.world_size), 0)
-    for decode_rank in range(decode.world_size):
-        group, tp_rank = divmod(decode_rank, dtp)
-        sources: set[int] = set()
-        for p, d in zip(prefill_buffers, decode_buffers):
-            if p.logical_axis == "replicated":
-                sources.add(tp_rank * ptp // dtp)
-                continue
-            for unit in units_of(d, dtp, tp_rank):
-                sources.add(owner_tp_rank(p, ptp, unit))
-        for source in sources:
-            fanout[group * ptp + source] += 1
+    for group in range(decode.dp_size):
+        source_group = group % prefill.dp_size
+        readers = dict.fromkeys(range(ptp), 0)
+        for tp_rank in range(dtp):
+            sources: set[int] = set()
+            for p, d in zip(prefill_buffers, decode_buffers):
+                if p.logical_axis == "replicated":
+                    sources.add(tp_rank * ptp // dtp)
+                    continue
+                for unit in units_of(d, dtp, tp_rank):
+                    sources.add(owner_tp_rank(p, ptp, unit))
+            for source in sources:
+                readers[source] += 1
+        for source, count in readers.items():
+            fanout[source_group * ptp + source] = count
     return fanout
 
 
@@ -91,7 +97,8 @@ def check_plan(
     fanout: dict[int, int],
 ) -> None:
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
-    group, tp_rank = divmod(decode_rank, dtp)
+    decode_group, tp_rank = divmod(decode_rank, dtp)
+    group = decode_group % prefill.dp_size  # the prefill DP group read by default
     assert plan.target_dp_group == group
     assert list(plan.target_prefill_ranks) == sorted(plan.target_prefill_ranks)
     assert plan.required_prefill_response_num == len(plan.target_prefill_ranks)

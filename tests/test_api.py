@@ -239,14 +239,32 @@ def test_planner_mismatch_refusals() -> None:
         build((mla_p,), (mla_d,))
 
 
-def test_more_decode_dp_groups_than_prefill_is_refused_with_a_fix() -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match="at most 1"):
-        PDTransferPlanner(
-            prefill_layout=ParallelLayout("prefill", 2),
-            decode_layout=ParallelLayout("decode", 4, 2),
-            prefill_buffers=(kv(0, 2),),
-            decode_buffers=(kv(0, 2),),
-        )
+def test_decode_dp_groups_wrap_and_routers_choose_a_prefill_group() -> None:
+    p = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 4, 2),
+        decode_layout=ParallelLayout("decode", 6, 3),
+        prefill_buffers=(kv(0, 2),),
+        decode_buffers=(kv(0, 2),),
+    )
+    # Decode groups 0, 1, 2 read prefill groups 0, 1, 0 by default.
+    assert [p.plan_for_decode_rank(r).target_prefill_ranks for r in range(6)] == [
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+        (0,),
+        (1,),
+    ]
+    routed = p.plan_for_decode_rank(4, prefill_dp_group=1)
+    assert routed.target_dp_group == 1 and routed.target_prefill_ranks == (2,)
+    assert routed.required_dst_info_num_by_prefill_rank == {2: 1}
+    assert p.transfer_fragments(4, prefill_dp_group=1)[2][0].src_rank == 2
+    # One request makes each source wait for one decode rank, whichever group it came from.
+    assert p.source_fanout == {0: 1, 1: 1, 2: 1, 3: 1}
+    p.verify()
+    for bad in (2, -1, True, "1"):
+        with pytest.raises(UnsupportedPDLayoutError, match=r"prefill_dp_group=.* is out of range"):
+            p.plan_for_decode_rank(0, prefill_dp_group=bad)
 
 
 @pytest.mark.parametrize("rank", [-1, 2, 2**64, True, 1.0, "0"])

@@ -46,11 +46,23 @@ class PDTransferPlanner:
         self.decode_buffers = decode_buffers
         self._core = _core.Planner(prefill_layout, decode_layout, prefill_buffers, decode_buffers)
 
-    def plan_for_decode_rank(self, decode_rank: int) -> RankTransferPlan:
-        plan: RankTransferPlan = self._core.plan_for_decode_rank(decode_rank)
+    def plan_for_decode_rank(
+        self, decode_rank: int, prefill_dp_group: int | None = None
+    ) -> RankTransferPlan:
+        """The plan for one decode rank.
+
+        By default decode DP group ``g`` reads from prefill DP group ``g % prefill dp_size``
+        (the reference's ``g``, wherever the reference plans); a router that sends a request to
+        another prefill DP group passes it as ``prefill_dp_group``. ``target_dp_group`` is the
+        prefill DP group read from, and ``required_dst_info_num_by_prefill_rank`` counts, for
+        each source, the decode ranks one request makes it wait for.
+        """
+        plan: RankTransferPlan = self._core.plan_for_decode_rank(decode_rank, prefill_dp_group)
         return plan
 
-    def transfer_fragments(self, decode_rank: int) -> dict[int, tuple[TransferFragment, ...]]:
+    def transfer_fragments(
+        self, decode_rank: int, prefill_dp_group: int | None = None
+    ) -> dict[int, tuple[TransferFragment, ...]]:
         """The fragments ``decode_rank`` receives, by prefill rank, for both plan kinds.
 
         A fragmented plan gives its own fragments; an identity plan (which carries none: the
@@ -59,7 +71,7 @@ class PDTransferPlanner:
         into one descriptor per run.
         """
         fragments: dict[int, tuple[TransferFragment, ...]] = self._core.transfer_fragments(
-            decode_rank
+            decode_rank, prefill_dp_group
         )
         return fragments
 
@@ -80,5 +92,7 @@ class PDTransferPlanner:
 
     @property
     def source_fanout(self) -> dict[int, int]:
-        """How many decode ranks each prefill rank serves, for every prefill rank (a copy)."""
+        """For every prefill rank, how many decode ranks one request makes it wait for, under
+        the default DP-group mapping (0 for ranks of prefill DP groups no decode group reads by
+        default). Equal to the reference's table wherever the reference plans. A copy."""
         return self._core.source_fanout()

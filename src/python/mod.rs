@@ -155,6 +155,20 @@ struct PyPlanner {
 }
 
 impl PyPlanner {
+    fn prefill_group(&self, group: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+        let Some(group) = group.filter(|g| !g.is_none()) else {
+            return Ok(None);
+        };
+        let groups = self.inner.prefill().dp_size;
+        to_u64(group, "prefill_dp_group").map(Some).map_err(|_| {
+            to_py_err(PlanError::new(format!(
+                "prefill_dp_group={} is out of range: the prefill side has {groups} DP groups \
+                 (0..{groups})",
+                repr(group)
+            )))
+        })
+    }
+
     fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
         let world = self.inner.decode().world_size;
         to_u64(decode_rank, "decode_rank").map_err(|_| {
@@ -191,27 +205,33 @@ impl PyPlanner {
         Ok(Self { inner })
     }
 
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
     fn plan_for_decode_rank<'py>(
         &self,
         py: Python<'py>,
         decode_rank: &Bound<'py, PyAny>,
+        prefill_dp_group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let rank = self.decode_rank(decode_rank)?;
+        let group = self.prefill_group(prefill_dp_group)?;
         let plan = py
-            .detach(|| self.inner.plan_for_decode_rank(rank))
+            .detach(|| self.inner.plan_for_decode_rank(rank, group))
             .map_err(to_py_err)?;
         rank_plan_object(py, &plan)
     }
 
     /// Fragments by prefill rank for both plan kinds (identity plans: whole items).
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
     fn transfer_fragments<'py>(
         &self,
         py: Python<'py>,
         decode_rank: &Bound<'py, PyAny>,
+        prefill_dp_group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let rank = self.decode_rank(decode_rank)?;
+        let group = self.prefill_group(prefill_dp_group)?;
         let sources = py
-            .detach(|| self.inner.transfer_fragments(rank))
+            .detach(|| self.inner.transfer_fragments(rank, group))
             .map_err(to_py_err)?;
         let mut factory = FragmentFactory::new(py)?;
         let out = PyDict::new(py);
