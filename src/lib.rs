@@ -7,6 +7,7 @@ pub mod fragment;
 pub mod geometry;
 pub mod interval;
 pub mod layout;
+pub mod model;
 pub mod planner;
 pub mod verify;
 pub mod wire;

@@ -14,6 +14,13 @@ from pdplan._core import (
     encode_transfer_fragments,
 )
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
+from pdplan._layouts import (
+    MODEL_PRESETS,
+    ItemLengths,
+    ModelShape,
+    buffer_layouts_from_item_lengths,
+    model_buffer_layouts,
+)
 from pdplan._model import (
     BufferKind,
     BufferLayout,
@@ -24,9 +31,12 @@ from pdplan._model import (
 from pdplan._planner import PDTransferPlanner, RoutingTable
 
 __all__ = [
+    "MODEL_PRESETS",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "BufferKind",
     "BufferLayout",
+    "ItemLengths",
+    "ModelShape",
     "PDTransferPlanner",
     "ParallelLayout",
     "RankTransferPlan",
@@ -35,7 +45,9 @@ __all__ = [
     "TransferFragment",
     "UnsupportedPDLayoutError",
     "__version__",
+    "buffer_layouts_from_item_lengths",
     "decode_transfer_fragments",
     "encode_transfer_fragments",
+    "model_buffer_layouts",
     "transfer_descriptors",
 ]

@@ -6,6 +6,7 @@ from typing import final
 import numpy as np
 import numpy.typing as npt
 
+from pdplan._layouts import ItemLengths, ModelShape
 from pdplan._model import (
     BufferLayout,
     ParallelLayout,
@@ -16,19 +17,25 @@ from pdplan._model import (
 __all__ = [
     "MAX_DESCRIPTORS",
     "MAX_WORLD_SIZE",
+    "MODEL_PRESETS",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "Planner",
     "UnsupportedPDLayoutError",
     "__version__",
+    "buffers_from_item_lengths",
     "check_buffer_layout",
     "check_parallel_layout",
     "check_transfer_fragment",
     "decode_transfer_fragments",
+    "dtype_bytes",
     "encode_transfer_fragments",
+    "model_buffers",
+    "model_shape_fields",
     "transfer_descriptors",
 ]
 
 __version__: str
+MODEL_PRESETS: list[str]
 MAX_DESCRIPTORS: int
 TRANSFER_PLAN_PROTOCOL_VERSION: int
 MAX_WORLD_SIZE: int
@@ -54,6 +61,19 @@ def transfer_descriptors(
     src_limits: npt.ArrayLike | None = None,
     dst_limits: npt.ArrayLike | None = None,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
+
+_BufferRow = tuple[int, str, str, int, int, int, int, int]
+
+def model_buffers(
+    shape: ModelShape, prefill_tp: int, decode_tp: int
+) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
+def buffers_from_item_lengths(
+    items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int
+) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
+def model_shape_fields(
+    config_text: str | None = None, preset: str | None = None, page_size: int = 16
+) -> list[tuple[str, int]]: ...
+def dtype_bytes(name: str) -> int: ...
 
 @final
 class Planner:

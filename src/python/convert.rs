@@ -8,6 +8,7 @@ use super::objects::ModelTypes;
 use crate::error::{bail, PlanError};
 use crate::fragment::Fragment;
 use crate::layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role, MAX_VALUE};
+use crate::model::{DraftShape, ItemLengths, MambaShape, MlaShape, ModelShape};
 
 pub type Converted<T> = Result<T, PlanError>;
 
@@ -141,6 +142,64 @@ pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Conv
     };
     fragment.validate()?;
     Ok(fragment)
+}
+
+/// A `ModelShape` (flat fields; zero means "absent" for the optional parts).
+pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
+    let f = Fields { obj };
+    let field = |name: &str| -> Converted<u64> {
+        let value = obj.getattr(name).map_err(|_| {
+            PlanError::new(format!(
+                "expected a ModelShape with a {name:?} field, got {}",
+                type_name(obj)
+            ))
+        })?;
+        to_u64(&value, name)
+    };
+    let dtype = f.string(name!(f, "dtype"))?;
+    let mla = MlaShape {
+        kv_lora_rank: field("mla_kv_lora_rank")?,
+        rope_head_dim: field("mla_rope_head_dim")?,
+    };
+    let mamba = MambaShape {
+        layers: field("mamba_layers")?,
+        channels: field("mamba_channels")?,
+        bytes_per_channel: field("mamba_bytes_per_channel")?,
+    };
+    let draft = DraftShape {
+        layers: field("draft_layers")?,
+        kv_heads: field("draft_kv_heads")?,
+        head_dim: field("draft_head_dim")?,
+    };
+    Ok(ModelShape {
+        layers: field("layers")?,
+        kv_heads: field("kv_heads")?,
+        head_dim: field("head_dim")?,
+        dtype_bytes: crate::model::dtype_bytes(&dtype)?,
+        page_size: field("page_size")?,
+        mla: (mla.kv_lora_rank > 0).then_some(mla),
+        mamba: (mamba.layers > 0).then_some(mamba),
+        draft: (draft.layers > 0).then_some(draft),
+    })
+}
+
+/// An `ItemLengths` entry.
+pub fn item_lengths(obj: &Bound<'_, PyAny>) -> Converted<ItemLengths> {
+    let f = Fields { obj };
+    let logical = f.get(name!(f, "logical_size"))?;
+    Ok(ItemLengths {
+        buffer_index: f.u64(name!(f, "buffer_index"))?,
+        buffer_kind: f.kind(None)?,
+        prefill_item_bytes: f.u64(name!(f, "prefill_item_bytes"))?,
+        decode_item_bytes: f.u64(name!(f, "decode_item_bytes"))?,
+        unit_bytes: f.u64(name!(f, "unit_bytes"))?,
+        page_size: f.u64(name!(f, "page_size"))?,
+        logical_size: if logical.is_none() {
+            None
+        } else {
+            Some(to_u64(&logical, "logical_size")?)
+        },
+    })
 }
 
 /// Converts every item of a Python iterable, naming the position of the first bad one.

@@ -13,11 +13,13 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::descriptors;
 use crate::error::PlanError;
+use crate::model;
 use crate::planner::Planner;
 use crate::verify;
 use crate::wire;
 use convert::{
-    buffer_layout, each, fragment_with, frame, parallel_layout, repr, to_u64, u64_column, Converted,
+    buffer_layout, each, fragment_with, frame, item_lengths, model_shape, parallel_layout, repr,
+    to_u64, u64_column, Converted,
 };
 use objects::{model_types, rank_plan_object, FragmentFactory};
 
@@ -146,6 +148,120 @@ fn transfer_descriptors<'py>(
         built.dst_addrs.into_pyarray(py),
         built.lengths.into_pyarray(py),
     ))
+}
+
+type BufferRow = (u64, &'static str, &'static str, u64, u64, u64, u64, u64);
+
+/// A core buffer as the positional fields of `BufferLayout`.
+fn buffer_row(b: &crate::layout::BufferLayout) -> BufferRow {
+    (
+        b.buffer_index,
+        b.buffer_kind.as_str(),
+        b.logical_axis.as_str(),
+        b.logical_size,
+        b.page_size,
+        b.bytes_per_logical_unit,
+        b.item_stride_bytes,
+        b.tp_replica_group_size,
+    )
+}
+
+/// Both sides' buffers for a model shape, as `BufferLayout` field tuples.
+#[pyfunction]
+fn model_buffers(
+    py: Python<'_>,
+    shape: &Bound<'_, PyAny>,
+    prefill_tp: &Bound<'_, PyAny>,
+    decode_tp: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<BufferRow>, Vec<BufferRow>)> {
+    let convert = || -> Converted<_> {
+        Ok((
+            model_shape(shape)?,
+            to_u64(prefill_tp, "prefill_tp")?,
+            to_u64(decode_tp, "decode_tp")?,
+        ))
+    };
+    let (shape, prefill_tp, decode_tp) = convert().map_err(to_py_err)?;
+    py.detach(|| {
+        let prefill = model::model_buffers(&shape, prefill_tp)
+            .map_err(|e| PlanError::new(format!("prefill side: {e}")))?;
+        let decode = model::model_buffers(&shape, decode_tp)
+            .map_err(|e| PlanError::new(format!("decode side: {e}")))?;
+        Ok((
+            prefill.iter().map(buffer_row).collect(),
+            decode.iter().map(buffer_row).collect(),
+        ))
+    })
+    .map_err(to_py_err)
+}
+
+/// Both sides' buffers inferred from per-rank item and unit byte lengths.
+#[pyfunction]
+fn buffers_from_item_lengths(
+    items: &Bound<'_, PyAny>,
+    prefill_tp: &Bound<'_, PyAny>,
+    decode_tp: &Bound<'_, PyAny>,
+) -> PyResult<(Vec<BufferRow>, Vec<BufferRow>)> {
+    let convert = || -> Converted<_> {
+        Ok((
+            each(items, "items", item_lengths)?,
+            to_u64(prefill_tp, "prefill_tp")?,
+            to_u64(decode_tp, "decode_tp")?,
+        ))
+    };
+    let (items, prefill_tp, decode_tp) = convert().map_err(to_py_err)?;
+    let mut prefill = Vec::with_capacity(items.len());
+    let mut decode = Vec::with_capacity(items.len());
+    for item in &items {
+        let (p, d) = model::from_item_lengths(item, prefill_tp, decode_tp).map_err(to_py_err)?;
+        prefill.push(buffer_row(&p));
+        decode.push(buffer_row(&d));
+    }
+    Ok((prefill, decode))
+}
+
+/// The shape fields of a Hugging Face `config.json` text, or of a preset.
+#[pyfunction]
+#[pyo3(signature = (config_text=None, preset=None, page_size=16))]
+fn model_shape_fields(
+    config_text: Option<&str>,
+    preset: Option<&str>,
+    page_size: u64,
+) -> PyResult<Vec<(&'static str, u64)>> {
+    let shape = match (config_text, preset) {
+        (Some(text), None) => model::shape_from_hf_config(text, page_size),
+        (None, Some(name)) => model::preset(name, page_size),
+        _ => Err(PlanError::new("give exactly one of config_text and preset")),
+    }
+    .map_err(to_py_err)?;
+    Ok(shape_fields(&shape))
+}
+
+fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
+    let mla = s.mla.unwrap_or_default();
+    let mamba = s.mamba.unwrap_or_default();
+    let draft = s.draft.unwrap_or_default();
+    vec![
+        ("layers", s.layers),
+        ("kv_heads", s.kv_heads),
+        ("head_dim", s.head_dim),
+        ("dtype_bytes", s.dtype_bytes),
+        ("page_size", s.page_size),
+        ("mla_kv_lora_rank", mla.kv_lora_rank),
+        ("mla_rope_head_dim", mla.rope_head_dim),
+        ("mamba_layers", mamba.layers),
+        ("mamba_channels", mamba.channels),
+        ("mamba_bytes_per_channel", mamba.bytes_per_channel),
+        ("draft_layers", draft.layers),
+        ("draft_kv_heads", draft.kv_heads),
+        ("draft_head_dim", draft.head_dim),
+    ]
+}
+
+/// Bytes of one element of a dtype name.
+#[pyfunction]
+fn dtype_bytes(name: &str) -> PyResult<u64> {
+    model::dtype_bytes(name).map_err(to_py_err)
 }
 
 /// The compiled planner behind `pdplan.PDTransferPlanner`.
@@ -314,6 +430,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
+    m.add_function(wrap_pyfunction!(model_buffers, m)?)?;
+    m.add_function(wrap_pyfunction!(buffers_from_item_lengths, m)?)?;
+    m.add_function(wrap_pyfunction!(model_shape_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
+    m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
     Ok(())
 }

@@ -1,0 +1,113 @@
+"""Buffer layouts from a model's shape, a Hugging Face ``config.json``, a preset, or the byte
+lengths a runtime knows. The derivation runs in Rust (src/model.rs)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from pdplan import _core
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan._model import BufferKind, BufferLayout
+
+__all__ = [
+    "MODEL_PRESETS",
+    "ItemLengths",
+    "ModelShape",
+    "buffer_layouts_from_item_lengths",
+    "model_buffer_layouts",
+]
+
+MODEL_PRESETS: tuple[str, ...] = tuple(_core.MODEL_PRESETS)
+
+_DTYPE_NAMES = {1: "fp8", 2: "bfloat16", 4: "float32"}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What decides a model's cache buffers. Zero leaves an optional part out.
+
+    Buffers, in order: per layer its K and V (``kv_head``, GQA replica groups where TP exceeds
+    ``kv_heads``), or one replicated MLA latent buffer when ``mla_kv_lora_rank`` is set; then
+    ``mamba_layers`` state buffers (``state_channel``); then ``draft_layers`` of draft K and V.
+    """
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+    page_size: int = 16
+    mla_kv_lora_rank: int = 0
+    mla_rope_head_dim: int = 0
+    mamba_layers: int = 0
+    mamba_channels: int = 0
+    mamba_bytes_per_channel: int = 0
+    draft_layers: int = 0
+    draft_kv_heads: int = 0
+    draft_head_dim: int = 0
+
+    @classmethod
+    def preset(cls, name: str, page_size: int = 16) -> ModelShape:
+        """A named shape (see ``MODEL_PRESETS``)."""
+        return cls._from_fields(_core.model_shape_fields(preset=name, page_size=page_size))
+
+    @classmethod
+    def from_hf_config(cls, path: str | Path, page_size: int = 16) -> ModelShape:
+        """Layers, KV heads, head dim, dtype and MLA ranks from a local ``config.json``."""
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UnsupportedPDLayoutError(f"cannot read {path}: {exc}") from None
+        return cls._from_fields(_core.model_shape_fields(config_text=text, page_size=page_size))
+
+    @classmethod
+    def _from_fields(cls, pairs: list[tuple[str, int]]) -> ModelShape:
+        values = dict(pairs)
+        dtype = _DTYPE_NAMES.get(values.pop("dtype_bytes"), "bfloat16")
+        return cls(dtype=dtype, **values)
+
+    def to_json(self) -> str:
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+
+
+@dataclass(frozen=True)
+class ItemLengths:
+    """One buffer as a runtime knows it: per-rank item bytes on each side, unit bytes."""
+
+    buffer_index: int
+    buffer_kind: BufferKind
+    prefill_item_bytes: int
+    decode_item_bytes: int
+    unit_bytes: int
+    page_size: int = 16
+    logical_size: int | None = None
+
+
+def _layouts(
+    rows: Sequence[tuple[int, str, str, int, int, int, int, int]],
+) -> tuple[BufferLayout, ...]:
+    return tuple(
+        BufferLayout(index, BufferKind(kind), axis, *sizes)  # type: ignore[arg-type]
+        for index, kind, axis, *sizes in rows
+    )
+
+
+def model_buffer_layouts(
+    shape: ModelShape, prefill_tp: int, decode_tp: int
+) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]:
+    """The matching prefill and decode ``BufferLayout`` tuples of a model at two TP sizes."""
+    prefill, decode = _core.model_buffers(shape, prefill_tp, decode_tp)
+    return _layouts(prefill), _layouts(decode)
+
+
+def buffer_layouts_from_item_lengths(
+    items: Sequence[ItemLengths], prefill_tp: int, decode_tp: int
+) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]:
+    """Both sides' layouts inferred from byte lengths: equal global units -> sharded; equal
+    items -> replicated; more units on one side -> that side's TP runs above the logical size,
+    in replica groups (pass ``logical_size`` when both sides do). Anything else is refused
+    with the reason."""
+    prefill, decode = _core.buffers_from_item_lengths(items, prefill_tp, decode_tp)
+    return _layouts(prefill), _layouts(decode)
