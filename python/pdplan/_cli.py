@@ -1,0 +1,304 @@
+"""The ``pdplan`` command: who talks to whom, how many bytes, how many descriptors.
+
+    pdplan demo
+    pdplan plan --prefill-tp 8 --decode-tp 2 --model llama-3-70b [--format table|json|dot]
+    pdplan check --prefill-tp 8 --decode-tp 3 --model llama-3-70b
+
+User errors print one line and exit 2; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from pdplan import _core
+from pdplan._descriptors import transfer_descriptors
+from pdplan._layouts import MODEL_PRESETS, ModelShape, model_buffer_layouts
+from pdplan._model import ParallelLayout, UnsupportedPDLayoutError
+from pdplan._planner import PDTransferPlanner
+
+EXIT_UNSUPPORTED = 2
+DEMO_MODEL = "llama-3-70b"
+
+
+class UserError(Exception):
+    """A problem with what the user asked for: one line, exit 2."""
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _layout_options(parser: argparse.ArgumentParser) -> None:
+    sides = parser.add_argument_group("parallel layouts")
+    sides.add_argument("--prefill-tp", type=_positive, required=True, help="TP size per DP group")
+    sides.add_argument("--prefill-dp", type=_positive, default=1, help="DP groups (default 1)")
+    sides.add_argument("--decode-tp", type=_positive, required=True, help="TP size per DP group")
+    sides.add_argument("--decode-dp", type=_positive, default=1, help="DP groups (default 1)")
+    model = parser.add_argument_group("model (one of --model, --config or the shape options)")
+    model.add_argument("--model", choices=MODEL_PRESETS, help="a named model shape")
+    model.add_argument("--config", metavar="config.json", help="a local Hugging Face config")
+    model.add_argument("--layers", type=_positive)
+    model.add_argument("--kv-heads", type=_positive)
+    model.add_argument("--head-dim", type=_positive)
+    model.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, fp8")
+    model.add_argument("--page-size", type=_positive, default=16, help="tokens a page (16)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdplan",
+        description="Plan prefill -> decode KV-cache transfers between two parallel layouts.",
+    )
+    parser.add_argument("--version", action="version", version=f"pdplan {_core.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "demo",
+        help="a Llama-3-70B-like model, prefill TP 8 -> decode TP 2, end to end",
+        description="Plan a Llama-3-70B-like model from prefill TP 8 to decode TP 2: routing, "
+        "fanout, bytes per rank per page, and the descriptors of a 32k-token request.",
+    )
+    plan = commands.add_parser(
+        "plan",
+        help="print the plan of every decode rank",
+        description="Print every decode rank's plan, the fanout and the routing.",
+    )
+    _layout_options(plan)
+    plan.add_argument("--format", choices=("table", "json", "dot"), default="table")
+    check = commands.add_parser(
+        "check",
+        help="exit 0 when the layouts are supported, 2 with the reason when not",
+        description="Exit 0 when supported; otherwise print why and what would work, exit 2.",
+    )
+    _layout_options(check)
+    return parser
+
+
+def _shape(args: argparse.Namespace) -> ModelShape:
+    explicit = [args.layers, args.kv_heads, args.head_dim]
+    chosen = sum(x is not None for x in (args.model, args.config)) + any(
+        x is not None for x in explicit
+    )
+    if chosen != 1:
+        raise UserError(
+            "give exactly one model: --model PRESET, --config config.json, or "
+            "--layers N --kv-heads N --head-dim N [--dtype NAME]"
+        )
+    if args.model:
+        return ModelShape.preset(args.model, page_size=args.page_size)
+    if args.config:
+        return ModelShape.from_hf_config(args.config, page_size=args.page_size)
+    if any(x is None for x in explicit):
+        raise UserError("--layers, --kv-heads and --head-dim go together")
+    _core.dtype_bytes(args.dtype)  # refuse unknown names with the known ones listed
+    return ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
+
+
+def _planner(
+    shape: ModelShape, prefill_tp: int, prefill_dp: int, decode_tp: int, decode_dp: int
+) -> PDTransferPlanner:
+    prefill_buffers, decode_buffers = model_buffer_layouts(shape, prefill_tp, decode_tp)
+    return PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", prefill_tp * prefill_dp, prefill_dp),
+        decode_layout=ParallelLayout("decode", decode_tp * decode_dp, decode_dp),
+        prefill_buffers=prefill_buffers,
+        decode_buffers=decode_buffers,
+    )
+
+
+def _planner_from_args(args: argparse.Namespace) -> tuple[ModelShape, PDTransferPlanner]:
+    shape = _shape(args)
+    return shape, _planner(shape, args.prefill_tp, args.prefill_dp, args.decode_tp, args.decode_dp)
+
+
+def _plan_json(shape: ModelShape, planner: PDTransferPlanner) -> dict[str, Any]:
+    plans = []
+    for rank in range(planner.decode_layout.world_size):
+        plan = planner.plan_for_decode_rank(rank)
+        plans.append(
+            {
+                "decode_rank": rank,
+                "plan_kind": plan.plan_kind,
+                "target_dp_group": plan.target_dp_group,
+                "target_prefill_ranks": list(plan.target_prefill_ranks),
+                "required_dst_info_num_by_prefill_rank": {
+                    str(r): n for r, n in plan.required_dst_info_num_by_prefill_rank.items()
+                },
+                "fragments": {
+                    str(r): [{**asdict(f), "buffer_kind": f.buffer_kind.value} for f in fragments]
+                    for r, fragments in plan.fragments_by_prefill_rank.items()
+                },
+            }
+        )
+    return {
+        "prefill": asdict(planner.prefill_layout),
+        "decode": asdict(planner.decode_layout),
+        "model": asdict(shape),
+        "buffers": len(planner.prefill_buffers),
+        "plans": plans,
+        "source_fanout": {str(r): n for r, n in planner.source_fanout.items()},
+    }
+
+
+def _routing_rows(planner: PDTransferPlanner) -> list[tuple[int, int, int, int]]:
+    table = planner.routing_table()
+    return list(
+        zip(
+            table.decode_rank.tolist(),
+            table.prefill_rank.tolist(),
+            table.fragment_count.tolist(),
+            table.bytes_per_page.tolist(),
+        )
+    )
+
+
+def _print_table(shape: ModelShape, planner: PDTransferPlanner) -> None:
+    p, d = planner.prefill_layout, planner.decode_layout
+    print(
+        f"prefill {p.world_size} ranks ({p.dp_size} DP x TP {p.tp_size_per_dp}) -> decode "
+        f"{d.world_size} ranks ({d.dp_size} DP x TP {d.tp_size_per_dp}); "
+        f"{len(planner.prefill_buffers)} buffers, {shape.page_size}-token pages"
+    )
+    kind = planner.plan_for_decode_rank(0).plan_kind
+    print(f"plan kind: {kind}" + (" (whole items, rank to rank)" if kind == "identity" else ""))
+    print()
+    print(f"{'decode rank':>11}  {'prefill rank':>12}  {'fragments':>9}  {'bytes/page':>12}")
+    for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner):
+        print(f"{decode_rank:>11}  {prefill_rank:>12}  {count:>9}  {nbytes:>12,}")
+    print()
+    fanout = planner.source_fanout
+    print("fanout (decode ranks each prefill rank waits for, per request):")
+    print("  " + ", ".join(f"{rank}: {n}" for rank, n in fanout.items()))
+
+
+def _print_dot(planner: PDTransferPlanner) -> None:
+    print("digraph pdplan {")
+    print("  rankdir=LR;")
+    for rank in range(planner.prefill_layout.world_size):
+        print(f'  "P{rank}" [shape=box, label="prefill {rank}"];')
+    for rank in range(planner.decode_layout.world_size):
+        print(f'  "D{rank}" [shape=ellipse, label="decode {rank}"];')
+    for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner):
+        print(
+            f'  "P{prefill_rank}" -> "D{decode_rank}" [label="{nbytes} B/page, {count} fragments"];'
+        )
+    print("}")
+
+
+def _suggestion(args: argparse.Namespace, shape: ModelShape) -> str:
+    """TP sizes that would work with the other side as given."""
+    sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+
+    def works(prefill_tp: int, decode_tp: int) -> bool:
+        try:
+            _planner(shape, prefill_tp, args.prefill_dp, decode_tp, args.decode_dp)
+        except UnsupportedPDLayoutError:
+            return False
+        return True
+
+    decode = [n for n in sizes if works(args.prefill_tp, n)]
+    prefill = [n for n in sizes if works(n, args.decode_tp)]
+    parts = []
+    if decode:
+        parts.append(f"decode TP {', '.join(map(str, decode))} with prefill TP {args.prefill_tp}")
+    if prefill:
+        parts.append(f"prefill TP {', '.join(map(str, prefill))} with decode TP {args.decode_tp}")
+    return "; would work: " + " or ".join(parts) if parts else ""
+
+
+def _demo() -> None:
+    shape = ModelShape.preset(DEMO_MODEL)
+    planner = _planner(shape, 8, 1, 2, 1)
+    print(
+        f"pdplan {_core.__version__} demo: {DEMO_MODEL} ({shape.layers} layers, "
+        f"{shape.kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype})"
+    )
+    _print_table(shape, planner)
+    tokens = 32768
+    pages = tokens // shape.page_size
+    print()
+    print(
+        f"a {tokens // 1024}k-token request ({pages} pages), descriptors built per "
+        f"(decode rank, prefill rank) pair:"
+    )
+    import numpy as np
+
+    src_pages = np.arange(pages, dtype=np.int32)
+    dst_pages = np.arange(pages, dtype=np.int32)
+    total = total_bytes = 0
+    started = time.perf_counter()
+    for decode_rank in range(planner.decode_layout.world_size):
+        for fragments in planner.transfer_fragments(decode_rank).values():
+            src_limits = [b.item_stride_bytes * pages for b in planner.prefill_buffers]
+            dst_limits = [b.item_stride_bytes * pages for b in planner.decode_buffers]
+            bases = [1 << 40] * len(src_limits)
+            d = transfer_descriptors(
+                fragments,
+                bases,
+                bases,
+                src_pages,
+                dst_pages,
+                src_limits=src_limits,
+                dst_limits=dst_limits,
+            )
+            total += d.num_descriptors
+            total_bytes += d.total_bytes
+    elapsed = time.perf_counter() - started
+    print(
+        f"  {total:,} descriptors moving {total_bytes / 2**30:.2f} GiB, built in "
+        f"{elapsed * 1e3:.1f} ms ({total / elapsed / 1e6:.0f} M descriptors/s)"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            _demo()
+            return 0
+        if args.command == "check":
+            try:
+                shape = _shape(args)
+                planner = _planner(
+                    shape, args.prefill_tp, args.prefill_dp, args.decode_tp, args.decode_dp
+                )
+                planner.verify()
+            except UnsupportedPDLayoutError as exc:
+                shape = _shape(args)
+                print(f"unsupported: {exc}{_suggestion(args, shape)}", file=sys.stderr)
+                return EXIT_UNSUPPORTED
+            kinds = {planner.plan_for_decode_rank(0).plan_kind}
+            print(
+                f"supported: {kinds.pop()} plan, {len(planner.prefill_buffers)} buffers, verified"
+            )
+            return 0
+        shape, planner = _planner_from_args(args)
+        if args.format == "json":
+            json.dump(_plan_json(shape, planner), sys.stdout, indent=1)
+            print()
+        elif args.format == "dot":
+            _print_dot(planner)
+        else:
+            _print_table(shape, planner)
+        return 0
+    except (UserError, UnsupportedPDLayoutError) as exc:
+        print(f"pdplan: {exc}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    except BrokenPipeError:  # `pdplan plan ... | head`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""The pdplan command: subcommands, formats, exit codes, and JSON that agrees with the
+library."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pdplan import ModelShape, ParallelLayout, PDTransferPlanner, __version__, model_buffer_layouts
+from pdplan._cli import main
+
+PLAN = ["plan", "--prefill-tp", "8", "--decode-tp", "2", "--model", "llama-3-70b"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_console_script_version_and_help() -> None:
+    exe = shutil.which("pdplan")
+    assert exe, "pip install puts the pdplan command on PATH"
+    done = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == f"pdplan {__version__}"
+    for command in ("demo", "plan", "check"):
+        done = subprocess.run([exe, command, "--help"], capture_output=True, text=True, check=False)
+        assert done.returncode == 0 and "usage: pdplan " + command in done.stdout
+
+
+def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "demo")
+    assert code == 0
+    assert "prefill 8 ranks (1 DP x TP 8) -> decode 2 ranks" in out
+    assert "655,360" in out  # bytes per page from each prefill rank: 160 buffers x one head
+    assert "2,621,440 descriptors" in out  # 2 decode x 4 prefill x 160 fragments x 2048 pages
+    assert "0: 1, 1: 1" in out
+
+
+def test_plan_json_agrees_with_the_library(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *PLAN, "--prefill-dp", "2", "--decode-dp", "2", "--format", "json")
+    assert code == 0
+    data = json.loads(out)
+    prefill, decode = model_buffer_layouts(ModelShape.preset("llama-3-70b"), 8, 2)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 16, 2),
+        decode_layout=ParallelLayout("decode", 4, 2),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    assert data["source_fanout"] == {str(r): n for r, n in planner.source_fanout.items()}
+    assert [p["decode_rank"] for p in data["plans"]] == [0, 1, 2, 3]
+    for entry in data["plans"]:
+        plan = planner.plan_for_decode_rank(entry["decode_rank"])
+        assert entry["plan_kind"] == plan.plan_kind
+        assert entry["target_prefill_ranks"] == list(plan.target_prefill_ranks)
+        assert entry["fragments"] == {
+            str(r): [{**vars(f), "buffer_kind": f.buffer_kind.value} for f in fs]
+            for r, fs in plan.fragments_by_prefill_rank.items()
+        }
+
+
+def test_plan_table_and_dot(capsys: pytest.CaptureFixture[str]) -> None:
+    args = [
+        "plan",
+        "--prefill-tp",
+        "4",
+        "--decode-tp",
+        "1",
+        "--layers",
+        "2",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "64",
+    ]
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "plan kind: fragmented" in out
+    code, out, _ = run(capsys, *args, "--format", "dot")
+    assert code == 0 and out.startswith("digraph pdplan {")
+    # GQA: prefill ranks 0 and 2 lead the two replica groups; 1 and 3 send nothing.
+    assert '"P0" -> "D0"' in out and '"P2" -> "D0"' in out and '"P1" -> "D0"' not in out
+    assert "8192 B/page, 4 fragments" in out
+
+
+def test_config_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "hidden_size": 4096,
+            }
+        )
+    )
+    code, out, _ = run(
+        capsys, "check", "--prefill-tp", "8", "--decode-tp", "4", "--config", str(config)
+    )
+    assert code == 0 and out.startswith("supported: fragmented plan, 8 buffers")
+
+
+def test_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(
+        capsys, "check", "--prefill-tp", "8", "--decode-tp", "8", "--model", "llama-3-8b"
+    )
+    assert code == 0 and out.startswith("supported: identity plan")
+    code, out, err = run(
+        capsys, "check", "--prefill-tp", "8", "--decode-tp", "3", "--model", "llama-3-70b"
+    )
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith("unsupported: decode side")
+    assert "would work: decode TP 1, 2, 4, 8, 16, 24" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--prefill-tp", "8", "--decode-tp", "2"], "give exactly one model"),
+        (["plan", "--prefill-tp", "8", "--decode-tp", "2", "--layers", "2"], "go together"),
+        ([*PLAN, "--config", "x.json"], "give exactly one model"),
+        (
+            ["plan", "--prefill-tp", "8", "--decode-tp", "2", "--config", "/no/such.json"],
+            "cannot read",
+        ),
+        (
+            [
+                "plan",
+                "--prefill-tp",
+                "8",
+                "--decode-tp",
+                "2",
+                "--layers",
+                "2",
+                "--kv-heads",
+                "8",
+                "--head-dim",
+                "64",
+                "--dtype",
+                "int3",
+            ],
+            "unknown dtype",
+        ),
+    ],
+)
+def test_user_errors_are_one_line_without_traceback(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, _, err = run(capsys, *argv)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["plan", "--prefill-tp", "0", "--decode-tp", "2", "--model", "llama-3-8b"],
+        ["plan", "--prefill-tp", "x", "--decode-tp", "2", "--model", "llama-3-8b"],
+        ["plan", "--decode-tp", "2", "--model", "llama-3-8b"],
+        ["plan", "--prefill-tp", "2", "--decode-tp", "2", "--model", "gpt-5"],
+        ["launch"],
+    ],
+)
+def test_bad_arguments_exit_2_with_usage(
+    capsys: pytest.CaptureFixture[str], argv: list[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "usage:" in capsys.readouterr().err

@@ -1,0 +1,192 @@
+"""Buffer layouts from model shapes, presets, config.json files and item lengths."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdplan import (
+    MODEL_PRESETS,
+    BufferKind,
+    ItemLengths,
+    ModelShape,
+    ParallelLayout,
+    PDTransferPlanner,
+    UnsupportedPDLayoutError,
+    buffer_layouts_from_item_lengths,
+    model_buffer_layouts,
+)
+
+
+@pytest.mark.parametrize("name", MODEL_PRESETS)
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(8, 2), (2, 8), (4, 4)])
+def test_every_preset_plans_and_verifies(name: str, prefill_tp: int, decode_tp: int) -> None:
+    shape = ModelShape.preset(name)
+    prefill, decode = model_buffer_layouts(shape, prefill_tp, decode_tp)
+    assert len(prefill) == len(decode) > 0
+    assert [b.buffer_index for b in prefill] == list(range(len(prefill)))
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", prefill_tp),
+        decode_layout=ParallelLayout("decode", decode_tp),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    planner.verify()
+
+
+def test_llama_70b_buffers() -> None:
+    prefill, decode = model_buffer_layouts(ModelShape.preset("llama-3-70b"), 16, 2)
+    assert len(prefill) == 160
+    unit = 16 * 128 * 2
+    k = prefill[0]
+    assert (k.buffer_kind, k.logical_axis, k.logical_size) == (BufferKind.TARGET_K, "kv_head", 8)
+    assert (k.bytes_per_logical_unit, k.item_stride_bytes, k.tp_replica_group_size) == (
+        unit,
+        unit,
+        2,
+    )  # TP 16 over 8 heads: replica groups of 2
+    assert (decode[1].buffer_kind, decode[1].item_stride_bytes) == (BufferKind.TARGET_V, 4 * unit)
+
+
+def test_mla_mamba_and_draft_presets() -> None:
+    mla, _ = model_buffer_layouts(ModelShape.preset("deepseek-v3", page_size=64), 8, 4)
+    assert {b.logical_axis for b in mla} == {"replicated"}
+    assert mla[0].item_stride_bytes == 64 * (512 + 64) * 2
+    hybrid, _ = model_buffer_layouts(ModelShape.preset("mamba2-hybrid-8b"), 4, 2)
+    states = [b for b in hybrid if b.buffer_kind == BufferKind.MAMBA_STATE]
+    assert len(states) == 24 and states[0].logical_axis == "state_channel"
+    eagle, _ = model_buffer_layouts(ModelShape.preset("llama-3-70b-eagle"), 8, 2)
+    assert [b.buffer_kind for b in eagle[-2:]] == [BufferKind.DRAFT_K, BufferKind.DRAFT_V]
+
+
+def test_explicit_shapes_and_their_refusals() -> None:
+    shape = ModelShape(layers=2, kv_heads=4, head_dim=64, dtype="fp8", page_size=32)
+    prefill, _ = model_buffer_layouts(shape, 2, 4)
+    assert prefill[0].bytes_per_logical_unit == 32 * 64 * 1
+    with pytest.raises(UnsupportedPDLayoutError, match=r"decode side: .*do not split evenly"):
+        model_buffer_layouts(shape, 2, 3)
+    with pytest.raises(UnsupportedPDLayoutError, match="not a multiple"):
+        model_buffer_layouts(shape, 6, 2)
+    with pytest.raises(UnsupportedPDLayoutError, match="unknown dtype"):
+        model_buffer_layouts(ModelShape(2, 4, 64, dtype="int3"), 2, 2)
+    with pytest.raises(UnsupportedPDLayoutError, match="unknown model preset"):
+        ModelShape.preset("gpt-5")
+
+
+def write(tmp_path: Path, config: object) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_hf_config_reader(tmp_path: Path) -> None:
+    llama = {
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "hidden_size": 8192,
+        "torch_dtype": "bfloat16",
+    }
+    assert ModelShape.from_hf_config(write(tmp_path, llama)) == ModelShape.preset("llama-3-70b")
+    qwen = {
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "hidden_size": 3584,
+        "head_dim": 128,
+        "torch_dtype": "float16",
+    }
+    shape = ModelShape.from_hf_config(write(tmp_path, qwen), page_size=32)
+    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.page_size) == (28, 4, 128, 32)
+    deepseek = {
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "hidden_size": 7168,
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "torch_dtype": "bfloat16",
+    }
+    shape = ModelShape.from_hf_config(write(tmp_path, deepseek))
+    assert (shape.mla_kv_lora_rank, shape.mla_rope_head_dim) == (512, 64)
+    mha = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
+    assert ModelShape.from_hf_config(write(tmp_path, mha)).kv_heads == 4
+    nested = {"text_config": llama, "vision_config": {}}
+    assert ModelShape.from_hf_config(write(tmp_path, nested)).layers == 80
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({}, "num_hidden_layers"),
+        ({"num_hidden_layers": "80", "num_attention_heads": 8}, "non-negative integer"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 100}, "multiple"),
+        (
+            {
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "hidden_size": 8,
+                "torch_dtype": "complex64",
+            },
+            "unknown dtype",
+        ),
+        ([1, 2], "object"),
+    ],
+)
+def test_hf_config_refusals(tmp_path: Path, config: object, message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        ModelShape.from_hf_config(write(tmp_path, config))
+
+
+def test_unreadable_configs_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="cannot read"):
+        ModelShape.from_hf_config(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(UnsupportedPDLayoutError, match="not valid JSON"):
+        ModelShape.from_hf_config(broken)
+
+
+UNIT = 4096
+
+
+def item(
+    prefill: int, decode: int, logical: int | None = None, kind: BufferKind = BufferKind.TARGET_K
+) -> ItemLengths:
+    return ItemLengths(0, kind, prefill * UNIT, decode * UNIT, UNIT, 16, logical)
+
+
+def test_item_lengths_equal_global_units_are_sharded() -> None:
+    (p,), (d,) = buffer_layouts_from_item_lengths([item(1, 4)], 8, 2)
+    assert (p.logical_axis, p.logical_size, p.item_stride_bytes) == ("kv_head", 8, UNIT)
+    assert (d.logical_size, d.item_stride_bytes) == (8, 4 * UNIT)
+    (p,), _ = buffer_layouts_from_item_lengths([item(2, 8, kind=BufferKind.MAMBA_STATE)], 8, 2)
+    assert p.logical_axis == "state_channel"
+
+
+def test_item_lengths_equal_items_are_replicated() -> None:
+    (p,), (d,) = buffer_layouts_from_item_lengths([item(3, 3)], 4, 2)
+    assert p.logical_axis == d.logical_axis == "replicated"
+
+
+def test_item_lengths_prefill_tp_above_the_heads_gives_replica_groups() -> None:
+    (p,), (d,) = buffer_layouts_from_item_lengths([item(1, 2)], 4, 1)
+    assert (p.logical_size, p.tp_replica_group_size, d.tp_replica_group_size) == (2, 2, 1)
+    # Both sides above the heads: the logical size says how.
+    (p,), (d,) = buffer_layouts_from_item_lengths([item(1, 1, logical=2)], 8, 4)
+    assert (p.tp_replica_group_size, d.tp_replica_group_size) == (4, 2)
+
+
+@pytest.mark.parametrize(
+    ("entry", "tps", "message"),
+    [
+        (item(1, 3), (4, 2), "neither the same sharded buffer"),
+        (ItemLengths(0, BufferKind.TARGET_K, 6000, 4 * UNIT, UNIT), (8, 2), "whole number"),
+        (item(1, 1, logical=3), (8, 4), "neither the same sharded buffer"),
+        (ItemLengths(0, BufferKind.TARGET_K, UNIT, UNIT, 0), (8, 2), "positive"),
+    ],
+)
+def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        buffer_layouts_from_item_lengths([entry], *tps)
