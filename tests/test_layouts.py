@@ -190,3 +190,23 @@ def test_item_lengths_prefill_tp_above_the_heads_gives_replica_groups() -> None:
 def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message: str) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         buffer_layouts_from_item_lengths([entry], *tps)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: ModelShape.preset(123), "preset must be a string"),  # type: ignore[arg-type]
+        (lambda: ModelShape.preset("llama-3-8b", page_size=0), "page_size must be positive"),
+        (lambda: ModelShape.preset("llama-3-8b", page_size=-1), "page_size"),
+        (
+            lambda: model_buffer_layouts(ModelShape(2, 4, 64, dtype=5), 2, 2),  # type: ignore[arg-type]
+            "dtype must be a string",
+        ),
+        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 0, 2), "positive"),
+        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), True, 2), "prefill_tp"),
+        (lambda: model_buffer_layouts("llama", 2, 2), "field, got str"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_arguments_are_layout_errors(call: object, message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        call()  # type: ignore[operator]

@@ -222,19 +222,34 @@ fn buffers_from_item_lengths(
 
 /// The shape fields of a Hugging Face `config.json` text, or of a preset.
 #[pyfunction]
-#[pyo3(signature = (config_text=None, preset=None, page_size=16))]
+#[pyo3(signature = (config_text=None, preset=None, page_size=None))]
 fn model_shape_fields(
-    config_text: Option<&str>,
-    preset: Option<&str>,
-    page_size: u64,
+    config_text: Option<&Bound<'_, PyAny>>,
+    preset: Option<&Bound<'_, PyAny>>,
+    page_size: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<(&'static str, u64)>> {
-    let shape = match (config_text, preset) {
-        (Some(text), None) => model::shape_from_hf_config(text, page_size),
-        (None, Some(name)) => model::preset(name, page_size),
-        _ => Err(PlanError::new("give exactly one of config_text and preset")),
-    }
-    .map_err(to_py_err)?;
-    Ok(shape_fields(&shape))
+    let text = |value: &Bound<'_, PyAny>, name: &str| -> Converted<String> {
+        value
+            .extract::<String>()
+            .map_err(|_| PlanError::new(format!("{name} must be a string, got {}", repr(value))))
+    };
+    let shape = || -> Converted<model::ModelShape> {
+        let page_size = match page_size {
+            Some(value) => to_u64(value, "page_size")?,
+            None => 16,
+        };
+        if page_size == 0 {
+            return Err(PlanError::new("page_size must be positive"));
+        }
+        match (config_text, preset) {
+            (Some(config), None) => {
+                model::shape_from_hf_config(&text(config, "config_text")?, page_size)
+            }
+            (None, Some(name)) => model::preset(&text(name, "preset")?, page_size),
+            _ => Err(PlanError::new("give exactly one of config_text and preset")),
+        }
+    };
+    Ok(shape_fields(&shape().map_err(to_py_err)?))
 }
 
 fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
@@ -260,8 +275,14 @@ fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
 
 /// Bytes of one element of a dtype name.
 #[pyfunction]
-fn dtype_bytes(name: &str) -> PyResult<u64> {
-    model::dtype_bytes(name).map_err(to_py_err)
+fn dtype_bytes(name: &Bound<'_, PyAny>) -> PyResult<u64> {
+    let name = name.extract::<String>().map_err(|_| {
+        to_py_err(PlanError::new(format!(
+            "dtype must be a string, got {}",
+            repr(name)
+        )))
+    })?;
+    model::dtype_bytes(&name).map_err(to_py_err)
 }
 
 /// The compiled planner behind `pdplan.PDTransferPlanner`.
