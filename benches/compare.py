@@ -37,15 +37,6 @@ def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return best, result
 
 
-def build(s: Scenario) -> pdplan.PDTransferPlanner:
-    return pdplan.PDTransferPlanner(
-        prefill_layout=s.prefill,
-        decode_layout=s.decode,
-        prefill_buffers=s.prefill_buffers,
-        decode_buffers=s.decode_buffers,
-    )
-
-
 def same_plan(ours: pdplan.RankTransferPlan, theirs: pure_python.Plan) -> bool:
     def fields(p: Any) -> tuple[Any, ...]:
         return (
@@ -70,7 +61,7 @@ def large_world_table(repeat: int) -> list[dict[str, Any]]:
 
     t_walk, walk = best_of(lambda: pure_python.WalkingPlanner(*s.args), max(1, repeat // 2))
     t_arith, arith = best_of(lambda: pure_python.ArithmeticPlanner(*s.args), repeat)
-    t_ours, ours = best_of(lambda: build(s), repeat * 4)
+    t_ours, ours = best_of(lambda: s.planner(), repeat * 4)
     assert ours.source_fanout == walk.fanout == arith.fanout
     rows.append(row("construction (validation + source_fanout)", t_walk, t_arith, t_ours, 500))
 
@@ -245,7 +236,7 @@ def scaling(repeat: int) -> list[dict[str, Any]]:
             [planner.plan_for_decode_rank(r) for r in ranks]
 
         def ours(s: Scenario = s, ranks: range = ranks) -> None:
-            planner = build(s)
+            planner = s.planner()
             [planner.plan_for_decode_rank(r) for r in ranks]
 
         t_walk, _ = best_of(walk, 1 if world >= 1024 else repeat)

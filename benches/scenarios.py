@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdplan import BufferKind, BufferLayout, ParallelLayout
+from pdplan import BufferKind, BufferLayout, ParallelLayout, PDTransferPlanner
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,14 @@ class Scenario:
     @property
     def args(self) -> tuple[object, ...]:
         return (self.prefill, self.decode, self.prefill_buffers, self.decode_buffers)
+
+    def planner(self) -> PDTransferPlanner:
+        return PDTransferPlanner(
+            prefill_layout=self.prefill,
+            decode_layout=self.decode,
+            prefill_buffers=self.prefill_buffers,
+            decode_buffers=self.decode_buffers,
+        )
 
 
 def kv_buffers(

@@ -13,24 +13,15 @@ import pytest
 import pdplan
 
 import pure_python
-from scenarios import Scenario, large_world
+from scenarios import large_world
 
 WORLD = large_world()
 RANKS = range(WORLD.decode.world_size)
 
 
-def build(s: Scenario) -> pdplan.PDTransferPlanner:
-    return pdplan.PDTransferPlanner(
-        prefill_layout=s.prefill,
-        decode_layout=s.decode,
-        prefill_buffers=s.prefill_buffers,
-        decode_buffers=s.decode_buffers,
-    )
-
-
 @pytest.fixture(scope="module")
 def planners() -> tuple[pdplan.PDTransferPlanner, pure_python.ArithmeticPlanner]:
-    return build(WORLD), pure_python.ArithmeticPlanner(*WORLD.args)
+    return WORLD.planner(), pure_python.ArithmeticPlanner(*WORLD.args)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +36,7 @@ def fragment_lists(planners: Any) -> list[tuple[pdplan.TransferFragment, ...]]:
 
 @pytest.mark.benchmark(group="construct 4096->1024 ranks")
 def test_construct_pdplan(benchmark: Any) -> None:
-    planner = benchmark(build, WORLD)
+    planner = benchmark(WORLD.planner)
     assert len(planner.source_fanout) == 4096
 
 
