@@ -386,16 +386,30 @@ impl Planner {
             });
         }
 
-        // (prefill TP rank, fragment), buffer order then prefill rank order; a stable sort
-        // by rank then groups them while keeping buffer order inside each rank.
-        let mut tagged: Vec<(u64, Fragment)> = Vec::new();
+        // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
+        // fragments stay in buffer order.
+        let mut sources: Vec<SourcePlan> = Vec::new();
         self.for_each_span(decode_tp_rank, |prefill_tp_rank, pair, span| {
-            tagged.push((
-                prefill_tp_rank,
-                Fragment {
+            let prefill_rank = group_base + prefill_tp_rank;
+            let at = match sources.binary_search_by_key(&prefill_rank, |s| s.prefill_rank) {
+                Ok(at) => at,
+                Err(at) => {
+                    sources.insert(
+                        at,
+                        SourcePlan {
+                            prefill_rank,
+                            fragments: Vec::with_capacity(self.buffers.len()),
+                            fanout: self.request_fanout(prefill_rank),
+                        },
+                    );
+                    at
+                }
+            };
+            if let Some(source) = sources.get_mut(at) {
+                source.fragments.push(Fragment {
                     buffer_index: pair.prefill.buffer_index,
                     buffer_kind: pair.prefill.buffer_kind,
-                    src_rank: group_base + prefill_tp_rank,
+                    src_rank: prefill_rank,
                     dst_rank: decode_rank,
                     src_page_stride_bytes: pair.prefill.item_stride_bytes,
                     dst_page_stride_bytes: pair.decode.item_stride_bytes,
@@ -403,23 +417,9 @@ impl Planner {
                     dst_byte_offset: span.dst_offset,
                     bytes_per_page: span.len,
                     page_count: None,
-                },
-            ));
-        });
-        tagged.sort_by_key(|(rank, _)| *rank);
-
-        let mut sources: Vec<SourcePlan> = Vec::new();
-        for (prefill_tp_rank, fragment) in tagged {
-            let prefill_rank = group_base + prefill_tp_rank;
-            match sources.last_mut() {
-                Some(last) if last.prefill_rank == prefill_rank => last.fragments.push(fragment),
-                _ => sources.push(SourcePlan {
-                    prefill_rank,
-                    fragments: vec![fragment],
-                    fanout: self.request_fanout(prefill_rank),
-                }),
+                });
             }
-        }
+        });
         Ok(RankPlan {
             kind: PlanKind::Fragmented,
             target_dp_group,

@@ -95,7 +95,9 @@ pub struct FragmentFactory<'py> {
     cls: Bound<'py, PyType>,
     /// Whether instances are garbage-collector tracked (a plain dataclass's are).
     untrack: bool,
-    last: Option<(Fragment, Vec<Bound<'py, PyAny>>)>,
+    /// The previous fragment and its field values (reused where unchanged).
+    last: Option<Fragment>,
+    values: Vec<Bound<'py, PyAny>>,
 }
 
 impl<'py> FragmentFactory<'py> {
@@ -110,39 +112,38 @@ impl<'py> FragmentFactory<'py> {
             cls,
             untrack: flags & ffi::Py_TPFLAGS_HAVE_GC != 0,
             last: None,
+            values: vec![py.None().into_bound(py); FIELD_NAMES.len()],
         })
     }
 
-    fn values(&self, f: &Fragment) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    /// Brings `self.values` up to `f`, making new Python values only for changed fields.
+    fn update_values(&mut self, f: &Fragment) -> PyResult<()> {
         let py = self.py;
-        let mut values = match &self.last {
-            Some((_, values)) => values.clone(),
-            None => vec![py.None().into_bound(py); FIELD_NAMES.len()],
-        };
-        let previous = self.last.as_ref().map(|(p, _)| p);
-        let before = previous.map(Fragment::integer_fields);
+        let previous = self.last;
+        let before = previous.as_ref().map(Fragment::integer_fields);
         for (index, (&position, (_, value))) in
             INTEGER_POSITIONS.iter().zip(f.integer_fields()).enumerate()
         {
             if before.is_none_or(|b| b.get(index).is_none_or(|(_, old)| *old != value)) {
-                if let Some(slot) = values.get_mut(position) {
+                if let Some(slot) = self.values.get_mut(position) {
                     *slot = value.into_pyobject(py)?.into_any();
                 }
             }
         }
         if previous.is_none_or(|p| p.buffer_kind != f.buffer_kind) {
-            values[1] = self.types.kind_object(py, f.buffer_kind)?;
+            self.values[1] = self.types.kind_object(py, f.buffer_kind)?;
         }
         if previous.is_none_or(|p| p.page_count != f.page_count) {
-            values[9] = f.page_count.into_pyobject(py)?.into_any();
+            self.values[9] = f.page_count.into_pyobject(py)?.into_any();
         }
-        Ok(values)
+        self.last = Some(*f);
+        Ok(())
     }
 
     pub fn make(&mut self, f: &Fragment) -> PyResult<Bound<'py, PyAny>> {
-        let values = self.values(f)?;
+        self.update_values(f)?;
         let names = self.types.field_names.iter().map(|n| n.bind(self.py));
-        let obj = frozen_instance(&self.cls, names.zip(values.iter()))?;
+        let obj = frozen_instance(&self.cls, names.zip(self.values.iter()))?;
         if self.untrack {
             // SAFETY: `obj` is a live instance of a GC type (checked in `new`) and was tracked by
             // `tp_new`. A fragment refers only to ints, None and a `BufferKind` member, none of
@@ -151,7 +152,6 @@ impl<'py> FragmentFactory<'py> {
             // garbage-collector pass.
             unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
         }
-        self.last = Some((*f, values));
         Ok(obj)
     }
 
