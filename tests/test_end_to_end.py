@@ -8,7 +8,6 @@ fails the run instead of skipping."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -103,17 +102,6 @@ def test_a_wrong_plan_is_caught_by_the_byte_comparison() -> None:
     finally:
         pd_transfer.filled_prefill_cache = original
     assert outcome.mismatches
-
-
-@pytest.fixture(scope="module")
-def mooncake_engine() -> None:
-    try:
-        import mooncake.engine  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - depends on the machine
-        message = f"Mooncake transfer engine unavailable: {exc}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI must install it: pip install '.[test]', libibverbs1)")
-        pytest.skip(message)
 
 
 @pytest.mark.mooncake

@@ -1,0 +1,18 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def mooncake_engine() -> None:
+    try:
+        import mooncake.engine  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        message = f"Mooncake transfer engine unavailable: {exc}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message + " (CI must install it: pip install '.[test]', libibverbs1)")
+        pytest.skip(message)
