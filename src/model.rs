@@ -7,7 +7,10 @@
 use serde_json::Value;
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, MAX_VALUE};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, MAX_VALUE, MAX_WORLD_SIZE};
+
+/// Most layers of each kind a model may have: buffers are listed one by one.
+const MAX_LAYERS: u64 = 1 << 16;
 
 /// Bytes of one element of a cache dtype, by the names runtimes and Hugging Face use.
 pub fn dtype_bytes(name: &str) -> PlanResult<u64> {
@@ -113,17 +116,30 @@ fn kv_pair(
     ])
 }
 
-/// The buffers one side (TP size `tp`) holds for `shape`, in the documented order.
-pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout>> {
+/// Sizes that must be positive and counts that must stay bounded, before any buffer is made.
+fn check_shape(shape: &ModelShape, tp: u64) -> PlanResult<()> {
     if tp == 0 || shape.page_size == 0 || shape.dtype_bytes == 0 || shape.head_dim == 0 {
         bail!("TP size, page_size, dtype size and head_dim must be positive");
     }
-    if shape.layers > 1 << 20 {
-        bail!(
-            "layers={} is implausibly large; at most 2^20 layers",
-            shape.layers
-        );
+    if tp > MAX_WORLD_SIZE {
+        bail!("TP {tp} is above the largest world size {MAX_WORLD_SIZE}");
     }
+    let layer_counts = [
+        ("layers", shape.layers),
+        ("mamba_layers", shape.mamba.map_or(0, |m| m.layers)),
+        ("draft_layers", shape.draft.map_or(0, |d| d.layers)),
+    ];
+    for (name, count) in layer_counts {
+        if count > MAX_LAYERS {
+            bail!("{name}={count} is implausibly large; at most {MAX_LAYERS}");
+        }
+    }
+    Ok(())
+}
+
+/// The buffers one side (TP size `tp`) holds for `shape`, in the documented order.
+pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout>> {
+    check_shape(shape, tp)?;
     let mut out = Vec::new();
     let mut next = 0u64;
     for _ in 0..shape.layers {
@@ -177,7 +193,7 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
             &[mamba.channels / tp, mamba.bytes_per_channel],
             "the Mamba state",
         )?;
-        for _ in 0..mamba.layers.min(1 << 20) {
+        for _ in 0..mamba.layers {
             out.push(BufferLayout {
                 buffer_index: next,
                 buffer_kind: BufferKind::MambaState,
@@ -193,7 +209,7 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
     }
     if let Some(draft) = shape.draft {
         let kinds = (BufferKind::DraftK, BufferKind::DraftV);
-        for _ in 0..draft.layers.min(1 << 20) {
+        for _ in 0..draft.layers {
             out.extend(kv_pair(
                 next,
                 kinds,
@@ -243,6 +259,9 @@ pub fn from_item_lengths(
     if item.unit_bytes == 0 || prefill_tp == 0 || decode_tp == 0 {
         bail!("{name}: unit_bytes and TP sizes must be positive");
     }
+    if prefill_tp > MAX_WORLD_SIZE || decode_tp > MAX_WORLD_SIZE {
+        bail!("{name}: TP sizes must be at most {MAX_WORLD_SIZE}");
+    }
     for (side, bytes) in [
         ("prefill", item.prefill_item_bytes),
         ("decode", item.decode_item_bytes),
@@ -281,7 +300,7 @@ pub fn from_item_lengths(
         // `tp / replica` shards of `units` units each must make `logical` units.
         (logical > 0 && global % logical == 0)
             .then(|| global / logical)
-            .filter(|r| *r >= 1 && tp % r == 0 && units * (tp / r) == logical)
+            .filter(|r| *r >= 1 && tp % r == 0 && units.checked_mul(tp / r) == Some(logical))
     };
     let sharded = |logical: u64| {
         Some((

@@ -205,6 +205,15 @@ def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message:
         (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 0, 2), "positive"),
         (lambda: model_buffer_layouts(ModelShape(2, 4, 64), True, 2), "prefill_tp"),
         (lambda: model_buffer_layouts("llama", 2, 2), "field, got str"),  # type: ignore[arg-type]
+        (lambda: model_buffer_layouts(ModelShape(2**40, 4, 64), 2, 2), "implausibly large"),
+        (
+            lambda: model_buffer_layouts(
+                ModelShape(2, 4, 64, mla_kv_lora_rank=2**62, mla_rope_head_dim=2**62), 2, 2
+            ),
+            "overflow",
+        ),
+        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 2**40, 2), "largest world size"),
+        (lambda: buffer_layouts_from_item_lengths([item(1, 1)], 2**62, 2), "at most"),
     ],
 )
 def test_bad_arguments_are_layout_errors(call: object, message: str) -> None:
