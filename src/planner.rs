@@ -12,6 +12,10 @@ use crate::fragment::Fragment;
 use crate::geometry::{route, ByteSpan, PageGeometry, Route, Sharding};
 use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
 
+/// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
+/// past it is refused rather than exhausting memory.
+pub const MAX_PLAN_FRAGMENTS: u64 = 1 << 24;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanKind {
     /// Same TP on both sides and no replica groups: copy whole items rank to rank.
@@ -256,6 +260,24 @@ impl Planner {
         Ok(plan.sources)
     }
 
+    /// How many fragments decode TP rank `decode_tp_rank` receives, without building them.
+    fn fragment_count(&self, decode_tp_rank: u64) -> u64 {
+        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
+        let per_sharding: Vec<u64> = self
+            .shardings
+            .iter()
+            .map(|&s| match route(s, prefill_tp, decode_tp, decode_tp_rank) {
+                Route::Nothing => 0,
+                Route::WholeItem { .. } => 1,
+                Route::Units(overlaps) => overlaps.len() as u64,
+            })
+            .collect();
+        self.buffers
+            .iter()
+            .map(|b| per_sharding.get(b.sharding).copied().unwrap_or(0))
+            .fold(0u64, u64::saturating_add)
+    }
+
     /// Calls `visit(prefill TP rank, buffer, span)` for every byte span decode TP rank
     /// `decode_tp_rank` receives in a fragmented plan: buffer order, then prefill rank order.
     /// The one walk behind per-rank plans and the whole-cluster routing table.
@@ -386,6 +408,13 @@ impl Planner {
             });
         }
 
+        let fragments = self.fragment_count(decode_tp_rank);
+        if fragments > MAX_PLAN_FRAGMENTS {
+            bail!(
+                "decode rank {decode_rank} would receive {fragments} fragments (more than \
+                 {MAX_PLAN_FRAGMENTS}); plan fewer buffers or a smaller prefill TP per call"
+            );
+        }
         // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
@@ -685,6 +714,27 @@ mod tests {
             vec![1, 1, 1, 1]
         );
         crate::verify::verify(&p).unwrap();
+    }
+
+    #[test]
+    fn plans_too_large_to_build_are_refused_before_allocating() {
+        let world = crate::layout::MAX_WORLD_SIZE;
+        let buffer = |tp: u64, index| BufferLayout {
+            buffer_index: index,
+            item_stride_bytes: world / tp * 2,
+            bytes_per_logical_unit: 2,
+            logical_size: world,
+            ..kv(index, BufferKind::TargetK, 1, 8)
+        };
+        let p = Planner::new(
+            ParallelLayout::new(Role::Prefill, world, 1).unwrap(),
+            ParallelLayout::new(Role::Decode, 1, 1).unwrap(),
+            &(0..17).map(|i| buffer(world, i)).collect::<Vec<_>>(),
+            &(0..17).map(|i| buffer(1, i)).collect::<Vec<_>>(),
+        )
+        .unwrap();
+        let err = p.plan_for_decode_rank(0, None).unwrap_err();
+        assert!(err.message().contains("fragments (more than"), "{err}");
     }
 
     #[test]
