@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdplan import BufferKind, BufferLayout, ParallelLayout, PDTransferPlanner
+from pdplan import (
+    BufferLayout,
+    ModelShape,
+    ParallelLayout,
+    PDTransferPlanner,
+    model_buffer_layouts,
+)
 
 
 @dataclass(frozen=True)
@@ -28,27 +34,6 @@ class Scenario:
         )
 
 
-def kv_buffers(
-    tp: int, layers: int, heads: int, head_dim: int, page: int, dtype_bytes: int
-) -> tuple[BufferLayout, ...]:
-    replica = tp // heads if tp > heads else 1
-    unit = page * head_dim * dtype_bytes
-    local = heads // (tp // replica)
-    return tuple(
-        BufferLayout(
-            i,
-            BufferKind.TARGET_K if i % 2 == 0 else BufferKind.TARGET_V,
-            "kv_head",
-            heads,
-            page,
-            unit,
-            local * unit,
-            replica,
-        )
-        for i in range(2 * layers)
-    )
-
-
 def cluster(
     prefill_dp: int,
     prefill_tp: int,
@@ -59,15 +44,17 @@ def cluster(
     heads: int = 8,
     head_dim: int = 128,
     page: int = 16,
-    dtype_bytes: int = 2,
+    dtype: str = "bfloat16",
 ) -> Scenario:
-    shape = (layers, heads, head_dim, page, dtype_bytes)
+    """K and V of every layer, built by pdplan's own model-layout builder."""
+    shape = ModelShape(layers, heads, head_dim, dtype=dtype, page_size=page)
+    prefill_buffers, decode_buffers = model_buffer_layouts(shape, prefill_tp, decode_tp)
     return Scenario(
         name=f"prefill {prefill_dp}x{prefill_tp} -> decode {decode_dp}x{decode_tp}",
         prefill=ParallelLayout("prefill", prefill_dp * prefill_tp, prefill_dp),
         decode=ParallelLayout("decode", decode_dp * decode_tp, decode_dp),
-        prefill_buffers=kv_buffers(prefill_tp, *shape),
-        decode_buffers=kv_buffers(decode_tp, *shape),
+        prefill_buffers=prefill_buffers,
+        decode_buffers=decode_buffers,
     )
 
 
@@ -99,7 +86,7 @@ def llama70b_request(tokens: int = 32768, page: int = 16) -> Request:
 
     from pdplan import PDTransferPlanner
 
-    s = cluster(1, 8, 1, 2, layers=80, heads=8, head_dim=128, page=page, dtype_bytes=2)
+    s = cluster(1, 8, 1, 2, layers=80, heads=8, head_dim=128, page=page)
     planner = PDTransferPlanner(
         prefill_layout=s.prefill,
         decode_layout=s.decode,
