@@ -11,6 +11,7 @@ from pdplan._core import (
     UnsupportedPDLayoutError,
     __version__,
     decode_transfer_fragments,
+    encode_transfer_fragments,
 )
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._layouts import (
@@ -28,7 +29,6 @@ from pdplan._model import (
     TransferFragment,
 )
 from pdplan._planner import PDTransferPlanner, RoutingTable
-from pdplan._wire import encode_transfer_fragments
 
 __all__ = [
     "MODEL_PRESETS",

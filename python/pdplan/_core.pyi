@@ -8,7 +8,6 @@ import numpy.typing as npt
 
 from pdplan._layouts import ItemLengths, ModelShape
 from pdplan._model import (
-    BufferKind,
     BufferLayout,
     ParallelLayout,
     RankTransferPlan,
@@ -29,7 +28,7 @@ __all__ = [
     "check_transfer_fragment",
     "decode_transfer_fragments",
     "dtype_bytes",
-    "encode_fragment_rows",
+    "encode_transfer_fragments",
     "model_buffers",
     "model_shape_fields",
     "transfer_descriptors",
@@ -47,9 +46,7 @@ class UnsupportedPDLayoutError(ValueError):
 def check_parallel_layout(layout: ParallelLayout) -> None: ...
 def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
-def encode_fragment_rows(
-    rows: Iterable[tuple[int, BufferKind | str, int, int, int, int, int, int, int, int | None]],
-) -> tuple[bytes, bytes]: ...
+def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
 def decode_transfer_fragments(
     version_frame: bytes | None, payload_frame: bytes | None
 ) -> tuple[TransferFragment, ...]: ...

@@ -2,11 +2,11 @@
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyString};
 
 use super::objects::ModelTypes;
 use crate::error::{bail, PlanError};
-use crate::fragment::{Fragment, FIELD_NAMES};
+use crate::fragment::Fragment;
 use crate::layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role, MAX_VALUE};
 use crate::model::{DraftShape, ItemLengths, MambaShape, MlaShape, ModelShape};
 
@@ -200,56 +200,6 @@ pub fn item_lengths(obj: &Bound<'_, PyAny>) -> Converted<ItemLengths> {
             Some(to_u64(&logical, "logical_size")?)
         },
     })
-}
-
-/// A fragment from a tuple of its ten fields in field order.
-pub fn fragment_from_row(row: &Bound<'_, PyAny>, types: &ModelTypes) -> Converted<Fragment> {
-    let row = row
-        .cast::<PyTuple>()
-        .ok()
-        .filter(|t| t.len() == FIELD_NAMES.len())
-        .ok_or_else(|| {
-            PlanError::new(format!("expected a fragment row, got {}", type_name(row)))
-        })?;
-    let item = |i: usize| row.get_borrowed_item(i).map(pyo3::Borrowed::to_owned);
-    let mut values = [0u64; 10];
-    for (i, slot) in values.iter_mut().enumerate() {
-        if i == 1 || i == 9 {
-            continue;
-        }
-        let value = item(i).map_err(|e| PlanError::new(e.to_string()))?;
-        let name = FIELD_NAMES.get(i).copied().unwrap_or("field");
-        *slot = to_u64(&value, name)?;
-    }
-    let kind_value = item(1).map_err(|e| PlanError::new(e.to_string()))?;
-    let buffer_kind = match types.kind_of(&kind_value) {
-        Some(kind) => kind,
-        None => BufferKind::parse(&kind_value.extract::<String>().map_err(|_| {
-            PlanError::new(format!(
-                "buffer_kind must be a string, got {}",
-                repr(&kind_value)
-            ))
-        })?)?,
-    };
-    let page_count = item(9).map_err(|e| PlanError::new(e.to_string()))?;
-    let fragment = Fragment {
-        buffer_index: values[0],
-        buffer_kind,
-        src_rank: values[2],
-        dst_rank: values[3],
-        src_page_stride_bytes: values[4],
-        dst_page_stride_bytes: values[5],
-        src_byte_offset: values[6],
-        dst_byte_offset: values[7],
-        bytes_per_page: values[8],
-        page_count: if page_count.is_none() {
-            None
-        } else {
-            Some(to_u64(&page_count, "page_count")?)
-        },
-    };
-    fragment.validate()?;
-    Ok(fragment)
 }
 
 /// Converts every item of a Python iterable, naming the position of the first bad one.

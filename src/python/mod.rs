@@ -18,8 +18,8 @@ use crate::planner::Planner;
 use crate::verify;
 use crate::wire;
 use convert::{
-    buffer_layout, each, fragment_from_row, fragment_with, frame, item_lengths, model_shape,
-    parallel_layout, repr, to_u64, u64_column, Converted,
+    buffer_layout, each, fragment_with, frame, item_lengths, model_shape, parallel_layout, repr,
+    to_u64, u64_column, Converted,
 };
 use objects::{model_types, rank_plan_object, FragmentFactory};
 
@@ -61,16 +61,14 @@ fn check_transfer_fragment(fragment_obj: &Bound<'_, PyAny>) -> PyResult<()> {
         .map_err(to_py_err)
 }
 
-/// Wire frames for fragments given as rows of their ten fields in field order (the Python
-/// wrapper reads the attributes, which the interpreter's specialised attribute loads do fastest).
 #[pyfunction]
-fn encode_fragment_rows<'py>(
+fn encode_transfer_fragments<'py>(
     py: Python<'py>,
-    rows: &Bound<'py, PyAny>,
+    fragments: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let types = model_types(py)?;
     let fragments =
-        each(rows, "fragments", |row| fragment_from_row(row, types)).map_err(to_py_err)?;
+        each(fragments, "fragments", |f| fragment_with(f, Some(types))).map_err(to_py_err)?;
     let (version, payload) = py.detach(|| wire::encode(&fragments));
     Ok((PyBytes::new(py, &version), PyBytes::new(py, &payload)))
 }
@@ -450,7 +448,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_parallel_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;
-    m.add_function(wrap_pyfunction!(encode_fragment_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
     m.add_function(wrap_pyfunction!(model_buffers, m)?)?;
