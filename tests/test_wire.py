@@ -221,3 +221,20 @@ def test_fuzzed_frames_give_valid_fragments_or_a_clear_error(frames: tuple[bytes
             assert type(value) is int and 0 <= value < 2**63
     # What decodes re-encodes to an equivalent list.
     assert decode_transfer_fragments(*encode_transfer_fragments(decoded)) == decoded
+
+
+def test_encoding_refuses_what_is_not_a_fragment() -> None:
+    from types import SimpleNamespace
+
+    with pytest.raises(UnsupportedPDLayoutError, match="fragments must be a sequence"):
+        encode_transfer_fragments(5)  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedPDLayoutError, match=r"fragments\[0\]: expected an object"):
+        encode_transfer_fragments([object()])  # type: ignore[list-item]
+    duck = SimpleNamespace(**{**vars(GOOD), "buffer_kind": "target_v"})
+    assert encode_transfer_fragments([duck]) == encode_transfer_fragments([GOOD])  # type: ignore[list-item]
+    negative = SimpleNamespace(**{**vars(GOOD), "src_rank": -1})
+    with pytest.raises(UnsupportedPDLayoutError, match=r"fragments\[0\]: src_rank must be"):
+        encode_transfer_fragments([negative])  # type: ignore[list-item]
+    unknown = SimpleNamespace(**{**vars(GOOD), "buffer_kind": "target_q"})
+    with pytest.raises(UnsupportedPDLayoutError, match="buffer_kind"):
+        encode_transfer_fragments([unknown])  # type: ignore[list-item]
