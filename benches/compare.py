@@ -1,6 +1,6 @@
 """Side by side, in one run: pdplan against the pure-Python way on the scale issue's world.
 
-    pip install '.[bench]' && python benches/compare.py
+    pip install '.[bench]' && python benches/compare.py [--reference path/to/transfer_plan.py]
 
 Prints a markdown table (times are the best of several runs; ratio = pure Python / pdplan),
 the peak memory of a 65,536-rank planner, and writes benches/results/scaling.png: the time to
@@ -157,6 +157,78 @@ def print_table(rows: list[dict[str, Any]]) -> str:
     return text
 
 
+def reference_table(path: Path, repeat: int) -> str:
+    """The same operations against the reference planner itself (not shipped with pdplan)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("reference_transfer_plan", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the reference from {path}")
+    ref = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = ref
+    spec.loader.exec_module(ref)
+    s = large_world()
+    ranks = range(s.decode.world_size)
+
+    def converted(buffers: Any) -> tuple[Any, ...]:
+        return tuple(
+            ref.BufferLayout(
+                b.buffer_index,
+                ref.BufferKind(b.buffer_kind.value),
+                b.logical_axis,
+                b.logical_size,
+                b.page_size,
+                b.bytes_per_logical_unit,
+                b.item_stride_bytes,
+                b.tp_replica_group_size,
+            )
+            for b in buffers
+        )
+
+    def build_reference() -> Any:
+        return ref.PDTransferPlanner(
+            prefill_layout=ref.ParallelLayout("prefill", s.prefill.world_size, s.prefill.dp_size),
+            decode_layout=ref.ParallelLayout("decode", s.decode.world_size, s.decode.dp_size),
+            prefill_buffers=converted(s.prefill_buffers),
+            decode_buffers=converted(s.decode_buffers),
+        )
+
+    rows = []
+    t_ref, theirs = best_of(build_reference, 1)
+    t_ours, ours = best_of(s.planner, repeat * 4)
+    rows.append(("construction", t_ref, t_ours, 500))
+    t_ref, _ = best_of(lambda: [theirs.plan_for_decode_rank(r) for r in ranks], 1)
+    t_ours, plans = best_of(lambda: [ours.plan_for_decode_rank(r) for r in ranks], repeat)
+    rows.append((f"plan_for_decode_rank x {len(ranks)}", t_ref, t_ours, 20))
+    lists = [fs for p in plans for fs in p.fragments_by_prefill_rank.values()]
+    ref_lists = [
+        fs
+        for r in ranks
+        for fs in theirs.plan_for_decode_rank(r).fragments_by_prefill_rank.values()
+    ]
+    plans = None
+    t_ref, ref_frames = best_of(
+        lambda: [ref.encode_transfer_fragments(f) for f in ref_lists], repeat
+    )
+    t_ours, frames = best_of(lambda: [pdplan.encode_transfer_fragments(f) for f in lists], repeat)
+    assert frames == ref_frames, "pdplan's frames differ from the reference's"
+    rows.append(("encode_transfer_fragments", t_ref, t_ours, 5))
+    t_ref, _ = best_of(lambda: [ref.decode_transfer_fragments(v, p) for v, p in frames], repeat)
+    t_ours, _ = best_of(lambda: [pdplan.decode_transfer_fragments(v, p) for v, p in frames], repeat)
+    rows.append(("decode_transfer_fragments", t_ref, t_ours, 5))
+    lines = [
+        "| operation | reference transfer_plan.py | pdplan | ratio | target |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {name} | {fmt_time(a)} | {fmt_time(b)} | {a / b:,.1f}× | ≥ {target}× |"
+        for name, a, b, target in rows
+    ]
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
 def descriptor_table(repeat: int) -> str:
     """One 32k-token request of a 70B model, prefill TP 8 -> decode TP 2, one prefill rank."""
     r = llama70b_request()
@@ -276,6 +348,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        metavar="transfer_plan.py",
+        help="also time the reference planner itself (not shipped)",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     print("## prefill 4096 ranks (256 x TP 16) -> decode 1024 ranks (256 x TP 4), 160 buffers\n")
@@ -290,6 +368,9 @@ def main() -> None:
     )
     print("\n" + summary)
     table += "\n\n" + summary
+    if args.reference:
+        print("\n## the same world against the reference planner itself\n")
+        table += "\n\n" + reference_table(args.reference, args.repeat)
     (RESULTS / "large_world.md").write_text(table + "\n")
     print("\n## per-request descriptors: 70B model, 32k tokens, prefill TP 8 -> decode TP 2\n")
     (RESULTS / "descriptors.md").write_text(descriptor_table(args.repeat) + "\n")
