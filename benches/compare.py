@@ -159,14 +159,10 @@ def print_table(rows: list[dict[str, Any]]) -> str:
 
 def reference_table(path: Path, repeat: int) -> str:
     """The same operations against the reference planner itself (not shipped with pdplan)."""
-    import importlib.util
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+    from make_golden_vectors import load_reference
 
-    spec = importlib.util.spec_from_file_location("reference_transfer_plan", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot load the reference from {path}")
-    ref = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = ref
-    spec.loader.exec_module(ref)
+    ref = load_reference(path)
     s = large_world()
     ranks = range(s.decode.world_size)
 
