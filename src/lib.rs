@@ -9,6 +9,7 @@ pub mod interval;
 pub mod layout;
 pub mod model;
 pub mod planner;
+pub mod ranks;
 pub mod verify;
 pub mod wire;
 

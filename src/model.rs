@@ -12,15 +12,93 @@ use crate::layout::{BufferKind, BufferLayout, LogicalAxis, MAX_VALUE, MAX_WORLD_
 /// Most layers of each kind a model may have: buffers are listed one by one.
 const MAX_LAYERS: u64 = 1 << 16;
 
+/// Cache element types, each with the name a model's config gives it and the names runtimes
+/// use for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    BFloat16,
+    Float16,
+    Float32,
+    Float8E4M3Fn,
+    Float8E5M2,
+    Float8E4M3Fnuz,
+    Float8E5M2Fnuz,
+    Int8,
+    UInt8,
+}
+
+impl Dtype {
+    pub const ALL: [Self; 9] = [
+        Self::BFloat16,
+        Self::Float16,
+        Self::Float32,
+        Self::Float8E4M3Fn,
+        Self::Float8E5M2,
+        Self::Float8E4M3Fnuz,
+        Self::Float8E5M2Fnuz,
+        Self::Int8,
+        Self::UInt8,
+    ];
+
+    /// The name as `PyTorch` and Hugging Face configs spell it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::BFloat16 => "bfloat16",
+            Self::Float16 => "float16",
+            Self::Float32 => "float32",
+            Self::Float8E4M3Fn => "float8_e4m3fn",
+            Self::Float8E5M2 => "float8_e5m2",
+            Self::Float8E4M3Fnuz => "float8_e4m3fnuz",
+            Self::Float8E5M2Fnuz => "float8_e5m2fnuz",
+            Self::Int8 => "int8",
+            Self::UInt8 => "uint8",
+        }
+    }
+
+    const fn aliases(self) -> &'static [&'static str] {
+        match self {
+            Self::BFloat16 => &["bf16"],
+            Self::Float16 => &["fp16", "half"],
+            Self::Float32 => &["fp32", "float"],
+            Self::Float8E4M3Fn => &["fp8", "float8", "fp8_e4m3", "float8_e4m3"],
+            Self::Float8E5M2 => &["fp8_e5m2"],
+            Self::Float8E4M3Fnuz | Self::Float8E5M2Fnuz | Self::Int8 | Self::UInt8 => &[],
+        }
+    }
+
+    pub const fn bytes(self) -> u64 {
+        match self {
+            Self::Float32 => 4,
+            Self::BFloat16 | Self::Float16 => 2,
+            Self::Float8E4M3Fn
+            | Self::Float8E5M2
+            | Self::Float8E4M3Fnuz
+            | Self::Float8E5M2Fnuz
+            | Self::Int8
+            | Self::UInt8 => 1,
+        }
+    }
+
+    /// A dtype by name, case-insensitive, with or without a `torch.` prefix.
+    pub fn parse(name: &str) -> PlanResult<Self> {
+        let lower = name.trim().to_ascii_lowercase();
+        let bare = lower.strip_prefix("torch.").unwrap_or(&lower);
+        Self::ALL
+            .into_iter()
+            .find(|d| d.as_str() == bare || d.aliases().contains(&bare))
+            .ok_or_else(|| {
+                let known: Vec<&str> = Self::ALL.iter().map(|d| d.as_str()).collect();
+                PlanError::new(format!(
+                    "unknown dtype {name:?}: use one of {} (or bf16, fp16, fp32, fp8)",
+                    known.join(", ")
+                ))
+            })
+    }
+}
+
 /// Bytes of one element of a cache dtype, by the names runtimes and Hugging Face use.
 pub fn dtype_bytes(name: &str) -> PlanResult<u64> {
-    Ok(match name.to_ascii_lowercase().as_str() {
-        "bfloat16" | "bf16" | "float16" | "fp16" | "half" => 2,
-        "float32" | "fp32" | "float" => 4,
-        "float8" | "fp8" | "fp8_e4m3" | "fp8_e5m2" | "float8_e4m3fn" | "float8_e5m2" | "int8"
-        | "uint8" => 1,
-        other => bail!("unknown dtype {other:?}: use bfloat16, float16, float32 or fp8 (or int8)"),
-    })
+    Dtype::parse(name).map(Dtype::bytes)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,7 +129,7 @@ pub struct ModelShape {
     pub layers: u64,
     pub kv_heads: u64,
     pub head_dim: u64,
-    pub dtype_bytes: u64,
+    pub dtype: Dtype,
     pub page_size: u64,
     pub mla: Option<MlaShape>,
     pub mamba: Option<MambaShape>,
@@ -99,7 +177,7 @@ fn kv_pair(
     what: &str,
 ) -> PlanResult<[BufferLayout; 2]> {
     let (replica, local) = head_split(heads, tp, what)?;
-    let unit = product(&[shape.page_size, head_dim, shape.dtype_bytes], what)?;
+    let unit = product(&[shape.page_size, head_dim, shape.dtype.bytes()], what)?;
     let buffer = |index, kind| BufferLayout {
         buffer_index: index,
         buffer_kind: kind,
@@ -118,8 +196,8 @@ fn kv_pair(
 
 /// Sizes that must be positive and counts that must stay bounded, before any buffer is made.
 fn check_shape(shape: &ModelShape, tp: u64) -> PlanResult<()> {
-    if tp == 0 || shape.page_size == 0 || shape.dtype_bytes == 0 || shape.head_dim == 0 {
-        bail!("TP size, page_size, dtype size and head_dim must be positive");
+    if tp == 0 || shape.page_size == 0 || shape.head_dim == 0 {
+        bail!("TP size, page_size and head_dim must be positive");
     }
     if tp > MAX_WORLD_SIZE {
         bail!("TP {tp} is above the largest world size {MAX_WORLD_SIZE}");
@@ -148,7 +226,7 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
                 &[
                     shape.page_size,
                     mla.kv_lora_rank + mla.rope_head_dim,
-                    shape.dtype_bytes,
+                    shape.dtype.bytes(),
                 ],
                 "the MLA latent cache",
             )?;
@@ -405,11 +483,25 @@ pub fn shape_from_hf_config(text: &str, page_size: u64) -> PlanResult<ModelShape
         }
         hidden / attention_heads
     };
-    let dtype = ["torch_dtype", "dtype"]
+    // Newer configs say `dtype`, older ones `torch_dtype`; multimodal ones may keep it outside
+    // `text_config`. A config that names none is taken as bfloat16, the common cache type.
+    let named = ["dtype", "torch_dtype"]
         .iter()
-        .find_map(|k| config.get(*k).and_then(Value::as_str))
-        .or_else(|| parsed.get("torch_dtype").and_then(Value::as_str))
-        .unwrap_or("bfloat16");
+        .find_map(|k| config.get(*k).filter(|v| !v.is_null()))
+        .or_else(|| {
+            ["dtype", "torch_dtype"]
+                .iter()
+                .find_map(|k| parsed.get(*k).filter(|v| !v.is_null()))
+        });
+    let dtype = match named {
+        None => Dtype::BFloat16,
+        Some(Value::String(name)) => {
+            Dtype::parse(name).map_err(|e| PlanError::new(format!("config.json: {e}")))?
+        }
+        Some(other) => {
+            bail!("config.json: dtype must be a string such as \"bfloat16\", got {other}")
+        }
+    };
     let mla = match config_u64(config, &["kv_lora_rank"])? {
         Some(rank) if rank > 0 => Some(MlaShape {
             kv_lora_rank: rank,
@@ -421,7 +513,7 @@ pub fn shape_from_hf_config(text: &str, page_size: u64) -> PlanResult<ModelShape
         layers,
         kv_heads,
         head_dim,
-        dtype_bytes: dtype_bytes(dtype)?,
+        dtype,
         page_size,
         mla,
         mamba: None,
@@ -444,7 +536,7 @@ pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
         layers: 32,
         kv_heads: 8,
         head_dim: 128,
-        dtype_bytes: 2,
+        dtype: Dtype::BFloat16,
         page_size,
         mla: None,
         mamba: None,
@@ -564,7 +656,7 @@ mod tests {
                 shape.layers,
                 shape.kv_heads,
                 shape.head_dim,
-                shape.dtype_bytes
+                shape.dtype.bytes()
             ),
             (80, 8, 128, 2)
         );

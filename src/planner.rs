@@ -11,6 +11,7 @@ use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
 use crate::geometry::{route, ByteSpan, PageGeometry, Route, Sharding};
 use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
+use crate::ranks::RankSpace;
 
 /// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
 /// past it is refused rather than exhausting memory.
@@ -137,6 +138,14 @@ impl Planner {
         &self.decode
     }
 
+    pub const fn prefill_ranks(&self) -> RankSpace {
+        RankSpace::of(&self.prefill)
+    }
+
+    pub const fn decode_ranks(&self) -> RankSpace {
+        RankSpace::of(&self.decode)
+    }
+
     /// The (prefill, decode) buffer pairs, in order.
     pub fn buffer_pairs(&self) -> impl Iterator<Item = (&BufferLayout, &BufferLayout)> {
         self.buffers
@@ -157,15 +166,19 @@ impl Planner {
     /// Decode ranks one request makes `prefill_rank` wait for: those of the reading decode DP
     /// group whose shards overlap its own. The same whichever decode group a request comes from.
     pub fn request_fanout(&self, prefill_rank: u64) -> u64 {
-        let tp_rank = usize::try_from(prefill_rank % self.prefill.tp_size()).unwrap_or(usize::MAX);
-        self.fanout_per_tp_rank.get(tp_rank).copied().unwrap_or(0)
+        let tp_rank = self.prefill_ranks().coord(prefill_rank).tp_rank;
+        usize::try_from(tp_rank)
+            .ok()
+            .and_then(|slot| self.fanout_per_tp_rank.get(slot))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// A prefill rank's fanout under the default group mapping: its request fanout when some
     /// decode group reads from its DP group by default, else 0 (the reference's values wherever
     /// the reference plans).
     pub fn fanout(&self, prefill_rank: u64) -> u64 {
-        let group = prefill_rank / self.prefill.tp_size();
+        let group = self.prefill_ranks().coord(prefill_rank).dp_group;
         let is_default_source = group < self.decode.dp_size;
         if is_default_source {
             self.request_fanout(prefill_rank)
@@ -232,36 +245,15 @@ impl Planner {
         decode_rank: u64,
         prefill_group: Option<u64>,
     ) -> PlanResult<Vec<SourcePlan>> {
-        let mut plan = self.plan_for_decode_rank(decode_rank, prefill_group)?;
-        if plan.kind == PlanKind::Identity {
-            for source in &mut plan.sources {
-                source.fragments = self
-                    .buffers
-                    .iter()
-                    .map(|pair| Fragment {
-                        buffer_index: pair.prefill.buffer_index,
-                        buffer_kind: pair.prefill.buffer_kind,
-                        src_rank: source.prefill_rank,
-                        dst_rank: decode_rank,
-                        src_page_stride_bytes: pair.prefill.item_stride_bytes,
-                        dst_page_stride_bytes: pair.decode.item_stride_bytes,
-                        src_byte_offset: 0,
-                        dst_byte_offset: 0,
-                        // Same TP and shards on both sides; the smaller item is what both hold.
-                        bytes_per_page: pair
-                            .prefill
-                            .item_stride_bytes
-                            .min(pair.decode.item_stride_bytes),
-                        page_count: None,
-                    })
-                    .collect();
-            }
-        }
-        Ok(plan.sources)
+        let target_dp_group = self.source_group(decode_rank, prefill_group)?;
+        self.collect_sources(decode_rank, target_dp_group)
     }
 
     /// How many fragments decode TP rank `decode_tp_rank` receives, without building them.
     fn fragment_count(&self, decode_tp_rank: u64) -> u64 {
+        if self.identity {
+            return self.buffers.len() as u64;
+        }
         let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
         let per_sharding: Vec<u64> = self
             .shardings
@@ -279,13 +271,29 @@ impl Planner {
     }
 
     /// Calls `visit(prefill TP rank, buffer, span)` for every byte span decode TP rank
-    /// `decode_tp_rank` receives in a fragmented plan: buffer order, then prefill rank order.
-    /// The one walk behind per-rank plans and the whole-cluster routing table.
+    /// `decode_tp_rank` receives, buffer order, then prefill rank order. Identity plans visit
+    /// one whole-item span a buffer. The one walk behind per-rank fragments and the
+    /// whole-cluster routing table, so the two cannot disagree.
     fn for_each_span(
         &self,
         decode_tp_rank: u64,
         mut visit: impl FnMut(u64, &BufferPair, ByteSpan),
     ) {
+        if self.identity {
+            for pair in &self.buffers {
+                // Same TP and shards on both sides; the smaller item is what both hold.
+                let span = ByteSpan {
+                    src_offset: 0,
+                    dst_offset: 0,
+                    len: pair
+                        .prefill
+                        .item_stride_bytes
+                        .min(pair.decode.item_stride_bytes),
+                };
+                visit(decode_tp_rank, pair, span);
+            }
+            return;
+        }
         let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
         let routes: Vec<Route> = self
             .shardings
@@ -317,27 +325,14 @@ impl Planner {
     }
 
     /// Every (decode rank, prefill rank) pair that moves data under the default DP-group
-    /// mapping, with its fragment count and bytes per page, decode rank then prefill rank
-    /// ascending. Identity pairs count one whole
-    /// item per buffer. Work grows with decode TP x buffers, plus the rows themselves.
+    /// mapping, with its fragment count and bytes per page as `transfer_fragments` gives them
+    /// (identity pairs: one whole item per buffer), decode rank then prefill rank ascending.
+    /// Work grows with decode TP x buffers, plus the rows themselves.
     pub fn routing_table(&self) -> RoutingTable {
-        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
+        let (prefill_ranks, decode_ranks) = (self.prefill_ranks(), self.decode_ranks());
         // Per decode TP rank: (prefill TP rank, fragments, bytes per page), rank ascending.
-        let per_tp_rank: Vec<Vec<(u64, u64, u64)>> = (0..decode_tp)
+        let per_tp_rank: Vec<Vec<(u64, u64, u64)>> = (0..decode_ranks.tp_size())
             .map(|decode_tp_rank| {
-                if self.identity {
-                    let bytes = self
-                        .buffers
-                        .iter()
-                        .map(|b| b.decode.item_stride_bytes)
-                        .sum();
-                    let count = self.buffers.len() as u64;
-                    return if count == 0 {
-                        Vec::new()
-                    } else {
-                        vec![(decode_tp_rank, count, bytes)]
-                    };
-                }
                 let mut totals: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
                 self.for_each_span(decode_tp_rank, |prefill_tp_rank, _, span| {
                     let entry = totals.entry(prefill_tp_rank).or_default();
@@ -351,13 +346,16 @@ impl Planner {
             })
             .collect();
         let mut table = RoutingTable::default();
-        for group in 0..self.decode.dp_size {
-            for (decode_tp_rank, sources) in (0..decode_tp).zip(&per_tp_rank) {
+        for group in 0..decode_ranks.dp_size() {
+            let source_group = self.default_prefill_group(group);
+            for (decode_tp_rank, sources) in (0..).zip(&per_tp_rank) {
                 for &(prefill_tp_rank, count, bytes) in sources {
-                    table.decode_rank.push(group * decode_tp + decode_tp_rank);
+                    table
+                        .decode_rank
+                        .push(decode_ranks.rank_in_group(group, decode_tp_rank));
                     table
                         .prefill_rank
-                        .push(group * prefill_tp + prefill_tp_rank);
+                        .push(prefill_ranks.rank_in_group(source_group, prefill_tp_rank));
                     table.fragment_count.push(count);
                     table.bytes_per_page.push(bytes);
                 }
@@ -371,7 +369,7 @@ impl Planner {
     fn source_group(&self, decode_rank: u64, prefill_group: Option<u64>) -> PlanResult<u64> {
         self.check_decode_rank(decode_rank)?;
         match prefill_group {
-            None => Ok(self.default_prefill_group(decode_rank / self.decode.tp_size())),
+            None => Ok(self.default_prefill_group(self.decode_ranks().coord(decode_rank).dp_group)),
             Some(group) if group < self.prefill.dp_size => Ok(group),
             Some(group) => bail!(
                 "prefill_dp_group={group} is out of range: the prefill side has {} DP groups \
@@ -382,32 +380,15 @@ impl Planner {
         }
     }
 
-    /// The plan for one decode rank: its prefill sources, fragments and their fanouts. It reads
-    /// from `prefill_group` (a router's choice) or, when `None`, the default group.
-    pub fn plan_for_decode_rank(
+    /// Every source of `decode_rank` reading prefill DP group `target_dp_group`, with its
+    /// fragments (identity plans: whole items), prefill rank ascending.
+    fn collect_sources(
         &self,
         decode_rank: u64,
-        prefill_group: Option<u64>,
-    ) -> PlanResult<RankPlan> {
-        let target_dp_group = self.source_group(decode_rank, prefill_group)?;
-        let decode_tp = self.decode.tp_size();
-        let prefill_tp = self.prefill.tp_size();
-        let decode_tp_rank = decode_rank % decode_tp;
-        let group_base = target_dp_group * prefill_tp;
-
-        if self.identity {
-            let prefill_rank = group_base + decode_tp_rank;
-            return Ok(RankPlan {
-                kind: PlanKind::Identity,
-                target_dp_group,
-                sources: vec![SourcePlan {
-                    prefill_rank,
-                    fragments: Vec::new(),
-                    fanout: self.request_fanout(prefill_rank),
-                }],
-            });
-        }
-
+        target_dp_group: u64,
+    ) -> PlanResult<Vec<SourcePlan>> {
+        let decode_tp_rank = self.decode_ranks().coord(decode_rank).tp_rank;
+        let prefill_ranks = self.prefill_ranks();
         let fragments = self.fragment_count(decode_tp_rank);
         if fragments > MAX_PLAN_FRAGMENTS {
             bail!(
@@ -419,7 +400,7 @@ impl Planner {
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
         self.for_each_span(decode_tp_rank, |prefill_tp_rank, pair, span| {
-            let prefill_rank = group_base + prefill_tp_rank;
+            let prefill_rank = prefill_ranks.rank_in_group(target_dp_group, prefill_tp_rank);
             let at = match sources.binary_search_by_key(&prefill_rank, |s| s.prefill_rank) {
                 Ok(at) => at,
                 Err(at) => {
@@ -449,10 +430,35 @@ impl Planner {
                 });
             }
         });
+        Ok(sources)
+    }
+
+    /// The plan for one decode rank: its prefill sources, fragments and their fanouts. It reads
+    /// from `prefill_group` (a router's choice) or, when `None`, the default group.
+    pub fn plan_for_decode_rank(
+        &self,
+        decode_rank: u64,
+        prefill_group: Option<u64>,
+    ) -> PlanResult<RankPlan> {
+        let target_dp_group = self.source_group(decode_rank, prefill_group)?;
+        if self.identity {
+            // The reference's identity plans name their one source and carry no fragments.
+            let tp_rank = self.decode_ranks().coord(decode_rank).tp_rank;
+            let prefill_rank = self.prefill_ranks().rank_in_group(target_dp_group, tp_rank);
+            return Ok(RankPlan {
+                kind: PlanKind::Identity,
+                target_dp_group,
+                sources: vec![SourcePlan {
+                    prefill_rank,
+                    fragments: Vec::new(),
+                    fanout: self.request_fanout(prefill_rank),
+                }],
+            });
+        }
         Ok(RankPlan {
             kind: PlanKind::Fragmented,
             target_dp_group,
-            sources,
+            sources: self.collect_sources(decode_rank, target_dp_group)?,
         })
     }
 }

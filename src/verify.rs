@@ -50,10 +50,8 @@ impl Context<'_> {
         prefill_rank: u64,
         f: &Fragment,
     ) -> PlanResult<(usize, Option<Interval>)> {
-        let (prefill_tp, decode_tp) = (
-            self.planner.prefill().tp_size(),
-            self.planner.decode().tp_size(),
-        );
+        let (prefill_ranks, decode_ranks) =
+            (self.planner.prefill_ranks(), self.planner.decode_ranks());
         let where_ = format!(
             "decode rank {decode_rank}, fragment from prefill rank {prefill_rank} for buffer {}",
             f.buffer_index
@@ -99,8 +97,16 @@ impl Context<'_> {
             );
         }
         let unit = d.bytes_per_logical_unit;
-        let wanted = received_units(d, decode_tp, decode_rank % decode_tp);
-        let held = held_units(p, prefill_tp, prefill_rank % prefill_tp);
+        let wanted = received_units(
+            d,
+            decode_ranks.tp_size(),
+            decode_ranks.coord(decode_rank).tp_rank,
+        );
+        let held = held_units(
+            p,
+            prefill_ranks.tp_size(),
+            prefill_ranks.coord(prefill_rank).tp_rank,
+        );
         // The part of the fragment that lands inside the decode rank's shard.
         let shard_bytes = Interval::new(0, wanted.len() * unit);
         let Some(written) = Interval::new(f.dst_byte_offset, f.dst_byte_offset + f.bytes_per_page)
@@ -195,63 +201,62 @@ pub fn verify_plans(
         pairs,
         position_of,
     };
-    let (prefill, decode) = (planner.prefill(), planner.decode());
-    let prefill_tp = prefill.tp_size();
+    let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     // Decode ranks of the current decode DP group reading each prefill TP rank of its source.
-    let mut readers = vec![0u64; usize::try_from(prefill_tp).unwrap_or(0)];
+    let mut readers = vec![0u64; usize::try_from(prefill_ranks.tp_size()).unwrap_or(0)];
     let mut written: Vec<Vec<Interval>> = vec![Vec::new(); context.pairs.len()];
-    for decode_rank in 0..decode.world_size {
-        let group = decode_rank / decode.tp_size();
+    for group in 0..decode_ranks.dp_size() {
         let source_group = planner.default_prefill_group(group);
-        written.iter_mut().for_each(Vec::clear);
-        for source in plans_for(decode_rank)? {
-            let prefill_rank = source.prefill_rank;
-            if prefill_rank / prefill_tp != source_group {
-                bail!(
-                    "decode rank {decode_rank} (DP group {group}) reads from prefill rank \
-                     {prefill_rank}, outside prefill DP group {source_group} it maps to"
-                );
-            }
-            // A source that sends nothing (an identity plan without buffers) serves nobody.
-            if let Some(count) = usize::try_from(prefill_rank % prefill_tp)
-                .ok()
-                .and_then(|r| readers.get_mut(r))
-                .filter(|_| !source.fragments.is_empty())
-            {
-                *count += 1;
-            }
-            for f in &source.fragments {
-                let (position, bytes) = context.check_fragment(decode_rank, prefill_rank, f)?;
-                if let (Some(bytes), Some(list)) = (bytes, written.get_mut(position)) {
-                    list.push(bytes);
-                }
-            }
-        }
-        for (position, list) in written.iter_mut().enumerate() {
-            if let Some(&(_, d)) = context.pairs.get(position) {
-                let wanted = received_units(d, decode.tp_size(), decode_rank % decode.tp_size());
-                check_coverage(
-                    decode_rank,
-                    d,
-                    wanted.len() * d.bytes_per_logical_unit,
-                    list,
-                )?;
-            }
-        }
-        let last_of_group = (decode_rank + 1) % decode.tp_size() == 0;
-        if last_of_group {
-            // One request of this decode group: each source rank waits for its fanout.
-            for (tp_rank, count) in (0u64..).zip(readers.iter_mut()) {
-                let rank = source_group * prefill_tp + tp_rank;
-                let fanout = planner.request_fanout(rank);
-                if *count != fanout {
+        for decode_rank in decode_ranks.group_ranks(group) {
+            let decode_tp_rank = decode_ranks.coord(decode_rank).tp_rank;
+            written.iter_mut().for_each(Vec::clear);
+            for source in plans_for(decode_rank)? {
+                let prefill_rank = source.prefill_rank;
+                let at = prefill_ranks.coord(prefill_rank);
+                if !prefill_ranks.contains(prefill_rank) || at.dp_group != source_group {
                     bail!(
-                        "prefill rank {rank} reports a fanout of {fanout} but {count} decode \
-                         ranks of decode DP group {group} read from it"
+                        "decode rank {decode_rank} (DP group {group}) reads from prefill rank \
+                         {prefill_rank}, outside prefill DP group {source_group} it maps to"
                     );
                 }
-                *count = 0;
+                // A source that sends nothing serves nobody.
+                if let Some(count) = usize::try_from(at.tp_rank)
+                    .ok()
+                    .and_then(|r| readers.get_mut(r))
+                    .filter(|_| !source.fragments.is_empty())
+                {
+                    *count += 1;
+                }
+                for f in &source.fragments {
+                    let (position, bytes) = context.check_fragment(decode_rank, prefill_rank, f)?;
+                    if let (Some(bytes), Some(list)) = (bytes, written.get_mut(position)) {
+                        list.push(bytes);
+                    }
+                }
             }
+            for (position, list) in written.iter_mut().enumerate() {
+                if let Some(&(_, d)) = context.pairs.get(position) {
+                    let wanted = received_units(d, decode_ranks.tp_size(), decode_tp_rank);
+                    check_coverage(
+                        decode_rank,
+                        d,
+                        wanted.len() * d.bytes_per_logical_unit,
+                        list,
+                    )?;
+                }
+            }
+        }
+        // One request of this decode group: each source rank waits for its fanout.
+        for (tp_rank, count) in (0u64..).zip(readers.iter_mut()) {
+            let rank = prefill_ranks.rank_in_group(source_group, tp_rank);
+            let fanout = planner.request_fanout(rank);
+            if *count != fanout {
+                bail!(
+                    "prefill rank {rank} reports a fanout of {fanout} but {count} decode \
+                     ranks of decode DP group {group} read from it"
+                );
+            }
+            *count = 0;
         }
     }
     Ok(())

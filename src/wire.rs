@@ -14,6 +14,29 @@ use crate::layout::{BufferKind, MAX_VALUE};
 pub const PROTOCOL_VERSION: u32 = 1;
 pub const VERSION_FRAME: &[u8] = b"1";
 
+/// How much a peer's frames may hold before anything is parsed: a frame is refused on its
+/// length alone, and a payload stops parsing at the first fragment past the count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameLimits {
+    pub max_payload_bytes: u64,
+    pub max_fragments: u64,
+}
+
+impl FrameLimits {
+    /// 16 MiB and 65,536 fragments: a plan of 160 buffers from 400 sources, far above one
+    /// (prefill rank, decode rank) pair's.
+    pub const DEFAULT: Self = Self {
+        max_payload_bytes: 16 << 20,
+        max_fragments: 1 << 16,
+    };
+}
+
+impl Default for FrameLimits {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
 /// Encodes fragments into (version frame, payload frame).
 pub fn encode(fragments: &[Fragment]) -> (Vec<u8>, Vec<u8>) {
     // Every fragment serialises to roughly 250 bytes.
@@ -58,10 +81,33 @@ fn write_fragment(out: &mut String, f: &Fragment) {
     out.push('}');
 }
 
-/// Decodes a frame pair. Both empty (or absent) means no fragments.
+/// Decodes a frame pair under the default limits. Both empty (or absent) means no fragments.
 pub fn decode(
     version_frame: Option<&[u8]>,
     payload_frame: Option<&[u8]>,
+) -> PlanResult<Vec<Fragment>> {
+    decode_with(version_frame, payload_frame, FrameLimits::DEFAULT)
+}
+
+/// Refuses a payload longer than the limit, on its length alone.
+pub fn check_payload_len(payload_len: usize, limits: FrameLimits) -> PlanResult<()> {
+    let len = payload_len as u64;
+    if len > limits.max_payload_bytes {
+        bail!(
+            "transfer plan payload of {len} bytes is over the limit of {} bytes; a peer sent \
+             more than one plan can hold, or raise max_payload_bytes if the plan really is \
+             this large",
+            limits.max_payload_bytes
+        );
+    }
+    Ok(())
+}
+
+/// Decodes a frame pair, refusing frames past `limits` before materialising their fragments.
+pub fn decode_with(
+    version_frame: Option<&[u8]>,
+    payload_frame: Option<&[u8]>,
+    limits: FrameLimits,
 ) -> PlanResult<Vec<Fragment>> {
     let version = version_frame.filter(|f| !f.is_empty());
     let payload = payload_frame.filter(|f| !f.is_empty());
@@ -78,11 +124,45 @@ pub fn decode(
              version {PROTOCOL_VERSION} only; upgrade the peer or pdplan so both match"
         );
     }
+    check_payload_len(payload.len(), limits)?;
     let text = std::str::from_utf8(payload)
         .map_err(|e| PlanError::new(format!("transfer plan payload is not valid UTF-8: {e}")))?;
-    let raw: Vec<WireFragment> = serde_json::from_str(text)
+    let mut parser = serde_json::Deserializer::from_str(text);
+    let fragments = parser
+        .deserialize_seq(BoundedFragments {
+            max: limits.max_fragments,
+        })
+        .and_then(|fragments| parser.end().map(|()| fragments))
         .map_err(|e| PlanError::new(format!("invalid transfer plan payload: {e}")))?;
-    Ok(raw.into_iter().map(WireFragment::into_fragment).collect())
+    Ok(fragments)
+}
+
+/// A JSON list of fragments, refused at the first element past `max`.
+struct BoundedFragments {
+    max: u64,
+}
+
+impl<'de> Visitor<'de> for BoundedFragments {
+    type Value = Vec<Fragment>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a list of transfer fragment objects")
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::new();
+        while let Some(raw) = seq.next_element::<WireFragment>()? {
+            if out.len() as u64 >= self.max {
+                return Err(de::Error::custom(format_args!(
+                    "more than {} fragments in one payload; a peer sent more than one plan \
+                     can hold, or raise max_fragments if the plan really is this large",
+                    self.max
+                )));
+            }
+            out.push(raw.into_fragment());
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Deserialize)]
@@ -281,6 +361,21 @@ mod tests {
         assert!(
             payload(&good.replace("\"src_rank\":1", "\"src_rank\":9223372036854775807")).is_ok()
         );
+    }
+
+    #[test]
+    fn frames_past_the_limits_are_refused() {
+        let (_, json) = encode(&[fragment(), fragment(), fragment()]);
+        let tight = |max_payload_bytes, max_fragments| FrameLimits {
+            max_payload_bytes,
+            max_fragments,
+        };
+        assert!(decode_with(Some(b"1"), Some(&json), tight(json.len() as u64, 3)).is_ok());
+        let err =
+            decode_with(Some(b"1"), Some(&json), tight(json.len() as u64 - 1, 3)).unwrap_err();
+        assert!(err.message().contains("over the limit"), "{err}");
+        let err = decode_with(Some(b"1"), Some(&json), tight(1 << 20, 2)).unwrap_err();
+        assert!(err.message().contains("more than 2 fragments"), "{err}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from pdplan import (
@@ -29,7 +30,7 @@ def planner_from_spec(spec: dict[str, Any]) -> PDTransferPlanner:
 
 def fragment_to_dict(fragment: TransferFragment) -> dict[str, Any]:
     assert isinstance(fragment.buffer_kind, BufferKind)
-    return {**fragment.__dict__, "buffer_kind": fragment.buffer_kind.value}
+    return {**asdict(fragment), "buffer_kind": fragment.buffer_kind.value}
 
 
 def plan_to_dict(plan: RankTransferPlan) -> dict[str, Any]:

@@ -1,72 +1,111 @@
-"""A brute-force oracle, independent of the planner's arithmetic.
+"""A brute-force oracle that knows nothing of the planner's arithmetic.
 
-It assigns every logical unit of every buffer to the ranks that hold it by walking the units
-one by one, then checks a set of plans byte by byte: each byte of each decode rank's shard of
-a page is written exactly once, by a fragment whose source holds that same unit at that same
-byte of the unit, inside both items; and each prefill rank's fanout is the number of decode
-ranks that need one of its units.
+It deals each buffer's logical units out to the ranks the way a model shards them (ranks in
+replica groups of consecutive ranks, the units split evenly over the groups), builds every
+rank's page as a real numpy array whose every byte is labelled with the logical byte it holds,
+then runs a plan's fragments as plain array copies and compares what each decode rank ends up
+with against what it should hold. Validity comes from the same dealing: a layout is valid when
+every rank can be dealt a shard that fits its item and every decode byte has a source.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections.abc import Mapping, Sequence
 
-from pdplan import BufferLayout, ParallelLayout, RankTransferPlan
+import numpy as np
+
+from pdplan import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
+
+#: Pages simulated per buffer: two, so a wrong page stride shows.
+PAGES = 2
 
 
-def owner_tp_rank(buffer: BufferLayout, tp_size: int, unit: int) -> int:
-    """The first TP rank of the replica group holding `unit` (the one that sends/receives)."""
+def dealt_units(buffer: BufferLayout, tp_size: int, tp_rank: int) -> np.ndarray | None:
+    """The logical units `tp_rank` holds, in item order, or None when no even dealing exists.
+
+    Ranks form replica groups of `tp_replica_group_size` consecutive ranks; the units are
+    split into one equal contiguous run per group, and every rank of a group holds its run.
+    """
+    if buffer.logical_axis == "replicated":
+        return np.arange(buffer.logical_size)
     replica = buffer.tp_replica_group_size
-    units_per_shard = buffer.logical_size // (tp_size // replica)
-    return (unit // units_per_shard) * replica
-
-
-def units_of(buffer: BufferLayout, tp_size: int, tp_rank: int) -> list[int]:
-    return [u for u in range(buffer.logical_size) if owner_tp_rank(buffer, tp_size, u) == tp_rank]
+    groups, stray = divmod(tp_size, replica)
+    if stray or groups == 0:
+        return None  # some ranks would belong to no whole replica group
+    units = np.arange(buffer.logical_size)
+    if len(units) % groups:
+        return None  # the units cannot be split evenly over the groups
+    return np.split(units, groups)[tp_rank // replica]
 
 
 def layout_is_valid(
     prefill: ParallelLayout,
     decode: ParallelLayout,
-    prefill_buffers: tuple[BufferLayout, ...],
-    decode_buffers: tuple[BufferLayout, ...],
+    prefill_buffers: Sequence[BufferLayout],
+    decode_buffers: Sequence[BufferLayout],
 ) -> bool:
+    """Valid when both sides describe the same buffers, every rank of both sides can be dealt
+    its units and its item holds them, and every decode byte of a replicated buffer exists
+    on the prefill side."""
     if len(prefill_buffers) != len(decode_buffers):
         return False
+    same = ("buffer_index", "buffer_kind", "logical_axis", "logical_size", "bytes_per_logical_unit")
     for p, d in zip(prefill_buffers, decode_buffers):
-        same = (
-            "buffer_index",
-            "buffer_kind",
-            "logical_axis",
-            "logical_size",
-            "bytes_per_logical_unit",
-        )
         if any(getattr(p, name) != getattr(d, name) for name in same):
             return False
         if p.logical_axis == "replicated":
+            # The decode item is copied whole from a prefill item.
             if d.item_stride_bytes > p.item_stride_bytes:
                 return False
             continue
         for layout, b in ((prefill, p), (decode, d)):
             tp = layout.tp_size_per_dp
-            if tp % b.tp_replica_group_size:
-                return False
-            shards = tp // b.tp_replica_group_size
-            if b.logical_size % shards:
-                return False
-            if b.item_stride_bytes // b.bytes_per_logical_unit < b.logical_size // shards:
-                return False
+            for tp_rank in range(tp):
+                units = dealt_units(b, tp, tp_rank)
+                if units is None or len(units) * b.bytes_per_logical_unit > b.item_stride_bytes:
+                    return False
     return True
+
+
+def page_labels(buffer: BufferLayout, units: np.ndarray, item_bytes: int) -> np.ndarray:
+    """One page of a rank's item: each byte labelled with 1 + the logical byte it holds
+    (unit * bytes_per_logical_unit + byte within the unit); 0 marks padding."""
+    unit_bytes = buffer.bytes_per_logical_unit
+    logical = (units[:, None] * unit_bytes + np.arange(unit_bytes)[None, :]).reshape(-1) + 1
+    page = np.zeros(item_bytes, dtype=np.int64)
+    held = min(len(logical), item_bytes)
+    page[:held] = logical[:held]
+    return page
+
+
+def first_holder(buffer: BufferLayout, tp_size: int, unit: int) -> int:
+    """The lowest TP rank holding `unit`: the one that sends it (reference semantics)."""
+    return min(
+        rank
+        for rank in range(tp_size)
+        if unit in set(dealt_units(buffer, tp_size, rank).tolist())  # type: ignore[union-attr]
+    )
+
+
+def receives(buffer: BufferLayout, tp_size: int, tp_rank: int) -> bool:
+    """Whether a decode rank receives this buffer: only the first holder of its units does
+    (reference semantics: the runtime copies inside a replica group)."""
+    if buffer.logical_axis == "replicated":
+        return True
+    units = dealt_units(buffer, tp_size, tp_rank)
+    assert units is not None
+    return first_holder(buffer, tp_size, int(units[0])) == tp_rank
 
 
 def expected_fanout(
     prefill: ParallelLayout,
     decode: ParallelLayout,
-    prefill_buffers: tuple[BufferLayout, ...],
-    decode_buffers: tuple[BufferLayout, ...],
+    prefill_buffers: Sequence[BufferLayout],
+    decode_buffers: Sequence[BufferLayout],
 ) -> dict[int, int]:
     """Decode ranks one request makes each prefill rank wait for, under the default mapping
-    (decode DP group g reads prefill DP group g % prefill dp_size); 0 where nobody reads."""
+    (decode DP group g reads prefill DP group g % prefill dp_size); 0 where nobody reads.
+    A decode rank waits on the sender of every unit it receives."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     fanout = dict.fromkeys(range(prefill.world_size), 0)
     for group in range(decode.dp_size):
@@ -76,10 +115,13 @@ def expected_fanout(
             sources: set[int] = set()
             for p, d in zip(prefill_buffers, decode_buffers):
                 if p.logical_axis == "replicated":
-                    sources.add(tp_rank * ptp // dtp)
+                    sources.add(tp_rank * ptp // dtp)  # the reference's choice of source
                     continue
-                for unit in units_of(d, dtp, tp_rank):
-                    sources.add(owner_tp_rank(p, ptp, unit))
+                if not receives(d, dtp, tp_rank):
+                    continue
+                units = dealt_units(d, dtp, tp_rank)
+                assert units is not None
+                sources.update(first_holder(p, ptp, int(u)) for u in units)
             for source in sources:
                 readers[source] += 1
         for source, count in readers.items():
@@ -87,18 +129,75 @@ def expected_fanout(
     return fanout
 
 
+def simulate(
+    decode_rank: int,
+    fragments_by_source: Mapping[int, Sequence[TransferFragment]],
+    prefill: ParallelLayout,
+    decode: ParallelLayout,
+    prefill_buffers: Sequence[BufferLayout],
+    decode_buffers: Sequence[BufferLayout],
+    source_group: int,
+) -> None:
+    """Runs the fragments as numpy copies between labelled items and checks every byte the
+    decode rank should hold arrived exactly once, and nothing else was written."""
+    ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
+    tp_rank = decode_rank % dtp
+    by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
+    received: dict[int, np.ndarray] = {}
+    writes: dict[int, np.ndarray] = {}
+    for d in decode_buffers:
+        received[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+        writes[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+    for src_rank, fragments in fragments_by_source.items():
+        assert src_rank // ptp == source_group, "a source outside the DP group read from"
+        for f in fragments:
+            assert (f.src_rank, f.dst_rank) == (src_rank, decode_rank)
+            p, d = by_index[f.buffer_index]
+            assert f.buffer_kind == p.buffer_kind
+            units = dealt_units(p, ptp, src_rank % ptp)
+            assert units is not None
+            src_page = page_labels(p, units, p.item_stride_bytes)
+            source = np.tile(src_page, PAGES)
+            assert f.bytes_per_page > 0
+            for page in range(PAGES):
+                s = page * f.src_page_stride_bytes + f.src_byte_offset
+                t = page * f.dst_page_stride_bytes + f.dst_byte_offset
+                assert s + f.bytes_per_page <= len(source), "reads past the prefill buffer"
+                assert t + f.bytes_per_page <= len(received[d.buffer_index]), "writes past"
+                received[d.buffer_index][t : t + f.bytes_per_page] = source[
+                    s : s + f.bytes_per_page
+                ]
+                writes[d.buffer_index][t : t + f.bytes_per_page] += 1
+    for d in decode_buffers:
+        units = dealt_units(d, dtp, tp_rank)
+        assert units is not None
+        if receives(d, dtp, tp_rank):
+            expected = np.tile(page_labels(d, units, d.item_stride_bytes), PAGES)
+        else:
+            expected = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+        got, count = received[d.buffer_index], writes[d.buffer_index]
+        wanted = expected != 0
+        name = f"decode rank {decode_rank}, buffer {d.buffer_index}"
+        assert (count[wanted] == 1).all(), f"{name}: a byte missed or written twice"
+        # A whole-item copy may carry padding onto padding; nothing else may land outside.
+        stray = ~wanted & (count > 0)
+        assert (got[stray] == 0).all() and (count[stray] == 1).all(), f"{name}: stray bytes"
+        assert np.array_equal(got, expected), f"{name}: wrong bytes arrived"
+
+
 def check_plan(
     plan: RankTransferPlan,
+    fragments_by_source: Mapping[int, Sequence[TransferFragment]],
     decode_rank: int,
     prefill: ParallelLayout,
     decode: ParallelLayout,
-    prefill_buffers: tuple[BufferLayout, ...],
-    decode_buffers: tuple[BufferLayout, ...],
-    fanout: dict[int, int],
+    prefill_buffers: Sequence[BufferLayout],
+    decode_buffers: Sequence[BufferLayout],
+    fanout: Mapping[int, int],
 ) -> None:
-    ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
-    decode_group, tp_rank = divmod(decode_rank, dtp)
-    group = decode_group % prefill.dp_size  # the prefill DP group read by default
+    """A decode rank's plan (and its `transfer_fragments`, which carry identity plans' whole
+    items) against the simulation and the brute-force fanout."""
+    group = (decode_rank // decode.tp_size_per_dp) % prefill.dp_size
     assert plan.target_dp_group == group
     assert list(plan.target_prefill_ranks) == sorted(plan.target_prefill_ranks)
     assert plan.required_prefill_response_num == len(plan.target_prefill_ranks)
@@ -106,51 +205,12 @@ def check_plan(
         rank: fanout[rank] for rank in plan.target_prefill_ranks
     }
     if plan.plan_kind == "identity":
-        # Whole items rank to rank: same TP, no replica groups, so the same units.
-        assert ptp == dtp
-        assert all(b.tp_replica_group_size == 1 for b in prefill_buffers + decode_buffers)
-        assert plan.target_prefill_ranks == (group * ptp + tp_rank,)
         assert plan.fragments_by_prefill_rank == {}
-        return
-    assert tuple(plan.fragments_by_prefill_rank) == plan.target_prefill_ranks
-    for fragments in plan.fragments_by_prefill_rank.values():
-        assert fragments, "a target prefill rank with no fragments"
-    written: dict[int, Counter[int]] = {b.buffer_index: Counter() for b in decode_buffers}
-    by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
-    for src_rank, fragments in plan.fragments_by_prefill_rank.items():
-        src_group, src_tp_rank = divmod(src_rank, ptp)
-        assert src_group == group, "a source outside the decode rank's DP group"
-        for f in fragments:
-            assert (f.src_rank, f.dst_rank) == (src_rank, decode_rank)
-            p, d = by_index[f.buffer_index]
-            assert f.buffer_kind == p.buffer_kind
-            assert (f.src_page_stride_bytes, f.dst_page_stride_bytes) == (
-                p.item_stride_bytes,
-                d.item_stride_bytes,
-            )
-            assert f.bytes_per_page > 0
-            assert f.src_byte_offset + f.bytes_per_page <= p.item_stride_bytes
-            assert f.dst_byte_offset + f.bytes_per_page <= d.item_stride_bytes
-            if p.logical_axis == "replicated":
-                assert src_tp_rank == tp_rank * ptp // dtp
-                assert f.src_byte_offset == f.dst_byte_offset == 0
-                written[f.buffer_index].update(range(f.bytes_per_page))
-                continue
-            src_units = units_of(p, ptp, src_tp_rank)
-            dst_units = units_of(d, dtp, tp_rank)
-            bpu = p.bytes_per_logical_unit
-            for dst_byte in range(f.dst_byte_offset, f.dst_byte_offset + f.bytes_per_page):
-                src_byte = f.src_byte_offset + (dst_byte - f.dst_byte_offset)
-                assert dst_byte // bpu < len(dst_units), "writes past the decode shard"
-                assert src_byte // bpu < len(src_units), "reads past the prefill shard"
-                assert src_units[src_byte // bpu] == dst_units[dst_byte // bpu]
-                assert src_byte % bpu == dst_byte % bpu
-                written[f.buffer_index][dst_byte] += 1
-    for p, d in zip(prefill_buffers, decode_buffers):
-        if p.logical_axis == "replicated":
-            shard_bytes = d.item_stride_bytes
-        else:
-            shard_bytes = len(units_of(d, dtp, tp_rank)) * d.bytes_per_logical_unit
-        counts = written[d.buffer_index]
-        assert set(counts) == set(range(shard_bytes)), f"gap in buffer {d.buffer_index}"
-        assert set(counts.values()) <= {1}, f"byte written twice in buffer {d.buffer_index}"
+        assert set(fragments_by_source) <= set(plan.target_prefill_ranks)
+    else:
+        assert dict(plan.fragments_by_prefill_rank) == dict(fragments_by_source)
+        assert tuple(plan.fragments_by_prefill_rank) == plan.target_prefill_ranks
+        assert all(plan.fragments_by_prefill_rank.values()), "a source with no fragments"
+    simulate(
+        decode_rank, fragments_by_source, prefill, decode, prefill_buffers, decode_buffers, group
+    )

@@ -64,6 +64,8 @@ def test_public_names() -> None:
         "encode_transfer_fragments",
         "decode_transfer_fragments",
         "TRANSFER_PLAN_PROTOCOL_VERSION",
+        "DEFAULT_MAX_PAYLOAD_BYTES",
+        "DEFAULT_MAX_FRAGMENTS",
         "__version__",
     }
     for name in pdplan.__all__:

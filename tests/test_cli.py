@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -59,9 +60,35 @@ def test_plan_json_agrees_with_the_library(capsys: pytest.CaptureFixture[str]) -
         assert entry["plan_kind"] == plan.plan_kind
         assert entry["target_prefill_ranks"] == list(plan.target_prefill_ranks)
         assert entry["fragments"] == {
-            str(r): [{**vars(f), "buffer_kind": f.buffer_kind.value} for f in fs]
+            str(r): [{**asdict(f), "buffer_kind": f.buffer_kind.value} for f in fs]
             for r, fs in plan.fragments_by_prefill_rank.items()
         }
+
+
+def test_chosen_decode_ranks_and_routing_json(capsys: pytest.CaptureFixture[str]) -> None:
+    wide = ["plan", "--prefill-tp", "2", "--decode-tp", "1", "--decode-dp", "4"]
+    wide += ["--model", "llama-3-8b"]
+    code, out, _ = run(capsys, *wide, "--format", "routing-json")
+    assert code == 0
+    data = json.loads(out)
+    # Four decode DP groups read the one prefill group (ranks 0 and 1): no rank 2 or beyond.
+    pairs = [(p["decode_rank"], p["prefill_rank"]) for p in data["pairs"]]
+    assert pairs == [(d, p) for d in range(4) for p in range(2)]
+    assert {p["bytes_per_page"] for p in data["pairs"]} == {32 * 2 * 4 * 16 * 128 * 2}
+    assert data["source_fanout"] == {"0": 1, "1": 1}
+    code, out, _ = run(
+        capsys, *wide, "--format", "json", "--decode-rank", "3", "--decode-rank", "1"
+    )
+    assert code == 0
+    plans = json.loads(out)["plans"]
+    assert [p["decode_rank"] for p in plans] == [3, 1]
+    assert sorted(plans[0]["fragments"]) == ["0", "1"]
+    code, out, _ = run(capsys, *wide, "--decode-rank", "2")
+    assert code == 0
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
+    assert [row[:2] for row in rows] == [["2", "0"], ["2", "1"]]
+    code, _, err = run(capsys, *wide, "--decode-rank", "4")
+    assert code == 2 and "--decode-rank 4 is out of range" in err
 
 
 def test_plan_table_and_dot(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@ refuses exactly the layouts the oracle calls invalid."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from pdplan import (
     UnsupportedPDLayoutError,
 )
 
-from oracle import check_plan, expected_fanout, layout_is_valid
+from oracle import check_plan, expected_fanout, layout_is_valid, simulate
 
 TP = st.sampled_from([1, 2, 4, 8] * 3 + [3, 6])
 
@@ -79,4 +80,62 @@ def test_plans_pass_the_oracle(layout: tuple[Any, ...]) -> None:
     fanout = expected_fanout(*layout)
     assert planner.source_fanout == fanout
     for rank in range(decode.world_size):
-        check_plan(planner.plan_for_decode_rank(rank), rank, *layout, fanout)
+        plan, fragments = planner.plan_for_decode_rank(rank), planner.transfer_fragments(rank)
+        check_plan(plan, fragments, rank, *layout, fanout)
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts())
+def test_the_routing_table_lists_what_transfer_fragments_move(layout: tuple[Any, ...]) -> None:
+    """Rows follow the default DP-group mapping (decode DP above prefill DP included) and
+    count the fragments and bytes `transfer_fragments` gives, identity plans too."""
+    prefill, decode, prefill_buffers, decode_buffers = layout
+    if not layout_is_valid(*layout):
+        return
+    planner = PDTransferPlanner(
+        prefill_layout=prefill,
+        decode_layout=decode,
+        prefill_buffers=prefill_buffers,
+        decode_buffers=decode_buffers,
+    )
+    table = planner.routing_table()
+    rows = list(zip(*(column.tolist() for column in table)))
+    expected = [
+        (rank, source, len(fragments), sum(f.bytes_per_page for f in fragments))
+        for rank in range(decode.world_size)
+        for source, fragments in planner.transfer_fragments(rank).items()
+    ]
+    assert rows == expected
+    assert all(0 <= source < prefill.world_size for _, source, _, _ in rows)
+
+
+def test_the_oracle_catches_broken_plans() -> None:
+    """The simulation can fail: a dropped, shifted, doubled or misdirected fragment is caught."""
+    unit = 4
+    heads = 8
+
+    def kv(tp: int) -> tuple[BufferLayout, ...]:
+        return (
+            BufferLayout(0, BufferKind.TARGET_K, "kv_head", heads, 16, unit, heads // tp * unit),
+        )
+
+    layout = (ParallelLayout("prefill", 4), ParallelLayout("decode", 2), kv(4), kv(2))
+    planner = PDTransferPlanner(
+        prefill_layout=layout[0],
+        decode_layout=layout[1],
+        prefill_buffers=layout[2],
+        decode_buffers=layout[3],
+    )
+    good = planner.transfer_fragments(1)
+    simulate(1, good, *layout, source_group=0)
+    first = good[2][0]
+    broken = [
+        {3: good[3]},
+        {**good, 2: (replace(first, dst_byte_offset=first.dst_byte_offset + unit),)},
+        {**good, 2: (first, first)},
+        {**good, 2: (replace(first, src_byte_offset=unit),)},
+        {**good, 2: (replace(first, dst_page_stride_bytes=first.dst_page_stride_bytes + 1),)},
+    ]
+    for fragments in broken:
+        with pytest.raises(AssertionError):
+            simulate(1, fragments, *layout, source_group=0)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import resource
+from dataclasses import asdict
 from typing import Any
 
 import pytest
@@ -10,6 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdplan import (
+    DEFAULT_MAX_FRAGMENTS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
     BufferKind,
     TransferFragment,
     UnsupportedPDLayoutError,
@@ -37,7 +41,7 @@ fragments = st.builds(
 def reference_payload(items: tuple[TransferFragment, ...]) -> bytes:
     """What the reference encoder writes: compact JSON, keys in field order."""
     return json.dumps(
-        [{**f.__dict__, "buffer_kind": f.buffer_kind.value} for f in items],
+        [{**asdict(f), "buffer_kind": f.buffer_kind.value} for f in items],
         separators=(",", ":"),
     ).encode("utf-8")
 
@@ -215,7 +219,7 @@ def test_fuzzed_frames_give_valid_fragments_or_a_clear_error(frames: tuple[bytes
     for fragment in decoded:
         assert isinstance(fragment, TransferFragment)
         assert isinstance(fragment.buffer_kind, BufferKind)
-        for name, value in fragment.__dict__.items():
+        for name, value in asdict(fragment).items():
             if name == "buffer_kind" or (name == "page_count" and value is None):
                 continue
             assert type(value) is int and 0 <= value < 2**63
@@ -230,11 +234,46 @@ def test_encoding_refuses_what_is_not_a_fragment() -> None:
         encode_transfer_fragments(5)  # type: ignore[arg-type]
     with pytest.raises(UnsupportedPDLayoutError, match=r"fragments\[0\]: expected an object"):
         encode_transfer_fragments([object()])  # type: ignore[list-item]
-    duck = SimpleNamespace(**{**vars(GOOD), "buffer_kind": "target_v"})
+    duck = SimpleNamespace(**{**asdict(GOOD), "buffer_kind": "target_v"})
     assert encode_transfer_fragments([duck]) == encode_transfer_fragments([GOOD])  # type: ignore[list-item]
-    negative = SimpleNamespace(**{**vars(GOOD), "src_rank": -1})
+    negative = SimpleNamespace(**{**asdict(GOOD), "src_rank": -1})
     with pytest.raises(UnsupportedPDLayoutError, match=r"fragments\[0\]: src_rank must be"):
         encode_transfer_fragments([negative])  # type: ignore[list-item]
-    unknown = SimpleNamespace(**{**vars(GOOD), "buffer_kind": "target_q"})
+    unknown = SimpleNamespace(**{**asdict(GOOD), "buffer_kind": "target_q"})
     with pytest.raises(UnsupportedPDLayoutError, match="buffer_kind"):
         encode_transfer_fragments([unknown])  # type: ignore[list-item]
+
+
+def test_the_default_frame_limits_are_16_mib_and_65536_fragments() -> None:
+    assert DEFAULT_MAX_PAYLOAD_BYTES == 16 * 2**20
+    assert DEFAULT_MAX_FRAGMENTS == 65_536
+
+
+def test_a_huge_frame_is_refused_on_its_length_without_copying_it() -> None:
+    huge = b"[" + b" " * (64 * 2**20) + b"]"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(UnsupportedPDLayoutError, match="over the limit of 16777216 bytes"):
+        decode_transfer_fragments(b"1", huge)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 8 * 1024, f"refusing the frame grew the process by {grown_kib} KiB"
+    # The caller may raise the limit for a plan that really is this large.
+    assert decode_transfer_fragments(b"1", huge, max_payload_bytes=len(huge)) == ()
+
+
+def test_too_many_fragments_are_refused_while_parsing() -> None:
+    version, payload = encode_transfer_fragments([GOOD] * 5)
+    assert len(decode_transfer_fragments(version, payload, max_fragments=5)) == 5
+    with pytest.raises(UnsupportedPDLayoutError, match="more than 4 fragments"):
+        decode_transfer_fragments(version, payload, max_fragments=4)
+    # Under the byte limit but past the default count: short fragments, many of them.
+    small = TransferFragment(0, BufferKind.TARGET_K, 0, 0, 1, 1, 0, 0, 1)
+    version, payload = encode_transfer_fragments([small] * (DEFAULT_MAX_FRAGMENTS + 1))
+    assert len(payload) < DEFAULT_MAX_PAYLOAD_BYTES
+    with pytest.raises(UnsupportedPDLayoutError, match="more than 65536 fragments"):
+        decode_transfer_fragments(version, payload)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "16", True])
+def test_frame_limits_must_be_whole_numbers(bad: Any) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="max_fragments must be an integer"):
+        decode_transfer_fragments(b"1", b"[]", max_fragments=bad)

@@ -7,6 +7,8 @@ wire format v1, with intersection, fanout, planning and wire coding done in Rust
 from __future__ import annotations
 
 from pdplan._core import (
+    DEFAULT_MAX_FRAGMENTS,
+    DEFAULT_MAX_PAYLOAD_BYTES,
     TRANSFER_PLAN_PROTOCOL_VERSION,
     UnsupportedPDLayoutError,
     __version__,
@@ -31,6 +33,8 @@ from pdplan._model import (
 from pdplan._planner import PDTransferPlanner, RoutingTable
 
 __all__ = [
+    "DEFAULT_MAX_FRAGMENTS",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "MODEL_PRESETS",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "BufferKind",

@@ -1,7 +1,8 @@
 """The ``pdplan`` command: who talks to whom, how many bytes, how many descriptors.
 
     pdplan demo
-    pdplan plan --prefill-tp 8 --decode-tp 2 --model llama-3-70b [--format table|json|dot]
+    pdplan plan --prefill-tp 8 --decode-tp 2 --model llama-3-70b \
+        [--format table|json|routing-json|dot] [--decode-rank N ...]
     pdplan check --prefill-tp 8 --decode-tp 3 --model llama-3-70b
 
 User errors print one line and exit 2; there is no traceback for them.
@@ -15,9 +16,10 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TextIO
 
 from pdplan import _core
+from pdplan._core import encode_transfer_fragments
 from pdplan._descriptors import transfer_descriptors
 from pdplan._layouts import MODEL_PRESETS, ModelShape, model_buffer_layouts
 from pdplan._model import ParallelLayout, UnsupportedPDLayoutError
@@ -38,6 +40,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
+    return value
+
+
+def _rank(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a rank number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a rank >= 0, got {value}")
     return value
 
 
@@ -76,7 +88,20 @@ def _parser() -> argparse.ArgumentParser:
         description="Print every decode rank's plan, the fanout and the routing.",
     )
     _layout_options(plan)
-    plan.add_argument("--format", choices=("table", "json", "dot"), default="table")
+    plan.add_argument(
+        "--format",
+        choices=("table", "json", "routing-json", "dot"),
+        default="table",
+        help="table (default); json: every fragment of every shown rank; routing-json: pairs, "
+        "fragment counts, bytes per page and fanout only; dot: a Graphviz graph",
+    )
+    plan.add_argument(
+        "--decode-rank",
+        type=_rank,
+        action="append",
+        metavar="N",
+        help="show only this decode rank (repeatable; default: every decode rank)",
+    )
     check = commands.add_parser(
         "check",
         help="exit 0 when the layouts are supported, 2 with the reason when not",
@@ -123,48 +148,92 @@ def _planner_from_args(args: argparse.Namespace) -> tuple[ModelShape, PDTransfer
     return shape, _planner(shape, args.prefill_tp, args.prefill_dp, args.decode_tp, args.decode_dp)
 
 
-def _plan_json(shape: ModelShape, planner: PDTransferPlanner) -> dict[str, Any]:
-    plans = []
-    for rank in range(planner.decode_layout.world_size):
-        plan = planner.plan_for_decode_rank(rank)
-        plans.append(
-            {
-                "decode_rank": rank,
-                "plan_kind": plan.plan_kind,
-                "target_dp_group": plan.target_dp_group,
-                "target_prefill_ranks": list(plan.target_prefill_ranks),
-                "required_dst_info_num_by_prefill_rank": {
-                    str(r): n for r, n in plan.required_dst_info_num_by_prefill_rank.items()
-                },
-                "fragments": {
-                    str(r): [{**asdict(f), "buffer_kind": f.buffer_kind.value} for f in fragments]
-                    for r, fragments in plan.fragments_by_prefill_rank.items()
-                },
-            }
-        )
-    return {
+def _chosen_ranks(args: argparse.Namespace, planner: PDTransferPlanner) -> list[int]:
+    """The decode ranks to show: those asked for (in order, once each), else all."""
+    world = planner.decode_layout.world_size
+    if not args.decode_rank:
+        return list(range(world))
+    for rank in args.decode_rank:
+        if rank >= world:
+            raise UserError(
+                f"--decode-rank {rank} is out of range: the decode side has {world} ranks"
+            )
+    return list(dict.fromkeys(args.decode_rank))
+
+
+def _header(shape: ModelShape, planner: PDTransferPlanner) -> str:
+    """The JSON members both formats start with, as text to stream."""
+    head = {
         "prefill": asdict(planner.prefill_layout),
         "decode": asdict(planner.decode_layout),
         "model": asdict(shape),
         "buffers": len(planner.prefill_buffers),
-        "plans": plans,
-        "source_fanout": {str(r): n for r, n in planner.source_fanout.items()},
     }
+    return json.dumps(head)[:-1]
 
 
-def _routing_rows(planner: PDTransferPlanner) -> list[tuple[int, int, int, int]]:
+def _write_plan_json(
+    out: TextIO, shape: ModelShape, planner: PDTransferPlanner, ranks: Sequence[int]
+) -> None:
+    """Every fragment of the chosen ranks, streamed rank by rank: each rank's fragments are
+    written by the wire encoder in Rust (the same keys, in field order), never held at once."""
+    out.write(_header(shape, planner) + ',\n"plans": [')
+    for position, rank in enumerate(ranks):
+        plan = planner.plan_for_decode_rank(rank)
+        entry = {
+            "decode_rank": rank,
+            "plan_kind": plan.plan_kind,
+            "target_dp_group": plan.target_dp_group,
+            "target_prefill_ranks": list(plan.target_prefill_ranks),
+            "required_dst_info_num_by_prefill_rank": {
+                str(r): n for r, n in plan.required_dst_info_num_by_prefill_rank.items()
+            },
+        }
+        out.write(("," if position else "") + "\n" + json.dumps(entry)[:-1] + ', "fragments": {')
+        for index, (source, fragments) in enumerate(plan.fragments_by_prefill_rank.items()):
+            payload = encode_transfer_fragments(fragments)[1].decode("ascii")
+            out.write(f'{", " if index else ""}"{source}": {payload}')
+        out.write("}}")
+    fanout = {str(r): n for r, n in planner.source_fanout.items()}
+    out.write('\n],\n"source_fanout": ' + json.dumps(fanout) + "}\n")
+
+
+def _write_routing_json(
+    out: TextIO, shape: ModelShape, planner: PDTransferPlanner, ranks: Sequence[int]
+) -> None:
+    """Who talks to whom: one row per (decode rank, prefill rank) pair, and the fanout."""
+    pairs = [
+        {"decode_rank": d, "prefill_rank": p, "fragments": n, "bytes_per_page": b}
+        for d, p, n, b in _routing_rows(planner, ranks)
+    ]
+    out.write(_header(shape, planner) + ',\n"pairs": [')
+    out.write(",\n".join(json.dumps(pair) for pair in pairs))
+    fanout = {str(r): n for r, n in planner.source_fanout.items()}
+    out.write('],\n"source_fanout": ' + json.dumps(fanout) + "}\n")
+
+
+def _routing_rows(
+    planner: PDTransferPlanner, ranks: Sequence[int] | None = None
+) -> list[tuple[int, int, int, int]]:
     table = planner.routing_table()
-    return list(
-        zip(
-            table.decode_rank.tolist(),
-            table.prefill_rank.tolist(),
-            table.fragment_count.tolist(),
-            table.bytes_per_page.tolist(),
-        )
+    rows = zip(
+        table.decode_rank.tolist(),
+        table.prefill_rank.tolist(),
+        table.fragment_count.tolist(),
+        table.bytes_per_page.tolist(),
     )
+    if ranks is None:
+        return list(rows)
+    by_rank: dict[int, list[tuple[int, int, int, int]]] = {rank: [] for rank in ranks}
+    for row in rows:
+        if row[0] in by_rank:
+            by_rank[row[0]].append(row)
+    return [row for rank in ranks for row in by_rank[rank]]
 
 
-def _print_table(shape: ModelShape, planner: PDTransferPlanner) -> None:
+def _print_table(
+    shape: ModelShape, planner: PDTransferPlanner, ranks: Sequence[int] | None = None
+) -> None:
     p, d = planner.prefill_layout, planner.decode_layout
     print(
         f"prefill {p.world_size} ranks ({p.dp_size} DP x TP {p.tp_size_per_dp}) -> decode "
@@ -175,7 +244,7 @@ def _print_table(shape: ModelShape, planner: PDTransferPlanner) -> None:
     print(f"plan kind: {kind}" + (" (whole items, rank to rank)" if kind == "identity" else ""))
     print()
     print(f"{'decode rank':>11}  {'prefill rank':>12}  {'fragments':>9}  {'bytes/page':>12}")
-    for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner):
+    for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner, ranks):
         print(f"{decode_rank:>11}  {prefill_rank:>12}  {count:>9}  {nbytes:>12,}")
     print()
     fanout = planner.source_fanout
@@ -183,14 +252,15 @@ def _print_table(shape: ModelShape, planner: PDTransferPlanner) -> None:
     print("  " + ", ".join(f"{rank}: {n}" for rank, n in fanout.items()))
 
 
-def _print_dot(planner: PDTransferPlanner) -> None:
+def _print_dot(planner: PDTransferPlanner, ranks: Sequence[int]) -> None:
+    rows = _routing_rows(planner, ranks)
     print("digraph pdplan {")
     print("  rankdir=LR;")
-    for rank in range(planner.prefill_layout.world_size):
+    for rank in sorted({row[1] for row in rows}):
         print(f'  "P{rank}" [shape=box, label="prefill {rank}"];')
-    for rank in range(planner.decode_layout.world_size):
+    for rank in ranks:
         print(f'  "D{rank}" [shape=ellipse, label="decode {rank}"];')
-    for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner):
+    for decode_rank, prefill_rank, count, nbytes in rows:
         print(
             f'  "P{prefill_rank}" -> "D{decode_rank}" [label="{nbytes} B/page, {count} fragments"];'
         )
@@ -285,13 +355,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 0
         shape, planner = _planner_from_args(args)
+        ranks = _chosen_ranks(args, planner)
         if args.format == "json":
-            json.dump(_plan_json(shape, planner), sys.stdout, indent=1)
-            print()
+            _write_plan_json(sys.stdout, shape, planner, ranks)
+        elif args.format == "routing-json":
+            _write_routing_json(sys.stdout, shape, planner, ranks)
         elif args.format == "dot":
-            _print_dot(planner)
+            _print_dot(planner, ranks)
         else:
-            _print_table(shape, planner)
+            _print_table(shape, planner, ranks if args.decode_rank else None)
         return 0
     except (UserError, UnsupportedPDLayoutError) as exc:
         print(f"pdplan: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Stub of the compiled core (src/python.rs)."""
+"""Stub of the compiled core (src/python/)."""
 
 from collections.abc import Iterable
 from typing import final
@@ -15,9 +15,13 @@ from pdplan._model import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_FRAGMENTS",
+    "DEFAULT_MAX_PAYLOAD_BYTES",
     "MAX_DESCRIPTORS",
     "MAX_WORLD_SIZE",
     "MODEL_PRESETS",
+    "RANK_TRANSFER_PLAN_FIELDS",
+    "TRANSFER_FRAGMENT_FIELDS",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "Planner",
     "UnsupportedPDLayoutError",
@@ -37,8 +41,12 @@ __all__ = [
 __version__: str
 MODEL_PRESETS: list[str]
 MAX_DESCRIPTORS: int
+DEFAULT_MAX_PAYLOAD_BYTES: int
+DEFAULT_MAX_FRAGMENTS: int
 TRANSFER_PLAN_PROTOCOL_VERSION: int
 MAX_WORLD_SIZE: int
+TRANSFER_FRAGMENT_FIELDS: list[str]
+RANK_TRANSFER_PLAN_FIELDS: list[str]
 
 class UnsupportedPDLayoutError(ValueError):
     """A layout, plan, frame or request pdplan cannot serve; the message says what to change."""
@@ -48,7 +56,11 @@ def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
 def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
 def decode_transfer_fragments(
-    version_frame: bytes | None, payload_frame: bytes | None
+    version_frame: bytes | None,
+    payload_frame: bytes | None,
+    *,
+    max_payload_bytes: int | None = None,
+    max_fragments: int | None = None,
 ) -> tuple[TransferFragment, ...]: ...
 def transfer_descriptors(
     fragments: Iterable[TransferFragment],
@@ -72,7 +84,7 @@ def buffers_from_item_lengths(
 ) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
 def model_shape_fields(
     config_text: str | None = None, preset: str | None = None, page_size: int | None = None
-) -> list[tuple[str, int]]: ...
+) -> tuple[str, list[tuple[str, int]]]: ...
 def dtype_bytes(name: str) -> int: ...
 
 @final

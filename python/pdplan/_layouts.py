@@ -22,8 +22,6 @@ __all__ = [
 
 MODEL_PRESETS: tuple[str, ...] = tuple(_core.MODEL_PRESETS)
 
-_DTYPE_NAMES = {1: "fp8", 2: "bfloat16", 4: "float32"}
-
 
 @dataclass(frozen=True)
 class ModelShape:
@@ -55,7 +53,11 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, path: str | Path, page_size: int = 16) -> ModelShape:
-        """Layers, KV heads, head dim, dtype and MLA ranks from a local ``config.json``."""
+        """Layers, KV heads, head dim, dtype and MLA ranks from a local ``config.json``.
+
+        The dtype is the one the config names (``dtype`` or ``torch_dtype``: bfloat16, float16,
+        float32, the float8 variants, int8), bfloat16 when it names none; an unknown one is
+        refused."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -63,10 +65,9 @@ class ModelShape:
         return cls._from_fields(_core.model_shape_fields(config_text=text, page_size=page_size))
 
     @classmethod
-    def _from_fields(cls, pairs: list[tuple[str, int]]) -> ModelShape:
-        values = dict(pairs)
-        dtype = _DTYPE_NAMES.get(values.pop("dtype_bytes"), "bfloat16")
-        return cls(dtype=dtype, **values)
+    def _from_fields(cls, fields: tuple[str, list[tuple[str, int]]]) -> ModelShape:
+        dtype, pairs = fields
+        return cls(dtype=dtype, **dict(pairs))
 
     def to_json(self) -> str:
         return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})

@@ -80,9 +80,12 @@ class BufferLayout:
         _core.check_buffer_layout(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TransferFragment:
-    """Bytes ``[offset, offset + bytes_per_page)`` of every page of one buffer, one rank pair."""
+    """Bytes ``[offset, offset + bytes_per_page)`` of every page of one buffer, one rank pair.
+
+    Slotted (no ``__dict__``): a plan holds hundreds of thousands of these.
+    """
 
     buffer_index: int
     buffer_kind: BufferKind

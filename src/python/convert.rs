@@ -8,7 +8,7 @@ use super::objects::ModelTypes;
 use crate::error::{bail, PlanError};
 use crate::fragment::Fragment;
 use crate::layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role, MAX_VALUE};
-use crate::model::{DraftShape, ItemLengths, MambaShape, MlaShape, ModelShape};
+use crate::model::{DraftShape, Dtype, ItemLengths, MambaShape, MlaShape, ModelShape};
 
 pub type Converted<T> = Result<T, PlanError>;
 
@@ -175,7 +175,7 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
         layers: field("layers")?,
         kv_heads: field("kv_heads")?,
         head_dim: field("head_dim")?,
-        dtype_bytes: crate::model::dtype_bytes(&dtype)?,
+        dtype: Dtype::parse(&dtype)?,
         page_size: field("page_size")?,
         mla: (mla.kv_lora_rank > 0).then_some(mla),
         mamba: (mamba.layers > 0).then_some(mamba),

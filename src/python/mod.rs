@@ -73,19 +73,51 @@ fn encode_transfer_fragments<'py>(
     Ok((PyBytes::new(py, &version), PyBytes::new(py, &payload)))
 }
 
+/// The frame limits a caller passed, or the defaults.
+fn frame_limits(
+    max_payload_bytes: Option<&Bound<'_, PyAny>>,
+    max_fragments: Option<&Bound<'_, PyAny>>,
+) -> Converted<wire::FrameLimits> {
+    let defaults = wire::FrameLimits::DEFAULT;
+    Ok(wire::FrameLimits {
+        max_payload_bytes: max_payload_bytes
+            .map(|v| to_u64(v, "max_payload_bytes"))
+            .transpose()?
+            .unwrap_or(defaults.max_payload_bytes),
+        max_fragments: max_fragments
+            .map(|v| to_u64(v, "max_fragments"))
+            .transpose()?
+            .unwrap_or(defaults.max_fragments),
+    })
+}
+
 #[pyfunction]
-#[pyo3(signature = (version_frame, payload_frame))]
+#[pyo3(signature = (version_frame, payload_frame, *, max_payload_bytes=None, max_fragments=None))]
 fn decode_transfer_fragments<'py>(
     py: Python<'py>,
     version_frame: &Bound<'py, PyAny>,
     payload_frame: &Bound<'py, PyAny>,
+    max_payload_bytes: Option<&Bound<'py, PyAny>>,
+    max_fragments: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyTuple>> {
-    let version = frame(version_frame, "version_frame").map_err(to_py_err)?;
-    let payload = frame(payload_frame, "payload_frame").map_err(to_py_err)?;
-    // Owned copies so the GIL can be released while parsing.
-    let (version, payload) = (version.map(<[u8]>::to_vec), payload.map(<[u8]>::to_vec));
+    let convert = || -> Converted<_> {
+        let limits = frame_limits(max_payload_bytes, max_fragments)?;
+        let version = frame(version_frame, "version_frame")?;
+        let payload = frame(payload_frame, "payload_frame")?;
+        // Bounded before anything is copied or parsed.
+        if let Some(payload) = payload {
+            wire::check_payload_len(payload.len(), limits)?;
+        }
+        // Owned copies so the GIL can be released while parsing.
+        Ok((
+            version.map(<[u8]>::to_vec),
+            payload.map(<[u8]>::to_vec),
+            limits,
+        ))
+    };
+    let (version, payload, limits) = convert().map_err(to_py_err)?;
     let fragments = py
-        .detach(|| wire::decode(version.as_deref(), payload.as_deref()))
+        .detach(|| wire::decode_with(version.as_deref(), payload.as_deref(), limits))
         .map_err(to_py_err)?;
     FragmentFactory::new(py)?.tuple(&fragments)
 }
@@ -220,14 +252,15 @@ fn buffers_from_item_lengths(
     Ok((prefill, decode))
 }
 
-/// The shape fields of a Hugging Face `config.json` text, or of a preset.
+/// The dtype name and the integer shape fields of a Hugging Face `config.json` text, or of a
+/// preset.
 #[pyfunction]
 #[pyo3(signature = (config_text=None, preset=None, page_size=None))]
 fn model_shape_fields(
     config_text: Option<&Bound<'_, PyAny>>,
     preset: Option<&Bound<'_, PyAny>>,
     page_size: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<(&'static str, u64)>> {
+) -> PyResult<(&'static str, Vec<(&'static str, u64)>)> {
     let text = |value: &Bound<'_, PyAny>, name: &str| -> Converted<String> {
         value
             .extract::<String>()
@@ -249,7 +282,8 @@ fn model_shape_fields(
             _ => Err(PlanError::new("give exactly one of config_text and preset")),
         }
     };
-    Ok(shape_fields(&shape().map_err(to_py_err)?))
+    let shape = shape().map_err(to_py_err)?;
+    Ok((shape.dtype.as_str(), shape_fields(&shape)))
 }
 
 fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
@@ -260,7 +294,6 @@ fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
         ("layers", s.layers),
         ("kv_heads", s.kv_heads),
         ("head_dim", s.head_dim),
-        ("dtype_bytes", s.dtype_bytes),
         ("page_size", s.page_size),
         ("mla_kv_lora_rank", mla.kv_lora_rank),
         ("mla_rope_head_dim", mla.rope_head_dim),
@@ -457,5 +490,22 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
     m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
+    m.add(
+        "DEFAULT_MAX_PAYLOAD_BYTES",
+        wire::FrameLimits::DEFAULT.max_payload_bytes,
+    )?;
+    m.add(
+        "DEFAULT_MAX_FRAGMENTS",
+        wire::FrameLimits::DEFAULT.max_fragments,
+    )?;
+    // The field orders the binding fills objects in; a test holds them to `dataclasses.fields`.
+    m.add(
+        "TRANSFER_FRAGMENT_FIELDS",
+        crate::fragment::FIELD_NAMES.to_vec(),
+    )?;
+    m.add(
+        "RANK_TRANSFER_PLAN_FIELDS",
+        objects::RANK_PLAN_FIELDS.to_vec(),
+    )?;
     Ok(())
 }

@@ -71,8 +71,8 @@ impl ModelTypes {
     }
 }
 
-/// `RankTransferPlan` fields in dataclass order.
-const RANK_PLAN_FIELDS: [&str; 6] = [
+/// `RankTransferPlan` fields in dataclass order (a test holds this to `dataclasses.fields`).
+pub const RANK_PLAN_FIELDS: [&str; 6] = [
     "plan_kind",
     "target_dp_group",
     "target_prefill_ranks",
@@ -93,8 +93,6 @@ pub struct FragmentFactory<'py> {
     py: Python<'py>,
     types: &'py ModelTypes,
     cls: Bound<'py, PyType>,
-    /// Whether instances are garbage-collector tracked (a plain dataclass's are).
-    untrack: bool,
     /// The previous fragment and its field values (reused where unchanged).
     last: Option<Fragment>,
     values: Vec<Bound<'py, PyAny>>,
@@ -104,13 +102,10 @@ impl<'py> FragmentFactory<'py> {
     pub fn new(py: Python<'py>) -> PyResult<Self> {
         let types = model_types(py)?;
         let cls = types.fragment.bind(py).clone();
-        // SAFETY: `cls` is a live type object.
-        let flags = unsafe { ffi::PyType_GetFlags(cls.as_type_ptr()) };
         Ok(Self {
             py,
             types,
             cls,
-            untrack: flags & ffi::Py_TPFLAGS_HAVE_GC != 0,
             last: None,
             values: vec![py.None().into_bound(py); FIELD_NAMES.len()],
         })
@@ -143,16 +138,9 @@ impl<'py> FragmentFactory<'py> {
     pub fn make(&mut self, f: &Fragment) -> PyResult<Bound<'py, PyAny>> {
         self.update_values(f)?;
         let names = self.types.field_names.iter().map(|n| n.bind(self.py));
-        let obj = frozen_instance(&self.cls, names.zip(self.values.iter()))?;
-        if self.untrack {
-            // SAFETY: `obj` is a live instance of a GC type (checked in `new`) and was tracked by
-            // `tp_new`. A fragment refers only to ints, None and a `BufferKind` member, none of
-            // which can lead back to it, so it can never be part of a cycle; untracking it (as
-            // CPython does for tuples and dicts of atomic values) keeps large plans out of every
-            // garbage-collector pass.
-            unsafe { ffi::PyObject_GC_UnTrack(obj.as_ptr().cast()) };
-        }
-        Ok(obj)
+        // Fragments stay tracked by the garbage collector: `object.__setattr__` can still
+        // store anything in a field slot, so only tracking guarantees such a cycle is freed.
+        frozen_instance(&self.cls, names.zip(self.values.iter()))
     }
 
     pub fn tuple(&mut self, fragments: &[Fragment]) -> PyResult<Bound<'py, PyTuple>> {
@@ -160,13 +148,7 @@ impl<'py> FragmentFactory<'py> {
             .iter()
             .map(|f| self.make(f))
             .collect::<PyResult<Vec<_>>>()?;
-        let tuple = PyTuple::new(self.py, objects)?;
-        if self.untrack {
-            // SAFETY: `tuple` is a live tuple (a GC type) holding only untracked fragments, so it
-            // cannot be part of a cycle either; CPython would untrack it at its next collection.
-            unsafe { ffi::PyObject_GC_UnTrack(tuple.as_ptr().cast()) };
-        }
-        Ok(tuple)
+        PyTuple::new(self.py, objects)
     }
 }
 

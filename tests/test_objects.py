@@ -1,0 +1,80 @@
+"""The objects the compiled core builds: field order, no leaks, and the dataclass contract
+(equality, hashing, pickling, ``replace``, ``asdict``) for fragments made in Rust."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import gc
+import pickle
+import weakref
+
+import pytest
+from test_api import planner
+
+from pdplan import (
+    BufferKind,
+    RankTransferPlan,
+    TransferFragment,
+    _core,
+    decode_transfer_fragments,
+    encode_transfer_fragments,
+)
+
+
+def rust_built_fragment() -> TransferFragment:
+    fragments = planner(8, 2).plan_for_decode_rank(1).fragments_by_prefill_rank[5]
+    return fragments[0]
+
+
+@pytest.mark.parametrize(
+    ("cls", "filled"),
+    [
+        (TransferFragment, _core.TRANSFER_FRAGMENT_FIELDS),
+        (RankTransferPlan, _core.RANK_TRANSFER_PLAN_FIELDS),
+    ],
+)
+def test_the_core_fills_fields_in_dataclass_order(cls: type, filled: list[str]) -> None:
+    assert [f.name for f in dataclasses.fields(cls)] == filled
+
+
+def test_fragments_have_no_dict_so_no_stray_attribute_can_close_a_cycle() -> None:
+    fragment = rust_built_fragment()
+    assert not hasattr(fragment, "__dict__")
+    with pytest.raises(AttributeError):
+        object.__setattr__(fragment, "extra", [fragment])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fragment.src_rank = 3  # type: ignore[misc]
+
+
+def test_a_cycle_through_a_field_slot_is_collected() -> None:
+    class Holder:
+        pass
+
+    fragment = rust_built_fragment()
+    assert gc.is_tracked(fragment)
+    holder = Holder()
+    holder.fragment = fragment  # type: ignore[attr-defined]
+    # Only object.__setattr__ gets past the frozen setter; it can still close a cycle.
+    object.__setattr__(fragment, "page_count", holder)
+    alive = weakref.ref(holder)
+    del fragment, holder
+    gc.collect()
+    assert alive() is None, "a cycle through a fragment was never collected"
+
+
+def test_rust_built_fragments_keep_the_dataclass_contract() -> None:
+    fragment = rust_built_fragment()
+    twin = TransferFragment(
+        **{f.name: getattr(fragment, f.name) for f in dataclasses.fields(fragment)}
+    )
+    assert fragment == twin and hash(fragment) == hash(twin)
+    assert pickle.loads(pickle.dumps(fragment)) == fragment
+    assert copy.deepcopy(fragment) == fragment
+    moved = dataclasses.replace(fragment, page_count=4)
+    assert moved.page_count == 4 and moved.src_rank == fragment.src_rank
+    as_dict = dataclasses.asdict(fragment)
+    assert list(as_dict) == _core.TRANSFER_FRAGMENT_FIELDS
+    assert as_dict["buffer_kind"] is BufferKind.TARGET_K
+    decoded = decode_transfer_fragments(*encode_transfer_fragments([fragment]))
+    assert decoded == (fragment,) and pickle.loads(pickle.dumps(decoded)) == decoded
