@@ -6,6 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use pdplan::layout::LogicalParts;
 use pdplan::{wire, BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Planner, Role};
 
 const LAYERS: u64 = 80;
@@ -28,6 +29,8 @@ fn kv_buffers(tp: u64) -> Vec<BufferLayout> {
             bytes_per_logical_unit: UNIT,
             item_stride_bytes: HEADS / (tp / replica) * UNIT,
             tp_replica_group_size: replica,
+            rows_per_page: 1,
+            logical_parts: LogicalParts::WHOLE,
         })
         .collect()
 }

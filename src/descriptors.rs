@@ -1,14 +1,15 @@
 //! Per-request transfer descriptors: fragments x page pairs -> (src address, dst address,
 //! length), in one pass, bounds-checked before anything is written, optionally coalesced.
 //!
-//! Order: fragments as given, pages as given. Fragment `f` and page pair `i` give
-//! `src_bases[f.buffer_index] + src_pages[i] * f.src_page_stride_bytes + f.src_byte_offset`
-//! (and the same for dst), `f.bytes_per_page` long; a fragment's `page_count` limits it to the
-//! first `page_count` pairs.
+//! Order: fragments as given, pages as given, then rows. Fragment `f`, page pair `i` and row `r`
+//! give `src_bases[f.buffer_index] + src_pages[i] * f.src_page_stride_bytes +
+//! f.src_byte_offset + r * f.src_row_stride_bytes` (and the same for dst),
+//! `f.bytes_per_page / f.rows_per_page` long; a fragment's `page_count` limits it to the first
+//! `page_count` pairs.
 
 use std::mem::MaybeUninit;
 
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
 
 /// Most descriptors one call may produce (24 bytes each: 6 GiB); a larger request is refused
@@ -61,14 +62,14 @@ fn prefix_max(pages: &[u64]) -> Vec<u64> {
 }
 
 /// Checks that every descriptor of `fragment` on `side` stays inside 64 bits and inside the
-/// buffer's limit; since offsets grow with the page, checking the largest page checks them all.
+/// buffer's limit; since offsets grow with the page and the row, checking the last row of the
+/// largest page checks them all.
 fn check_side(
     side: &Side<'_>,
     position: usize,
     fragment: &Fragment,
     largest_page: u64,
-    stride: u64,
-    offset: u64,
+    (stride, offset, row_stride): (u64, u64, u64),
 ) -> PlanResult<u64> {
     let name = side.name;
     let index = fragment.buffer_index;
@@ -83,15 +84,18 @@ fn check_side(
             side.bases.len()
         );
     };
+    let last_row = (fragment.rows_per_page - 1).checked_mul(row_stride);
     let end = largest_page
         .checked_mul(stride)
         .and_then(|v| v.checked_add(offset))
-        .and_then(|v| v.checked_add(fragment.bytes_per_page));
+        .and_then(|v| v.checked_add(last_row?))
+        .and_then(|v| v.checked_add(fragment.run_bytes()));
     let Some(end) = end else {
         bail!(
             "fragment {position} on the {name} side: page {largest_page} x stride {stride} + \
-             offset {offset} + {} bytes overflows 64 bits",
-            fragment.bytes_per_page
+             offset {offset} + {} rows x {row_stride} + {} bytes overflows 64 bits",
+            fragment.rows_per_page - 1,
+            fragment.run_bytes()
         );
     };
     if base.checked_add(end).is_none() {
@@ -117,22 +121,33 @@ fn check_side(
                 "fragment {position} (buffer_index={index}) would reach byte {end} of the {name} \
                  buffer, past its limit of {limit} bytes (page {largest_page}, stride {stride}, \
                  offset {offset}, {} bytes); check the page indices and the plan's strides",
-                fragment.bytes_per_page
+                fragment.run_bytes()
             );
         }
     }
     Ok(base)
 }
 
-/// One fragment's share of the output: its pages and where its bytes start on each side.
+/// One fragment's share of the output: its pages, rows and where its bytes start on each side.
 struct Job<'a> {
+    buffer_index: u64,
     src_pages: &'a [u64],
     dst_pages: &'a [u64],
     src_start: u64,
     src_stride: u64,
     dst_start: u64,
     dst_stride: u64,
+    rows: usize,
+    src_row_stride: u64,
+    dst_row_stride: u64,
     len: u64,
+}
+
+impl Job<'_> {
+    /// Descriptors this job writes (checked against `MAX_DESCRIPTORS` before jobs are made).
+    fn count(&self) -> usize {
+        self.src_pages.len() * self.rows
+    }
 }
 
 /// Below this many descriptors one thread fills the columns; above it, two (the columns are
@@ -142,18 +157,37 @@ const PARALLEL_FROM: usize = 1 << 16;
 /// Writes every job's descriptors, in job order, into the (empty) columns of `out`.
 fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
     type Slots<'s> = &'s mut [MaybeUninit<u64>];
+    /// One column: `start + page * stride + row * row_stride` for every page, then row.
+    fn addresses(
+        out: Slots<'_>,
+        pages: &[u64],
+        rows: usize,
+        (start, stride, row_stride): (u64, u64, u64),
+    ) {
+        if rows == 1 {
+            for (slot, &page) in out.iter_mut().zip(pages) {
+                slot.write(start + page * stride);
+            }
+            return;
+        }
+        for (page_slots, &page) in out.chunks_exact_mut(rows).zip(pages) {
+            let mut address = start + page * stride;
+            for slot in page_slots {
+                slot.write(address);
+                address += row_stride;
+            }
+        }
+    }
     fn fill(jobs: &[Job<'_>], mut src: Slots<'_>, mut dst: Slots<'_>, mut len: Slots<'_>) {
         for job in jobs {
-            let n = job.src_pages.len();
+            let n = job.count();
             let (src_head, src_rest) = std::mem::take(&mut src).split_at_mut(n);
             let (dst_head, dst_rest) = std::mem::take(&mut dst).split_at_mut(n);
             let (len_head, len_rest) = std::mem::take(&mut len).split_at_mut(n);
-            for (slot, &page) in src_head.iter_mut().zip(job.src_pages) {
-                slot.write(job.src_start + page * job.src_stride);
-            }
-            for (slot, &page) in dst_head.iter_mut().zip(job.dst_pages) {
-                slot.write(job.dst_start + page * job.dst_stride);
-            }
+            let src_layout = (job.src_start, job.src_stride, job.src_row_stride);
+            let dst_layout = (job.dst_start, job.dst_stride, job.dst_row_stride);
+            addresses(src_head, job.src_pages, job.rows, src_layout);
+            addresses(dst_head, job.dst_pages, job.rows, dst_layout);
             for slot in len_head.iter_mut() {
                 slot.write(job.len);
             }
@@ -171,11 +205,11 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
         let split = jobs
             .iter()
             .position(|job| {
-                running += job.src_pages.len();
+                running += job.count();
                 running >= total / 2
             })
             .map_or(jobs.len(), |i| i + 1);
-        let first: usize = jobs[..split].iter().map(|j| j.src_pages.len()).sum();
+        let first: usize = jobs[..split].iter().map(Job::count).sum();
         let (jobs_a, jobs_b) = jobs.split_at(split);
         let (src_a, src_b) = src.split_at_mut(first);
         let (dst_a, dst_b) = dst.split_at_mut(first);
@@ -185,9 +219,11 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
             fill(jobs_a, src_a, dst_a, len_a);
         });
     }
-    // SAFETY: the jobs' page counts add up to `total` (checked by the caller), and `fill` wrote
-    // every one of the first `total` slots of each column exactly once; a panic in a thread
-    // would have propagated out of `scope` before this point.
+    // SAFETY: the jobs' counts (pages x rows) add up to `total` (the caller computed both from
+    // the same fragments), and `fill` wrote every one of the first `total` slots of each column
+    // exactly once (`addresses` writes one slot per page and row; `chunks_exact_mut(rows)` over
+    // `pages.len() * rows` slots leaves no remainder); a panic in a thread would have
+    // propagated out of `scope` before this point.
     unsafe {
         out.src_addrs.set_len(total);
         out.dst_addrs.set_len(total);
@@ -215,8 +251,11 @@ pub fn build(
     let mut bases = Vec::with_capacity(fragments.len());
     let mut total: u64 = 0;
     for (position, fragment) in fragments.iter().enumerate() {
+        fragment
+            .validate()
+            .map_err(|e| PlanError::new(format!("fragment {position}: {e}")))?;
         let used = pages_used(fragment, pairs);
-        total = total.saturating_add(used as u64);
+        total = total.saturating_add((used as u64).saturating_mul(fragment.rows_per_page));
         let Some(last) = used.checked_sub(1) else {
             bases.push((0, 0));
             continue;
@@ -224,22 +263,18 @@ pub fn build(
         let (Some(&src_page), Some(&dst_page)) = (src_max.get(last), dst_max.get(last)) else {
             bail!("page index out of range");
         };
-        let src_base = check_side(
-            src,
-            position,
-            fragment,
-            src_page,
+        let src_layout = (
             fragment.src_page_stride_bytes,
             fragment.src_byte_offset,
-        )?;
-        let dst_base = check_side(
-            dst,
-            position,
-            fragment,
-            dst_page,
+            fragment.src_row_stride_bytes,
+        );
+        let dst_layout = (
             fragment.dst_page_stride_bytes,
             fragment.dst_byte_offset,
-        )?;
+            fragment.dst_row_stride_bytes,
+        );
+        let src_base = check_side(src, position, fragment, src_page, src_layout)?;
+        let dst_base = check_side(dst, position, fragment, dst_page, dst_layout)?;
         bases.push((src_base, dst_base));
     }
     if total > MAX_DESCRIPTORS {
@@ -255,6 +290,7 @@ pub fn build(
         .map(|(fragment, (src_base, dst_base))| {
             let used = pages_used(fragment, pairs);
             Job {
+                buffer_index: fragment.buffer_index,
                 src_pages: &src.pages[..used],
                 dst_pages: &dst.pages[..used],
                 // Every value was bounds-checked above, so this arithmetic cannot wrap.
@@ -262,7 +298,11 @@ pub fn build(
                 src_stride: fragment.src_page_stride_bytes,
                 dst_start: dst_base + fragment.dst_byte_offset,
                 dst_stride: fragment.dst_page_stride_bytes,
-                len: fragment.bytes_per_page,
+                // Validated to be at most MAX_ROWS_PER_PAGE (2^20).
+                rows: usize::try_from(fragment.rows_per_page).unwrap_or(1),
+                src_row_stride: fragment.src_row_stride_bytes,
+                dst_row_stride: fragment.dst_row_stride_bytes,
+                len: fragment.run_bytes(),
             }
         })
         .collect();
@@ -273,20 +313,24 @@ pub fn build(
     };
     fill_columns(&jobs, &mut out, total);
     if coalesce {
-        out.coalesce();
+        out.coalesce(jobs.iter().map(|job| (job.count(), job.buffer_index)));
     }
     Ok(out)
 }
 
 impl Descriptors {
     /// Merges, in place, each descriptor that continues the previous one on both sides
-    /// (src end == next src and dst end == next dst).
-    fn coalesce(&mut self) {
-        let n = self.lengths.len();
+    /// (src end == next src and dst end == next dst) within one buffer: `runs` gives, in
+    /// order, how many descriptors each fragment wrote and its buffer. Buffers are registered
+    /// with an engine one by one, so a descriptor never spans two even where they touch.
+    fn coalesce(&mut self, runs: impl Iterator<Item = (usize, u64)>) {
+        let buffer_of = runs.flat_map(|(count, buffer)| std::iter::repeat_n(buffer, count));
         let mut kept = 0;
-        for i in 0..n {
+        let mut last_buffer = None;
+        for (i, buffer) in buffer_of.enumerate() {
             let (src, dst, len) = (self.src_addrs[i], self.dst_addrs[i], self.lengths[i]);
-            if kept > 0 {
+            let same_buffer = last_buffer.replace(buffer) == Some(buffer);
+            if kept > 0 && same_buffer {
                 let last = kept - 1;
                 let end = self.lengths[last];
                 // Both ends were checked to stay inside 64 bits, so the sums cannot wrap.
@@ -323,6 +367,9 @@ mod tests {
             dst_byte_offset: dst_off,
             bytes_per_page: len,
             page_count: None,
+            rows_per_page: 1,
+            src_row_stride_bytes: 0,
+            dst_row_stride_bytes: 0,
         }
     }
 
@@ -404,6 +451,76 @@ mod tests {
             }
         }
         assert_eq!(out, expected);
+    }
+
+    #[test]
+    fn row_fragments_give_one_descriptor_per_page_and_row() {
+        // Two rows a page: 8-byte runs 16 bytes apart at the source, 32 at the destination.
+        let rows = Fragment {
+            bytes_per_page: 16,
+            rows_per_page: 2,
+            src_row_stride_bytes: 16,
+            dst_row_stride_bytes: 32,
+            ..fragment(0, 4, 8, 16)
+        };
+        let out = build(
+            &[rows],
+            &side("src", &[1000], &[0, 3]),
+            &side("dst", &[0], &[1, 0]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(out.src_addrs, vec![1004, 1020, 1196, 1212]);
+        assert_eq!(out.dst_addrs, vec![136, 168, 8, 40]);
+        assert_eq!(out.lengths, vec![8; 4]);
+        // Dense rows (run == row stride on both sides) merge into one descriptor a page.
+        let dense = Fragment {
+            bytes_per_page: 32,
+            rows_per_page: 4,
+            src_row_stride_bytes: 8,
+            dst_row_stride_bytes: 8,
+            src_page_stride_bytes: 32,
+            dst_page_stride_bytes: 64,
+            ..fragment(0, 0, 0, 32)
+        };
+        let out = build(
+            &[dense],
+            &side("src", &[0], &[0, 1]),
+            &side("dst", &[0], &[0, 1]),
+            true,
+        )
+        .unwrap();
+        assert_eq!((out.src_addrs, out.lengths), (vec![0, 32], vec![32, 32]));
+        let limited = Side {
+            limits: Some(&[1196 + 16 + 8 - 1000]),
+            ..side("src", &[1000], &[0, 3])
+        };
+        assert!(build(&[rows], &limited, &side("dst", &[0], &[1, 0]), false).is_ok());
+        let short = Side {
+            limits: Some(&[1196 + 16 + 8 - 1000 - 1]),
+            ..side("src", &[1000], &[0, 3])
+        };
+        assert!(build(&[rows], &short, &side("dst", &[0], &[1, 0]), false).is_err());
+    }
+
+    #[test]
+    fn touching_buffers_never_merge_into_one_descriptor() {
+        // Buffer 1 starts where buffer 0 ends, on both sides: the last page of the first
+        // fragment and the first page of the second continue each other in memory.
+        let whole = |buffer_index| Fragment {
+            src_page_stride_bytes: 64,
+            dst_page_stride_bytes: 64,
+            ..fragment(buffer_index, 0, 0, 64)
+        };
+        let out = build(
+            &[whole(0), whole(1)],
+            &side("src", &[0, 128], &[0, 1]),
+            &side("dst", &[1000, 1128], &[0, 1]),
+            true,
+        )
+        .unwrap();
+        assert_eq!(out.src_addrs, vec![0, 128]);
+        assert_eq!(out.lengths, vec![128, 128]);
     }
 
     #[test]

@@ -1,13 +1,41 @@
-//! Which logical units each TP rank holds, and where they sit in the bytes of one page.
+//! Which logical units each TP rank holds, which prefill rank serves each decode rank, and where
+//! the units sit in the bytes of a page.
 //!
-//! Routing (which ranks overlap) works in logical units and knows nothing of bytes; the page
-//! geometry then turns one unit overlap into byte spans of a page. Today pages are head-major
-//! (a rank's units are contiguous in its item), one span per overlap; a token-major page
-//! (rows of tokens, each row holding the rank's units) becomes a second `PageGeometry` variant
-//! that yields one span per row, without touching routing or the planner.
+//! Routing works in logical units and knows nothing of bytes: a split axis is cut into
+//! `tp / replica` equal shards per part (a rank holds its shard of every part, part after part),
+//! and every rank of a replica group holds its group's shard. The page geometry then turns one
+//! unit overlap into the bytes of a page: one span when a rank's units are contiguous in its
+//! item (head-major), one run per row when pages are token-major.
 
-use crate::interval::Interval;
-use crate::layout::{BufferLayout, LogicalAxis};
+use crate::layout::{BufferLayout, LogicalAxis, LogicalParts};
+
+/// Which decode ranks of a replica group receive a sharded buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DecodeReplicas {
+    /// Only the first rank of each decode replica group (the reference's semantics; the runtime
+    /// copies inside the group).
+    #[default]
+    First,
+    /// Every decode rank receives its whole shard, spread over the prefill ranks that hold it.
+    All,
+}
+
+impl DecodeReplicas {
+    pub fn parse(text: &str) -> crate::PlanResult<Self> {
+        match text {
+            "first" => Ok(Self::First),
+            "all" => Ok(Self::All),
+            other => crate::error::bail!("decode_replicas must be 'first' or 'all', got {other:?}"),
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::All => "all",
+        }
+    }
+}
 
 /// How a buffer is spread over the TP ranks of both sides; buffers that share one (K and V of
 /// every layer, typically) are routed once.
@@ -15,10 +43,10 @@ use crate::layout::{BufferLayout, LogicalAxis};
 pub enum Sharding {
     /// Each side's TP ranks hold the whole buffer.
     Replicated,
-    /// Units split evenly over `tp / replica` shards; only the first rank of each replica
-    /// group is a source or a destination.
+    /// Units split evenly over `tp / replica` shards, part by part.
     Split {
         logical_size: u64,
+        parts: LogicalParts,
         prefill_replica: u64,
         decode_replica: u64,
     },
@@ -30,22 +58,12 @@ impl Sharding {
             LogicalAxis::Replicated => Self::Replicated,
             LogicalAxis::KvHead | LogicalAxis::StateChannel => Self::Split {
                 logical_size: prefill.logical_size,
+                parts: prefill.logical_parts,
                 prefill_replica: prefill.tp_replica_group_size,
                 decode_replica: decode.tp_replica_group_size,
             },
         }
     }
-}
-
-/// The units held by `tp_rank`, or `None` when it is not the first rank of its replica group.
-/// Requires `replica | tp_size` and `(tp_size / replica) | logical_size` (checked by the planner).
-pub fn shard_of(logical_size: u64, tp_size: u64, replica: u64, tp_rank: u64) -> Option<Interval> {
-    if tp_rank % replica != 0 {
-        return None;
-    }
-    let shard_len = logical_size / (tp_size / replica);
-    let start = (tp_rank / replica) * shard_len;
-    Some(Interval::new(start, start + shard_len))
 }
 
 /// The prefill TP rank a decode TP rank copies a replicated buffer from.
@@ -54,15 +72,16 @@ pub const fn replicated_source(prefill_tp: u64, decode_tp: u64, decode_tp_rank: 
     (decode_tp_rank * prefill_tp) / decode_tp
 }
 
-/// One prefill TP rank's share of a decode TP rank's units, in logical units.
+/// A run of units a source and a destination both hold, placed in each rank's own unit order
+/// (a rank's item holds its shard of part 0, then of part 1, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitOverlap {
     pub prefill_tp_rank: u64,
-    /// First unit of the source rank's shard (its byte 0 in each page).
-    pub src_shard_start: u64,
-    /// First unit of the destination rank's shard.
-    pub dst_shard_start: u64,
-    pub units: Interval,
+    /// Index of the run's first unit among the units the source rank holds.
+    pub src_local: u64,
+    /// Index of the run's first unit among the units the destination rank holds.
+    pub dst_local: u64,
+    pub len: u64,
 }
 
 /// What one decode TP rank needs of one sharding, prefill TP ranks ascending.
@@ -77,84 +96,140 @@ pub enum Route {
     Units(Vec<UnitOverlap>),
 }
 
-/// Routes `decode_tp_rank` for `sharding` by arithmetic: only the overlapping shards are visited.
-pub fn route(sharding: Sharding, prefill_tp: u64, decode_tp: u64, decode_tp_rank: u64) -> Route {
-    match sharding {
-        Sharding::Replicated => Route::WholeItem {
+/// The first rank of a prefill replica group: the one that serves under `DecodeReplicas::First`.
+pub const fn first_holder(src_shard: u64, prefill_replica: u64) -> u64 {
+    src_shard * prefill_replica
+}
+
+/// Routes `decode_tp_rank` for `sharding` by arithmetic: only the overlapping shards are
+/// visited, and `holder(src_shard, prefill_replica)` names the prefill TP rank that serves each
+/// (a rank of that shard's replica group). Requires the alignment the planner validates
+/// (`replica | tp`, every part divisible by both sides' shard counts).
+pub fn route(
+    sharding: Sharding,
+    prefill_tp: u64,
+    decode_tp: u64,
+    decode_tp_rank: u64,
+    replicas: DecodeReplicas,
+    holder: impl Fn(u64, u64) -> u64,
+) -> Route {
+    let Sharding::Split {
+        logical_size,
+        parts,
+        prefill_replica,
+        decode_replica,
+    } = sharding
+    else {
+        return Route::WholeItem {
             prefill_tp_rank: replicated_source(prefill_tp, decode_tp, decode_tp_rank),
-        },
-        Sharding::Split {
-            logical_size,
-            prefill_replica,
-            decode_replica,
-        } => {
-            let Some(dst) = shard_of(logical_size, decode_tp, decode_replica, decode_tp_rank)
-            else {
-                return Route::Nothing;
-            };
-            let src_len = logical_size / (prefill_tp / prefill_replica);
-            let first = dst.start / src_len;
-            let last = (dst.end - 1) / src_len;
-            let overlaps = (first..=last)
-                .filter_map(|shard| {
-                    let src = Interval::new(shard * src_len, (shard + 1) * src_len);
-                    src.intersect(dst).map(|units| UnitOverlap {
-                        prefill_tp_rank: shard * prefill_replica,
-                        src_shard_start: src.start,
-                        dst_shard_start: dst.start,
-                        units,
-                    })
-                })
-                .collect();
-            Route::Units(overlaps)
+        };
+    };
+    let (src_shards, dst_shards) = (prefill_tp / prefill_replica, decode_tp / decode_replica);
+    let (dst_shard, replica_index) = (
+        decode_tp_rank / decode_replica,
+        decode_tp_rank % decode_replica,
+    );
+    if replicas == DecodeReplicas::First && replica_index != 0 {
+        return Route::Nothing;
+    }
+    // Shard s of S covers the fraction [s/S, (s+1)/S) of every part, so which shards overlap
+    // is the same for every part.
+    let first = dst_shard * src_shards / dst_shards;
+    let last = ((dst_shard + 1) * src_shards - 1) / dst_shards;
+    let mut overlaps = Vec::new();
+    for src_shard in first..=last {
+        let prefill_tp_rank = holder(src_shard, prefill_replica);
+        let (mut src_base, mut dst_base) = (0, 0);
+        for part in parts.sizes(logical_size) {
+            let (src_len, dst_len) = (part / src_shards, part / dst_shards);
+            let (src_start, dst_start) = (src_shard * src_len, dst_shard * dst_len);
+            let start = src_start.max(dst_start);
+            let end = (src_start + src_len).min(dst_start + dst_len);
+            if start < end {
+                overlaps.push(UnitOverlap {
+                    prefill_tp_rank,
+                    src_local: src_base + (start - src_start),
+                    dst_local: dst_base + (start - dst_start),
+                    len: end - start,
+                });
+            }
+            src_base += src_len;
+            dst_base += dst_len;
         }
     }
+    Route::Units(overlaps)
 }
 
-/// A byte range of one page, on both sides.
+/// How a rank's units lie in one page of its item: `rows` rows `row_stride` bytes apart, each
+/// holding every unit's `unit_row_bytes` bytes in the rank's unit order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ByteSpan {
-    pub src_offset: u64,
-    pub dst_offset: u64,
-    pub len: u64,
-}
-
-/// How a rank's units are laid out inside one page of its item.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PageGeometry {
-    /// The rank's units one after another, each `bytes_per_logical_unit` long.
-    #[default]
-    HeadMajor,
+pub struct PageGeometry {
+    pub rows: u64,
+    pub row_stride: u64,
+    pub unit_row_bytes: u64,
 }
 
 impl PageGeometry {
-    /// The byte spans that carry `overlap` from a prefill page to a decode page.
-    pub fn unit_spans(
-        self,
-        overlap: &UnitOverlap,
-        prefill: &BufferLayout,
-        decode: &BufferLayout,
-    ) -> impl Iterator<Item = ByteSpan> {
-        match self {
-            // Offsets stay below logical_size * bytes_per_logical_unit < 2^63 (validated).
-            Self::HeadMajor => std::iter::once(ByteSpan {
-                src_offset: (overlap.units.start - overlap.src_shard_start)
-                    * prefill.bytes_per_logical_unit,
-                dst_offset: (overlap.units.start - overlap.dst_shard_start)
-                    * decode.bytes_per_logical_unit,
-                len: overlap.units.len() * prefill.bytes_per_logical_unit,
-            }),
+    /// The geometry of a validated buffer (`rows_per_page` divides both sizes).
+    pub const fn of(buffer: &BufferLayout) -> Self {
+        Self {
+            rows: buffer.rows_per_page,
+            row_stride: buffer.item_stride_bytes / buffer.rows_per_page,
+            unit_row_bytes: buffer.bytes_per_logical_unit / buffer.rows_per_page,
         }
     }
 
-    /// The span that copies a whole replicated item (the decode side's item length).
-    pub fn whole_item_span(self, decode: &BufferLayout) -> ByteSpan {
-        match self {
-            Self::HeadMajor => ByteSpan {
-                src_offset: 0,
-                dst_offset: 0,
-                len: decode.item_stride_bytes,
-            },
+    /// The byte within row `row` where local unit `unit` starts.
+    pub const fn unit_byte(self, row: u64, unit: u64) -> u64 {
+        row * self.row_stride + unit * self.unit_row_bytes
+    }
+}
+
+/// The bytes one fragment moves in each page: `rows` runs of `bytes_per_page / rows` bytes,
+/// run `r` at `offset + r * row_stride` on each side (one run when `rows == 1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub src_offset: u64,
+    pub dst_offset: u64,
+    pub bytes_per_page: u64,
+    pub rows: u64,
+    pub src_row_stride: u64,
+    pub dst_row_stride: u64,
+}
+
+impl Span {
+    /// One contiguous run per page.
+    pub const fn contiguous(src_offset: u64, dst_offset: u64, len: u64) -> Self {
+        Self {
+            src_offset,
+            dst_offset,
+            bytes_per_page: len,
+            rows: 1,
+            src_row_stride: 0,
+            dst_row_stride: 0,
+        }
+    }
+
+    /// The span that carries `overlap` from a prefill page to a decode page. Rows that are
+    /// whole and dense on both sides collapse to one run, so head-major pages (one row) keep
+    /// the reference's fragments.
+    pub fn of_units(overlap: &UnitOverlap, prefill: &BufferLayout, decode: &BufferLayout) -> Self {
+        let (src, dst) = (PageGeometry::of(prefill), PageGeometry::of(decode));
+        // Offsets stay below logical_size * bytes_per_logical_unit < 2^63 (validated).
+        let run = overlap.len * src.unit_row_bytes;
+        let src_offset = overlap.src_local * src.unit_row_bytes;
+        let dst_offset = overlap.dst_local * dst.unit_row_bytes;
+        let dense = run == src.row_stride && run == dst.row_stride;
+        if src.rows == 1 || dense {
+            return Self::contiguous(src_offset, dst_offset, run * src.rows);
+        }
+        Self {
+            src_offset,
+            dst_offset,
+            bytes_per_page: run * src.rows,
+            rows: src.rows,
+            src_row_stride: src.row_stride,
+            dst_row_stride: dst.row_stride,
         }
     }
 }
@@ -163,45 +238,110 @@ impl PageGeometry {
 mod tests {
     use super::*;
 
-    #[test]
-    fn shards_skip_non_first_replicas() {
-        assert_eq!(shard_of(8, 4, 1, 3), Some(Interval::new(6, 8)));
-        assert_eq!(shard_of(2, 4, 2, 1), None);
-        assert_eq!(shard_of(2, 4, 2, 2), Some(Interval::new(1, 2)));
+    fn split(logical_size: u64, prefill_replica: u64, decode_replica: u64) -> Sharding {
+        Sharding::Split {
+            logical_size,
+            parts: LogicalParts::WHOLE,
+            prefill_replica,
+            decode_replica,
+        }
+    }
+
+    fn units(route: &Route) -> Vec<(u64, u64, u64, u64)> {
+        let Route::Units(overlaps) = route else {
+            panic!("expected units, got {route:?}");
+        };
+        overlaps
+            .iter()
+            .map(|o| (o.prefill_tp_rank, o.src_local, o.dst_local, o.len))
+            .collect()
     }
 
     #[test]
     fn route_finds_every_overlapping_shard() {
-        let split = Sharding::Split {
-            logical_size: 8,
-            prefill_replica: 1,
-            decode_replica: 1,
-        };
+        let route = |s, p, d, rank| route(s, p, d, rank, DecodeReplicas::First, first_holder);
         // Decode TP 2 rank 1 holds units 4..8; prefill TP 8 holds one unit each.
-        let Route::Units(overlaps) = route(split, 8, 2, 1) else {
-            panic!("expected units");
-        };
-        let ranks: Vec<u64> = overlaps.iter().map(|o| o.prefill_tp_rank).collect();
-        assert_eq!(ranks, vec![4, 5, 6, 7]);
-        assert_eq!(overlaps[1].units, Interval::new(5, 6));
-        assert_eq!(overlaps[1].dst_shard_start, 4);
+        let r = route(split(8, 1, 1), 8, 2, 1);
+        assert_eq!(
+            units(&r),
+            vec![(4, 0, 0, 1), (5, 0, 1, 1), (6, 0, 2, 1), (7, 0, 3, 1)]
+        );
+        // Prefill TP 2 -> decode TP 8: rank 5 takes unit 5, the second of prefill rank 1's.
+        let r = route(split(8, 1, 1), 2, 8, 5);
+        assert_eq!(units(&r), vec![(1, 1, 0, 1)]);
     }
 
     #[test]
-    fn route_maps_gqa_replica_groups_to_their_first_rank() {
-        let split = Sharding::Split {
-            logical_size: 2,
-            prefill_replica: 2,
+    fn gqa_replica_groups_first_or_all() {
+        let first = |s, p, d, rank| route(s, p, d, rank, DecodeReplicas::First, first_holder);
+        // Prefill TP 4 over 2 heads: ranks 0 and 2 lead the replica groups.
+        let r = first(split(2, 2, 1), 4, 1, 0);
+        assert_eq!(units(&r), vec![(0, 0, 0, 1), (2, 0, 1, 1)]);
+        // Decode TP 4 over 2 heads: rank 1 copies from rank 0 inside its group under "first".
+        assert_eq!(first(split(2, 1, 2), 2, 4, 1), Route::Nothing);
+        // Under "all" it is routed, from whichever holder the caller picks.
+        let r = route(split(2, 1, 2), 2, 4, 1, DecodeReplicas::All, |s, _| s + 7);
+        assert_eq!(units(&r), vec![(7, 0, 0, 1)]);
+        assert_eq!(
+            first(Sharding::Replicated, 4, 2, 1),
+            Route::WholeItem { prefill_tp_rank: 2 }
+        );
+    }
+
+    #[test]
+    fn parts_are_sharded_one_by_one() {
+        // x | B | C = 8 | 4 | 4 channels; prefill TP 1 holds all 16, decode TP 2 rank 1 holds
+        // x[4..8], B[2..4], C[2..4] at local units 0..4, 4..6, 6..8.
+        let sharding = Sharding::Split {
+            logical_size: 16,
+            parts: LogicalParts::new(&[8, 4, 4]).unwrap(),
+            prefill_replica: 1,
             decode_replica: 1,
         };
-        let Route::Units(overlaps) = route(split, 4, 1, 0) else {
-            panic!("expected units");
+        let r = route(sharding, 1, 2, 1, DecodeReplicas::First, first_holder);
+        assert_eq!(units(&r), vec![(0, 4, 0, 4), (0, 10, 4, 2), (0, 14, 6, 2)]);
+    }
+
+    #[test]
+    fn token_major_rows_become_runs_unless_dense() {
+        let buffer = |heads_held: u64| BufferLayout {
+            buffer_index: 0,
+            buffer_kind: crate::layout::BufferKind::TargetK,
+            logical_axis: LogicalAxis::KvHead,
+            logical_size: 8,
+            page_size: 16,
+            bytes_per_logical_unit: 16 * 256,
+            item_stride_bytes: heads_held * 16 * 256,
+            tp_replica_group_size: 1,
+            rows_per_page: 16,
+            logical_parts: LogicalParts::WHOLE,
         };
-        let ranks: Vec<u64> = overlaps.iter().map(|o| o.prefill_tp_rank).collect();
-        assert_eq!(ranks, vec![0, 2]);
+        let one_head = UnitOverlap {
+            prefill_tp_rank: 5,
+            src_local: 0,
+            dst_local: 1,
+            len: 1,
+        };
+        let span = Span::of_units(&one_head, &buffer(1), &buffer(4));
         assert_eq!(
-            route(Sharding::Replicated, 4, 2, 1),
-            Route::WholeItem { prefill_tp_rank: 2 }
+            span,
+            Span {
+                src_offset: 0,
+                dst_offset: 256,
+                bytes_per_page: 16 * 256,
+                rows: 16,
+                src_row_stride: 256,
+                dst_row_stride: 1024,
+            }
+        );
+        let whole = UnitOverlap {
+            len: 4,
+            dst_local: 0,
+            ..one_head
+        };
+        assert_eq!(
+            Span::of_units(&whole, &buffer(4), &buffer(4)),
+            Span::contiguous(0, 0, 4 * 16 * 256)
         );
     }
 }

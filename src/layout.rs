@@ -7,6 +7,12 @@ use crate::error::{bail, PlanError, PlanResult};
 /// bound keeps every per-rank allocation finite (and rank products inside 64 bits).
 pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 
+/// Most parts a split axis may be made of (Mamba2's conv state has three: x, B, C).
+pub const MAX_PARTS: usize = 8;
+
+/// Most rows a page may have (tokens of a token-major page, twice that for fused K/V pages).
+pub const MAX_ROWS_PER_PAGE: u64 = 1 << 20;
+
 /// Every size, offset and index is below 2^63, so it survives any signed 64-bit consumer
 /// (Python's C API, numpy int64, the wire format) and byte arithmetic cannot wrap.
 pub const MAX_VALUE: u64 = i64::MAX as u64;
@@ -147,6 +153,52 @@ impl ParallelLayout {
     }
 }
 
+/// The parts a split axis is made of, each split evenly over the TP shards: a rank holds its
+/// shard of part 0, then its shard of part 1, and so on (Mamba2's conv state is `x | B | C`).
+/// Empty means one part, the whole axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct LogicalParts {
+    count: usize,
+    sizes: [u64; MAX_PARTS],
+}
+
+impl LogicalParts {
+    /// The axis is one part.
+    pub const WHOLE: Self = Self {
+        count: 0,
+        sizes: [0; MAX_PARTS],
+    };
+
+    pub fn new(sizes: &[u64]) -> PlanResult<Self> {
+        if sizes.is_empty() || sizes.len() > MAX_PARTS {
+            bail!(
+                "logical_parts must hold 1 to {MAX_PARTS} part sizes, got {}",
+                sizes.len()
+            );
+        }
+        let mut parts = Self::WHOLE;
+        for (slot, &size) in parts.sizes.iter_mut().zip(sizes) {
+            if size == 0 || size > MAX_VALUE {
+                bail!("logical_parts sizes must be positive and below 2^63, got {sizes:?}");
+            }
+            *slot = size;
+        }
+        parts.count = sizes.len();
+        Ok(parts)
+    }
+
+    /// The sizes as given (empty for a whole axis).
+    pub fn given(&self) -> &[u64] {
+        self.sizes.get(..self.count).unwrap_or(&[])
+    }
+
+    /// The part sizes of an axis of `logical_size` units: the given ones, or the whole axis.
+    pub fn sizes(&self, logical_size: u64) -> impl Iterator<Item = u64> + '_ {
+        let whole = (self.count == 0).then_some(logical_size);
+        self.given().iter().copied().chain(whole)
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BufferLayout {
     pub buffer_index: u64,
@@ -161,6 +213,11 @@ pub struct BufferLayout {
     pub item_stride_bytes: u64,
     /// TP ranks that hold the same shard (GQA heads replicated when TP exceeds them).
     pub tp_replica_group_size: u64,
+    /// Rows of a page: each row holds the rank's units in order, a unit taking
+    /// `bytes_per_logical_unit / rows_per_page` bytes of it, rows `item_stride_bytes /
+    /// rows_per_page` apart. 1 is head-major; `page_size` is token-major (NHD).
+    pub rows_per_page: u64,
+    pub logical_parts: LogicalParts,
 }
 
 impl BufferLayout {
@@ -191,13 +248,58 @@ impl BufferLayout {
             );
         }
         match self.logical_size.checked_mul(self.bytes_per_logical_unit) {
-            Some(total) if total <= MAX_VALUE => Ok(()),
+            Some(total) if total <= MAX_VALUE => {}
             _ => bail!(
                 "logical_size={} x bytes_per_logical_unit={} must stay below 2^63 bytes",
                 self.logical_size,
                 self.bytes_per_logical_unit
             ),
         }
+        self.validate_rows()?;
+        self.validate_parts()
+    }
+
+    fn validate_rows(&self) -> PlanResult<()> {
+        let rows = self.rows_per_page;
+        if rows == 0 || rows > MAX_ROWS_PER_PAGE {
+            bail!("rows_per_page={rows} must be between 1 and {MAX_ROWS_PER_PAGE}");
+        }
+        if self.bytes_per_logical_unit % rows != 0 || self.item_stride_bytes % rows != 0 {
+            bail!(
+                "rows_per_page={rows} must divide bytes_per_logical_unit={} (a unit's bytes are \
+                 spread evenly over the rows) and item_stride_bytes={} (rows are evenly spaced); \
+                 check the page layout",
+                self.bytes_per_logical_unit,
+                self.item_stride_bytes
+            );
+        }
+        Ok(())
+    }
+
+    fn validate_parts(&self) -> PlanResult<()> {
+        let given = self.logical_parts.given();
+        if given.is_empty() {
+            return Ok(());
+        }
+        if !self.logical_axis.is_sharded() {
+            bail!(
+                "logical_parts applies to a split axis (kv_head, state_channel), not to a \
+                 replicated buffer; leave it None"
+            );
+        }
+        let total = given.iter().try_fold(0u64, |sum, &p| sum.checked_add(p));
+        if total != Some(self.logical_size) {
+            bail!(
+                "logical_parts {given:?} must add up to logical_size={}",
+                self.logical_size
+            );
+        }
+        Ok(())
+    }
+
+    /// The part sizes of the split axis (one part, the whole axis, unless parts were given).
+    pub fn part_sizes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.logical_parts.sizes(self.logical_size)
     }
 }
 
@@ -215,6 +317,8 @@ mod tests {
             bytes_per_logical_unit: 4096,
             item_stride_bytes: 8 * 4096,
             tp_replica_group_size: 1,
+            rows_per_page: 1,
+            logical_parts: LogicalParts::WHOLE,
         }
     }
 
@@ -246,6 +350,15 @@ mod tests {
     #[test]
     fn buffer_rules() {
         assert!(buffer().validate().is_ok());
+        let nhd = BufferLayout {
+            rows_per_page: 16,
+            logical_parts: LogicalParts::new(&[4, 2, 2]).unwrap(),
+            ..buffer()
+        };
+        assert!(nhd.validate().is_ok());
+        assert_eq!(nhd.part_sizes().collect::<Vec<_>>(), vec![4, 2, 2]);
+        assert_eq!(buffer().part_sizes().collect::<Vec<_>>(), vec![8]);
+        assert!(LogicalParts::new(&[]).is_err() && LogicalParts::new(&[1; 9]).is_err());
         for broken in [
             BufferLayout {
                 logical_size: 0,
@@ -274,6 +387,23 @@ mod tests {
             BufferLayout {
                 logical_size: 1 << 40,
                 bytes_per_logical_unit: 1 << 40,
+                ..buffer()
+            },
+            BufferLayout {
+                rows_per_page: 0,
+                ..buffer()
+            },
+            BufferLayout {
+                rows_per_page: 3,
+                ..buffer()
+            },
+            BufferLayout {
+                logical_parts: LogicalParts::new(&[4, 3]).unwrap(),
+                ..buffer()
+            },
+            BufferLayout {
+                logical_axis: LogicalAxis::Replicated,
+                logical_parts: LogicalParts::new(&[4, 4]).unwrap(),
                 ..buffer()
             },
         ] {

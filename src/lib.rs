@@ -10,6 +10,7 @@ pub mod layout;
 pub mod model;
 pub mod planner;
 pub mod ranks;
+pub mod spread;
 pub mod verify;
 pub mod wire;
 

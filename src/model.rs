@@ -7,7 +7,9 @@
 use serde_json::Value;
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, MAX_VALUE, MAX_WORLD_SIZE};
+use crate::layout::{
+    BufferKind, BufferLayout, LogicalAxis, LogicalParts, MAX_VALUE, MAX_WORLD_SIZE,
+};
 
 /// Most layers of each kind a model may have: buffers are listed one by one.
 const MAX_LAYERS: u64 = 1 << 16;
@@ -187,6 +189,8 @@ fn kv_pair(
         bytes_per_logical_unit: unit,
         item_stride_bytes: local * unit,
         tp_replica_group_size: replica,
+        rows_per_page: 1,
+        logical_parts: LogicalParts::WHOLE,
     };
     Ok([
         buffer(first_index, kinds.0),
@@ -239,6 +243,8 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
                 bytes_per_logical_unit: unit,
                 item_stride_bytes: unit,
                 tp_replica_group_size: 1,
+                rows_per_page: 1,
+                logical_parts: LogicalParts::WHOLE,
             });
             next += 1;
         } else {
@@ -281,6 +287,8 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
                 bytes_per_logical_unit: mamba.bytes_per_channel,
                 item_stride_bytes: item,
                 tp_replica_group_size: 1,
+                rows_per_page: 1,
+                logical_parts: LogicalParts::WHOLE,
             });
             next += 1;
         }
@@ -368,6 +376,8 @@ pub fn from_item_lengths(
         bytes_per_logical_unit: item.unit_bytes,
         item_stride_bytes: item_bytes,
         tp_replica_group_size: replica,
+        rows_per_page: 1,
+        logical_parts: LogicalParts::WHOLE,
     };
     let axis = if item.buffer_kind == BufferKind::MambaState {
         LogicalAxis::StateChannel

@@ -9,9 +9,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
-use crate::geometry::{route, ByteSpan, PageGeometry, Route, Sharding};
+use crate::geometry::{first_holder, route, DecodeReplicas, Route, Sharding, Span};
 use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
 use crate::ranks::RankSpace;
+use crate::spread::Spread;
 
 /// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
 /// past it is refused rather than exhausting memory.
@@ -74,7 +75,9 @@ pub struct Planner {
     decode: ParallelLayout,
     buffers: Vec<BufferPair>,
     shardings: Vec<Sharding>,
-    geometry: PageGeometry,
+    replicas: DecodeReplicas,
+    /// Which replica serves whom under `DecodeReplicas::All`.
+    spread: Spread,
     identity: bool,
     /// Fanout of each prefill TP rank of a DP group that decode ranks read from; the groups
     /// beyond the decode side's DP count serve nobody.
@@ -82,11 +85,29 @@ pub struct Planner {
 }
 
 impl Planner {
+    /// A planner with the reference's semantics (`DecodeReplicas::First`).
     pub fn new(
         prefill: ParallelLayout,
         decode: ParallelLayout,
         prefill_buffers: &[BufferLayout],
         decode_buffers: &[BufferLayout],
+    ) -> PlanResult<Self> {
+        Self::with_replicas(
+            prefill,
+            decode,
+            prefill_buffers,
+            decode_buffers,
+            DecodeReplicas::First,
+        )
+    }
+
+    /// A planner in which `replicas` says which decode ranks of a replica group receive.
+    pub fn with_replicas(
+        prefill: ParallelLayout,
+        decode: ParallelLayout,
+        prefill_buffers: &[BufferLayout],
+        decode_buffers: &[BufferLayout],
+        replicas: DecodeReplicas,
     ) -> PlanResult<Self> {
         validate_pairs(prefill_buffers, decode_buffers)?;
         for (layout, buffers) in [(&prefill, prefill_buffers), (&decode, decode_buffers)] {
@@ -112,17 +133,26 @@ impl Planner {
                 }
             })
             .collect();
+        // Whole items copy rank to rank when both sides hold the same units the same way: same
+        // TP, no replica groups, and token-major items of one size (else rows would shift).
         let identity = prefill.tp_size() == decode.tp_size()
-            && prefill_buffers
-                .iter()
-                .chain(decode_buffers)
-                .all(|b| b.tp_replica_group_size == 1);
+            && prefill_buffers.iter().zip(decode_buffers).all(|(p, d)| {
+                p.tp_replica_group_size == 1
+                    && d.tp_replica_group_size == 1
+                    && (p.rows_per_page == 1 || p.item_stride_bytes == d.item_stride_bytes)
+            });
         let mut planner = Self {
             prefill,
             decode,
             buffers,
+            spread: match replicas {
+                DecodeReplicas::First => Spread::default(),
+                DecodeReplicas::All => {
+                    Spread::choose(&shardings, prefill.tp_size(), decode.tp_size())
+                }
+            },
             shardings,
-            geometry: PageGeometry::default(),
+            replicas,
             identity,
             fanout_per_tp_rank: Vec::new(),
         };
@@ -155,6 +185,21 @@ impl Planner {
 
     pub const fn is_identity(&self) -> bool {
         self.identity
+    }
+
+    pub const fn decode_replicas(&self) -> DecodeReplicas {
+        self.replicas
+    }
+
+    /// Decode ranks that receive nothing at all under this planner's mode (non-first ranks of
+    /// every decode replica group under `DecodeReplicas::First`, when no buffer is replicated):
+    /// the runtime must copy inside the group for them.
+    pub fn idle_decode_ranks(&self) -> u64 {
+        let decode = self.decode_ranks();
+        let idle_per_group = (0..decode.tp_size())
+            .filter(|&tp_rank| self.fragment_count(tp_rank) == 0)
+            .count() as u64;
+        idle_per_group * decode.dp_size()
     }
 
     /// The prefill DP group decode DP group `decode_group` reads from by default: the same
@@ -192,15 +237,37 @@ impl Planner {
         (0..self.prefill.world_size).map(|rank| (rank, self.fanout(rank)))
     }
 
+    /// How decode TP rank `decode_tp_rank` is routed for each distinct sharding, in order.
+    fn routes(&self, decode_tp_rank: u64) -> impl Iterator<Item = Route> + '_ {
+        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
+        self.shardings
+            .iter()
+            .enumerate()
+            .map(move |(id, &sharding)| {
+                let holder = |src_shard, replica| match self.replicas {
+                    DecodeReplicas::First => first_holder(src_shard, replica),
+                    DecodeReplicas::All => {
+                        self.spread.holder(decode_tp_rank, id, src_shard, replica)
+                    }
+                };
+                route(
+                    sharding,
+                    prefill_tp,
+                    decode_tp,
+                    decode_tp_rank,
+                    self.replicas,
+                    holder,
+                )
+            })
+    }
+
     fn count_fanout(&self) -> Vec<u64> {
-        let prefill_tp = self.prefill.tp_size();
-        let decode_tp = self.decode.tp_size();
-        let slots = usize::try_from(prefill_tp).unwrap_or(0);
+        let slots = usize::try_from(self.prefill.tp_size()).unwrap_or(0);
         let mut counts = vec![0u64; slots];
         // `seen[p] == d + 1` marks prefill TP rank p as already counted for decode TP rank d.
         let mut seen = vec![0u64; slots];
-        for decode_tp_rank in 0..decode_tp {
-            for &sharding in &self.shardings {
+        for decode_tp_rank in 0..self.decode.tp_size() {
+            for routed in self.routes(decode_tp_rank) {
                 let mut count = |prefill_tp_rank: u64| {
                     let slot = usize::try_from(prefill_tp_rank).unwrap_or(usize::MAX);
                     if let (Some(mark), Some(count)) = (seen.get_mut(slot), counts.get_mut(slot)) {
@@ -210,7 +277,7 @@ impl Planner {
                         }
                     }
                 };
-                match route(sharding, prefill_tp, decode_tp, decode_tp_rank) {
+                match routed {
                     Route::Nothing => {}
                     Route::WholeItem { prefill_tp_rank } => count(prefill_tp_rank),
                     Route::Units(overlaps) => {
@@ -254,11 +321,9 @@ impl Planner {
         if self.identity {
             return self.buffers.len() as u64;
         }
-        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
         let per_sharding: Vec<u64> = self
-            .shardings
-            .iter()
-            .map(|&s| match route(s, prefill_tp, decode_tp, decode_tp_rank) {
+            .routes(decode_tp_rank)
+            .map(|routed| match routed {
                 Route::Nothing => 0,
                 Route::WholeItem { .. } => 1,
                 Route::Units(overlaps) => overlaps.len() as u64,
@@ -274,50 +339,31 @@ impl Planner {
     /// `decode_tp_rank` receives, buffer order, then prefill rank order. Identity plans visit
     /// one whole-item span a buffer. The one walk behind per-rank fragments and the
     /// whole-cluster routing table, so the two cannot disagree.
-    fn for_each_span(
-        &self,
-        decode_tp_rank: u64,
-        mut visit: impl FnMut(u64, &BufferPair, ByteSpan),
-    ) {
+    fn for_each_span(&self, decode_tp_rank: u64, mut visit: impl FnMut(u64, &BufferPair, Span)) {
         if self.identity {
             for pair in &self.buffers {
                 // Same TP and shards on both sides; the smaller item is what both hold.
-                let span = ByteSpan {
-                    src_offset: 0,
-                    dst_offset: 0,
-                    len: pair
-                        .prefill
-                        .item_stride_bytes
-                        .min(pair.decode.item_stride_bytes),
-                };
-                visit(decode_tp_rank, pair, span);
+                let len = pair
+                    .prefill
+                    .item_stride_bytes
+                    .min(pair.decode.item_stride_bytes);
+                visit(decode_tp_rank, pair, Span::contiguous(0, 0, len));
             }
             return;
         }
-        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
-        let routes: Vec<Route> = self
-            .shardings
-            .iter()
-            .map(|&s| route(s, prefill_tp, decode_tp, decode_tp_rank))
-            .collect();
+        let routes: Vec<Route> = self.routes(decode_tp_rank).collect();
         for pair in &self.buffers {
             match routes.get(pair.sharding) {
                 None | Some(Route::Nothing) => {}
                 Some(Route::WholeItem { prefill_tp_rank }) => {
-                    visit(
-                        *prefill_tp_rank,
-                        pair,
-                        self.geometry.whole_item_span(&pair.decode),
-                    );
+                    // The decode item, whole (validated to be at most the prefill item).
+                    let span = Span::contiguous(0, 0, pair.decode.item_stride_bytes);
+                    visit(*prefill_tp_rank, pair, span);
                 }
                 Some(Route::Units(overlaps)) => {
                     for overlap in overlaps {
-                        for span in self
-                            .geometry
-                            .unit_spans(overlap, &pair.prefill, &pair.decode)
-                        {
-                            visit(overlap.prefill_tp_rank, pair, span);
-                        }
+                        let span = Span::of_units(overlap, &pair.prefill, &pair.decode);
+                        visit(overlap.prefill_tp_rank, pair, span);
                     }
                 }
             }
@@ -337,7 +383,7 @@ impl Planner {
                 self.for_each_span(decode_tp_rank, |prefill_tp_rank, _, span| {
                     let entry = totals.entry(prefill_tp_rank).or_default();
                     entry.0 += 1;
-                    entry.1 = entry.1.saturating_add(span.len);
+                    entry.1 = entry.1.saturating_add(span.bytes_per_page);
                 });
                 totals
                     .into_iter()
@@ -425,8 +471,11 @@ impl Planner {
                     dst_page_stride_bytes: pair.decode.item_stride_bytes,
                     src_byte_offset: span.src_offset,
                     dst_byte_offset: span.dst_offset,
-                    bytes_per_page: span.len,
+                    bytes_per_page: span.bytes_per_page,
                     page_count: None,
+                    rows_per_page: span.rows,
+                    src_row_stride_bytes: span.src_row_stride,
+                    dst_row_stride_bytes: span.dst_row_stride,
                 });
             }
         });
@@ -506,7 +555,36 @@ fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> PlanResu
                 &d.bytes_per_logical_unit,
             ));
         }
-        if p.logical_axis == LogicalAxis::Replicated && d.item_stride_bytes > p.item_stride_bytes {
+        if p.rows_per_page != d.rows_per_page {
+            bail!(
+                "prefill/decode rows_per_page differ at buffer position {position}: prefill {}, \
+                 decode {}; both sides must store pages the same way (both head-major or both \
+                 token-major)",
+                p.rows_per_page,
+                d.rows_per_page
+            );
+        }
+        if p.logical_parts != d.logical_parts {
+            return Err(differs(
+                "logical parts",
+                &p.logical_parts.given(),
+                &d.logical_parts.given(),
+            ));
+        }
+        let replicated = p.logical_axis == LogicalAxis::Replicated;
+        if replicated && p.rows_per_page > 1 && p.item_stride_bytes != d.item_stride_bytes {
+            bail!(
+                "replicated buffer {} ({}) has {} rows a page but items of {} (prefill) and {} \
+                 (decode) bytes: whole items are copied byte for byte, so token-major replicated \
+                 items must be the same size on both sides",
+                p.buffer_index,
+                p.buffer_kind.as_str(),
+                p.rows_per_page,
+                p.item_stride_bytes,
+                d.item_stride_bytes
+            );
+        }
+        if replicated && d.item_stride_bytes > p.item_stride_bytes {
             bail!(
                 "replicated buffer {} ({}): the decode item ({} bytes) is larger than the \
                  prefill item ({} bytes), so copying it would read past the prefill item; \
@@ -536,15 +614,20 @@ fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanRes
         );
     }
     let effective_tp = tp / replica;
-    if buffer.logical_size % effective_tp != 0 {
-        bail!(
-            "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
-             logical_size={} is not divisible by effective_tp_size={effective_tp} \
-             (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size whose \
-             shard count divides {}, or a replica group that makes it so",
-            buffer.logical_size,
-            buffer.logical_size
-        );
+    for part in buffer.part_sizes() {
+        if part % effective_tp != 0 {
+            let what = if buffer.logical_parts.given().is_empty() {
+                "logical_size"
+            } else {
+                "a logical part of"
+            };
+            bail!(
+                "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
+                 {what}={part} is not divisible by effective_tp_size={effective_tp} \
+                 (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size \
+                 whose shard count divides {part}, or a replica group that makes it so"
+            );
+        }
     }
     let item_units = buffer.item_stride_bytes / buffer.bytes_per_logical_unit;
     let required_units = buffer.logical_size / effective_tp;
@@ -562,7 +645,7 @@ fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanRes
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{BufferKind, Role};
+    use crate::layout::{BufferKind, LogicalParts, Role};
 
     const UNIT: u64 = 16 * 128 * 2;
 
@@ -577,6 +660,8 @@ mod tests {
             bytes_per_logical_unit: UNIT,
             item_stride_bytes: heads / (tp / replica) * UNIT,
             tp_replica_group_size: replica,
+            rows_per_page: 1,
+            logical_parts: LogicalParts::WHOLE,
         }
     }
 

@@ -1,7 +1,8 @@
 //! An independent check of a planner's output: every byte of every decode rank's shard of
 //! every buffer is written exactly once per page, by a fragment from a prefill rank of the same
-//! DP group that holds that same logical unit, inside both items; and each prefill rank's
-//! fanout is the number of decode ranks whose plans name it.
+//! DP group that holds that same logical byte (same unit, same row of the page, same byte of
+//! the unit's row), inside both items; and each prefill rank's fanout is the number of decode
+//! ranks whose plans name it.
 //!
 //! It reads only the layouts and the plans (identity plans as their whole-item fragments), not
 //! the planner's routing, so a routing bug shows up as a named gap or overlap.
@@ -10,30 +11,70 @@ use std::collections::HashMap;
 
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::geometry::{DecodeReplicas, PageGeometry};
 use crate::interval::Interval;
 use crate::layout::{BufferLayout, LogicalAxis};
 use crate::planner::{Planner, SourcePlan};
 
-/// Units a prefill rank holds: its shard (any rank of a replica group holds it), or everything.
-fn held_units(buffer: &BufferLayout, tp_size: u64, tp_rank: u64) -> Interval {
+/// The logical units a rank holds, in its item's order, as runs `(first unit, count)`: its
+/// shard of each part in turn (any rank of a replica group holds the group's), or everything.
+fn held_units(buffer: &BufferLayout, tp_size: u64, tp_rank: u64) -> Vec<(u64, u64)> {
     match buffer.logical_axis {
-        LogicalAxis::Replicated => Interval::new(0, buffer.logical_size),
+        LogicalAxis::Replicated => vec![(0, buffer.logical_size)],
         LogicalAxis::KvHead | LogicalAxis::StateChannel => {
-            let replica = buffer.tp_replica_group_size;
-            let shard_len = buffer.logical_size / (tp_size / replica);
-            let shard = tp_rank / replica;
-            Interval::new(shard * shard_len, (shard + 1) * shard_len)
+            let shards = tp_size / buffer.tp_replica_group_size;
+            let shard = tp_rank / buffer.tp_replica_group_size;
+            let mut part_start = 0;
+            buffer
+                .part_sizes()
+                .map(|part| {
+                    let len = part / shards;
+                    let run = (part_start + shard * len, len);
+                    part_start += part;
+                    run
+                })
+                .collect()
         }
     }
 }
 
-/// Units a decode rank must receive: as held, but only the first rank of a replica group
-/// receives a sharded buffer (the reference's semantics).
-fn received_units(buffer: &BufferLayout, tp_size: u64, tp_rank: u64) -> Interval {
-    if buffer.logical_axis.is_sharded() && tp_rank % buffer.tp_replica_group_size != 0 {
-        return Interval::new(0, 0);
+/// The logical unit at position `local` of a rank's item.
+fn unit_at(runs: &[(u64, u64)], mut local: u64) -> Option<u64> {
+    for &(first, count) in runs {
+        if local < count {
+            return Some(first + local);
+        }
+        local -= count;
+    }
+    None
+}
+
+/// Units a decode rank must receive: as held, but under `DecodeReplicas::First` only the
+/// first rank of a replica group receives a sharded buffer (the reference's semantics).
+fn received_units(
+    buffer: &BufferLayout,
+    tp_size: u64,
+    tp_rank: u64,
+    replicas: DecodeReplicas,
+) -> Vec<(u64, u64)> {
+    let first_only = replicas == DecodeReplicas::First;
+    if first_only && buffer.logical_axis.is_sharded() && tp_rank % buffer.tp_replica_group_size != 0
+    {
+        return Vec::new();
     }
     held_units(buffer, tp_size, tp_rank)
+}
+
+fn unit_count(runs: &[(u64, u64)]) -> u64 {
+    runs.iter().map(|&(_, count)| count).sum()
+}
+
+/// The bytes one run of a fragment writes: `row` of the page, `start..end` within the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Written {
+    row: u64,
+    start: u64,
+    end: u64,
 }
 
 struct Context<'a> {
@@ -43,13 +84,15 @@ struct Context<'a> {
 }
 
 impl Context<'_> {
-    /// Checks one fragment and returns (buffer position, dst bytes it writes inside the shard).
+    /// Checks one fragment and adds the bytes it writes inside the decode shard to `written`;
+    /// returns the buffer position.
     fn check_fragment(
         &self,
         decode_rank: u64,
         prefill_rank: u64,
         f: &Fragment,
-    ) -> PlanResult<(usize, Option<Interval>)> {
+        written: &mut Vec<Written>,
+    ) -> PlanResult<usize> {
         let (prefill_ranks, decode_ranks) =
             (self.planner.prefill_ranks(), self.planner.decode_ranks());
         let where_ = format!(
@@ -75,12 +118,21 @@ impl Context<'_> {
         {
             bail!("{where_}: kind or page strides differ from the buffer layouts");
         }
-        let inside = |offset: u64, item: u64| {
-            offset
-                .checked_add(f.bytes_per_page)
+        f.validate()?;
+        let run = f.run_bytes();
+        // Every run of the fragment inside both items.
+        let inside = |offset: u64, row_stride: u64, item: u64| {
+            (f.rows_per_page - 1)
+                .checked_mul(row_stride)
+                .and_then(|v| v.checked_add(offset))
+                .and_then(|v| v.checked_add(run))
                 .is_some_and(|end| end <= item)
         };
-        if !inside(f.src_byte_offset, p.item_stride_bytes) {
+        if !inside(
+            f.src_byte_offset,
+            f.src_row_stride_bytes,
+            p.item_stride_bytes,
+        ) {
             bail!(
                 "{where_}: reads bytes {}..+{} past the prefill item of {} bytes",
                 f.src_byte_offset,
@@ -88,7 +140,11 @@ impl Context<'_> {
                 p.item_stride_bytes
             );
         }
-        if !inside(f.dst_byte_offset, d.item_stride_bytes) {
+        if !inside(
+            f.dst_byte_offset,
+            f.dst_row_stride_bytes,
+            d.item_stride_bytes,
+        ) {
             bail!(
                 "{where_}: writes bytes {}..+{} past the decode item of {} bytes",
                 f.dst_byte_offset,
@@ -96,50 +152,129 @@ impl Context<'_> {
                 d.item_stride_bytes
             );
         }
-        let unit = d.bytes_per_logical_unit;
         let wanted = received_units(
             d,
             decode_ranks.tp_size(),
             decode_ranks.coord(decode_rank).tp_rank,
+            self.planner.decode_replicas(),
         );
         let held = held_units(
             p,
             prefill_ranks.tp_size(),
             prefill_ranks.coord(prefill_rank).tp_rank,
         );
-        // The part of the fragment that lands inside the decode rank's shard.
-        let shard_bytes = Interval::new(0, wanted.len() * unit);
-        let Some(written) = Interval::new(f.dst_byte_offset, f.dst_byte_offset + f.bytes_per_page)
-            .intersect(shard_bytes)
-        else {
-            return Ok((position, None));
-        };
-        // Same logical byte on both sides: global positions agree at the start (the mapping is
-        // a shift), and the source holds every byte it reads.
-        let src_start = f.src_byte_offset + (written.start - f.dst_byte_offset);
-        if held.start * unit + src_start != wanted.start * unit + written.start {
-            bail!(
-                "{where_}: copies logical byte {} of the buffer into logical byte {}; the \
-                 source does not hold the units the decode rank needs there",
-                held.start * unit + src_start,
-                wanted.start * unit + written.start
-            );
+        if !p.logical_axis.is_sharded() {
+            return check_whole_item(&where_, f, d, &wanted, written).map(|()| position);
         }
-        if src_start + written.len() > held.len() * unit {
-            bail!("{where_}: reads past the units prefill rank {prefill_rank} holds");
-        }
-        Ok((position, Some(written)))
+        check_split_runs(&where_, f, (p, &held), (d, &wanted), written)?;
+        Ok(position)
     }
 }
 
-/// Every byte of `0..shard_end` is written by exactly one of `list` (sorted here).
+/// A fragment of a split buffer, run by run and row piece by row piece: each piece copies
+/// the same row, the same byte of a unit's row and, unit by unit, the same logical units from
+/// what the prefill rank holds into what the decode rank receives.
+fn check_split_runs(
+    where_: &str,
+    f: &Fragment,
+    (p, held): (&BufferLayout, &[(u64, u64)]),
+    (d, wanted): (&BufferLayout, &[(u64, u64)]),
+    written: &mut Vec<Written>,
+) -> PlanResult<()> {
+    let run = f.run_bytes();
+    let (src_geometry, dst_geometry) = (PageGeometry::of(p), PageGeometry::of(d));
+    let unit_row = dst_geometry.unit_row_bytes;
+    let (wanted_end, held_end) = (unit_count(wanted) * unit_row, unit_count(held) * unit_row);
+    {
+        for r in 0..f.rows_per_page {
+            let mut src = f.src_byte_offset + r * f.src_row_stride_bytes;
+            let mut dst = f.dst_byte_offset + r * f.dst_row_stride_bytes;
+            let mut left = run;
+            // A run may cover whole rows (a whole-item copy); check it row piece by row piece.
+            while left > 0 {
+                let (src_row, src_in) =
+                    (src / src_geometry.row_stride, src % src_geometry.row_stride);
+                let (dst_row, dst_in) =
+                    (dst / dst_geometry.row_stride, dst % dst_geometry.row_stride);
+                let piece = left.min(dst_geometry.row_stride - dst_in);
+                if src_in + piece > src_geometry.row_stride {
+                    bail!(
+                        "{where_}: copies across a row boundary of the prefill page where the \
+                         decode page has none (row {src_row} byte {src_in}, {piece} bytes)"
+                    );
+                }
+                // Only the bytes of the decode rank's units matter; padding may be copied over.
+                let end = (dst_in + piece).min(wanted_end);
+                if dst_in < end {
+                    let len = end - dst_in;
+                    if src_in + len > held_end {
+                        bail!("{where_}: reads past the units the prefill rank holds");
+                    }
+                    // Same row, same byte of a unit's row, and unit by unit the same units.
+                    let same_units =
+                        (0..(dst_in % unit_row + len).div_ceil(unit_row)).all(|step| {
+                            let dst_unit = unit_at(wanted, dst_in / unit_row + step);
+                            dst_unit.is_some()
+                                && dst_unit == unit_at(held, src_in / unit_row + step)
+                        });
+                    if src_row != dst_row || src_in % unit_row != dst_in % unit_row || !same_units {
+                        bail!(
+                            "{where_}: copies row {src_row} byte {src_in} into row {dst_row} \
+                             byte {dst_in}; the source does not hold the units the decode rank \
+                             needs there"
+                        );
+                    }
+                    written.push(Written {
+                        row: dst_row,
+                        start: dst_in,
+                        end,
+                    });
+                } else if dst_in > wanted_end && f.is_row_fragment() {
+                    bail!(
+                        "{where_}: writes bytes {dst_in}..{} of row {dst_row}, past the \
+                         {wanted_end} bytes of the units the decode rank holds there",
+                        dst_in + piece
+                    );
+                }
+                (src, dst, left) = (src + piece, dst + piece, left - piece);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A replicated buffer moves as whole items: the same bytes on both sides.
+fn check_whole_item(
+    where_: &str,
+    f: &Fragment,
+    d: &BufferLayout,
+    wanted: &[(u64, u64)],
+    written: &mut Vec<Written>,
+) -> PlanResult<()> {
+    if f.is_row_fragment() || f.src_byte_offset != f.dst_byte_offset {
+        bail!("{where_}: a replicated buffer must be copied byte for byte, whole");
+    }
+    let shard_end = unit_count(wanted) * d.bytes_per_logical_unit;
+    if let Some(inside) = Interval::new(f.dst_byte_offset, f.dst_byte_offset + f.bytes_per_page)
+        .intersect(Interval::new(0, shard_end))
+    {
+        written.push(Written {
+            row: 0,
+            start: inside.start,
+            end: inside.end,
+        });
+    }
+    Ok(())
+}
+
+/// Every byte of every row's `0..row_end` is written by exactly one of `list` (sorted here).
 fn check_coverage(
     decode_rank: u64,
     d: &BufferLayout,
-    shard_end: u64,
-    list: &mut [Interval],
+    (rows, row_end): (u64, u64),
+    list: &mut [Written],
 ) -> PlanResult<()> {
-    list.sort_unstable_by_key(|i| (i.start, i.end));
+    list.sort_unstable();
     let name = || {
         format!(
             "decode rank {decode_rank}, buffer {} ({})",
@@ -147,32 +282,58 @@ fn check_coverage(
             d.buffer_kind.as_str()
         )
     };
-    let mut cursor = 0;
-    for interval in list.iter() {
-        if interval.start < cursor {
+    let row_name = |row: u64| {
+        if rows == 1 {
+            String::new()
+        } else {
+            format!(" in row {row}")
+        }
+    };
+    let mut written = list.iter().peekable();
+    for row in 0..rows {
+        let mut cursor = 0;
+        while let Some(w) = written.next_if(|w| w.row == row) {
+            if w.start < cursor {
+                bail!(
+                    "{}: bytes {}..{}{} of each page are written twice (overlap)",
+                    name(),
+                    w.start,
+                    cursor.min(w.end),
+                    row_name(row)
+                );
+            }
+            if w.start > cursor {
+                bail!(
+                    "{}: bytes {cursor}..{}{} of each page are never written (gap)",
+                    name(),
+                    w.start,
+                    row_name(row)
+                );
+            }
+            cursor = w.end;
+        }
+        if cursor < row_end {
             bail!(
-                "{}: bytes {}..{} of each page are written twice (overlap)",
+                "{}: bytes {cursor}..{row_end}{} of each page are never written (gap)",
                 name(),
-                interval.start,
-                cursor.min(interval.end)
+                row_name(row)
             );
         }
-        if interval.start > cursor {
-            bail!(
-                "{}: bytes {cursor}..{} of each page are never written (gap)",
-                name(),
-                interval.start
-            );
-        }
-        cursor = interval.end;
     }
-    if cursor < shard_end {
-        bail!(
-            "{}: bytes {cursor}..{shard_end} of each page are never written (gap)",
-            name()
-        );
+    if let Some(w) = written.next() {
+        bail!("{}: writes row {} of a page that has {rows}", name(), w.row);
     }
     Ok(())
+}
+
+/// The rows of a decode page and how many bytes of each the rank's received units fill.
+fn coverage_shape(d: &BufferLayout, wanted: &[(u64, u64)]) -> (u64, u64) {
+    if d.logical_axis.is_sharded() {
+        let geometry = PageGeometry::of(d);
+        (geometry.rows, unit_count(wanted) * geometry.unit_row_bytes)
+    } else {
+        (1, unit_count(wanted) * d.bytes_per_logical_unit)
+    }
 }
 
 /// Verifies every plan of `planner`; the error names the first gap, overlap or wrong source.
@@ -204,7 +365,7 @@ pub fn verify_plans(
     let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     // Decode ranks of the current decode DP group reading each prefill TP rank of its source.
     let mut readers = vec![0u64; usize::try_from(prefill_ranks.tp_size()).unwrap_or(0)];
-    let mut written: Vec<Vec<Interval>> = vec![Vec::new(); context.pairs.len()];
+    let mut written: Vec<Vec<Written>> = vec![Vec::new(); context.pairs.len()];
     for group in 0..decode_ranks.dp_size() {
         let source_group = planner.default_prefill_group(group);
         for decode_rank in decode_ranks.group_ranks(group) {
@@ -228,21 +389,23 @@ pub fn verify_plans(
                     *count += 1;
                 }
                 for f in &source.fragments {
-                    let (position, bytes) = context.check_fragment(decode_rank, prefill_rank, f)?;
-                    if let (Some(bytes), Some(list)) = (bytes, written.get_mut(position)) {
-                        list.push(bytes);
+                    let mut runs = Vec::new();
+                    let position =
+                        context.check_fragment(decode_rank, prefill_rank, f, &mut runs)?;
+                    if let Some(list) = written.get_mut(position) {
+                        list.extend(runs);
                     }
                 }
             }
             for (position, list) in written.iter_mut().enumerate() {
                 if let Some(&(_, d)) = context.pairs.get(position) {
-                    let wanted = received_units(d, decode_ranks.tp_size(), decode_tp_rank);
-                    check_coverage(
-                        decode_rank,
+                    let wanted = received_units(
                         d,
-                        wanted.len() * d.bytes_per_logical_unit,
-                        list,
-                    )?;
+                        decode_ranks.tp_size(),
+                        decode_tp_rank,
+                        planner.decode_replicas(),
+                    );
+                    check_coverage(decode_rank, d, coverage_shape(d, &wanted), list)?;
                 }
             }
         }
@@ -265,7 +428,7 @@ pub fn verify_plans(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{BufferKind, ParallelLayout, Role};
+    use crate::layout::{BufferKind, LogicalParts, ParallelLayout, Role};
 
     fn buffer(axis: LogicalAxis, heads: u64, tp: u64, replica: u64) -> BufferLayout {
         BufferLayout {
@@ -281,6 +444,8 @@ mod tests {
                 heads / (tp / replica) * 64
             },
             tp_replica_group_size: replica,
+            rows_per_page: 1,
+            logical_parts: LogicalParts::WHOLE,
         }
     }
 

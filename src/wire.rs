@@ -1,6 +1,8 @@
-//! Wire format v1: a version frame (`b"1"`) and a compact JSON list of fragment objects, keys
-//! in field order, byte-identical to the reference encoder. Decoding is strict: fragments come
-//! from another process and are not trusted.
+//! The wire format: a version frame and a compact JSON list of fragment objects, keys in field
+//! order. Version 1 (`b"1"`) is the reference's, byte for byte; a list with a row fragment
+//! (token-major pages) is version 2 (`b"2"`): the v1 keys, then `rows_per_page`,
+//! `src_row_stride_bytes`, `dst_row_stride_bytes`. Decoding is strict: fragments come from
+//! another process and are not trusted.
 
 use std::fmt;
 
@@ -11,8 +13,14 @@ use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
 use crate::layout::{BufferKind, MAX_VALUE};
 
+/// The version the reference speaks, and what a list without row fragments is encoded as.
 pub const PROTOCOL_VERSION: u32 = 1;
 pub const VERSION_FRAME: &[u8] = b"1";
+/// The version that carries row fragments.
+pub const ROWS_PROTOCOL_VERSION: u32 = 2;
+pub const ROWS_VERSION_FRAME: &[u8] = b"2";
+/// Every version this build decodes.
+pub const READABLE_VERSIONS: [u32; 2] = [PROTOCOL_VERSION, ROWS_PROTOCOL_VERSION];
 
 /// How much a peer's frames may hold before anything is parsed: a frame is refused on its
 /// length alone, and a payload stops parsing at the first fragment past the count.
@@ -37,22 +45,28 @@ impl Default for FrameLimits {
     }
 }
 
-/// Encodes fragments into (version frame, payload frame).
+/// Encodes fragments into (version frame, payload frame): version 1 unless a fragment has rows.
 pub fn encode(fragments: &[Fragment]) -> (Vec<u8>, Vec<u8>) {
-    // Every fragment serialises to roughly 250 bytes.
-    let mut json = String::with_capacity(2 + fragments.len() * 256);
+    let rows = fragments.iter().any(Fragment::is_row_fragment);
+    // Every fragment serialises to roughly 250 bytes (v2: 320).
+    let mut json = String::with_capacity(2 + fragments.len() * if rows { 320 } else { 256 });
     json.push('[');
     for (position, fragment) in fragments.iter().enumerate() {
         if position > 0 {
             json.push(',');
         }
-        write_fragment(&mut json, fragment);
+        write_fragment(&mut json, fragment, rows);
     }
     json.push(']');
-    (VERSION_FRAME.to_vec(), json.into_bytes())
+    let version = if rows {
+        ROWS_VERSION_FRAME
+    } else {
+        VERSION_FRAME
+    };
+    (version.to_vec(), json.into_bytes())
 }
 
-fn write_fragment(out: &mut String, f: &Fragment) {
+fn write_fragment(out: &mut String, f: &Fragment, with_rows: bool) {
     // Hand-rolled rather than `write!`: formatting machinery is most of the cost otherwise.
     let mut digits = itoa::Buffer::new();
     let mut field = |key: &str, value: u64| {
@@ -77,6 +91,15 @@ fn write_fragment(out: &mut String, f: &Fragment) {
     match f.page_count {
         Some(pages) => field(",\"page_count\":", pages),
         None => out.push_str(",\"page_count\":null"),
+    }
+    if with_rows {
+        let mut field = |key: &str, value: u64| {
+            out.push_str(key);
+            out.push_str(digits.format(value));
+        };
+        field(",\"rows_per_page\":", f.rows_per_page);
+        field(",\"src_row_stride_bytes\":", f.src_row_stride_bytes);
+        field(",\"dst_row_stride_bytes\":", f.dst_row_stride_bytes);
     }
     out.push('}');
 }
@@ -117,13 +140,17 @@ pub fn decode_with(
         (Some(_), None) => bail!("incomplete transfer plan frames: the payload frame is missing"),
         (None, Some(_)) => bail!("incomplete transfer plan frames: the version frame is missing"),
     };
-    if version != VERSION_FRAME {
-        let shown = String::from_utf8_lossy(&version[..version.len().min(32)]).into_owned();
-        bail!(
-            "unsupported transfer plan protocol version frame {shown:?}: this build speaks \
-             version {PROTOCOL_VERSION} only; upgrade the peer or pdplan so both match"
-        );
-    }
+    let rows = match version {
+        VERSION_FRAME => false,
+        ROWS_VERSION_FRAME => true,
+        _ => {
+            let shown = String::from_utf8_lossy(&version[..version.len().min(32)]).into_owned();
+            bail!(
+                "unsupported transfer plan protocol version frame {shown:?}: this build reads \
+                 versions {READABLE_VERSIONS:?}; upgrade the peer or pdplan so both match"
+            );
+        }
+    };
     check_payload_len(payload.len(), limits)?;
     let text = std::str::from_utf8(payload)
         .map_err(|e| PlanError::new(format!("transfer plan payload is not valid UTF-8: {e}")))?;
@@ -131,15 +158,18 @@ pub fn decode_with(
     let fragments = parser
         .deserialize_seq(BoundedFragments {
             max: limits.max_fragments,
+            rows,
         })
         .and_then(|fragments| parser.end().map(|()| fragments))
         .map_err(|e| PlanError::new(format!("invalid transfer plan payload: {e}")))?;
     Ok(fragments)
 }
 
-/// A JSON list of fragments, refused at the first element past `max`.
+/// A JSON list of fragments, refused at the first element past `max`; `rows` says the
+/// version carries the row keys (required in v2, refused in v1).
 struct BoundedFragments {
     max: u64,
+    rows: bool,
 }
 
 impl<'de> Visitor<'de> for BoundedFragments {
@@ -159,7 +189,11 @@ impl<'de> Visitor<'de> for BoundedFragments {
                     self.max
                 )));
             }
-            out.push(raw.into_fragment());
+            let position = out.len();
+            let fragment = raw
+                .into_fragment(self.rows)
+                .map_err(|e| de::Error::custom(format_args!("fragment {position}: {e}")))?;
+            out.push(fragment);
         }
         Ok(out)
     }
@@ -189,11 +223,35 @@ struct WireFragment {
     // `deserialize_with` makes the key required: `null` is allowed, a missing key is not.
     #[serde(deserialize_with = "wire_optional_int")]
     page_count: Option<u64>,
+    // Version 2 only; presence is checked against the version in `into_fragment`.
+    #[serde(default, deserialize_with = "wire_present_int")]
+    rows_per_page: Option<u64>,
+    #[serde(default, deserialize_with = "wire_present_int")]
+    src_row_stride_bytes: Option<u64>,
+    #[serde(default, deserialize_with = "wire_present_int")]
+    dst_row_stride_bytes: Option<u64>,
 }
 
 impl WireFragment {
-    fn into_fragment(self) -> Fragment {
-        Fragment {
+    fn into_fragment(self, rows: bool) -> PlanResult<Fragment> {
+        let row_keys = [
+            self.rows_per_page,
+            self.src_row_stride_bytes,
+            self.dst_row_stride_bytes,
+        ];
+        let (rows_per_page, src_row_stride_bytes, dst_row_stride_bytes) = match (rows, row_keys) {
+            (false, [None, None, None]) => (1, 0, 0),
+            (true, [Some(r), Some(s), Some(d)]) => (r, s, d),
+            (false, _) => bail!(
+                "a version 1 frame carries row keys (rows_per_page, src_row_stride_bytes, \
+                 dst_row_stride_bytes); only version 2 frames may"
+            ),
+            (true, _) => bail!(
+                "a version 2 fragment must carry rows_per_page, src_row_stride_bytes and \
+                 dst_row_stride_bytes"
+            ),
+        };
+        let fragment = Fragment {
             buffer_index: self.buffer_index,
             buffer_kind: self.buffer_kind,
             src_rank: self.src_rank,
@@ -204,7 +262,12 @@ impl WireFragment {
             dst_byte_offset: self.dst_byte_offset,
             bytes_per_page: self.bytes_per_page,
             page_count: self.page_count,
-        }
+            rows_per_page,
+            src_row_stride_bytes,
+            dst_row_stride_bytes,
+        };
+        fragment.validate()?;
+        Ok(fragment)
     }
 }
 
@@ -266,6 +329,11 @@ fn wire_optional_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Optio
     deserializer.deserialize_any(WireOptionalInt)
 }
 
+/// A key that, when present, holds an integer in [0, 2^63) (never `null`).
+fn wire_present_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    deserializer.deserialize_any(WireInt).map(Some)
+}
+
 fn wire_kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BufferKind, D::Error> {
     // Borrowing fails for strings with escapes; an owned String takes both.
     let text = String::deserialize(deserializer)?;
@@ -288,6 +356,19 @@ mod tests {
             dst_byte_offset: 4096,
             bytes_per_page: 4096,
             page_count: None,
+            rows_per_page: 1,
+            src_row_stride_bytes: 0,
+            dst_row_stride_bytes: 0,
+        }
+    }
+
+    fn row_fragment() -> Fragment {
+        Fragment {
+            bytes_per_page: 4096,
+            rows_per_page: 16,
+            src_row_stride_bytes: 256,
+            dst_row_stride_bytes: 1024,
+            ..fragment()
         }
     }
 
@@ -356,11 +437,33 @@ mod tests {
             assert!(payload(&case).is_err(), "accepted {case}");
         }
         assert!(decode(Some(b"1"), Some(&[0xff, 0xfe])).is_err());
-        assert!(decode(Some(b"2"), Some(b"[]")).is_err());
+        assert!(decode(Some(b"3"), Some(b"[]")).is_err());
         assert!(decode(Some(b"01"), Some(b"[]")).is_err());
         assert!(
             payload(&good.replace("\"src_rank\":1", "\"src_rank\":9223372036854775807")).is_ok()
         );
+    }
+
+    #[test]
+    fn row_fragments_travel_as_version_2() {
+        let mixed = vec![fragment(), row_fragment()];
+        let (version, json) = encode(&mixed);
+        assert_eq!(version, b"2");
+        let text = String::from_utf8(json.clone()).unwrap();
+        assert!(text.ends_with(
+            "\"page_count\":null,\"rows_per_page\":16,\"src_row_stride_bytes\":256,\
+             \"dst_row_stride_bytes\":1024}]"
+        ));
+        assert_eq!(decode(Some(&version), Some(&json)).unwrap(), mixed);
+        // v2 needs every row key; v1 may carry none.
+        let partial = text.replace(",\"dst_row_stride_bytes\":1024", "");
+        assert!(decode(Some(b"2"), Some(partial.as_bytes())).is_err());
+        assert!(decode(Some(b"1"), Some(&json)).is_err());
+        let (_, v1) = encode(&[fragment()]);
+        assert!(decode(Some(b"2"), Some(&v1)).is_err());
+        // Field rules hold in v2 too: rows must divide the bytes.
+        let odd = text.replace("\"rows_per_page\":16", "\"rows_per_page\":3");
+        assert!(decode(Some(b"2"), Some(odd.as_bytes())).is_err());
     }
 
     #[test]

@@ -14,5 +14,7 @@ def mooncake_engine() -> None:
     except ImportError as exc:  # pragma: no cover - depends on the machine
         message = f"Mooncake transfer engine unavailable: {exc}"
         if os.environ.get("CI") == "true":
-            pytest.fail(message + " (CI must install it: pip install '.[test]', libibverbs1)")
+            pytest.fail(
+                message + " (CI must install it: pip install '.[test,engines]', libibverbs1)"
+            )
         pytest.skip(message)

@@ -14,6 +14,9 @@ from pdplan import (
     TransferFragment,
 )
 
+#: Fields pdplan's fragments have beyond the reference's.
+ROW_FIELDS = ("rows_per_page", "src_row_stride_bytes", "dst_row_stride_bytes")
+
 
 def buffers(rows: list[list[Any]]) -> tuple[BufferLayout, ...]:
     return tuple(BufferLayout(row[0], BufferKind(row[1]), *row[2:]) for row in rows)
@@ -30,7 +33,11 @@ def planner_from_spec(spec: dict[str, Any]) -> PDTransferPlanner:
 
 def fragment_to_dict(fragment: TransferFragment) -> dict[str, Any]:
     assert isinstance(fragment.buffer_kind, BufferKind)
-    return {**asdict(fragment), "buffer_kind": fragment.buffer_kind.value}
+    """The reference's fields: a head-major plan's fragments carry the row defaults only."""
+    fields = {**asdict(fragment), "buffer_kind": fragment.buffer_kind.value}
+    rows = [fields.pop(name) for name in ROW_FIELDS]
+    assert rows == [1, 0, 0], f"a reference-compatible fragment with rows: {fragment}"
+    return fields
 
 
 def plan_to_dict(plan: RankTransferPlan) -> dict[str, Any]:

@@ -10,6 +10,7 @@ every rank can be dealt a shard that fits its item and every decode byte has a s
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -23,8 +24,9 @@ PAGES = 2
 def dealt_units(buffer: BufferLayout, tp_size: int, tp_rank: int) -> np.ndarray | None:
     """The logical units `tp_rank` holds, in item order, or None when no even dealing exists.
 
-    Ranks form replica groups of `tp_replica_group_size` consecutive ranks; the units are
-    split into one equal contiguous run per group, and every rank of a group holds its run.
+    Ranks form replica groups of `tp_replica_group_size` consecutive ranks; each part of the
+    axis (the whole axis unless `logical_parts` says otherwise) is split into one equal
+    contiguous run per group, and every rank of a group holds its runs, part after part.
     """
     if buffer.logical_axis == "replicated":
         return np.arange(buffer.logical_size)
@@ -33,9 +35,13 @@ def dealt_units(buffer: BufferLayout, tp_size: int, tp_rank: int) -> np.ndarray 
     if stray or groups == 0:
         return None  # some ranks would belong to no whole replica group
     units = np.arange(buffer.logical_size)
-    if len(units) % groups:
-        return None  # the units cannot be split evenly over the groups
-    return np.split(units, groups)[tp_rank // replica]
+    parts = buffer.logical_parts or (buffer.logical_size,)
+    held = []
+    for part in np.split(units, np.cumsum(parts)[:-1]):
+        if len(part) % groups:
+            return None  # the part cannot be split evenly over the groups
+        held.append(np.split(part, groups)[tp_rank // replica])
+    return np.concatenate(held)
 
 
 def layout_is_valid(
@@ -49,13 +55,27 @@ def layout_is_valid(
     on the prefill side."""
     if len(prefill_buffers) != len(decode_buffers):
         return False
-    same = ("buffer_index", "buffer_kind", "logical_axis", "logical_size", "bytes_per_logical_unit")
+    same = (
+        "buffer_index",
+        "buffer_kind",
+        "logical_axis",
+        "logical_size",
+        "bytes_per_logical_unit",
+        "rows_per_page",
+        "logical_parts",
+    )
     for p, d in zip(prefill_buffers, decode_buffers):
         if any(getattr(p, name) != getattr(d, name) for name in same):
             return False
         if p.logical_axis == "replicated":
-            # The decode item is copied whole from a prefill item.
+            # The decode item is copied whole from a prefill item: every byte it should hold
+            # must sit at the same place in the prefill item.
             if d.item_stride_bytes > p.item_stride_bytes:
+                return False
+            units = np.arange(p.logical_size)
+            src = page_labels(p, units, p.item_stride_bytes)[: d.item_stride_bytes]
+            dst = page_labels(d, units, d.item_stride_bytes)
+            if not np.array_equal(src[dst != 0], dst[dst != 0]):
                 return False
             continue
         for layout, b in ((prefill, p), (decode, d)):
@@ -68,14 +88,25 @@ def layout_is_valid(
 
 
 def page_labels(buffer: BufferLayout, units: np.ndarray, item_bytes: int) -> np.ndarray:
-    """One page of a rank's item: each byte labelled with 1 + the logical byte it holds
-    (unit * bytes_per_logical_unit + byte within the unit); 0 marks padding."""
+    """One page of a rank's item as a (rows, row bytes) tensor flattened: row r holds, unit by
+    unit in the rank's order, bytes r*w .. (r+1)*w of each unit (w = bytes_per_logical_unit /
+    rows), each byte labelled 1 + its logical byte (unit * bytes_per_logical_unit + byte of
+    the unit); 0 marks padding."""
+    rows = buffer.rows_per_page
     unit_bytes = buffer.bytes_per_logical_unit
-    logical = (units[:, None] * unit_bytes + np.arange(unit_bytes)[None, :]).reshape(-1) + 1
-    page = np.zeros(item_bytes, dtype=np.int64)
-    held = min(len(logical), item_bytes)
-    page[:held] = logical[:held]
-    return page
+    width = unit_bytes // rows
+    # logical[u, r, b] = unit u's byte r*width + b
+    logical = (
+        units[:, None, None] * unit_bytes
+        + np.arange(rows)[None, :, None] * width
+        + np.arange(width)[None, None, :]
+        + 1
+    )
+    page = np.zeros((rows, item_bytes // rows), dtype=np.int64)
+    row_major = logical.transpose(1, 0, 2).reshape(rows, -1)  # row r: every unit's r-th slice
+    held = min(row_major.shape[1], page.shape[1])
+    page[:, :held] = row_major[:, :held]
+    return page.reshape(-1)
 
 
 def first_holder(buffer: BufferLayout, tp_size: int, unit: int) -> int:
@@ -87,10 +118,10 @@ def first_holder(buffer: BufferLayout, tp_size: int, unit: int) -> int:
     )
 
 
-def receives(buffer: BufferLayout, tp_size: int, tp_rank: int) -> bool:
-    """Whether a decode rank receives this buffer: only the first holder of its units does
-    (reference semantics: the runtime copies inside a replica group)."""
-    if buffer.logical_axis == "replicated":
+def receives(buffer: BufferLayout, tp_size: int, tp_rank: int, replicas: str = "first") -> bool:
+    """Whether a decode rank receives this buffer: every rank under ``"all"``; under
+    ``"first"`` only the first holder of its units (the runtime copies inside the group)."""
+    if buffer.logical_axis == "replicated" or replicas == "all":
         return True
     units = dealt_units(buffer, tp_size, tp_rank)
     assert units is not None
@@ -137,9 +168,11 @@ def simulate(
     prefill_buffers: Sequence[BufferLayout],
     decode_buffers: Sequence[BufferLayout],
     source_group: int,
+    replicas: str = "first",
 ) -> None:
     """Runs the fragments as numpy copies between labelled items and checks every byte the
-    decode rank should hold arrived exactly once, and nothing else was written."""
+    decode rank should hold arrived exactly once, and nothing else was written. A row
+    fragment copies `rows_per_page` runs a page, run r at offset + r * row stride."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     tp_rank = decode_rank % dtp
     by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
@@ -159,19 +192,26 @@ def simulate(
             src_page = page_labels(p, units, p.item_stride_bytes)
             source = np.tile(src_page, PAGES)
             assert f.bytes_per_page > 0
-            for page in range(PAGES):
-                s = page * f.src_page_stride_bytes + f.src_byte_offset
-                t = page * f.dst_page_stride_bytes + f.dst_byte_offset
-                assert s + f.bytes_per_page <= len(source), "reads past the prefill buffer"
-                assert t + f.bytes_per_page <= len(received[d.buffer_index]), "writes past"
-                received[d.buffer_index][t : t + f.bytes_per_page] = source[
-                    s : s + f.bytes_per_page
-                ]
-                writes[d.buffer_index][t : t + f.bytes_per_page] += 1
+            run = f.bytes_per_page // f.rows_per_page
+            for page, row in itertools.product(range(PAGES), range(f.rows_per_page)):
+                s = (
+                    page * f.src_page_stride_bytes
+                    + f.src_byte_offset
+                    + row * f.src_row_stride_bytes
+                )
+                t = (
+                    page * f.dst_page_stride_bytes
+                    + f.dst_byte_offset
+                    + row * f.dst_row_stride_bytes
+                )
+                assert s + run <= len(source), "reads past the prefill buffer"
+                assert t + run <= len(received[d.buffer_index]), "writes past"
+                received[d.buffer_index][t : t + run] = source[s : s + run]
+                writes[d.buffer_index][t : t + run] += 1
     for d in decode_buffers:
         units = dealt_units(d, dtp, tp_rank)
         assert units is not None
-        if receives(d, dtp, tp_rank):
+        if receives(d, dtp, tp_rank, replicas):
             expected = np.tile(page_labels(d, units, d.item_stride_bytes), PAGES)
         else:
             expected = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
@@ -194,9 +234,10 @@ def check_plan(
     prefill_buffers: Sequence[BufferLayout],
     decode_buffers: Sequence[BufferLayout],
     fanout: Mapping[int, int],
+    replicas: str = "first",
 ) -> None:
     """A decode rank's plan (and its `transfer_fragments`, which carry identity plans' whole
-    items) against the simulation and the brute-force fanout."""
+    items) against the simulation and the fanout."""
     group = (decode_rank // decode.tp_size_per_dp) % prefill.dp_size
     assert plan.target_dp_group == group
     assert list(plan.target_prefill_ranks) == sorted(plan.target_prefill_ranks)
@@ -212,5 +253,59 @@ def check_plan(
         assert tuple(plan.fragments_by_prefill_rank) == plan.target_prefill_ranks
         assert all(plan.fragments_by_prefill_rank.values()), "a source with no fragments"
     simulate(
-        decode_rank, fragments_by_source, prefill, decode, prefill_buffers, decode_buffers, group
+        decode_rank,
+        fragments_by_source,
+        prefill,
+        decode,
+        prefill_buffers,
+        decode_buffers,
+        group,
+        replicas,
     )
+
+
+def least_largest_fanout(
+    prefill: ParallelLayout,
+    decode: ParallelLayout,
+    prefill_buffers: Sequence[BufferLayout],
+    decode_buffers: Sequence[BufferLayout],
+) -> int:
+    """The smallest possible largest fanout when every decode rank of a group receives all its
+    units directly, by exhaustive search: each decode rank picks, for each set of prefill
+    ranks holding a unit it needs, one of them (replicated buffers: the reference's source);
+    a prefill rank's fanout is how many decode ranks picked it."""
+    ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
+    holders_of = []  # per decode rank: the distinct holder sets it must hit
+    for tp_rank in range(dtp):
+        needs: set[frozenset[int]] = set()
+        for p, d in zip(prefill_buffers, decode_buffers):
+            if p.logical_axis == "replicated":
+                needs.add(frozenset({tp_rank * ptp // dtp}))
+                continue
+            for unit in dealt_units(d, dtp, tp_rank).tolist():  # type: ignore[union-attr]
+                needs.add(
+                    frozenset(
+                        r
+                        for r in range(ptp)
+                        if unit in set(dealt_units(p, ptp, r).tolist())  # type: ignore[union-attr]
+                    )
+                )
+        choices = {frozenset(pick) for pick in itertools.product(*needs)}
+        holders_of.append(sorted(choices, key=len))
+    best = [dtp + 1]
+
+    def search(rank: int, counts: list[int]) -> None:
+        if max(counts) >= best[0]:
+            return
+        if rank == dtp:
+            best[0] = max(counts)
+            return
+        for pick in holders_of[rank]:
+            for r in pick:
+                counts[r] += 1
+            search(rank + 1, counts)
+            for r in pick:
+                counts[r] -= 1
+
+    search(0, [0] * ptp)
+    return best[0] if dtp else 0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,6 +66,7 @@ def test_public_names() -> None:
         "encode_transfer_fragments",
         "decode_transfer_fragments",
         "TRANSFER_PLAN_PROTOCOL_VERSION",
+        "TRANSFER_PLAN_READABLE_VERSIONS",
         "DEFAULT_MAX_PAYLOAD_BYTES",
         "DEFAULT_MAX_FRAGMENTS",
         "__version__",
@@ -90,6 +93,8 @@ def test_public_names() -> None:
                 ("bytes_per_logical_unit", None),
                 ("item_stride_bytes", None),
                 ("tp_replica_group_size", 1),
+                ("rows_per_page", 1),
+                ("logical_parts", None),
             ],
         ),
         (
@@ -105,6 +110,9 @@ def test_public_names() -> None:
                 ("dst_byte_offset", None),
                 ("bytes_per_page", None),
                 ("page_count", None),
+                ("rows_per_page", 1),
+                ("src_row_stride_bytes", 0),
+                ("dst_row_stride_bytes", 0),
             ],
         ),
         (
@@ -315,3 +323,16 @@ def test_identity_plan_and_idle_prefill_groups() -> None:
 def test_planning_a_huge_world_is_refused_at_once() -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="maximum"):
         planner(prefill_tp=2**31)
+
+
+def test_the_suite_runs_against_the_package_it_was_asked_to() -> None:
+    """scripts/test_wheel.sh sets PDPLAN_EXPECT_INSTALLED to the venv the wheel went into; the
+    suite must then import pdplan from there, not from the source tree."""
+    venv = os.environ.get("PDPLAN_EXPECT_INSTALLED")
+    location = Path(pdplan.__file__).resolve()
+    assert (location.parent / "_core.pyi").exists()
+    if venv is None:
+        assert "site-packages" in location.parts or "python" in location.parts
+        return
+    assert location.is_relative_to(Path(venv).resolve()), f"imported from {location}"
+    assert "site-packages" in location.parts

@@ -18,14 +18,24 @@ from pdplan import (
     UnsupportedPDLayoutError,
 )
 
-from oracle import check_plan, expected_fanout, layout_is_valid, simulate
+from oracle import (
+    check_plan,
+    expected_fanout,
+    layout_is_valid,
+    least_largest_fanout,
+    simulate,
+)
 
 TP = st.sampled_from([1, 2, 4, 8] * 3 + [3, 6])
 
 
 @st.composite
-def layouts(draw: Any) -> tuple[Any, ...]:
-    prefill_tp, decode_tp = draw(TP), draw(TP)
+def layouts(draw: Any, max_tp: int = 8) -> tuple[Any, ...]:
+    """Both sides of a random deployment: TP, DP groups (decode sometimes with more), and up to
+    four buffers: KV heads or state channels (possibly made of parts) or replicated, head- or
+    token-major pages, GQA replica groups, padding, and now and then a broken item size."""
+    tp_sizes = TP.filter(lambda tp: tp <= max_tp)
+    prefill_tp, decode_tp = draw(tp_sizes), draw(tp_sizes)
     prefill_dp = draw(st.integers(1, 3))
     decode_dp = draw(st.integers(1, prefill_dp + (1 if draw(st.integers(0, 9)) == 0 else 0)))
     prefill = ParallelLayout("prefill", prefill_tp * prefill_dp, prefill_dp)
@@ -34,19 +44,61 @@ def layouts(draw: Any) -> tuple[Any, ...]:
     for index in range(draw(st.integers(0, 4))):
         kind = draw(st.sampled_from(list(BufferKind)))
         axis = draw(st.sampled_from(["kv_head", "state_channel", "replicated"]))
-        size = draw(st.sampled_from([1, 2, 4, 8] * 3 + [3, 6, 12, 24]))
-        bpu = draw(st.integers(1, 5))
+        parts = None
+        if axis != "replicated" and draw(st.integers(0, 3)) == 0:
+            parts = tuple(draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=3)))
+        size = sum(parts) if parts else draw(st.sampled_from([1, 2, 4, 8] * 3 + [3, 6, 12, 24]))
+        rows = draw(st.sampled_from([1] * 3 + [2, 4]))
+        bpu = draw(st.integers(1, 3)) * rows
         sides = []
         for tp in (prefill_tp, decode_tp):
             natural = tp // size if tp > size and tp % size == 0 else 1
             replica = draw(st.sampled_from([natural] * 4 + [1, 2]))
             shards = max(1, tp // replica)
             stride = size * bpu if axis == "replicated" else -(-size // shards) * bpu
-            stride += draw(st.sampled_from([0] * 5 + [1, bpu, -1]))
-            sides.append(BufferLayout(index, kind, axis, size, 16, bpu, max(1, stride), replica))
+            stride += rows * draw(st.sampled_from([0] * 5 + [1, bpu, -1]))
+            stride = max(rows, stride)
+            buffer = BufferLayout(index, kind, axis, size, 16, bpu, stride, replica, rows, parts)
+            sides.append(buffer)
         prefill_buffers.append(sides[0])
         decode_buffers.append(sides[1])
     return prefill, decode, tuple(prefill_buffers), tuple(decode_buffers)
+
+
+def fanout_from_plans(planner: PDTransferPlanner) -> dict[int, int]:
+    """Decode ranks of one decode DP group naming each prefill rank, per request: what each
+    prefill rank must wait for (0 for prefill groups no decode group reads by default)."""
+    prefill, decode = planner.prefill_layout, planner.decode_layout
+    fanout = dict.fromkeys(range(prefill.world_size), 0)
+    for group in range(decode.dp_size):
+        counts = dict.fromkeys(range(prefill.world_size), 0)
+        for tp_rank in range(decode.tp_size_per_dp):
+            for source in planner.transfer_fragments(group * decode.tp_size_per_dp + tp_rank):
+                counts[source] += 1
+        fanout.update({rank: n for rank, n in counts.items() if n})
+    return fanout
+
+
+def check_every_rank(planner: PDTransferPlanner, layout: tuple[Any, ...], replicas: str) -> None:
+    decode, decode_buffers = layout[1], layout[3]
+    cramped = any(
+        d.logical_axis == "replicated"
+        and d.item_stride_bytes < d.logical_size * d.bytes_per_logical_unit
+        for d in decode_buffers
+    )
+    if cramped:  # the decode item cannot hold the replicated buffer: planned, but a gap
+        with pytest.raises(UnsupportedPDLayoutError, match="gap"):
+            planner.verify()
+    else:
+        planner.verify()
+    if replicas == "first":
+        fanout = expected_fanout(*layout)
+    else:
+        fanout = fanout_from_plans(planner)
+    assert planner.source_fanout == fanout
+    for rank in range(decode.world_size):
+        plan, fragments = planner.plan_for_decode_rank(rank), planner.transfer_fragments(rank)
+        check_plan(plan, fragments, rank, *layout, fanout, replicas)
 
 
 @settings(max_examples=400, deadline=None)
@@ -67,21 +119,29 @@ def test_plans_pass_the_oracle(layout: tuple[Any, ...]) -> None:
         return
     event("planned")
     assert valid, "pdplan planned a layout the oracle finds invalid"
-    cramped = any(
-        d.logical_axis == "replicated"
-        and d.item_stride_bytes < d.logical_size * d.bytes_per_logical_unit
-        for d in decode_buffers
+    check_every_rank(planner, layout, "first")
+
+
+@settings(max_examples=250, deadline=None)
+@given(layouts(max_tp=8))
+def test_every_decode_rank_served_with_the_least_fanout(layout: tuple[Any, ...]) -> None:
+    """decode_replicas="all": every decode rank receives its whole shard directly, and the
+    largest fanout is the least an exhaustive search over source choices finds."""
+    prefill, decode, prefill_buffers, decode_buffers = layout
+    if not layout_is_valid(*layout):
+        return
+    planner = PDTransferPlanner(
+        prefill_layout=prefill,
+        decode_layout=decode,
+        prefill_buffers=prefill_buffers,
+        decode_buffers=decode_buffers,
+        decode_replicas="all",
     )
-    if cramped:  # the decode item cannot hold the replicated buffer: planned, but a gap
-        with pytest.raises(UnsupportedPDLayoutError, match="gap"):
-            planner.verify()
-    else:
-        planner.verify()
-    fanout = expected_fanout(*layout)
-    assert planner.source_fanout == fanout
-    for rank in range(decode.world_size):
-        plan, fragments = planner.plan_for_decode_rank(rank), planner.transfer_fragments(rank)
-        check_plan(plan, fragments, rank, *layout, fanout)
+    assert planner.idle_decode_ranks == 0 or not prefill_buffers
+    check_every_rank(planner, layout, "all")
+    if planner.plan_for_decode_rank(0).plan_kind == "fragmented":
+        least = least_largest_fanout(*layout)
+        assert max(planner.source_fanout.values()) == least
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,4 +1,5 @@
-"""Wire format v1: reference-identical encoding, strict decoding, fuzzed frames."""
+"""The wire format: v1 reference-identical, v2 for row fragments, strict decoding of both,
+fuzzed frames."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from pdplan import (
     DEFAULT_MAX_FRAGMENTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
+    TRANSFER_PLAN_READABLE_VERSIONS,
     BufferKind,
     TransferFragment,
     UnsupportedPDLayoutError,
@@ -38,10 +40,53 @@ fragments = st.builds(
 )
 
 
-def reference_payload(items: tuple[TransferFragment, ...]) -> bytes:
-    """What the reference encoder writes: compact JSON, keys in field order."""
+@st.composite
+def row_fragments(draw: Any) -> TransferFragment:
+    """A valid row fragment: `rows` runs a page, strides at least a run long."""
+    rows = draw(st.integers(2, 64))
+    run = draw(st.integers(1, 2**20))
+    src_stride = draw(st.integers(run, 2**40))
+    dst_stride = draw(st.integers(run, 2**40))
+    base = draw(fragments)
+    return TransferFragment(
+        *[getattr(base, name) for name in V1_KEYS[:8]],
+        bytes_per_page=rows * run,
+        page_count=base.page_count,
+        rows_per_page=rows,
+        src_row_stride_bytes=src_stride,
+        dst_row_stride_bytes=dst_stride,
+    )
+
+
+#: The reference's keys, in its order: what a v1 frame carries.
+V1_KEYS = (
+    "buffer_index",
+    "buffer_kind",
+    "src_rank",
+    "dst_rank",
+    "src_page_stride_bytes",
+    "dst_page_stride_bytes",
+    "src_byte_offset",
+    "dst_byte_offset",
+    "bytes_per_page",
+    "page_count",
+)
+ROW_KEYS = ("rows_per_page", "src_row_stride_bytes", "dst_row_stride_bytes")
+
+
+def reference_payload(
+    items: tuple[TransferFragment, ...], keys: tuple[str, ...] = V1_KEYS
+) -> bytes:
+    """What the reference encoder writes: compact JSON, keys in field order (v2: the v1 keys,
+    then the row keys)."""
     return json.dumps(
-        [{**asdict(f), "buffer_kind": f.buffer_kind.value} for f in items],
+        [
+            {
+                key: (f.buffer_kind.value if key == "buffer_kind" else getattr(f, key))
+                for key in keys
+            }
+            for f in items
+        ],
         separators=(",", ":"),
     ).encode("utf-8")
 
@@ -159,8 +204,10 @@ def test_largest_integer_is_accepted() -> None:
     assert decoded[0].bytes_per_page == 2**63 - 1
 
 
-@pytest.mark.parametrize("version", [b"2", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1"])
-def test_version_other_than_1(version: bytes) -> None:
+@pytest.mark.parametrize(
+    "version", [b"3", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
+)
+def test_version_other_than_1_or_2(version: bytes) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="version"):
         decode_transfer_fragments(version, b"[]")
 
@@ -183,9 +230,14 @@ def test_deeply_nested_payload_is_refused_not_a_crash() -> None:
         decode_transfer_fragments(b"1", b"[" * 200_000)
 
 
+#: Bytes a mutation inserts: JSON that breaks types, structure or UTF-8, and row keys.
+TOKENS = [b"-", b"1", b".5", b"e9", b"null", b"true", b'"', b",", b"{", b"]", b"\xc3", b"0"]
+TOKENS += [b',"rows_per_page":2', b',"src_row_stride_bytes":0']
+
+
 @st.composite
 def mutated_frames(draw: Any) -> tuple[bytes, bytes]:
-    items = draw(st.lists(fragments, min_size=1, max_size=3).map(tuple))
+    items = draw(st.lists(fragments | row_fragments(), min_size=1, max_size=3).map(tuple))
     version, payload = encode_transfer_fragments(items)
     data = bytearray(payload)
     for _ in range(draw(st.integers(1, 6))):
@@ -194,18 +246,14 @@ def mutated_frames(draw: Any) -> tuple[bytes, bytes]:
         if action == "flip" and data:
             data[at] = draw(st.integers(0, 255))
         elif action == "insert":
-            token = draw(
-                st.sampled_from(
-                    [b"-", b"1", b".5", b"e9", b"null", b"true", b'"', b",", b"{", b"]", b"\xc3"]
-                )
-            )
+            token = draw(st.sampled_from(TOKENS))
             data[at:at] = token
         elif action == "delete" and data:
             del data[at : at + draw(st.integers(1, 8))]
         else:
             data[at:at] = draw(st.binary(max_size=8))
     if draw(st.integers(0, 9)) == 0:
-        version = draw(st.binary(max_size=3))
+        version = draw(st.binary(max_size=3) | st.sampled_from([b"1", b"2"]))
     return version, bytes(data)
 
 
@@ -277,3 +325,48 @@ def test_too_many_fragments_are_refused_while_parsing() -> None:
 def test_frame_limits_must_be_whole_numbers(bad: Any) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="max_fragments must be an integer"):
         decode_transfer_fragments(b"1", b"[]", max_fragments=bad)
+
+
+@settings(max_examples=200)
+@given(st.lists(fragments, max_size=4), st.lists(row_fragments(), min_size=1, max_size=4))
+def test_a_list_with_row_fragments_is_version_2(plain: list[Any], rows: list[Any]) -> None:
+    items = tuple(plain + rows)
+    version, payload = encode_transfer_fragments(items)
+    assert version == b"2"
+    assert payload == reference_payload(items, V1_KEYS + ROW_KEYS)
+    assert decode_transfer_fragments(version, payload) == items
+
+
+def test_v1_frames_carry_no_row_keys_and_v2_frames_carry_all() -> None:
+    row = TransferFragment(
+        0, BufferKind.TARGET_K, 0, 0, 8192, 32768, 0, 256, 4096, None, 16, 256, 1024
+    )
+    _, payload = encode_transfer_fragments([row])
+    entry = json.loads(payload)[0]
+    with pytest.raises(UnsupportedPDLayoutError, match="version 1 frame carries row keys"):
+        decode_transfer_fragments(b"1", payload)
+    for key in ROW_KEYS:
+        partial = {k: v for k, v in entry.items() if k != key}
+        with pytest.raises(UnsupportedPDLayoutError, match="must carry rows_per_page"):
+            decode_transfer_fragments(b"2", json.dumps([partial]).encode())
+        with pytest.raises(UnsupportedPDLayoutError, match="integer"):
+            decode_transfer_fragments(b"2", json.dumps([{**entry, key: -1}]).encode())
+    # v1 rules hold field by field in v2 too.
+    with pytest.raises(UnsupportedPDLayoutError, match="integer"):
+        decode_transfer_fragments(b"2", json.dumps([{**entry, "src_rank": 1.5}]).encode())
+    # A row stride shorter than a run would overlap the rows of a page.
+    with pytest.raises(UnsupportedPDLayoutError, match="at least the 256-byte run"):
+        decode_transfer_fragments(
+            b"2", json.dumps([{**entry, "dst_row_stride_bytes": 255}]).encode()
+        )
+    with pytest.raises(UnsupportedPDLayoutError, match="whole number of rows_per_page"):
+        decode_transfer_fragments(b"2", json.dumps([{**entry, "rows_per_page": 3}]).encode())
+    # A plain fragment in a v2 frame is allowed; it decodes to the same fragment.
+    plain = {
+        **good_entry(),
+        "rows_per_page": 1,
+        "src_row_stride_bytes": 0,
+        "dst_row_stride_bytes": 0,
+    }
+    assert decode_transfer_fragments(b"2", json.dumps([plain]).encode()) == (GOOD,)
+    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2)

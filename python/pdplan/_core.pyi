@@ -23,6 +23,7 @@ __all__ = [
     "RANK_TRANSFER_PLAN_FIELDS",
     "TRANSFER_FRAGMENT_FIELDS",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
+    "TRANSFER_PLAN_READABLE_VERSIONS",
     "Planner",
     "UnsupportedPDLayoutError",
     "__version__",
@@ -44,6 +45,7 @@ MAX_DESCRIPTORS: int
 DEFAULT_MAX_PAYLOAD_BYTES: int
 DEFAULT_MAX_FRAGMENTS: int
 TRANSFER_PLAN_PROTOCOL_VERSION: int
+TRANSFER_PLAN_READABLE_VERSIONS: tuple[int, ...]
 MAX_WORLD_SIZE: int
 TRANSFER_FRAGMENT_FIELDS: list[str]
 RANK_TRANSFER_PLAN_FIELDS: list[str]
@@ -74,7 +76,7 @@ def transfer_descriptors(
     dst_limits: npt.ArrayLike | None = None,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
 
-_BufferRow = tuple[int, str, str, int, int, int, int, int]
+_BufferRow = tuple[int, str, str, int, int, int, int, int, int, list[int] | None]
 
 def model_buffers(
     shape: ModelShape, prefill_tp: int, decode_tp: int
@@ -95,6 +97,7 @@ class Planner:
         decode_layout: ParallelLayout,
         prefill_buffers: Iterable[BufferLayout],
         decode_buffers: Iterable[BufferLayout],
+        decode_replicas: str | None = None,
     ) -> Planner: ...
     def plan_for_decode_rank(
         self, decode_rank: int, prefill_dp_group: int | None = None
@@ -114,3 +117,5 @@ class Planner:
     ]: ...
     @property
     def is_identity(self) -> bool: ...
+    @property
+    def idle_decode_ranks(self) -> int: ...

@@ -86,12 +86,21 @@ class ItemLengths:
     logical_size: int | None = None
 
 
-def _layouts(
-    rows: Sequence[tuple[int, str, str, int, int, int, int, int]],
-) -> tuple[BufferLayout, ...]:
+def _layouts(rows: Sequence[_core._BufferRow]) -> tuple[BufferLayout, ...]:
     return tuple(
-        BufferLayout(index, BufferKind(kind), axis, *sizes)  # type: ignore[arg-type]
-        for index, kind, axis, *sizes in rows
+        BufferLayout(
+            index,
+            BufferKind(kind),
+            axis,  # type: ignore[arg-type]
+            size,
+            page,
+            unit,
+            item,
+            replica,
+            rows_per_page,
+            None if parts is None else tuple(parts),
+        )
+        for index, kind, axis, size, page, unit, item, replica, rows_per_page, parts in rows
     )
 
 

@@ -74,15 +74,26 @@ class BufferLayout:
     bytes_per_logical_unit: int
     item_stride_bytes: int
     tp_replica_group_size: int = 1
+    #: Rows a page: each row holds this rank's units in order, a unit taking
+    #: ``bytes_per_logical_unit / rows_per_page`` bytes of it, rows ``item_stride_bytes /
+    #: rows_per_page`` apart. 1: head-major (HND); ``page_size``: token-major (NHD);
+    #: ``2 * page_size``: FlashInfer's fused K/V page.
+    rows_per_page: int = 1
+    #: The split axis as a concatenation of parts (summing to ``logical_size``), each split
+    #: evenly over the TP shards: Mamba2's conv state ``x | B | C``. None: one part.
+    logical_parts: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _coerce_kind(self)
+        if isinstance(self.logical_parts, list):
+            object.__setattr__(self, "logical_parts", tuple(self.logical_parts))
         _core.check_buffer_layout(self)
 
 
 @dataclass(frozen=True, slots=True)
 class TransferFragment:
-    """Bytes ``[offset, offset + bytes_per_page)`` of every page of one buffer, one rank pair.
+    """Bytes ``[offset, offset + bytes_per_page)`` of every page of one buffer, one rank pair;
+    for token-major pages, one run per row (a row fragment, wire format v2).
 
     Slotted (no ``__dict__``): a plan holds hundreds of thousands of these.
     """
@@ -97,6 +108,11 @@ class TransferFragment:
     dst_byte_offset: int
     bytes_per_page: int
     page_count: int | None = None
+    #: Runs a page: ``rows_per_page`` runs of ``bytes_per_page / rows_per_page`` bytes, run
+    #: ``r`` at ``offset + r * row_stride`` on each side. 1 (strides 0): one span, as in v1.
+    rows_per_page: int = 1
+    src_row_stride_bytes: int = 0
+    dst_row_stride_bytes: int = 0
 
     def __post_init__(self) -> None:
         _coerce_kind(self)

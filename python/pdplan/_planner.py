@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is imported
     import numpy as np
@@ -39,12 +39,21 @@ class PDTransferPlanner:
         decode_layout: ParallelLayout,
         prefill_buffers: Sequence[BufferLayout],
         decode_buffers: Sequence[BufferLayout],
+        decode_replicas: Literal["first", "all"] = "first",
     ) -> None:
+        """``decode_replicas`` says which decode ranks of a replica group (decode TP above the
+        KV-head count) receive a sharded buffer: ``"first"`` (the reference's semantics) only
+        the group's first rank, and the runtime copies inside the group; ``"all"`` every decode
+        rank, directly, spread over the prefill ranks that hold the same heads so that the
+        largest fanout is as small as it can be."""
         self.prefill_layout = prefill_layout
         self.decode_layout = decode_layout
         self.prefill_buffers = prefill_buffers
         self.decode_buffers = decode_buffers
-        self._core = _core.Planner(prefill_layout, decode_layout, prefill_buffers, decode_buffers)
+        self.decode_replicas = decode_replicas
+        self._core = _core.Planner(
+            prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas
+        )
 
     def plan_for_decode_rank(
         self, decode_rank: int, prefill_dp_group: int | None = None
@@ -89,6 +98,13 @@ class PDTransferPlanner:
     def routing_table(self) -> RoutingTable:
         """Who talks to whom across the whole cluster, computed in Rust without the GIL."""
         return RoutingTable(*self._core.routing_table())
+
+    @property
+    def idle_decode_ranks(self) -> int:
+        """Decode ranks that receive nothing under ``decode_replicas="first"`` (the non-first
+        ranks of every decode replica group): the runtime must copy to them inside the group,
+        or plan with ``decode_replicas="all"``. 0 under ``"all"``."""
+        return self._core.idle_decode_ranks
 
     @property
     def source_fanout(self) -> dict[int, int]:

@@ -7,7 +7,9 @@ use pyo3::types::{PyBool, PyBytes, PyString};
 use super::objects::ModelTypes;
 use crate::error::{bail, PlanError};
 use crate::fragment::Fragment;
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Role, MAX_VALUE};
+use crate::layout::{
+    BufferKind, BufferLayout, LogicalAxis, LogicalParts, ParallelLayout, Role, MAX_VALUE,
+};
 use crate::model::{DraftShape, Dtype, ItemLengths, MambaShape, MlaShape, ModelShape};
 
 pub type Converted<T> = Result<T, PlanError>;
@@ -73,6 +75,27 @@ impl<'py> Fields<'_, 'py> {
         as_u64(&value).ok_or_else(|| not_an_index(&value, &name.to_string()))
     }
 
+    /// A field added after the reference's: objects that predate it (duck-typed layouts
+    /// written for the reference) get its default.
+    fn optional(&self, name: &Bound<'py, PyString>) -> Option<Bound<'py, PyAny>> {
+        self.obj.getattr(name).ok().filter(|v| !v.is_none())
+    }
+
+    fn u64_or(&self, name: &Bound<'py, PyString>, default: u64) -> Converted<u64> {
+        match self.optional(name) {
+            None => Ok(default),
+            Some(value) => as_u64(&value).ok_or_else(|| not_an_index(&value, &name.to_string())),
+        }
+    }
+
+    fn parts(&self, name: &Bound<'py, PyString>) -> Converted<LogicalParts> {
+        let Some(value) = self.optional(name) else {
+            return Ok(LogicalParts::WHOLE);
+        };
+        let sizes = each(&value, "logical_parts", |v| to_u64(v, "logical_parts item"))?;
+        LogicalParts::new(&sizes)
+    }
+
     fn string(&self, name: &Bound<'py, PyString>) -> Converted<String> {
         let value = self.get(name)?;
         // Members of `str` enums extract as their value.
@@ -114,6 +137,8 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
         bytes_per_logical_unit: f.u64(name!(f, "bytes_per_logical_unit"))?,
         item_stride_bytes: f.u64(name!(f, "item_stride_bytes"))?,
         tp_replica_group_size: f.u64(name!(f, "tp_replica_group_size"))?,
+        rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
+        logical_parts: f.parts(name!(f, "logical_parts"))?,
     };
     buffer.validate()?;
     Ok(buffer)
@@ -139,6 +164,9 @@ pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Conv
         } else {
             Some(to_u64(&page_count, "page_count")?)
         },
+        rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
+        src_row_stride_bytes: f.u64_or(name!(f, "src_row_stride_bytes"), 0)?,
+        dst_row_stride_bytes: f.u64_or(name!(f, "dst_row_stride_bytes"), 0)?,
     };
     fragment.validate()?;
     Ok(fragment)

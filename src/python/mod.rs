@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::descriptors;
 use crate::error::PlanError;
+use crate::geometry::DecodeReplicas;
 use crate::model;
 use crate::planner::Planner;
 use crate::verify;
@@ -182,10 +183,22 @@ fn transfer_descriptors<'py>(
     ))
 }
 
-type BufferRow = (u64, &'static str, &'static str, u64, u64, u64, u64, u64);
+type BufferRow = (
+    u64,
+    &'static str,
+    &'static str,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    u64,
+    Option<Vec<u64>>,
+);
 
 /// A core buffer as the positional fields of `BufferLayout`.
 fn buffer_row(b: &crate::layout::BufferLayout) -> BufferRow {
+    let parts = b.logical_parts.given();
     (
         b.buffer_index,
         b.buffer_kind.as_str(),
@@ -195,6 +208,8 @@ fn buffer_row(b: &crate::layout::BufferLayout) -> BufferRow {
         b.bytes_per_logical_unit,
         b.item_stride_bytes,
         b.tp_replica_group_size,
+        b.rows_per_page,
+        (!parts.is_empty()).then(|| parts.to_vec()),
     )
 }
 
@@ -353,24 +368,39 @@ impl PyPlanner {
 #[pymethods]
 impl PyPlanner {
     #[new]
+    #[pyo3(signature = (prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas=None))]
     fn new(
         py: Python<'_>,
         prefill_layout: &Bound<'_, PyAny>,
         decode_layout: &Bound<'_, PyAny>,
         prefill_buffers: &Bound<'_, PyAny>,
         decode_buffers: &Bound<'_, PyAny>,
+        decode_replicas: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let convert = || -> Converted<_> {
+            let replicas = match decode_replicas {
+                None => "first".to_owned(),
+                Some(value) => value.extract::<String>().map_err(|_| {
+                    PlanError::new(format!(
+                        "decode_replicas must be 'first' or 'all', got {}",
+                        repr(value)
+                    ))
+                })?,
+            };
             Ok((
                 parallel_layout(prefill_layout)?,
                 parallel_layout(decode_layout)?,
                 each(prefill_buffers, "prefill_buffers", buffer_layout)?,
                 each(decode_buffers, "decode_buffers", buffer_layout)?,
+                DecodeReplicas::parse(&replicas)?,
             ))
         };
-        let (prefill, decode, prefill_buffers, decode_buffers) = convert().map_err(to_py_err)?;
+        let (prefill, decode, prefill_buffers, decode_buffers, replicas) =
+            convert().map_err(to_py_err)?;
         let inner = py
-            .detach(|| Planner::new(prefill, decode, &prefill_buffers, &decode_buffers))
+            .detach(|| {
+                Planner::with_replicas(prefill, decode, &prefill_buffers, &decode_buffers, replicas)
+            })
             .map_err(to_py_err)?;
         Ok(Self { inner })
     }
@@ -465,9 +495,17 @@ impl PyPlanner {
     fn is_identity(&self) -> bool {
         self.inner.is_identity()
     }
+
+    /// Decode ranks that receive nothing (the runtime must copy inside their replica group).
+    #[getter]
+    fn idle_decode_ranks(&self) -> u64 {
+        self.inner.idle_decode_ranks()
+    }
 }
 
-#[pymodule]
+/// `gil_used = true`: no free-threaded interpreter runs the suite here, so the module does not
+/// claim to be safe without the GIL (a free-threaded `CPython` re-enables the GIL on import).
+#[pymodule(gil_used = true)]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add(
@@ -475,6 +513,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         py.get_type::<UnsupportedPDLayoutError>(),
     )?;
     m.add("TRANSFER_PLAN_PROTOCOL_VERSION", wire::PROTOCOL_VERSION)?;
+    m.add(
+        "TRANSFER_PLAN_READABLE_VERSIONS",
+        PyTuple::new(py, wire::READABLE_VERSIONS)?,
+    )?;
     m.add("MAX_WORLD_SIZE", crate::layout::MAX_WORLD_SIZE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyPlanner>()?;

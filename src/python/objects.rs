@@ -82,7 +82,10 @@ pub const RANK_PLAN_FIELDS: [&str; 6] = [
 ];
 
 /// Where each of `Fragment::integer_fields` sits in `FIELD_NAMES`.
-const INTEGER_POSITIONS: [usize; 8] = [0, 2, 3, 4, 5, 6, 7, 8];
+const INTEGER_POSITIONS: [usize; 11] = [0, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12];
+/// Where `buffer_kind` and `page_count` sit in `FIELD_NAMES`.
+const KIND_POSITION: usize = 1;
+const PAGE_COUNT_POSITION: usize = 9;
 
 /// Builds `TransferFragment` objects without running `__init__` (the values come validated
 /// from the core): `object.__new__` and a generic attribute store a field, through the C slots,
@@ -126,10 +129,10 @@ impl<'py> FragmentFactory<'py> {
             }
         }
         if previous.is_none_or(|p| p.buffer_kind != f.buffer_kind) {
-            self.values[1] = self.types.kind_object(py, f.buffer_kind)?;
+            self.values[KIND_POSITION] = self.types.kind_object(py, f.buffer_kind)?;
         }
         if previous.is_none_or(|p| p.page_count != f.page_count) {
-            self.values[9] = f.page_count.into_pyobject(py)?.into_any();
+            self.values[PAGE_COUNT_POSITION] = f.page_count.into_pyobject(py)?.into_any();
         }
         self.last = Some(*f);
         Ok(())

@@ -1,0 +1,68 @@
+//! Fragments decoded from a peer, with page lists and buffer limits: the descriptor builder must
+//! refuse or build, never panic, and every descriptor it builds must lie inside the memory it
+//! was given (`[base, base + limit)` of the buffer its fragment names, on both sides).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pdplan::descriptors::{build, Side};
+use pdplan::{BufferKind, Fragment};
+
+/// Reads little-endian integers off the input, zero once it runs out.
+struct Input<'a>(&'a [u8]);
+
+impl Input<'_> {
+    fn int(&mut self, bytes: usize) -> u64 {
+        let (head, rest) = self.0.split_at(self.0.len().min(bytes));
+        self.0 = rest;
+        head.iter().rev().fold(0, |acc, &b| (acc << 8) | u64::from(b))
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input(data);
+    let buffers = 1 + input.int(1) % 4;
+    let bases: Vec<u64> = (0..buffers).map(|_| input.int(8)).collect();
+    let limits: Vec<u64> = (0..buffers).map(|_| input.int(3)).collect();
+    let pages = input.int(1) % 16;
+    let src_pages: Vec<u64> = (0..pages).map(|_| input.int(1)).collect();
+    let dst_pages: Vec<u64> = (0..pages).map(|_| input.int(1)).collect();
+    let fragments: Vec<Fragment> = (0..input.int(1) % 8)
+        .map(|_| Fragment {
+            buffer_index: input.int(1) % (buffers + 1),
+            buffer_kind: BufferKind::TargetK,
+            src_rank: 0,
+            dst_rank: 0,
+            src_page_stride_bytes: input.int(2),
+            dst_page_stride_bytes: input.int(2),
+            src_byte_offset: input.int(2),
+            dst_byte_offset: input.int(2),
+            bytes_per_page: input.int(2),
+            page_count: match input.int(1) {
+                0..=127 => None,
+                n => Some(n % 20),
+            },
+        })
+        .collect();
+    let coalesce = input.int(1) % 2 == 0;
+    let side = |name, bases, pages| Side {
+        name,
+        bases,
+        pages,
+        limits: Some(&limits),
+    };
+    let src = side("src", &bases, &src_pages);
+    let dst = side("dst", &bases, &dst_pages);
+    let Ok(built) = build(&fragments, &src, &dst, coalesce) else {
+        return;
+    };
+    for i in 0..built.len() {
+        let (s, d, len) = (built.src_addrs[i], built.dst_addrs[i], built.lengths[i]);
+        let inside = |addr: u64| {
+            bases.iter().zip(&limits).any(|(&base, &limit)| {
+                addr >= base && (addr - base).checked_add(len).is_some_and(|end| end <= limit)
+            })
+        };
+        assert!(inside(s), "src descriptor {i} outside every buffer");
+        assert!(inside(d), "dst descriptor {i} outside every buffer");
+    }
+});

@@ -1,0 +1,20 @@
+//! Bytes from a peer: the wire decoder must refuse or decode, never panic, and what it decodes
+//! must encode back to frames that decode to the same fragments.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pdplan::wire;
+
+fuzz_target!(|data: &[u8]| {
+    // The first byte picks the version frame, so wrong versions are reached too.
+    let (version, payload): (&[u8], &[u8]) = match data.split_first() {
+        Some((b'v', rest)) => rest.split_at(rest.len().min(2)),
+        Some((_, rest)) => (b"1", rest),
+        None => (b"", b""),
+    };
+    if let Ok(fragments) = wire::decode(Some(version), Some(payload)) {
+        let (version, payload) = wire::encode(&fragments);
+        let again = wire::decode(Some(&version), Some(&payload)).expect("re-encoded frames decode");
+        assert_eq!(again, fragments);
+    }
+});

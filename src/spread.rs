@@ -1,0 +1,144 @@
+//! Which prefill rank of a replica group serves each decode rank when every decode rank
+//! receives directly (`DecodeReplicas::All`).
+//!
+//! A prefill shard held by a replica group of `r` ranks can be read from any of them; a prefill
+//! rank's fanout is the number of distinct decode ranks it serves. The choice is made once per
+//! planner, over the decode TP ranks of one group (every group repeats it). Sources that are no
+//! choice (whole replicated items, shards held by one rank) are taken first; then each decode
+//! rank takes, for each shard it still needs (smallest replica groups first), a holder it
+//! already reads from if there is one (no new wait), else the least-loaded holder, ties going
+//! round-robin over the shard's readers. That spreads readers evenly (prefill TP 16 -> decode
+//! TP 32 over 8 KV heads: two decode ranks per prefill rank) and lines up the choices of
+//! buffers that are sharded differently.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::geometry::{replicated_source, Sharding};
+
+/// The holder chosen for each (decode TP rank, sharding, prefill shard).
+#[derive(Debug, Clone, Default)]
+pub struct Spread {
+    holders: HashMap<(u64, usize, u64), u64>,
+}
+
+/// One shard a decode rank reads: which sharding, which shard, the TP ranks holding it, and
+/// the round-robin holder index to prefer on a tie.
+struct Need {
+    sharding: usize,
+    src_shard: u64,
+    first: u64,
+    replica: u64,
+    preferred: u64,
+}
+
+/// The shards decode TP rank `decode_tp_rank` reads, sharding by sharding.
+fn needs(
+    shardings: &[Sharding],
+    prefill_tp: u64,
+    decode_tp: u64,
+    decode_tp_rank: u64,
+) -> Vec<Need> {
+    let mut out = Vec::new();
+    for (sharding, kind) in shardings.iter().enumerate() {
+        let Sharding::Split {
+            prefill_replica,
+            decode_replica,
+            ..
+        } = *kind
+        else {
+            let source = replicated_source(prefill_tp, decode_tp, decode_tp_rank);
+            out.push(Need {
+                sharding,
+                src_shard: source,
+                first: source,
+                replica: 1,
+                preferred: 0,
+            });
+            continue;
+        };
+        let (src_shards, dst_shards) = (prefill_tp / prefill_replica, decode_tp / decode_replica);
+        let dst_shard = decode_tp_rank / decode_replica;
+        let first = dst_shard * src_shards / dst_shards;
+        let last = ((dst_shard + 1) * src_shards - 1) / dst_shards;
+        for src_shard in first..=last {
+            // Round-robin position of this decode rank among the shard's readers.
+            let first_reader = src_shard * dst_shards / src_shards;
+            let position =
+                (dst_shard - first_reader) * decode_replica + decode_tp_rank % decode_replica;
+            out.push(Need {
+                sharding,
+                src_shard,
+                first: src_shard * prefill_replica,
+                replica: prefill_replica,
+                preferred: position % prefill_replica,
+            });
+        }
+    }
+    out
+}
+
+impl Spread {
+    /// Chooses holders for every decode TP rank of one group. `shardings` are the planner's
+    /// distinct shardings, indexed as the planner indexes them.
+    pub fn choose(shardings: &[Sharding], prefill_tp: u64, decode_tp: u64) -> Self {
+        let mut needs: Vec<Vec<Need>> = (0..decode_tp)
+            .map(|rank| needs(shardings, prefill_tp, decode_tp, rank))
+            .collect();
+        // No choice first: every decode rank's single-holder sources.
+        let mut reads: Vec<BTreeSet<u64>> = needs
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .filter(|n| n.replica == 1)
+                    .map(|n| n.first)
+                    .collect()
+            })
+            .collect();
+        let mut load = vec![0u64; usize::try_from(prefill_tp).unwrap_or(0)];
+        let slot = |rank: u64| usize::try_from(rank).unwrap_or(usize::MAX);
+        for &source in reads.iter().flatten() {
+            if let Some(count) = load.get_mut(slot(source)) {
+                *count += 1;
+            }
+        }
+        let mut holders = HashMap::new();
+        for ((decode_tp_rank, list), reading) in (0u64..).zip(&mut needs).zip(&mut reads) {
+            list.sort_by_key(|n| n.replica);
+            for need in list.iter() {
+                let group = need.first..need.first + need.replica;
+                let chosen = if let Some(&known) = reading.range(group.clone()).next() {
+                    known
+                } else {
+                    let best = (0..need.replica)
+                        .map(|step| group.start + (need.preferred + step) % need.replica)
+                        .min_by_key(|&rank| load.get(slot(rank)).copied().unwrap_or(0))
+                        .unwrap_or(group.start);
+                    if let Some(count) = load.get_mut(slot(best)) {
+                        *count += 1;
+                    }
+                    reading.insert(best);
+                    best
+                };
+                if need.replica > 1 {
+                    holders.insert((decode_tp_rank, need.sharding, need.src_shard), chosen);
+                }
+            }
+        }
+        Self { holders }
+    }
+
+    /// The prefill TP rank decode TP rank `decode_tp_rank` reads shard `src_shard` of sharding
+    /// `sharding` from (the group's first rank when no choice was recorded).
+    pub fn holder(
+        &self,
+        decode_tp_rank: u64,
+        sharding: usize,
+        src_shard: u64,
+        replica: u64,
+    ) -> u64 {
+        self.holders
+            .get(&(decode_tp_rank, sharding, src_shard))
+            .copied()
+            .unwrap_or(src_shard * replica)
+    }
+}
