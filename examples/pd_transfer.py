@@ -40,7 +40,8 @@ GUARD = 0x5A  # every decode byte starts as this; bytes no fragment should touch
 
 @dataclass(frozen=True)
 class Buffer:
-    """One buffer of both sides: ``axis``, logical units, bytes per unit, per-side replicas."""
+    """One buffer of both sides: ``axis``, logical units, bytes per unit, per-side replicas;
+    ``rows`` a page (token-major pages: a row per token) and the parts of a split axis."""
 
     index: int
     kind: BufferKind
@@ -49,13 +50,24 @@ class Buffer:
     unit_bytes: int
     prefill_replica: int = 1
     decode_replica: int = 1
-    padding: int = 0  # extra bytes at the end of each item, never copied by fragments
+    padding: int = 0  # extra bytes at the end of each row, never copied by fragments
+    rows: int = 1
+    parts: tuple[int, ...] | None = None
 
     def layout(self, tp: int, replica: int) -> BufferLayout:
         shards = 1 if self.axis == "replicated" else tp // replica
-        item = self.logical_size // shards * self.unit_bytes + self.padding
+        row = self.logical_size // shards * self.unit_bytes // self.rows + self.padding
         return BufferLayout(
-            self.index, self.kind, self.axis, self.logical_size, 16, self.unit_bytes, item, replica
+            self.index,
+            self.kind,
+            self.axis,  # type: ignore[arg-type]
+            self.logical_size,
+            16,
+            self.unit_bytes,
+            row * self.rows,
+            replica,
+            self.rows,
+            self.parts,
         )
 
 
@@ -70,6 +82,7 @@ class Scenario:
     capacity_pages: int = 12
     src_pages: tuple[int, ...] = (1, 2, 3, 7)
     dst_pages: tuple[int, ...] = (4, 5, 6, 0)
+    decode_replicas: str = "first"
 
     @property
     def prefill(self) -> ParallelLayout:
@@ -90,25 +103,31 @@ class Scenario:
             decode_layout=self.decode,
             prefill_buffers=self.buffers_of("prefill"),
             decode_buffers=self.buffers_of("decode"),
+            decode_replicas=self.decode_replicas,  # type: ignore[arg-type]
         )
 
 
-def kv_cache(layers: int, heads: int, unit_bytes: int, **replicas: int) -> tuple[Buffer, ...]:
+def kv_cache(
+    layers: int, heads: int, unit_bytes: int, rows: int = 1, **replicas: int
+) -> tuple[Buffer, ...]:
     kinds = (BufferKind.TARGET_K, BufferKind.TARGET_V)
     return tuple(
-        Buffer(2 * layer + i, kind, "kv_head", heads, unit_bytes, padding=8, **replicas)
+        Buffer(2 * layer + i, kind, "kv_head", heads, unit_bytes, padding=8, rows=rows, **replicas)
         for layer in range(layers)
         for i, kind in enumerate(kinds)
     )
 
 
-def shard_units(buffer: BufferLayout, tp: int, tp_rank: int) -> tuple[int, int]:
-    """(first unit, unit count) a rank holds; replicas hold their group's shard."""
+def held_units(buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:
+    """The logical units a rank holds, in its item's order: ranks in replica groups share a
+    shard; each part of the axis is cut into one equal run per group, part after part."""
+    units = np.arange(buffer.logical_size)
     if buffer.logical_axis == "replicated":
-        return 0, buffer.logical_size
-    shards = tp // buffer.tp_replica_group_size
-    length = buffer.logical_size // shards
-    return tp_rank // buffer.tp_replica_group_size * length, length
+        return units
+    groups = tp // buffer.tp_replica_group_size
+    parts = np.split(units, np.cumsum(buffer.logical_parts or (buffer.logical_size,))[:-1])
+    group = tp_rank // buffer.tp_replica_group_size
+    return np.concatenate([np.split(part, groups)[group] for part in parts])
 
 
 def content(buffer_index: int, pages: np.ndarray, global_bytes: np.ndarray) -> np.ndarray:
@@ -118,13 +137,27 @@ def content(buffer_index: int, pages: np.ndarray, global_bytes: np.ndarray) -> n
     return ((buffer_index * 131 + p * 31 + g * 7 + (g >> 8) * 3) % 251).astype(np.uint8)
 
 
+def page_image(buffer: BufferLayout, units: np.ndarray, pages: np.ndarray, fill: int) -> np.ndarray:
+    """Pages of a rank's item holding `units`, as (pages, rows, row bytes): row r holds each
+    unit's r-th slice of its bytes, unit after unit; the rest of a row is `fill`."""
+    rows = buffer.rows_per_page
+    width = buffer.bytes_per_logical_unit // rows
+    image = np.full((len(pages), rows, buffer.item_stride_bytes // rows), fill, dtype=np.uint8)
+    # logical[r, u, b]: the logical byte of unit u that row r holds at column b.
+    logical = (
+        units[None, :, None] * buffer.bytes_per_logical_unit
+        + np.arange(rows)[:, None, None] * width
+        + np.arange(width)[None, None, :]
+    ).reshape(rows, -1)
+    values = content(buffer.buffer_index, pages, logical.reshape(-1))
+    image[:, :, : logical.shape[1]] = values.reshape(len(pages), rows, -1)
+    return image
+
+
 def filled_prefill_cache(buffer: BufferLayout, tp: int, tp_rank: int, capacity: int) -> np.ndarray:
-    start, count = shard_units(buffer, tp, tp_rank)
-    cache = np.full((capacity, buffer.item_stride_bytes), 0xEE, dtype=np.uint8)  # padding
-    held = count * buffer.bytes_per_logical_unit
-    global_bytes = start * buffer.bytes_per_logical_unit + np.arange(held)
-    cache[:, :held] = content(buffer.buffer_index, np.arange(capacity), global_bytes)
-    return cache
+    units = held_units(buffer, tp, tp_rank)
+    image = page_image(buffer, units, np.arange(capacity), 0xEE)  # 0xEE: padding
+    return image.reshape(capacity, buffer.item_stride_bytes)
 
 
 def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.ndarray:
@@ -133,18 +166,22 @@ def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.
     b = s.buffers_of("decode")[buffer_pos]
     tp_rank = decode_rank % s.decode_tp
     cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
-    receives = b.logical_axis == "replicated" or tp_rank % b.tp_replica_group_size == 0
+    first_of_group = tp_rank % b.tp_replica_group_size == 0
+    receives = b.logical_axis == "replicated" or s.decode_replicas == "all" or first_of_group
     if not receives:
         return cache
-    start, count = shard_units(b, s.decode_tp, tp_rank)
-    shard = count * b.bytes_per_logical_unit
     src, dst = np.array(s.src_pages), np.array(s.dst_pages)
-    global_bytes = start * b.bytes_per_logical_unit + np.arange(shard)
-    cache[dst, :shard] = content(b.buffer_index, src, global_bytes)
     identity = s.planner().plan_for_decode_rank(decode_rank).plan_kind == "identity"
     if identity:  # whole items move, the prefill item's padding with them
         whole = min(prefill_b.item_stride_bytes, b.item_stride_bytes)
-        cache[dst, shard:whole] = 0xEE
+        units = held_units(prefill_b, s.prefill_tp, tp_rank)
+        image = page_image(prefill_b, units, src, 0xEE).reshape(len(src), -1)
+        cache[dst, :whole] = image[:, :whole]
+        return cache
+    # Only the units' bytes arrive: the rest of every row keeps its guard bytes.
+    units = held_units(b, s.decode_tp, tp_rank)
+    image = page_image(b, units, src, GUARD).reshape(len(src), -1)
+    cache[dst] = image
     return cache
 
 

@@ -1,8 +1,9 @@
 //! Buffer layouts derived from a model's shape (or from the byte lengths a runtime knows), so
 //! runtimes and the command line do not hand-build them.
 //!
-//! Buffer order: for each layer its K and V (or one replicated MLA latent buffer), then each
-//! Mamba state layer, then each draft layer's K and V.
+//! Buffer order: for each layer its K and V (or one replicated MLA latent buffer), then for
+//! each Mamba layer its SSM state and (when the shape has one) its conv state, then each draft
+//! layer's K and V. KV pages are head-major (HND) or token-major (NHD: a row per token).
 
 use serde_json::Value;
 
@@ -112,10 +113,52 @@ pub struct MlaShape {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MambaShape {
     pub layers: u64,
-    /// State channels across all TP ranks (sharded by TP).
+    /// SSM state channels across all TP ranks (sharded by TP).
     pub channels: u64,
-    /// Bytes of one channel's state.
+    /// Bytes of one channel's SSM state.
     pub bytes_per_channel: u64,
+    /// The conv state, when the model keeps one (Mamba2 does).
+    pub conv: Option<ConvShape>,
+}
+
+/// Mamba2's conv state: channels `x | B | C` (each sharded by TP on its own), each holding the
+/// last `width` inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConvShape {
+    /// Channels of `x` (the SSM's inner size).
+    pub x_channels: u64,
+    /// Channels of `B`, and again of `C` (groups x state size).
+    pub bc_channels: u64,
+    /// Inputs kept per channel (the conv kernel size minus one).
+    pub width: u64,
+}
+
+/// How a KV page stores its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvLayout {
+    /// `[heads][page_size][head_dim]`: a rank's heads one after another (one row a page).
+    #[default]
+    Hnd,
+    /// `[page_size][heads][head_dim]`: a row per token (`rows_per_page = page_size`).
+    Nhd,
+}
+
+impl KvLayout {
+    pub fn parse(text: &str) -> PlanResult<Self> {
+        match text {
+            "HND" => Ok(Self::Hnd),
+            "NHD" => Ok(Self::Nhd),
+            other => bail!("kv_layout must be 'HND' or 'NHD', got {other:?}"),
+        }
+    }
+
+    /// Rows of a page of `page_size` tokens.
+    const fn rows(self, page_size: u64) -> u64 {
+        match self {
+            Self::Hnd => 1,
+            Self::Nhd => page_size,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -169,6 +212,7 @@ fn head_split(heads: u64, tp: u64, what: &str) -> PlanResult<(u64, u64)> {
     Ok((1, heads / tp))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn kv_pair(
     first_index: u64,
     kinds: (BufferKind, BufferKind),
@@ -176,6 +220,7 @@ fn kv_pair(
     head_dim: u64,
     shape: &ModelShape,
     tp: u64,
+    kv_layout: KvLayout,
     what: &str,
 ) -> PlanResult<[BufferLayout; 2]> {
     let (replica, local) = head_split(heads, tp, what)?;
@@ -189,7 +234,7 @@ fn kv_pair(
         bytes_per_logical_unit: unit,
         item_stride_bytes: local * unit,
         tp_replica_group_size: replica,
-        rows_per_page: 1,
+        rows_per_page: kv_layout.rows(shape.page_size),
         logical_parts: LogicalParts::WHOLE,
     };
     Ok([
@@ -220,7 +265,11 @@ fn check_shape(shape: &ModelShape, tp: u64) -> PlanResult<()> {
 }
 
 /// The buffers one side (TP size `tp`) holds for `shape`, in the documented order.
-pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout>> {
+pub fn model_buffers(
+    shape: &ModelShape,
+    tp: u64,
+    kv_layout: KvLayout,
+) -> PlanResult<Vec<BufferLayout>> {
     check_shape(shape, tp)?;
     let mut out = Vec::new();
     let mut next = 0u64;
@@ -243,7 +292,7 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
                 bytes_per_logical_unit: unit,
                 item_stride_bytes: unit,
                 tp_replica_group_size: 1,
-                rows_per_page: 1,
+                rows_per_page: kv_layout.rows(shape.page_size),
                 logical_parts: LogicalParts::WHOLE,
             });
             next += 1;
@@ -256,41 +305,23 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
                 shape.head_dim,
                 shape,
                 tp,
+                kv_layout,
                 "target KV cache",
             )?);
             next += 2;
         }
     }
     if let Some(mamba) = shape.mamba {
-        if mamba.channels == 0 || mamba.bytes_per_channel == 0 {
-            bail!("Mamba state: channels and bytes_per_channel must be positive");
-        }
-        if mamba.channels % tp != 0 {
-            bail!(
-                "Mamba state: {} channels do not split evenly over TP {tp}; use a TP size that \
-                 divides {}",
-                mamba.channels,
-                mamba.channels
-            );
-        }
-        let item = product(
-            &[mamba.channels / tp, mamba.bytes_per_channel],
-            "the Mamba state",
-        )?;
+        let ssm = ssm_buffer(&mamba, tp)?;
+        let conv = mamba.conv.map(|c| conv_buffer(&c, shape, tp)).transpose()?;
         for _ in 0..mamba.layers {
-            out.push(BufferLayout {
-                buffer_index: next,
-                buffer_kind: BufferKind::MambaState,
-                logical_axis: LogicalAxis::StateChannel,
-                logical_size: mamba.channels,
-                page_size: 1,
-                bytes_per_logical_unit: mamba.bytes_per_channel,
-                item_stride_bytes: item,
-                tp_replica_group_size: 1,
-                rows_per_page: 1,
-                logical_parts: LogicalParts::WHOLE,
-            });
-            next += 1;
+            for buffer in std::iter::once(ssm).chain(conv) {
+                out.push(BufferLayout {
+                    buffer_index: next,
+                    ..buffer
+                });
+                next += 1;
+            }
         }
     }
     if let Some(draft) = shape.draft {
@@ -303,6 +334,7 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
                 draft.head_dim,
                 shape,
                 tp,
+                kv_layout,
                 "draft KV cache",
             )?);
             next += 2;
@@ -312,6 +344,69 @@ pub fn model_buffers(shape: &ModelShape, tp: u64) -> PlanResult<Vec<BufferLayout
         buffer.validate()?;
     }
     Ok(out)
+}
+
+/// A Mamba SSM state buffer (index 0): `channels` sharded by TP.
+fn ssm_buffer(mamba: &MambaShape, tp: u64) -> PlanResult<BufferLayout> {
+    if mamba.channels == 0 || mamba.bytes_per_channel == 0 {
+        bail!("Mamba state: channels and bytes_per_channel must be positive");
+    }
+    if mamba.channels % tp != 0 {
+        bail!(
+            "Mamba state: {} channels do not split evenly over TP {tp}; use a TP size that \
+             divides {}",
+            mamba.channels,
+            mamba.channels
+        );
+    }
+    Ok(BufferLayout {
+        buffer_index: 0,
+        buffer_kind: BufferKind::MambaState,
+        logical_axis: LogicalAxis::StateChannel,
+        logical_size: mamba.channels,
+        page_size: 1,
+        bytes_per_logical_unit: mamba.bytes_per_channel,
+        item_stride_bytes: product(
+            &[mamba.channels / tp, mamba.bytes_per_channel],
+            "the Mamba state",
+        )?,
+        tp_replica_group_size: 1,
+        rows_per_page: 1,
+        logical_parts: LogicalParts::WHOLE,
+    })
+}
+
+/// A Mamba2 conv state buffer (index 0): channels `x | B | C`, each part sharded by TP, a
+/// channel holding `width` inputs of the model's dtype.
+fn conv_buffer(conv: &ConvShape, shape: &ModelShape, tp: u64) -> PlanResult<BufferLayout> {
+    if conv.x_channels == 0 || conv.bc_channels == 0 || conv.width == 0 {
+        bail!("Mamba conv state: x channels, B/C channels and width must be positive");
+    }
+    for (name, part) in [("x", conv.x_channels), ("B and C", conv.bc_channels)] {
+        if part % tp != 0 {
+            bail!(
+                "Mamba conv state: the {part} channels of {name} do not split evenly over TP \
+                 {tp}; use a TP size that divides {part}"
+            );
+        }
+    }
+    let logical_size = product(&[conv.bc_channels, 2], "the conv state")?
+        .checked_add(conv.x_channels)
+        .filter(|&v| v <= MAX_VALUE)
+        .ok_or_else(|| PlanError::new("the conv state's channels overflow"))?;
+    let unit = product(&[conv.width, shape.dtype.bytes()], "the conv state")?;
+    Ok(BufferLayout {
+        buffer_index: 0,
+        buffer_kind: BufferKind::MambaState,
+        logical_axis: LogicalAxis::StateChannel,
+        logical_size,
+        page_size: 1,
+        bytes_per_logical_unit: unit,
+        item_stride_bytes: product(&[logical_size / tp, unit], "the conv state")?,
+        tp_replica_group_size: 1,
+        rows_per_page: 1,
+        logical_parts: LogicalParts::new(&[conv.x_channels, conv.bc_channels, conv.bc_channels])?,
+    })
 }
 
 /// What a runtime knows of one buffer: its per-rank item length on each side and the length
@@ -327,6 +422,8 @@ pub struct ItemLengths {
     /// Logical units in the whole buffer (e.g. the KV heads), when known; disambiguates
     /// replica groups on both sides.
     pub logical_size: Option<u64>,
+    /// Rows a page on both sides (`page_size` for token-major pages).
+    pub rows_per_page: u64,
 }
 
 /// Infers both sides' layouts of one buffer from its byte lengths: equal global units means
@@ -376,7 +473,7 @@ pub fn from_item_lengths(
         bytes_per_logical_unit: item.unit_bytes,
         item_stride_bytes: item_bytes,
         tp_replica_group_size: replica,
-        rows_per_page: 1,
+        rows_per_page: item.rows_per_page,
         logical_parts: LogicalParts::WHOLE,
     };
     let axis = if item.buffer_kind == BufferKind::MambaState {
@@ -581,6 +678,12 @@ pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
                 layers: 24,
                 channels: 8192,
                 bytes_per_channel: 128 * 2,
+                // d_inner 8192, 8 groups x 128 state, kernel 4.
+                conv: Some(ConvShape {
+                    x_channels: 8192,
+                    bc_channels: 1024,
+                    width: 3,
+                }),
             }),
             ..base
         },
@@ -598,14 +701,14 @@ mod tests {
     #[test]
     fn llama_70b_tp8_holds_one_head_per_rank_and_tp16_replicates() {
         let shape = preset("llama-3-70b", 16).unwrap();
-        let tp8 = model_buffers(&shape, 8).unwrap();
+        let tp8 = model_buffers(&shape, 8, KvLayout::Hnd).unwrap();
         assert_eq!(tp8.len(), 160);
         assert_eq!(tp8[0].item_stride_bytes, 16 * 128 * 2);
         assert_eq!(tp8[1].buffer_kind, BufferKind::TargetV);
-        let tp16 = model_buffers(&shape, 16).unwrap();
+        let tp16 = model_buffers(&shape, 16, KvLayout::Hnd).unwrap();
         assert_eq!(tp16[0].tp_replica_group_size, 2);
-        assert!(model_buffers(&shape, 3).is_err());
-        assert!(model_buffers(&shape, 12)
+        assert!(model_buffers(&shape, 3, KvLayout::Hnd).is_err());
+        assert!(model_buffers(&shape, 12, KvLayout::Hnd)
             .unwrap_err()
             .message()
             .contains("multiple"));
@@ -613,19 +716,25 @@ mod tests {
 
     #[test]
     fn mla_mamba_and_draft_buffers() {
-        let mla = model_buffers(&preset("deepseek-v3", 64).unwrap(), 8).unwrap();
+        let mla = model_buffers(&preset("deepseek-v3", 64).unwrap(), 8, KvLayout::Hnd).unwrap();
         assert_eq!(mla.len(), 61);
         assert_eq!(mla[0].logical_axis, LogicalAxis::Replicated);
         assert_eq!(mla[0].item_stride_bytes, 64 * 576 * 2);
-        let hybrid = model_buffers(&preset("mamba2-hybrid-8b", 16).unwrap(), 4).unwrap();
-        assert_eq!(
-            hybrid
-                .iter()
-                .filter(|b| b.buffer_kind == BufferKind::MambaState)
-                .count(),
-            24
-        );
-        let eagle = model_buffers(&preset("llama-3-70b-eagle", 16).unwrap(), 2).unwrap();
+        let hybrid =
+            model_buffers(&preset("mamba2-hybrid-8b", 16).unwrap(), 4, KvLayout::Hnd).unwrap();
+        let states: Vec<&BufferLayout> = hybrid
+            .iter()
+            .filter(|b| b.buffer_kind == BufferKind::MambaState)
+            .collect();
+        assert_eq!(states.len(), 48);
+        // SSM state, then conv state (x | B | C over TP 4, 3 inputs of bf16 a channel).
+        assert_eq!(states[1].logical_parts.given(), &[8192, 1024, 1024]);
+        assert_eq!(states[1].item_stride_bytes, (8192 + 2048) / 4 * 3 * 2);
+        assert_eq!(states[1].buffer_index, states[0].buffer_index + 1);
+        let eagle =
+            model_buffers(&preset("llama-3-70b-eagle", 16).unwrap(), 2, KvLayout::Nhd).unwrap();
+        assert_eq!(eagle[0].rows_per_page, 16);
+        assert_eq!(eagle.last().unwrap().rows_per_page, 16);
         assert_eq!(eagle.last().unwrap().buffer_kind, BufferKind::DraftV);
         assert_eq!(eagle.len(), 162);
     }
@@ -640,6 +749,7 @@ mod tests {
             unit_bytes: 100,
             page_size: 16,
             logical_size: logical,
+            rows_per_page: 1,
         };
         let (p, d) = from_item_lengths(&item(100, 400, None), 8, 2).unwrap();
         assert_eq!(

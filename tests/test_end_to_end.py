@@ -27,7 +27,17 @@ from pd_transfer import (
 from pdplan import BufferKind
 
 UNIT = 16 * 8 * 2  # 16 tokens x head dim 8 x bf16
+NHD = 16  # token-major pages: a row per token
 SHUFFLED = {"src_pages": (9, 2, 3, 4, 11, 0), "dst_pages": (5, 6, 7, 1, 10, 3)}
+
+
+def conv_state(index: int) -> Buffer:
+    """Mamba2's conv state: channels x | B | C = 8 | 4 | 4, each part sharded by TP on its own,
+    3 inputs of bf16 a channel."""
+    return Buffer(
+        index, BufferKind.MAMBA_STATE, "state_channel", 16, 3 * 2, padding=4, parts=(8, 4, 4)
+    )
+
 
 CASES = [
     Scenario("tp8_to_tp2", 8, 2, kv_cache(2, 8, UNIT), **SHUFFLED),
@@ -70,12 +80,48 @@ CASES = [
         src_pages=(0, 1, 2, 8, 9),
         dst_pages=(3, 4, 5, 6, 11),
     ),
+    # Token-major (NHD) pages: a rank's heads are one run per token row.
+    Scenario("nhd_tp8_to_tp2", 8, 2, kv_cache(2, 8, UNIT, rows=NHD), **SHUFFLED),
+    Scenario("nhd_tp2_to_tp8", 2, 8, kv_cache(2, 8, UNIT, rows=NHD), **SHUFFLED),
+    Scenario("nhd_gqa_tp4_2heads_to_tp1", 4, 1, kv_cache(2, 2, UNIT, rows=NHD, prefill_replica=2)),
+    Scenario(
+        "nhd_tp16_to_tp32_every_decode_rank",
+        16,
+        32,
+        kv_cache(1, 8, UNIT, rows=NHD, prefill_replica=2, decode_replica=4),
+        decode_replicas="all",
+    ),
+    Scenario(
+        "fused_kv_pages_tp4_to_tp2",
+        4,
+        2,
+        # FlashInfer's [2][page_size][heads][head_dim]: K rows, then V rows, in one buffer.
+        tuple(
+            Buffer(i, BufferKind.TARGET_K, "kv_head", 8, 2 * UNIT, padding=4, rows=2 * NHD)
+            for i in range(2)
+        ),
+        **SHUFFLED,
+    ),
+    Scenario("mamba2_conv_parts_tp1_to_tp2", 1, 2, (conv_state(0), conv_state(1)), **SHUFFLED),
+    Scenario("mamba2_conv_parts_tp2_to_tp4", 2, 4, (conv_state(0),)),
+    Scenario("mamba2_conv_parts_tp4_to_tp1", 4, 1, (conv_state(0),), **SHUFFLED),
+    Scenario(
+        "nhd_identity_tp2",
+        2,
+        2,
+        kv_cache(2, 4, UNIT, rows=NHD),
+        src_pages=(0, 1, 2, 8, 9),
+        dst_pages=(3, 4, 5, 6, 11),
+    ),
 ]
 
 
 def check(scenario: Scenario, outcome: Outcome) -> None:
     assert outcome.mismatches == []
     assert outcome.descriptors > 0 and outcome.bytes > 0
+    if scenario.decode_replicas == "all":
+        assert scenario.planner().idle_decode_ranks == 0
+        assert max(scenario.planner().source_fanout.values()) == 2  # 32 decode over 16 prefill
     # Each prefill rank is written to by exactly as many decode ranks as its fanout says.
     assert outcome.writes_per_prefill_rank == scenario.planner().source_fanout
 

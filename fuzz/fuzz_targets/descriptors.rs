@@ -41,6 +41,10 @@ fuzz_target!(|data: &[u8]| {
                 0..=127 => None,
                 n => Some(n % 20),
             },
+            // Often one run a page; else a few rows (invalid combinations must be refused).
+            rows_per_page: 1 + input.int(1) % 4,
+            src_row_stride_bytes: input.int(2),
+            dst_row_stride_bytes: input.int(2),
         })
         .collect();
     let coalesce = input.int(1) % 2 == 0;

@@ -15,8 +15,8 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
-from typing import TextIO
+from dataclasses import asdict, dataclass, replace
+from typing import Literal, TextIO
 
 from pdplan import _core
 from pdplan._core import encode_transfer_fragments
@@ -67,6 +67,20 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--head-dim", type=_positive)
     model.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, fp8")
     model.add_argument("--page-size", type=_positive, default=16, help="tokens a page (16)")
+    pages = parser.add_argument_group("pages and receivers")
+    pages.add_argument(
+        "--kv-layout",
+        choices=("HND", "NHD"),
+        default="HND",
+        help="KV page layout: HND head-major (default) or NHD token-major (a row per token)",
+    )
+    pages.add_argument(
+        "--decode-replicas",
+        choices=("first", "all"),
+        default="first",
+        help="which decode ranks of a replica group receive: first (default, as the "
+        "reference) or all, directly",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -131,21 +145,59 @@ def _shape(args: argparse.Namespace) -> ModelShape:
     return ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
 
 
-def _planner(
-    shape: ModelShape, prefill_tp: int, prefill_dp: int, decode_tp: int, decode_dp: int
-) -> PDTransferPlanner:
-    prefill_buffers, decode_buffers = model_buffer_layouts(shape, prefill_tp, decode_tp)
-    return PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", prefill_tp * prefill_dp, prefill_dp),
-        decode_layout=ParallelLayout("decode", decode_tp * decode_dp, decode_dp),
-        prefill_buffers=prefill_buffers,
-        decode_buffers=decode_buffers,
-    )
+@dataclass(frozen=True)
+class Deployment:
+    """Both sides as the command line describes them."""
+
+    prefill_tp: int
+    decode_tp: int
+    prefill_dp: int = 1
+    decode_dp: int = 1
+    kv_layout: Literal["HND", "NHD"] = "HND"
+    decode_replicas: Literal["first", "all"] = "first"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Deployment:
+        return cls(
+            args.prefill_tp,
+            args.decode_tp,
+            args.prefill_dp,
+            args.decode_dp,
+            args.kv_layout,
+            args.decode_replicas,
+        )
+
+    def planner(self, shape: ModelShape) -> PDTransferPlanner:
+        prefill_buffers, decode_buffers = model_buffer_layouts(
+            shape, self.prefill_tp, self.decode_tp, self.kv_layout
+        )
+        return PDTransferPlanner(
+            prefill_layout=ParallelLayout(
+                "prefill", self.prefill_tp * self.prefill_dp, self.prefill_dp
+            ),
+            decode_layout=ParallelLayout("decode", self.decode_tp * self.decode_dp, self.decode_dp),
+            prefill_buffers=prefill_buffers,
+            decode_buffers=decode_buffers,
+            decode_replicas=self.decode_replicas,
+        )
 
 
 def _planner_from_args(args: argparse.Namespace) -> tuple[ModelShape, PDTransferPlanner]:
     shape = _shape(args)
-    return shape, _planner(shape, args.prefill_tp, args.prefill_dp, args.decode_tp, args.decode_dp)
+    return shape, Deployment.from_args(args).planner(shape)
+
+
+def _idle_note(planner: PDTransferPlanner) -> str:
+    """What the runtime must do for decode ranks that receive nothing (empty when none)."""
+    idle = planner.idle_decode_ranks
+    if not idle:
+        return ""
+    return (
+        f"{idle} of {planner.decode_layout.world_size} decode ranks receive nothing "
+        "(decode TP is above the KV-head count and only the first rank of each replica group "
+        "receives): the runtime must copy inside each group after the transfer, or plan with "
+        "--decode-replicas all"
+    )
 
 
 def _chosen_ranks(args: argparse.Namespace, planner: PDTransferPlanner) -> list[int]:
@@ -242,6 +294,8 @@ def _print_table(
     )
     kind = planner.plan_for_decode_rank(0).plan_kind
     print(f"plan kind: {kind}" + (" (whole items, rank to rank)" if kind == "identity" else ""))
+    if note := _idle_note(planner):
+        print(f"note: {note}")
     print()
     print(f"{'decode rank':>11}  {'prefill rank':>12}  {'fragments':>9}  {'bytes/page':>12}")
     for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner, ranks):
@@ -270,10 +324,11 @@ def _print_dot(planner: PDTransferPlanner, ranks: Sequence[int]) -> None:
 def _suggestion(args: argparse.Namespace, shape: ModelShape) -> str:
     """TP sizes that would work with the other side as given."""
     sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    deployment = Deployment.from_args(args)
 
     def works(prefill_tp: int, decode_tp: int) -> bool:
         try:
-            _planner(shape, prefill_tp, args.prefill_dp, decode_tp, args.decode_dp)
+            replace(deployment, prefill_tp=prefill_tp, decode_tp=decode_tp).planner(shape)
         except UnsupportedPDLayoutError:
             return False
         return True
@@ -290,7 +345,7 @@ def _suggestion(args: argparse.Namespace, shape: ModelShape) -> str:
 
 def _demo() -> None:
     shape = ModelShape.preset(DEMO_MODEL)
-    planner = _planner(shape, 8, 1, 2, 1)
+    planner = Deployment(prefill_tp=8, decode_tp=2).planner(shape)
     print(
         f"pdplan {_core.__version__} demo: {DEMO_MODEL} ({shape.layers} layers, "
         f"{shape.kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype})"
@@ -340,19 +395,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "check":
             try:
-                shape = _shape(args)
-                planner = _planner(
-                    shape, args.prefill_tp, args.prefill_dp, args.decode_tp, args.decode_dp
-                )
+                shape, planner = _planner_from_args(args)
                 planner.verify()
             except UnsupportedPDLayoutError as exc:
                 shape = _shape(args)
                 print(f"unsupported: {exc}{_suggestion(args, shape)}", file=sys.stderr)
                 return EXIT_UNSUPPORTED
-            kinds = {planner.plan_for_decode_rank(0).plan_kind}
-            print(
-                f"supported: {kinds.pop()} plan, {len(planner.prefill_buffers)} buffers, verified"
-            )
+            kind = planner.plan_for_decode_rank(0).plan_kind
+            print(f"supported: {kind} plan, {len(planner.prefill_buffers)} buffers, verified")
+            if note := _idle_note(planner):
+                print(f"note: {note}")
             return 0
         shape, planner = _planner_from_args(args)
         ranks = _chosen_ranks(args, planner)

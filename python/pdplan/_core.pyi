@@ -79,7 +79,7 @@ def transfer_descriptors(
 _BufferRow = tuple[int, str, str, int, int, int, int, int, int, list[int] | None]
 
 def model_buffers(
-    shape: ModelShape, prefill_tp: int, decode_tp: int
+    shape: ModelShape, prefill_tp: int, decode_tp: int, kv_layout: str | None = None
 ) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
 def buffers_from_item_lengths(
     items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 from pdplan import _core
 from pdplan._core import UnsupportedPDLayoutError
@@ -29,7 +30,11 @@ class ModelShape:
 
     Buffers, in order: per layer its K and V (``kv_head``, GQA replica groups where TP exceeds
     ``kv_heads``), or one replicated MLA latent buffer when ``mla_kv_lora_rank`` is set; then
-    ``mamba_layers`` state buffers (``state_channel``); then ``draft_layers`` of draft K and V.
+    per Mamba layer its SSM state (``state_channel``: ``mamba_channels`` of
+    ``mamba_bytes_per_channel`` bytes) and, when ``mamba_conv_x_channels`` is set, its conv
+    state (channels ``x | B | C`` = ``mamba_conv_x_channels``, ``mamba_conv_bc_channels`` twice,
+    each part sharded by TP on its own, ``mamba_conv_width`` inputs a channel); then
+    ``draft_layers`` of draft K and V.
     """
 
     layers: int
@@ -42,6 +47,9 @@ class ModelShape:
     mamba_layers: int = 0
     mamba_channels: int = 0
     mamba_bytes_per_channel: int = 0
+    mamba_conv_x_channels: int = 0
+    mamba_conv_bc_channels: int = 0
+    mamba_conv_width: int = 0
     draft_layers: int = 0
     draft_kv_heads: int = 0
     draft_head_dim: int = 0
@@ -84,6 +92,8 @@ class ItemLengths:
     unit_bytes: int
     page_size: int = 16
     logical_size: int | None = None
+    #: Rows a page on both sides (``page_size`` for token-major pages).
+    rows_per_page: int = 1
 
 
 def _layouts(rows: Sequence[_core._BufferRow]) -> tuple[BufferLayout, ...]:
@@ -105,10 +115,17 @@ def _layouts(rows: Sequence[_core._BufferRow]) -> tuple[BufferLayout, ...]:
 
 
 def model_buffer_layouts(
-    shape: ModelShape, prefill_tp: int, decode_tp: int
+    shape: ModelShape,
+    prefill_tp: int,
+    decode_tp: int,
+    kv_layout: Literal["HND", "NHD"] = "HND",
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]:
-    """The matching prefill and decode ``BufferLayout`` tuples of a model at two TP sizes."""
-    prefill, decode = _core.model_buffers(shape, prefill_tp, decode_tp)
+    """The matching prefill and decode ``BufferLayout`` tuples of a model at two TP sizes.
+
+    ``kv_layout`` is how KV pages store tokens: ``"HND"`` (``[heads][page_size][head_dim]``,
+    head-major, one row a page) or ``"NHD"`` (``[page_size][heads][head_dim]``, a row per token,
+    as SGLang and vLLM keep them)."""
+    prefill, decode = _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout)
     return _layouts(prefill), _layouts(decode)
 
 

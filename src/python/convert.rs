@@ -10,7 +10,7 @@ use crate::fragment::Fragment;
 use crate::layout::{
     BufferKind, BufferLayout, LogicalAxis, LogicalParts, ParallelLayout, Role, MAX_VALUE,
 };
-use crate::model::{DraftShape, Dtype, ItemLengths, MambaShape, MlaShape, ModelShape};
+use crate::model::{ConvShape, DraftShape, Dtype, ItemLengths, MambaShape, MlaShape, ModelShape};
 
 pub type Converted<T> = Result<T, PlanError>;
 
@@ -189,10 +189,16 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
         kv_lora_rank: field("mla_kv_lora_rank")?,
         rope_head_dim: field("mla_rope_head_dim")?,
     };
+    let conv = ConvShape {
+        x_channels: field("mamba_conv_x_channels")?,
+        bc_channels: field("mamba_conv_bc_channels")?,
+        width: field("mamba_conv_width")?,
+    };
     let mamba = MambaShape {
         layers: field("mamba_layers")?,
         channels: field("mamba_channels")?,
         bytes_per_channel: field("mamba_bytes_per_channel")?,
+        conv: (conv.x_channels > 0).then_some(conv),
     };
     let draft = DraftShape {
         layers: field("draft_layers")?,
@@ -227,6 +233,7 @@ pub fn item_lengths(obj: &Bound<'_, PyAny>) -> Converted<ItemLengths> {
         } else {
             Some(to_u64(&logical, "logical_size")?)
         },
+        rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
     })
 }
 

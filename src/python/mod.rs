@@ -215,24 +215,36 @@ fn buffer_row(b: &crate::layout::BufferLayout) -> BufferRow {
 
 /// Both sides' buffers for a model shape, as `BufferLayout` field tuples.
 #[pyfunction]
+#[pyo3(signature = (shape, prefill_tp, decode_tp, kv_layout=None))]
 fn model_buffers(
     py: Python<'_>,
     shape: &Bound<'_, PyAny>,
     prefill_tp: &Bound<'_, PyAny>,
     decode_tp: &Bound<'_, PyAny>,
+    kv_layout: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(Vec<BufferRow>, Vec<BufferRow>)> {
     let convert = || -> Converted<_> {
+        let kv_layout = match kv_layout {
+            None => model::KvLayout::Hnd,
+            Some(value) => model::KvLayout::parse(&value.extract::<String>().map_err(|_| {
+                PlanError::new(format!(
+                    "kv_layout must be 'HND' or 'NHD', got {}",
+                    repr(value)
+                ))
+            })?)?,
+        };
         Ok((
             model_shape(shape)?,
             to_u64(prefill_tp, "prefill_tp")?,
             to_u64(decode_tp, "decode_tp")?,
+            kv_layout,
         ))
     };
-    let (shape, prefill_tp, decode_tp) = convert().map_err(to_py_err)?;
+    let (shape, prefill_tp, decode_tp, kv_layout) = convert().map_err(to_py_err)?;
     py.detach(|| {
-        let prefill = model::model_buffers(&shape, prefill_tp)
+        let prefill = model::model_buffers(&shape, prefill_tp, kv_layout)
             .map_err(|e| PlanError::new(format!("prefill side: {e}")))?;
-        let decode = model::model_buffers(&shape, decode_tp)
+        let decode = model::model_buffers(&shape, decode_tp, kv_layout)
             .map_err(|e| PlanError::new(format!("decode side: {e}")))?;
         Ok((
             prefill.iter().map(buffer_row).collect(),
@@ -304,6 +316,7 @@ fn model_shape_fields(
 fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
     let mla = s.mla.unwrap_or_default();
     let mamba = s.mamba.unwrap_or_default();
+    let conv = mamba.conv.unwrap_or_default();
     let draft = s.draft.unwrap_or_default();
     vec![
         ("layers", s.layers),
@@ -315,6 +328,9 @@ fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
         ("mamba_layers", mamba.layers),
         ("mamba_channels", mamba.channels),
         ("mamba_bytes_per_channel", mamba.bytes_per_channel),
+        ("mamba_conv_x_channels", conv.x_channels),
+        ("mamba_conv_bc_channels", conv.bc_channels),
+        ("mamba_conv_width", conv.width),
         ("draft_layers", draft.layers),
         ("draft_kv_heads", draft.kv_heads),
         ("draft_head_dim", draft.head_dim),
