@@ -269,21 +269,24 @@ def decode(version: bytes, payload: bytes, kind_type: Any) -> tuple[Fragment, ..
 def descriptors_loop(
     fragments: Any, src_bases: Any, dst_bases: Any, src_pages: Any, dst_pages: Any
 ) -> list[tuple[int, int, int]]:
-    """The per-request loop runtimes run today: one tuple per fragment and page pair."""
+    """The per-request loop runtimes run today: one tuple per fragment, page pair and row."""
     out = []
     pairs = list(zip(src_pages.tolist(), dst_pages.tolist()))
     for f in fragments:
         src_base = src_bases[f.buffer_index] + f.src_byte_offset
         dst_base = dst_bases[f.buffer_index] + f.dst_byte_offset
         used = pairs if f.page_count is None else pairs[: f.page_count]
+        rows = getattr(f, "rows_per_page", 1)
+        run = f.bytes_per_page // rows
+        src_rs, dst_rs = (
+            getattr(f, "src_row_stride_bytes", 0),
+            getattr(f, "dst_row_stride_bytes", 0),
+        )
         for sp, dp in used:
-            out.append(
-                (
-                    src_base + sp * f.src_page_stride_bytes,
-                    dst_base + dp * f.dst_page_stride_bytes,
-                    f.bytes_per_page,
-                )
-            )
+            src = src_base + sp * f.src_page_stride_bytes
+            dst = dst_base + dp * f.dst_page_stride_bytes
+            for r in range(rows):
+                out.append((src + r * src_rs, dst + r * dst_rs, run))
     return out
 
 
@@ -297,13 +300,20 @@ def descriptors_numpy(
     srcs, dsts, lens = [], [], []
     for f in fragments:
         n = len(sp) if f.page_count is None else min(f.page_count, len(sp))
+        rows = np.arange(f.rows_per_page, dtype=np.uint64)
         srcs.append(
-            np.uint64(src_bases[f.buffer_index] + f.src_byte_offset)
-            + sp[:n] * np.uint64(f.src_page_stride_bytes)
+            (
+                np.uint64(src_bases[f.buffer_index] + f.src_byte_offset)
+                + sp[:n, None] * np.uint64(f.src_page_stride_bytes)
+                + rows[None, :] * np.uint64(f.src_row_stride_bytes)
+            ).ravel()
         )
         dsts.append(
-            np.uint64(dst_bases[f.buffer_index] + f.dst_byte_offset)
-            + dp[:n] * np.uint64(f.dst_page_stride_bytes)
+            (
+                np.uint64(dst_bases[f.buffer_index] + f.dst_byte_offset)
+                + dp[:n, None] * np.uint64(f.dst_page_stride_bytes)
+                + rows[None, :] * np.uint64(f.dst_row_stride_bytes)
+            ).ravel()
         )
-        lens.append(np.full(n, f.bytes_per_page, dtype=np.uint64))
+        lens.append(np.full(n * f.rows_per_page, f.bytes_per_page // f.rows_per_page, np.uint64))
     return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from pdplan import (
     BufferLayout,
@@ -45,10 +46,11 @@ def cluster(
     head_dim: int = 128,
     page: int = 16,
     dtype: str = "bfloat16",
+    kv_layout: Literal["HND", "NHD"] = "HND",
 ) -> Scenario:
     """K and V of every layer, built by pdplan's own model-layout builder."""
     shape = ModelShape(layers, heads, head_dim, dtype=dtype, page_size=page)
-    prefill_buffers, decode_buffers = model_buffer_layouts(shape, prefill_tp, decode_tp)
+    prefill_buffers, decode_buffers = model_buffer_layouts(shape, prefill_tp, decode_tp, kv_layout)
     return Scenario(
         name=f"prefill {prefill_dp}x{prefill_tp} -> decode {decode_dp}x{decode_tp}",
         prefill=ParallelLayout("prefill", prefill_dp * prefill_tp, prefill_dp),
@@ -78,15 +80,18 @@ class Request:
     dst_limits: list[int]
 
 
-def llama70b_request(tokens: int = 32768, page: int = 16) -> Request:
+def llama70b_request(
+    tokens: int = 32768, page: int = 16, kv_layout: Literal["HND", "NHD"] = "HND"
+) -> Request:
     """A Llama-3-70B-like model (80 layers, 8 KV heads, head dim 128, bf16) going from prefill
     TP 8 to decode TP 2: prefill rank 5's 160 fragments to decode rank 1, 2048 pages of a
-    32k-token request in two contiguous runs, pages placed as a paged allocator would."""
+    32k-token request in two contiguous runs, pages placed as a paged allocator would. In NHD
+    pages each fragment moves one run per token row (16 a page)."""
     import numpy as np
 
     from pdplan import PDTransferPlanner
 
-    s = cluster(1, 8, 1, 2, layers=80, heads=8, head_dim=128, page=page)
+    s = cluster(1, 8, 1, 2, layers=80, heads=8, head_dim=128, page=page, kv_layout=kv_layout)
     planner = PDTransferPlanner(
         prefill_layout=s.prefill,
         decode_layout=s.decode,

@@ -61,3 +61,27 @@ def test_descriptors_numpy(benchmark: Any) -> None:
 def test_descriptors_python_loop(benchmark: Any) -> None:
     out = benchmark.pedantic(pure_python.descriptors_loop, args=ARGS, rounds=1)
     assert out == EXPECTED
+
+
+NHD = llama70b_request(kv_layout="NHD")
+NHD_ARGS = (NHD.fragments, NHD.src_bases, NHD.dst_bases, NHD.src_pages, NHD.dst_pages)
+
+
+@pytest.mark.benchmark(group="descriptors 70B 32k tokens, NHD pages")
+def test_descriptors_nhd_pdplan(benchmark: Any) -> None:
+    out = benchmark(
+        pdplan.transfer_descriptors,
+        *NHD_ARGS,
+        coalesce=False,
+        src_limits=NHD.src_limits,
+        dst_limits=NHD.dst_limits,
+    )
+    assert out.num_descriptors == 160 * 2048 * 16
+    expected = pure_python.descriptors_numpy(*NHD_ARGS)
+    assert all(np.array_equal(a, b) for a, b in zip(out, expected))
+
+
+@pytest.mark.benchmark(group="descriptors 70B 32k tokens, NHD pages")
+def test_descriptors_nhd_numpy(benchmark: Any) -> None:
+    src, _, lengths = benchmark(pure_python.descriptors_numpy, *NHD_ARGS)
+    assert len(src) == 160 * 2048 * 16 and set(lengths.tolist()) == {256}
