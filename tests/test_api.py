@@ -336,3 +336,54 @@ def test_the_suite_runs_against_the_package_it_was_asked_to() -> None:
         return
     assert location.is_relative_to(Path(venv).resolve()), f"imported from {location}"
     assert "site-packages" in location.parts
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"rows_per_page": 0}, "rows_per_page=0 must be between 1"),
+        ({"rows_per_page": 3}, "rows_per_page=3 must divide"),
+        ({"logical_parts": (4, 3)}, "must add up to logical_size=8"),
+        ({"logical_parts": ()}, "1 to 8 part sizes"),
+        ({"logical_parts": (1,) * 9}, "1 to 8 part sizes"),
+        ({"logical_parts": (8, 0)}, "positive"),
+        ({"logical_axis": "replicated", "logical_parts": (4, 4)}, "replicated buffer"),
+    ],
+)
+def test_rows_and_parts_refusals(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        kv(0, 2, **changes)
+
+
+def test_parts_given_as_a_list_become_a_tuple() -> None:
+    buffer = kv(0, 2, logical_parts=[4, 4])
+    assert buffer.logical_parts == (4, 4) and hash(buffer)
+
+
+def test_sides_must_store_pages_alike() -> None:
+    def build(prefill: BufferLayout, decode: BufferLayout) -> PDTransferPlanner:
+        return PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 8),
+            decode_layout=ParallelLayout("decode", 2),
+            prefill_buffers=(prefill,),
+            decode_buffers=(decode,),
+        )
+
+    with pytest.raises(UnsupportedPDLayoutError, match="rows_per_page differ"):
+        build(kv(0, 8, rows_per_page=16), kv(0, 2))
+    with pytest.raises(UnsupportedPDLayoutError, match="logical parts differ"):
+        build(kv(0, 8, logical_parts=(4, 4)), kv(0, 2, logical_parts=(2, 6)))
+    with pytest.raises(UnsupportedPDLayoutError, match="a logical part of=2 is not divisible"):
+        build(kv(0, 8, logical_parts=(2, 6)), kv(0, 2, logical_parts=(2, 6)))
+
+
+@pytest.mark.parametrize("mode", ["First", "every", 1])
+def test_decode_replicas_must_be_first_or_all(mode: Any) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="decode_replicas must be 'first' or 'all'"):
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 8),
+            decode_layout=ParallelLayout("decode", 2),
+            prefill_buffers=(kv(0, 8),),
+            decode_buffers=(kv(0, 2),),
+            decode_replicas=mode,
+        )

@@ -204,3 +204,26 @@ def test_bad_arguments_exit_2_with_usage(
         main(argv)
     assert exit_info.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_decode_replicas_and_kv_layout(capsys: pytest.CaptureFixture[str]) -> None:
+    wide = ["--prefill-tp", "16", "--decode-tp", "32", "--model", "llama-3-70b"]
+    code, out, _ = run(capsys, "check", *wide)
+    # The default serves the first rank of each decode replica group only, and says so.
+    assert code == 0 and "24 of 32 decode ranks receive nothing" in out
+    assert "--decode-replicas all" in out
+    code, out, _ = run(capsys, "check", *wide, "--decode-replicas", "all")
+    assert code == 0 and "receive nothing" not in out
+    code, out, _ = run(
+        capsys, "plan", *wide, "--decode-replicas", "all", "--format", "routing-json"
+    )
+    data = json.loads(out)
+    assert sorted({p["decode_rank"] for p in data["pairs"]}) == list(range(32))
+    assert set(data["source_fanout"].values()) == {2}  # 32 decode ranks over 16 prefill ranks
+    nhd = ["plan", "--prefill-tp", "8", "--decode-tp", "2", "--model", "llama-3-8b"]
+    code, out, _ = run(capsys, *nhd, "--kv-layout", "NHD", "--format", "json", "--decode-rank", "0")
+    assert code == 0
+    fragment = json.loads(out)["plans"][0]["fragments"]["0"][0]
+    # One head of 16 tokens x 128 x bf16 from each prefill rank: a 256-byte run per token row.
+    assert (fragment["rows_per_page"], fragment["bytes_per_page"]) == (16, 4096)
+    assert (fragment["src_row_stride_bytes"], fragment["dst_row_stride_bytes"]) == (256, 1024)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -22,18 +23,37 @@ from pdplan import (
 
 @pytest.mark.parametrize("name", MODEL_PRESETS)
 @pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(8, 2), (2, 8), (4, 4)])
-def test_every_preset_plans_and_verifies(name: str, prefill_tp: int, decode_tp: int) -> None:
+@pytest.mark.parametrize("kv_layout", ["HND", "NHD"])
+def test_every_preset_plans_and_verifies(
+    name: str, prefill_tp: int, decode_tp: int, kv_layout: Literal["HND", "NHD"]
+) -> None:
     shape = ModelShape.preset(name)
-    prefill, decode = model_buffer_layouts(shape, prefill_tp, decode_tp)
+    prefill, decode = model_buffer_layouts(shape, prefill_tp, decode_tp, kv_layout)
     assert len(prefill) == len(decode) > 0
     assert [b.buffer_index for b in prefill] == list(range(len(prefill)))
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", prefill_tp),
-        decode_layout=ParallelLayout("decode", decode_tp),
-        prefill_buffers=prefill,
-        decode_buffers=decode,
-    )
-    planner.verify()
+    for replicas in ("first", "all"):
+        planner = PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", prefill_tp),
+            decode_layout=ParallelLayout("decode", decode_tp),
+            prefill_buffers=prefill,
+            decode_buffers=decode,
+            decode_replicas=replicas,  # type: ignore[arg-type]
+        )
+        planner.verify()
+
+
+def test_nhd_pages_hold_the_same_bytes_in_rows() -> None:
+    shape = ModelShape.preset("llama-3-8b")
+    hnd, _ = model_buffer_layouts(shape, 4, 2)
+    nhd, _ = model_buffer_layouts(shape, 4, 2, kv_layout="NHD")
+    assert [b.rows_per_page for b in hnd] == [1] * len(hnd)
+    assert [b.rows_per_page for b in nhd] == [16] * len(nhd)
+    # The same item and unit sizes: only where the bytes sit differs.
+    assert [(b.item_stride_bytes, b.bytes_per_logical_unit) for b in nhd] == [
+        (b.item_stride_bytes, b.bytes_per_logical_unit) for b in hnd
+    ]
+    with pytest.raises(UnsupportedPDLayoutError, match="kv_layout must be 'HND' or 'NHD'"):
+        model_buffer_layouts(shape, 4, 2, kv_layout="HDN")  # type: ignore[arg-type]
 
 
 def test_llama_70b_buffers() -> None:
@@ -56,7 +76,11 @@ def test_mla_mamba_and_draft_presets() -> None:
     assert mla[0].item_stride_bytes == 64 * (512 + 64) * 2
     hybrid, _ = model_buffer_layouts(ModelShape.preset("mamba2-hybrid-8b"), 4, 2)
     states = [b for b in hybrid if b.buffer_kind == BufferKind.MAMBA_STATE]
-    assert len(states) == 24 and states[0].logical_axis == "state_channel"
+    # Each Mamba layer: its SSM state, then its conv state (x | B | C, each part sharded).
+    assert len(states) == 48 and states[0].logical_axis == "state_channel"
+    ssm, conv = states[0], states[1]
+    assert ssm.logical_parts is None and conv.logical_parts == (8192, 1024, 1024)
+    assert conv.item_stride_bytes == (8192 + 2 * 1024) // 4 * 3 * 2
     eagle, _ = model_buffer_layouts(ModelShape.preset("llama-3-70b-eagle"), 8, 2)
     assert [b.buffer_kind for b in eagle[-2:]] == [BufferKind.DRAFT_K, BufferKind.DRAFT_V]
 
@@ -100,6 +124,7 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     }
     shape = ModelShape.from_hf_config(write(tmp_path, qwen), page_size=32)
     assert (shape.layers, shape.kv_heads, shape.head_dim, shape.page_size) == (28, 4, 128, 32)
+    assert shape.dtype == "float16"  # the dtype the config names, not a size class
     deepseek = {
         "num_hidden_layers": 61,
         "num_attention_heads": 128,
@@ -114,6 +139,28 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     assert ModelShape.from_hf_config(write(tmp_path, mha)).kv_heads == 4
     nested = {"text_config": llama, "vision_config": {}}
     assert ModelShape.from_hf_config(write(tmp_path, nested)).layers == 80
+
+
+@pytest.mark.parametrize(
+    ("named", "kept"),
+    [
+        ("float16", "float16"),
+        ("bfloat16", "bfloat16"),
+        ("float32", "float32"),
+        ("float8_e4m3fn", "float8_e4m3fn"),
+        ("float8_e5m2", "float8_e5m2"),
+        ("float8_e4m3fnuz", "float8_e4m3fnuz"),
+        ("torch.float16", "float16"),
+    ],
+)
+def test_hf_config_keeps_the_dtype_it_names(tmp_path: Path, named: str, kept: str) -> None:
+    config = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8, "dtype": named}
+    shape = ModelShape.from_hf_config(write(tmp_path, config))
+    assert shape.dtype == kept
+    # And the buffers are sized by it: bf16/fp16 2 bytes, fp32 4, fp8 1.
+    prefill, _ = model_buffer_layouts(shape, 1, 1)
+    element = {"float32": 4, "float16": 2, "bfloat16": 2}.get(kept, 1)
+    assert prefill[0].bytes_per_logical_unit == 16 * 4 * element
 
 
 @pytest.mark.parametrize(
@@ -176,6 +223,26 @@ def test_item_lengths_prefill_tp_above_the_heads_gives_replica_groups() -> None:
     # Both sides above the heads: the logical size says how.
     (p,), (d,) = buffer_layouts_from_item_lengths([item(1, 1, logical=2)], 8, 4)
     assert (p.tp_replica_group_size, d.tp_replica_group_size) == (4, 2)
+
+
+def test_item_lengths_with_token_major_rows() -> None:
+    unit = 16 * 128 * 2
+    entry = ItemLengths(
+        0, BufferKind.TARGET_K, unit, 4 * unit, unit, page_size=16, rows_per_page=16
+    )
+    (p,), (d,) = buffer_layouts_from_item_lengths([entry], 8, 2)
+    assert (p.rows_per_page, d.rows_per_page) == (16, 16)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 8),
+        decode_layout=ParallelLayout("decode", 2),
+        prefill_buffers=(p,),
+        decode_buffers=(d,),
+    )
+    planner.verify()
+    assert planner.transfer_fragments(0)[0][0].rows_per_page == 16
+    odd = ItemLengths(0, BufferKind.TARGET_K, unit, 4 * unit, unit, rows_per_page=3)
+    with pytest.raises(UnsupportedPDLayoutError, match="rows_per_page=3 must divide"):
+        buffer_layouts_from_item_lengths([odd], 8, 2)
 
 
 @pytest.mark.parametrize(
