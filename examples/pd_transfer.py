@@ -1,13 +1,15 @@
 """Prefill -> decode KV-cache transfer, end to end, through a real transfer engine.
 
-    python examples/pd_transfer.py            # Mooncake over TCP on loopback, one process a rank
-    python examples/pd_transfer.py --loopback # the same flow in one process, memmove engine
+    python examples/pd_transfer.py                 # Mooncake over TCP on loopback, a process a rank
+    python examples/pd_transfer.py --engine nixl   # NIXL agents (UCX backend), a process a rank
+    python examples/pd_transfer.py --loopback      # the same flow in one process, memmove engine
 
 Each rank has its own engine and numpy KV caches filled with known values. The decode side plans
 and sends every prefill rank its fragments only through the wire format; each prefill rank
-decodes them, builds descriptors with ``transfer_descriptors`` (bounded by the decode side's
-buffer sizes) and writes them into the decode rank's caches. The coordinator then checks every
-decode cache byte for byte against the expected reshard, guard bytes included.
+turns the frames into a ``PreparedTransfer`` (parsed once, reused for byte-equal frames) whose
+per-request descriptors are bounded by both sides' buffer sizes, and writes them into the decode
+rank's caches. The coordinator then checks every decode cache byte for byte against the expected
+reshard, guard bytes included.
 
 The module doubles as the harness of the end-to-end tests (tests/test_end_to_end.py).
 """
@@ -30,9 +32,8 @@ from pdplan import (
     BufferLayout,
     ParallelLayout,
     PDTransferPlanner,
-    decode_transfer_fragments,
+    PreparedTransfer,
     encode_transfer_fragments,
-    transfer_descriptors,
 )
 
 GUARD = 0x5A  # every decode byte starts as this; bytes no fragment should touch stay so
@@ -229,6 +230,78 @@ class MooncakeEngine:
         )
 
 
+class NixlEngine:
+    """A NIXL agent with the UCX backend over host (DRAM) memory. ``prepped`` writes through
+    descriptor lists prepared once per peer and addressed by index, NIXL's preferred form;
+    otherwise each request passes N x 3 descriptor arrays."""
+
+    def __init__(self, name: str, prepped: bool = False) -> None:
+        from nixl_cu12._api import nixl_agent, nixl_agent_config
+
+        self.agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        self.prepped = prepped
+        self.peers: dict[bytes, str] = {}
+        self.lists: dict[tuple[str, bytes], tuple[Any, Any]] = {}
+
+    def register(self, address: int, nbytes: int) -> None:
+        self.agent.register_memory(np.array([[address, nbytes, 0]], dtype=np.uint64), "DRAM")
+
+    @property
+    def address(self) -> bytes:
+        return bytes(self.agent.get_agent_metadata())
+
+    def peer(self, metadata: bytes) -> str:
+        if metadata not in self.peers:
+            name = self.agent.add_remote_agent(metadata)
+            self.peers[metadata] = name.decode() if isinstance(name, bytes) else name
+        return self.peers[metadata]
+
+    def write(self, peer: bytes, srcs: np.ndarray, dsts: np.ndarray, lengths: np.ndarray) -> int:
+        zeros = np.zeros_like(lengths)
+        local = self.agent.get_xfer_descs(np.column_stack((srcs, lengths, zeros)), "DRAM")
+        remote = self.agent.get_xfer_descs(np.column_stack((dsts, lengths, zeros)), "DRAM")
+        return self.wait(self.agent.initialize_xfer("WRITE", local, remote, self.peer(peer)))
+
+    def write_prepped(
+        self,
+        peer: bytes,
+        key: bytes,
+        prepared: PreparedTransfer,
+        pages: tuple[Any, Any],
+        caps: tuple[int, int],
+    ) -> int:
+        """Lists prepared once per (peer, fragment list); each request sends only indices."""
+        name = self.peer(peer)
+        if (name, key) not in self.lists:
+            local, remote = prepared.nixl_prepped_lists(*caps)
+            self.lists[(name, key)] = (
+                self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "DRAM"),
+                self.agent.prep_xfer_dlist(name, remote, "DRAM"),
+            )
+        local_side, remote_side = self.lists[(name, key)]
+        local_idx, remote_idx = prepared.nixl_prepped_indices(*pages, *caps)
+        handle = self.agent.make_prepped_xfer(
+            "WRITE", local_side, local_idx, remote_side, remote_idx
+        )
+        return self.wait(handle)
+
+    def wait(self, handle: Any, seconds: float = 60.0) -> int:
+        state = self.agent.transfer(handle)
+        deadline = time.monotonic() + seconds
+        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+            state = self.agent.check_xfer_state(handle)
+        self.agent.release_xfer_handle(handle)
+        return 0 if state == "DONE" else 1
+
+
+def make_engine(name: str, role: str, rank: int) -> Any:
+    if name == "mooncake":
+        return MooncakeEngine()
+    if name in ("nixl", "nixl-prepped"):
+        return NixlEngine(f"{role}{rank}", prepped=name == "nixl-prepped")
+    raise ValueError(f"unknown engine {name!r}")
+
+
 @dataclass
 class RankServer:
     """One rank: its caches, its engine, and the messages it answers."""
@@ -270,21 +343,28 @@ class RankServer:
             }
         if kind == "dst_info":
             return self.bases, self.limits
-        if kind == "write":  # prefill: decode the frames, build descriptors, write
+        if kind == "write":  # prefill: frames in, descriptors out, write
             _, peer, version, payload, dst_bases, dst_limits = message
-            fragments = decode_transfer_fragments(version, payload)
             started = time.perf_counter()
-            d = transfer_descriptors(
-                fragments,
+            prepared = PreparedTransfer.from_frames(
+                version,
+                payload,
                 self.bases,
                 dst_bases,
-                np.array(self.scenario.src_pages, dtype=np.int32),
-                np.array(self.scenario.dst_pages, dtype=np.int64),
                 src_limits=self.limits,
                 dst_limits=dst_limits,
             )
+            pages = (
+                np.array(self.scenario.src_pages, dtype=np.int32),
+                np.array(self.scenario.dst_pages, dtype=np.int64),
+            )
+            d = prepared.descriptors(*pages)
             built = time.perf_counter() - started
-            status = self.engine.write(peer, d.src_addrs, d.dst_addrs, d.lengths)
+            if getattr(self.engine, "prepped", False):
+                caps = (self.scenario.capacity_pages, self.scenario.capacity_pages)
+                status = self.engine.write_prepped(peer, payload, prepared, pages, caps)
+            else:
+                status = self.engine.write(peer, d.src_addrs, d.dst_addrs, d.lengths)
             return {
                 "status": status,
                 "descriptors": d.num_descriptors,
@@ -297,13 +377,14 @@ class RankServer:
         raise ValueError(f"unknown message {kind!r}")
 
 
-def _serve(scenario: Scenario, role: str, rank: int, conn: Any) -> None:
+def _serve(scenario: Scenario, role: str, rank: int, conn: Any, engine: str) -> None:
     """A rank process: answer messages until told to stop."""
     import os
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # Mooncake's info logging, before it loads
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     try:
-        server = RankServer(scenario, role, rank, MooncakeEngine())
+        server = RankServer(scenario, role, rank, make_engine(engine, role, rank))
         conn.send(("ok", None))
     except BaseException as exc:
         conn.send(("error", repr(exc)))
@@ -321,11 +402,11 @@ def _serve(scenario: Scenario, role: str, rank: int, conn: Any) -> None:
 class ProcessRank:
     """The coordinator's handle on a rank process."""
 
-    def __init__(self, scenario: Scenario, role: str, rank: int) -> None:
+    def __init__(self, scenario: Scenario, role: str, rank: int, engine: str) -> None:
         context = mp.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(
-            target=_serve, args=(scenario, role, rank, child), daemon=True
+            target=_serve, args=(scenario, role, rank, child, engine), daemon=True
         )
         self.process.start()
         self.ready = self.conn  # the first reply says the engine is up
@@ -411,8 +492,9 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
                 handle.close()
 
 
-def run_in_processes(scenario: Scenario) -> Outcome:
-    return run(scenario, lambda role, rank: ProcessRank(scenario, role, rank))
+def run_in_processes(scenario: Scenario, engine: str = "mooncake") -> Outcome:
+    """One process a rank, each with its own `engine`: mooncake, nixl or nixl-prepped."""
+    return run(scenario, lambda role, rank: ProcessRank(scenario, role, rank, engine))
 
 
 def run_in_memory(scenario: Scenario) -> Outcome:
@@ -438,14 +520,25 @@ def main() -> None:
         action="store_true",
         help="run every rank in this process with a memmove engine",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("mooncake", "nixl", "nixl-prepped"),
+        default="mooncake",
+        help="the transfer engine, one per rank process (default mooncake)",
+    )
     args = parser.parse_args()
     s = DEFAULT
     print(f"pdplan {pdplan.__version__}: {s.name}")
     print(f"request: {len(s.src_pages)} pages; {len(s.buffers)} buffers")
     started = time.perf_counter()
-    outcome = run_in_memory(s) if args.loopback else run_in_processes(s)
+    outcome = run_in_memory(s) if args.loopback else run_in_processes(s, args.engine)
     wall = time.perf_counter() - started
-    print(f"engine: {'loopback (memmove)' if args.loopback else 'Mooncake, TCP on 127.0.0.1'}")
+    names = {
+        "mooncake": "Mooncake, TCP on 127.0.0.1",
+        "nixl": "NIXL, UCX backend on this host (descriptor arrays)",
+        "nixl-prepped": "NIXL, UCX backend on this host (prepped lists, indices per request)",
+    }
+    print(f"engine: {'loopback (memmove)' if args.loopback else names[args.engine]}")
     print(
         f"moved {outcome.bytes:,} bytes in {outcome.descriptors:,} descriptors; "
         f"descriptor building {outcome.build_seconds * 1e3:.2f} ms, "

@@ -7,6 +7,7 @@
 //! `f.bytes_per_page / f.rows_per_page` long; a fragment's `page_count` limits it to the first
 //! `page_count` pairs.
 
+use std::borrow::Borrow;
 use std::mem::MaybeUninit;
 
 use crate::error::{bail, PlanError, PlanResult};
@@ -44,8 +45,8 @@ impl Descriptors {
 }
 
 /// Pages a fragment uses: all pairs, or the first `page_count` of them.
-fn pages_used(fragment: &Fragment, pairs: usize) -> usize {
-    fragment.page_count.map_or(pairs, |count| {
+fn pages_used(page_count: Option<u64>, pairs: usize) -> usize {
+    page_count.map_or(pairs, |count| {
         usize::try_from(count).unwrap_or(usize::MAX).min(pairs)
     })
 }
@@ -61,71 +62,204 @@ fn prefix_max(pages: &[u64]) -> Vec<u64> {
         .collect()
 }
 
-/// Checks that every descriptor of `fragment` on `side` stays inside 64 bits and inside the
-/// buffer's limit; since offsets grow with the page and the row, checking the last row of the
-/// largest page checks them all.
-fn check_side(
-    side: &Side<'_>,
+/// Where one side of a fragment's descriptors lie, but for the page: checked once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Placement {
+    base: u64,
+    offset: u64,
+    stride: u64,
+    row_stride: u64,
+    /// Bytes from a page's start to the end of its last run.
+    reach: u64,
+    limit: Option<u64>,
+}
+
+/// A fragment placed in its two buffers: everything about its descriptors that does not
+/// depend on a request's pages, checked once (`place`); per request only the largest page is
+/// checked against the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
     position: usize,
-    fragment: &Fragment,
-    largest_page: u64,
-    (stride, offset, row_stride): (u64, u64, u64),
-) -> PlanResult<u64> {
-    let name = side.name;
-    let index = fragment.buffer_index;
-    let base = usize::try_from(index)
-        .ok()
-        .and_then(|i| side.bases.get(i))
-        .copied();
-    let Some(base) = base else {
-        bail!(
-            "fragment {position} names buffer_index={index}, but {name}_base_ptrs has {} \
-             entries; pass a base pointer for every buffer the fragments use",
-            side.bases.len()
-        );
-    };
-    let last_row = (fragment.rows_per_page - 1).checked_mul(row_stride);
-    let end = largest_page
-        .checked_mul(stride)
-        .and_then(|v| v.checked_add(offset))
-        .and_then(|v| v.checked_add(last_row?))
-        .and_then(|v| v.checked_add(fragment.run_bytes()));
-    let Some(end) = end else {
-        bail!(
-            "fragment {position} on the {name} side: page {largest_page} x stride {stride} + \
-             offset {offset} + {} rows x {row_stride} + {} bytes overflows 64 bits",
-            fragment.rows_per_page - 1,
-            fragment.run_bytes()
-        );
-    };
-    if base.checked_add(end).is_none() {
-        bail!(
-            "fragment {position} on the {name} side: base 0x{base:x} + {end} bytes overflows \
-             64 bits"
-        );
+    buffer_index: u64,
+    page_count: Option<u64>,
+    rows: u64,
+    run: u64,
+    src: Placement,
+    dst: Placement,
+}
+
+impl Placed {
+    pub const fn buffer_index(&self) -> u64 {
+        self.buffer_index
     }
-    if let Some(limits) = side.limits {
-        let limit = usize::try_from(index)
-            .ok()
-            .and_then(|i| limits.get(i))
-            .copied();
-        let Some(limit) = limit else {
-            bail!(
+
+    /// Descriptors this fragment makes for `pairs` page pairs.
+    pub fn count(&self, pairs: usize) -> u64 {
+        (self.pages_used(pairs) as u64).saturating_mul(self.rows)
+    }
+
+    /// Page pairs this fragment uses of `pairs`.
+    pub fn pages_used(&self, pairs: usize) -> usize {
+        pages_used(self.page_count, pairs)
+    }
+
+    pub const fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// One side's runs as strided rows `(address on page 0, length, device 0, page stride,
+    /// pages)`, a row per page row; checked by `check` for the last of `pages` first.
+    pub fn strided_rows(&self, dst: bool, pages: u64) -> impl Iterator<Item = [u64; 5]> + '_ {
+        let side = if dst { &self.dst } else { &self.src };
+        // base + reach does not overflow (placed), and every row starts before the reach.
+        let start = side.base + side.offset;
+        (0..self.rows).map(move |row| {
+            [
+                start + row * side.row_stride,
+                self.run,
+                0,
+                side.stride,
+                pages,
+            ]
+        })
+    }
+}
+
+/// A buffer's base and limit on one side, or the error naming what is missing.
+fn base_and_limit(
+    name: &str,
+    position: usize,
+    index: u64,
+    (bases, limits): (&[u64], Option<&[u64]>),
+) -> PlanResult<(u64, Option<u64>)> {
+    let slot = usize::try_from(index).unwrap_or(usize::MAX);
+    let Some(&base) = bases.get(slot) else {
+        bail!(
+            "fragment {position} names buffer_index={index}, but {name}_base_ptrs has {} entries; \
+             pass a base pointer for every buffer the fragments use",
+            bases.len()
+        );
+    };
+    match limits {
+        None => Ok((base, None)),
+        Some(limits) => match limits.get(slot) {
+            Some(&limit) => Ok((base, Some(limit))),
+            None => bail!(
                 "{name}_limits has {} entries but fragment {position} uses buffer_index={index}; \
                  give a limit for every buffer",
                 limits.len()
+            ),
+        },
+    }
+}
+
+/// Bytes from a page's start to the end of its last run, if `base` plus that fits 64 bits.
+fn reach(base: u64, offset: u64, rows: u64, row_stride: u64, run: u64) -> Option<u64> {
+    (rows - 1)
+        .checked_mul(row_stride)
+        .and_then(|v| v.checked_add(offset))
+        .and_then(|v| v.checked_add(run))
+        .filter(|reach| base.checked_add(*reach).is_some())
+}
+
+/// Places a validated fragment (the `position`-th of its list, for messages) on both sides.
+pub fn place(
+    position: usize,
+    f: &Fragment,
+    src: (&[u64], Option<&[u64]>),
+    dst: (&[u64], Option<&[u64]>),
+) -> PlanResult<Placed> {
+    let (src_base, src_limit) = base_and_limit("src", position, f.buffer_index, src)?;
+    let (dst_base, dst_limit) = base_and_limit("dst", position, f.buffer_index, dst)?;
+    let (rows, run) = (f.rows_per_page, f.run_bytes());
+    let src_reach = reach(
+        src_base,
+        f.src_byte_offset,
+        rows,
+        f.src_row_stride_bytes,
+        run,
+    );
+    let dst_reach = reach(
+        dst_base,
+        f.dst_byte_offset,
+        rows,
+        f.dst_row_stride_bytes,
+        run,
+    );
+    let (Some(src_reach), Some(dst_reach)) = (src_reach, dst_reach) else {
+        bail!(
+            "fragment {position}: base + offset + {} rows of {run} bytes overflows 64 bits on \
+             the {} side",
+            rows,
+            if src_reach.is_none() { "src" } else { "dst" }
+        );
+    };
+    Ok(Placed {
+        position,
+        buffer_index: f.buffer_index,
+        page_count: f.page_count,
+        rows,
+        run,
+        src: Placement {
+            base: src_base,
+            offset: f.src_byte_offset,
+            stride: f.src_page_stride_bytes,
+            row_stride: f.src_row_stride_bytes,
+            reach: src_reach,
+            limit: src_limit,
+        },
+        dst: Placement {
+            base: dst_base,
+            offset: f.dst_byte_offset,
+            stride: f.dst_page_stride_bytes,
+            row_stride: f.dst_row_stride_bytes,
+            reach: dst_reach,
+            limit: dst_limit,
+        },
+    })
+}
+
+/// Places every fragment of a list.
+pub fn place_all<F: Borrow<Fragment>>(
+    fragments: &[F],
+    src: (&[u64], Option<&[u64]>),
+    dst: (&[u64], Option<&[u64]>),
+) -> PlanResult<Vec<Placed>> {
+    let mut placed = Vec::with_capacity(fragments.len());
+    for (position, f) in fragments.iter().enumerate() {
+        placed.push(place(position, f.borrow(), src, dst)?);
+    }
+    Ok(placed)
+}
+
+impl Placement {
+    /// Every descriptor up to `largest_page` stays inside 64 bits and the buffer's limit;
+    /// since addresses grow with the page, checking the largest checks them all.
+    fn check(&self, name: &str, placed: &Placed, largest_page: u64) -> PlanResult<()> {
+        let (position, index, stride) = (placed.position, placed.buffer_index, self.stride);
+        let end = largest_page
+            .checked_mul(stride)
+            .and_then(|v| v.checked_add(self.reach))
+            .filter(|end| self.base.checked_add(*end).is_some());
+        let Some(end) = end else {
+            bail!(
+                "fragment {position} on the {name} side: page {largest_page} x stride {stride} + \
+                 {} bytes from base 0x{:x} overflows 64 bits",
+                self.reach,
+                self.base
             );
         };
-        if end > limit {
+        if let Some(limit) = self.limit.filter(|&limit| end > limit) {
             bail!(
                 "fragment {position} (buffer_index={index}) would reach byte {end} of the {name} \
                  buffer, past its limit of {limit} bytes (page {largest_page}, stride {stride}, \
-                 offset {offset}, {} bytes); check the page indices and the plan's strides",
-                fragment.run_bytes()
+                 offset {}, {} bytes); check the page indices and the plan's strides",
+                self.offset,
+                placed.run
             );
         }
+        Ok(())
     }
-    Ok(base)
 }
 
 /// One fragment's share of the output: its pages, rows and where its bytes start on each side.
@@ -232,50 +366,50 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
 }
 
 /// Builds the descriptors, or refuses before producing any.
-pub fn build(
-    fragments: &[Fragment],
+pub fn build<F: Borrow<Fragment>>(
+    fragments: &[F],
     src: &Side<'_>,
     dst: &Side<'_>,
     coalesce: bool,
 ) -> PlanResult<Descriptors> {
-    if src.pages.len() != dst.pages.len() {
-        bail!(
-            "src_pages has {} entries and dst_pages {}; pages are paired by position, so give \
-             both the same length",
-            src.pages.len(),
-            dst.pages.len()
-        );
-    }
-    let pairs = src.pages.len();
-    let (src_max, dst_max) = (prefix_max(src.pages), prefix_max(dst.pages));
-    let mut bases = Vec::with_capacity(fragments.len());
-    let mut total: u64 = 0;
-    for (position, fragment) in fragments.iter().enumerate() {
+    for (position, fragment) in fragments.iter().map(Borrow::borrow).enumerate() {
         fragment
             .validate()
             .map_err(|e| PlanError::new(format!("fragment {position}: {e}")))?;
-        let used = pages_used(fragment, pairs);
-        total = total.saturating_add((used as u64).saturating_mul(fragment.rows_per_page));
-        let Some(last) = used.checked_sub(1) else {
-            bases.push((0, 0));
+    }
+    let placed = place_all(fragments, (src.bases, src.limits), (dst.bases, dst.limits))?;
+    build_placed(&placed, src.pages, dst.pages, coalesce)
+}
+
+/// Builds the descriptors of placed fragments for one request's page pairs, or refuses
+/// before producing any.
+pub fn build_placed<P: Borrow<Placed>>(
+    placed: &[P],
+    src_pages: &[u64],
+    dst_pages: &[u64],
+    coalesce: bool,
+) -> PlanResult<Descriptors> {
+    if src_pages.len() != dst_pages.len() {
+        bail!(
+            "src_pages has {} entries and dst_pages {}; pages are paired by position, so give \
+             both the same length",
+            src_pages.len(),
+            dst_pages.len()
+        );
+    }
+    let pairs = src_pages.len();
+    let (src_max, dst_max) = (prefix_max(src_pages), prefix_max(dst_pages));
+    let mut total: u64 = 0;
+    for p in placed.iter().map(Borrow::borrow) {
+        total = total.saturating_add(p.count(pairs));
+        let Some(last) = pages_used(p.page_count, pairs).checked_sub(1) else {
             continue;
         };
         let (Some(&src_page), Some(&dst_page)) = (src_max.get(last), dst_max.get(last)) else {
             bail!("page index out of range");
         };
-        let src_layout = (
-            fragment.src_page_stride_bytes,
-            fragment.src_byte_offset,
-            fragment.src_row_stride_bytes,
-        );
-        let dst_layout = (
-            fragment.dst_page_stride_bytes,
-            fragment.dst_byte_offset,
-            fragment.dst_row_stride_bytes,
-        );
-        let src_base = check_side(src, position, fragment, src_page, src_layout)?;
-        let dst_base = check_side(dst, position, fragment, dst_page, dst_layout)?;
-        bases.push((src_base, dst_base));
+        p.src.check("src", p, src_page)?;
+        p.dst.check("dst", p, dst_page)?;
     }
     if total > MAX_DESCRIPTORS {
         bail!(
@@ -284,25 +418,25 @@ pub fn build(
         );
     }
     let total = usize::try_from(total).unwrap_or(0);
-    let jobs: Vec<Job<'_>> = fragments
+    let jobs: Vec<Job<'_>> = placed
         .iter()
-        .zip(bases)
-        .map(|(fragment, (src_base, dst_base))| {
-            let used = pages_used(fragment, pairs);
+        .map(Borrow::borrow)
+        .map(|p| {
+            let used = pages_used(p.page_count, pairs);
             Job {
-                buffer_index: fragment.buffer_index,
-                src_pages: &src.pages[..used],
-                dst_pages: &dst.pages[..used],
+                buffer_index: p.buffer_index,
+                src_pages: &src_pages[..used],
+                dst_pages: &dst_pages[..used],
                 // Every value was bounds-checked above, so this arithmetic cannot wrap.
-                src_start: src_base + fragment.src_byte_offset,
-                src_stride: fragment.src_page_stride_bytes,
-                dst_start: dst_base + fragment.dst_byte_offset,
-                dst_stride: fragment.dst_page_stride_bytes,
+                src_start: p.src.base + p.src.offset,
+                src_stride: p.src.stride,
+                dst_start: p.dst.base + p.dst.offset,
+                dst_stride: p.dst.stride,
                 // Validated to be at most MAX_ROWS_PER_PAGE (2^20).
-                rows: usize::try_from(fragment.rows_per_page).unwrap_or(1),
-                src_row_stride: fragment.src_row_stride_bytes,
-                dst_row_stride: fragment.dst_row_stride_bytes,
-                len: fragment.run_bytes(),
+                rows: usize::try_from(p.rows).unwrap_or(1),
+                src_row_stride: p.src.row_stride,
+                dst_row_stride: p.dst.row_stride,
+                len: p.run,
             }
         })
         .collect();
@@ -313,40 +447,85 @@ pub fn build(
     };
     fill_columns(&jobs, &mut out, total);
     if coalesce {
-        out.coalesce(jobs.iter().map(|job| (job.count(), job.buffer_index)));
+        out.coalesce(&jobs);
     }
     Ok(out)
 }
 
+impl Job<'_> {
+    /// Whether two of this job's own descriptors can ever continue each other. Pages only grow
+    /// apart by whole strides: a run shorter than the stride to its next row (or page) on
+    /// either side can never reach it, whatever the page indices.
+    fn may_merge_within(&self) -> bool {
+        let rows = self.rows as u64;
+        let row_reach = self.len >= self.src_row_stride && self.len >= self.dst_row_stride;
+        // From a page's last row to the next page's first row, at least one stride on.
+        let src_tail = (rows - 1) * self.src_row_stride + self.len;
+        let dst_tail = (rows - 1) * self.dst_row_stride + self.len;
+        let page_reach = src_tail >= self.src_stride && dst_tail >= self.dst_stride;
+        // Empty runs continue each other wherever they repeat an address.
+        self.len == 0 || (rows > 1 && row_reach) || (self.src_pages.len() > 1 && page_reach)
+    }
+}
+
 impl Descriptors {
+    /// Whether descriptors `a` and `b` continue each other on both sides.
+    fn continues(&self, a: usize, b: usize) -> bool {
+        // Both ends were checked to stay inside 64 bits, so the sums cannot wrap.
+        self.src_addrs[a] + self.lengths[a] == self.src_addrs[b]
+            && self.dst_addrs[a] + self.lengths[a] == self.dst_addrs[b]
+    }
+
     /// Merges, in place, each descriptor that continues the previous one on both sides
-    /// (src end == next src and dst end == next dst) within one buffer: `runs` gives, in
-    /// order, how many descriptors each fragment wrote and its buffer. Buffers are registered
-    /// with an engine one by one, so a descriptor never spans two even where they touch.
-    fn coalesce(&mut self, runs: impl Iterator<Item = (usize, u64)>) {
-        let buffer_of = runs.flat_map(|(count, buffer)| std::iter::repeat_n(buffer, count));
+    /// (src end == next src and dst end == next dst) within one buffer; `jobs` wrote the
+    /// descriptors, in order. Buffers are registered with an engine one by one, so a
+    /// descriptor never spans two even where they touch. Jobs whose descriptors cannot
+    /// continue each other (the common case: a head slice inside a page) cost nothing unless
+    /// something before them merged.
+    fn coalesce(&mut self, jobs: &[Job<'_>]) {
         let mut kept = 0;
-        let mut last_buffer = None;
-        for (i, buffer) in buffer_of.enumerate() {
-            let (src, dst, len) = (self.src_addrs[i], self.dst_addrs[i], self.lengths[i]);
-            let same_buffer = last_buffer.replace(buffer) == Some(buffer);
-            if kept > 0 && same_buffer {
-                let last = kept - 1;
-                let end = self.lengths[last];
-                // Both ends were checked to stay inside 64 bits, so the sums cannot wrap.
-                if self.src_addrs[last] + end == src && self.dst_addrs[last] + end == dst {
-                    self.lengths[last] += len;
-                    continue;
-                }
+        let mut start = 0;
+        let mut previous_buffer = None;
+        for job in jobs {
+            let count = job.count();
+            let end = start + count;
+            let joins_previous = previous_buffer == Some(job.buffer_index);
+            previous_buffer = Some(job.buffer_index);
+            if count == 0 {
+                continue;
             }
-            self.src_addrs[kept] = src;
-            self.dst_addrs[kept] = dst;
-            self.lengths[kept] = len;
-            kept += 1;
+            if kept == start && !job.may_merge_within() {
+                // Nothing moved yet and nothing merges inside: only the first may join.
+                if joins_previous && kept > 0 && self.continues(kept - 1, start) {
+                    self.lengths[kept - 1] += self.lengths[start];
+                    self.compact(start + 1..end, &mut kept, false);
+                } else {
+                    kept = end;
+                }
+            } else {
+                self.compact(start..end, &mut kept, joins_previous);
+            }
+            start = end;
         }
         self.src_addrs.truncate(kept);
         self.dst_addrs.truncate(kept);
         self.lengths.truncate(kept);
+    }
+
+    /// Moves `range` down to `kept`, merging each descriptor into the one before it where it
+    /// continues it (the first only when `join_first`).
+    fn compact(&mut self, range: std::ops::Range<usize>, kept: &mut usize, join_first: bool) {
+        let first = range.start;
+        for i in range {
+            if *kept > 0 && (i > first || join_first) && self.continues(*kept - 1, i) {
+                self.lengths[*kept - 1] += self.lengths[i];
+                continue;
+            }
+            self.src_addrs[*kept] = self.src_addrs[i];
+            self.dst_addrs[*kept] = self.dst_addrs[i];
+            self.lengths[*kept] = self.lengths[i];
+            *kept += 1;
+        }
     }
 }
 
@@ -439,7 +618,7 @@ mod tests {
         assert!(out.len() > PARALLEL_FROM);
         let mut expected = Descriptors::default();
         for f in &fragments {
-            let used = pages_used(f, pages.len());
+            let used = pages_used(f.page_count, pages.len());
             let (sb, db) = (
                 [0, 1 << 30, 1 << 31][usize::try_from(f.buffer_index).unwrap()],
                 [5, 1 << 32, 1 << 33][usize::try_from(f.buffer_index).unwrap()],

@@ -4,11 +4,13 @@
 pub mod descriptors;
 pub mod error;
 pub mod fragment;
+pub mod frame_cache;
 pub mod geometry;
 pub mod interval;
 pub mod layout;
 pub mod model;
 pub mod planner;
+pub mod prepared;
 pub mod ranks;
 pub mod spread;
 pub mod verify;

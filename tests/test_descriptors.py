@@ -23,38 +23,50 @@ from pdplan import (
 )
 
 
-def python_loop(
+def tagged_loop(
     fragments: Any, src_bases: Any, dst_bases: Any, src_pages: Any, dst_pages: Any
-) -> list[tuple[int, int, int]]:
-    """What runtimes do today, one tuple per fragment and page pair."""
+) -> list[tuple[int, int, int, int]]:
+    """What runtimes do today, one tuple per fragment, page pair and row, tagged with the
+    buffer it lies in."""
     out = []
     for f in fragments:
         pairs = list(zip(src_pages, dst_pages))
         if f.page_count is not None:
             pairs = pairs[: f.page_count]
+        run = f.bytes_per_page // f.rows_per_page
         for sp, dp in pairs:
-            out.append(
-                (
-                    int(src_bases[f.buffer_index])
-                    + int(sp) * f.src_page_stride_bytes
-                    + f.src_byte_offset,
-                    int(dst_bases[f.buffer_index])
-                    + int(dp) * f.dst_page_stride_bytes
-                    + f.dst_byte_offset,
-                    f.bytes_per_page,
+            for row in range(f.rows_per_page):
+                out.append(
+                    (
+                        int(src_bases[f.buffer_index])
+                        + int(sp) * f.src_page_stride_bytes
+                        + f.src_byte_offset
+                        + row * f.src_row_stride_bytes,
+                        int(dst_bases[f.buffer_index])
+                        + int(dp) * f.dst_page_stride_bytes
+                        + f.dst_byte_offset
+                        + row * f.dst_row_stride_bytes,
+                        run,
+                        f.buffer_index,
+                    )
                 )
-            )
     return out
 
 
-def coalesced(rows: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    out: list[tuple[int, int, int]] = []
-    for src, dst, length in rows:
-        if out and out[-1][0] + out[-1][2] == src and out[-1][1] + out[-1][2] == dst:
-            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + length)
+def python_loop(*request: Any) -> list[tuple[int, int, int]]:
+    return [row[:3] for row in tagged_loop(*request)]
+
+
+def coalesced(rows: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int]]:
+    """Neighbours that continue each other on both sides, inside one buffer, merge."""
+    out: list[tuple[int, int, int, int]] = []
+    for src, dst, length, buffer in rows:
+        last = out[-1] if out else None
+        if last and last[3] == buffer and last[0] + last[2] == src and last[1] + last[2] == dst:
+            out[-1] = (last[0], last[1], last[2] + length, buffer)
         else:
-            out.append((src, dst, length))
-    return out
+            out.append((src, dst, length, buffer))
+    return [row[:3] for row in out]
 
 
 def rows(d: TransferDescriptors) -> list[tuple[int, int, int]]:
@@ -69,7 +81,9 @@ def frag(
     dst_off: int = 0,
     length: int = 64,
     page_count: int | None = None,
+    rows: tuple[int, int, int] = (1, 0, 0),
 ) -> TransferFragment:
+    """`rows` is (rows_per_page, src row stride, dst row stride); `length` a page's bytes."""
     return TransferFragment(
         buffer_index,
         BufferKind.TARGET_K,
@@ -81,6 +95,7 @@ def frag(
         dst_off,
         length,
         page_count,
+        *rows,
     )
 
 
@@ -90,18 +105,28 @@ def requests(draw: Any) -> tuple[Any, ...]:
     unit = draw(st.sampled_from([1, 8, 64]))
     fragments = []
     for _ in range(draw(st.integers(0, 6))):
-        src_stride = unit * draw(st.integers(1, 4))
-        dst_stride = unit * draw(st.integers(1, 4))
-        length = unit * draw(st.integers(0, 1))
+        # Token-major pages now and then: rows of `unit`-byte runs, dense or strided.
+        rows = draw(st.sampled_from([1, 1, 1, 2, 4]))
+        src_row = unit * draw(st.integers(1, 2)) if rows > 1 else 0
+        dst_row = unit * draw(st.integers(1, 2)) if rows > 1 else 0
+        length = unit * draw(st.integers(0, 1)) * rows
+        src_stride = max(unit * draw(st.integers(1, 4)), src_row * rows)
+        dst_stride = max(unit * draw(st.integers(1, 4)), dst_row * rows)
+        if rows == 1:
+            src_reach, dst_reach = length, length
+        else:
+            src_reach = (rows - 1) * src_row + length // rows
+            dst_reach = (rows - 1) * dst_row + length // rows
         fragments.append(
             frag(
                 draw(st.integers(0, buffers - 1)),
                 src_stride,
                 dst_stride,
-                draw(st.integers(0, src_stride - length)) if src_stride >= length else 0,
-                draw(st.integers(0, dst_stride - length)) if dst_stride >= length else 0,
+                draw(st.integers(0, src_stride - src_reach)) if src_stride >= src_reach else 0,
+                draw(st.integers(0, dst_stride - dst_reach)) if dst_stride >= dst_reach else 0,
                 length,
                 draw(st.none() | st.integers(0, 8)),
+                (rows, src_row, dst_row),
             )
         )
     pages = draw(st.integers(0, 12))
@@ -138,7 +163,7 @@ def test_uncoalesced_equals_the_python_loop(request: tuple[Any, ...]) -> None:
 @settings(max_examples=300, deadline=None)
 @given(requests())
 def test_coalesced_merges_exactly_the_continuing_neighbours(request: tuple[Any, ...]) -> None:
-    assert rows(transfer_descriptors(*request)) == coalesced(python_loop(*request))
+    assert rows(transfer_descriptors(*request)) == coalesced(tagged_loop(*request))
 
 
 def test_shapes_unpacking_and_the_n_by_3_array() -> None:

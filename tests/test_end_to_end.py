@@ -3,8 +3,10 @@ descriptors on each prefill rank, write with a transfer engine, and compare ever
 byte for byte with the expected reshard (guard bytes included).
 
 The in-memory double runs every case in one process; the `mooncake` tests run one process a
-rank, each with its own Mooncake engine over TCP on loopback. In CI (CI=true) a missing engine
-fails the run instead of skipping."""
+rank, each with its own Mooncake engine over TCP on loopback, and the `nixl` tests the same with a
+NIXL agent a rank (UCX backend, host memory), from descriptor arrays and from prepped lists. Every
+prefill rank goes from frames to descriptors through `PreparedTransfer`. In CI (CI=true) a
+missing engine fails the run instead of skipping."""
 
 from __future__ import annotations
 
@@ -154,3 +156,29 @@ def test_a_wrong_plan_is_caught_by_the_byte_comparison() -> None:
 @pytest.mark.parametrize("scenario", CASES, ids=lambda s: s.name)
 def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
     check(scenario, run_in_processes(scenario))
+
+
+NIXL_CASES = [
+    case
+    for case in CASES
+    if case.name
+    in {
+        "tp8_to_tp2",
+        "tp2_to_tp8",
+        "gqa_tp4_2heads_to_tp1",
+        "gqa_tp4_to_tp2_replicated_both_sides",
+        "nhd_tp8_to_tp2",
+    }
+]
+
+
+@pytest.mark.nixl
+@pytest.mark.parametrize("scenario", NIXL_CASES, ids=lambda s: s.name)
+def test_through_nixl(scenario: Scenario, nixl_engine: None) -> None:
+    check(scenario, run_in_processes(scenario, engine="nixl"))
+
+
+@pytest.mark.nixl
+@pytest.mark.parametrize("scenario", NIXL_CASES[:2] + NIXL_CASES[-1:], ids=lambda s: s.name)
+def test_through_nixl_prepped_lists(scenario: Scenario, nixl_engine: None) -> None:
+    check(scenario, run_in_processes(scenario, engine="nixl-prepped"))

@@ -34,3 +34,11 @@ def test_example_through_mooncake(mooncake_engine: None) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Mooncake, TCP on 127.0.0.1" in done.stdout
     assert "every decode cache equals the expected reshard" in done.stdout
+
+
+@pytest.mark.nixl
+def test_example_through_nixl(nixl_engine: None) -> None:
+    done = run("--engine", "nixl")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "NIXL, UCX backend" in done.stdout
+    assert "every decode cache equals the expected reshard" in done.stdout

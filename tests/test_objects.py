@@ -10,7 +10,6 @@ import pickle
 import weakref
 
 import pytest
-from test_api import planner
 
 from pdplan import (
     BufferKind,
@@ -20,6 +19,8 @@ from pdplan import (
     decode_transfer_fragments,
     encode_transfer_fragments,
 )
+
+from test_api import planner
 
 
 def rust_built_fragment() -> TransferFragment:

@@ -1,11 +1,12 @@
 """Stub of the compiled core (src/python/)."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import final
 
 import numpy as np
 import numpy.typing as npt
 
+from pdplan._descriptors import TransferDescriptors
 from pdplan._layouts import ItemLengths, ModelShape
 from pdplan._model import (
     BufferLayout,
@@ -17,6 +18,9 @@ from pdplan._model import (
 __all__ = [
     "DEFAULT_MAX_FRAGMENTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "ENCODE_CACHE_ENTRIES",
+    "FRAME_CACHE_BYTES",
+    "FRAME_CACHE_ENTRIES",
     "MAX_DESCRIPTORS",
     "MAX_WORLD_SIZE",
     "MODEL_PRESETS",
@@ -25,6 +29,7 @@ __all__ = [
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "TRANSFER_PLAN_READABLE_VERSIONS",
     "Planner",
+    "PreparedTransfer",
     "UnsupportedPDLayoutError",
     "__version__",
     "buffers_from_item_lengths",
@@ -33,7 +38,9 @@ __all__ = [
     "check_transfer_fragment",
     "decode_transfer_fragments",
     "dtype_bytes",
+    "encode_cache_info",
     "encode_transfer_fragments",
+    "frame_cache_info",
     "model_buffers",
     "model_shape_fields",
     "transfer_descriptors",
@@ -48,6 +55,9 @@ TRANSFER_PLAN_PROTOCOL_VERSION: int
 TRANSFER_PLAN_READABLE_VERSIONS: tuple[int, ...]
 MAX_WORLD_SIZE: int
 TRANSFER_FRAGMENT_FIELDS: list[str]
+FRAME_CACHE_ENTRIES: int
+FRAME_CACHE_BYTES: int
+ENCODE_CACHE_ENTRIES: int
 RANK_TRANSFER_PLAN_FIELDS: list[str]
 
 class UnsupportedPDLayoutError(ValueError):
@@ -119,3 +129,58 @@ class Planner:
     def is_identity(self) -> bool: ...
     @property
     def idle_decode_ranks(self) -> int: ...
+
+def frame_cache_info() -> tuple[int, int, int, int]: ...
+def encode_cache_info() -> tuple[int, int]: ...
+
+_Ints = npt.NDArray[np.integer] | Sequence[int]
+
+@final
+class PreparedTransfer:
+    """One transfer between two ranks, checked once, for many requests. Thread-safe to share."""
+
+    def __new__(
+        cls,
+        fragments: Iterable[TransferFragment],
+        src_base_ptrs: _Ints,
+        dst_base_ptrs: _Ints,
+        *,
+        src_limits: _Ints | None = None,
+        dst_limits: _Ints | None = None,
+    ) -> PreparedTransfer: ...
+    @staticmethod
+    def from_frames(
+        version_frame: bytes | None,
+        payload_frame: bytes | None,
+        src_base_ptrs: _Ints,
+        dst_base_ptrs: _Ints,
+        *,
+        src_limits: _Ints | None = None,
+        dst_limits: _Ints | None = None,
+        max_payload_bytes: int | None = None,
+        max_fragments: int | None = None,
+    ) -> PreparedTransfer: ...
+    def descriptors(
+        self,
+        src_pages: _Ints,
+        dst_pages: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        coalesce: bool = True,
+    ) -> TransferDescriptors: ...
+    def nixl_prepped_lists(
+        self, src_capacity_pages: int, dst_capacity_pages: int
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
+    def nixl_prepped_indices(
+        self,
+        src_pages: _Ints,
+        dst_pages: _Ints,
+        src_capacity_pages: int,
+        dst_capacity_pages: int,
+        *,
+        buffers: range | _Ints | None = None,
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    @property
+    def fragments(self) -> tuple[TransferFragment, ...]: ...
+    def __len__(self) -> int: ...
+    def shares_fragments_with(self, other: PreparedTransfer) -> bool: ...

@@ -3,7 +3,9 @@
 //! `UnsupportedPDLayoutError` in one function, `to_py_err`.
 
 mod convert;
+mod encode_cache;
 mod objects;
+mod prepared;
 
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::create_exception;
@@ -62,16 +64,32 @@ fn check_transfer_fragment(fragment_obj: &Bound<'_, PyAny>) -> PyResult<()> {
         .map_err(to_py_err)
 }
 
+/// Encodes fragments into (version frame, payload frame). A list or tuple of the same
+/// `TransferFragment` objects encoded before returns the same frames from a bounded cache.
 #[pyfunction]
 fn encode_transfer_fragments<'py>(
     py: Python<'py>,
     fragments: &Bound<'py, PyAny>,
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let types = model_types(py)?;
-    let fragments =
+    let addresses = encode_cache::fragment_addresses(fragments, types.fragment.bind(py));
+    if let Some(frames) = addresses.as_deref().and_then(|a| encode_cache::get(py, a)) {
+        return Ok(frames);
+    }
+    let converted =
         each(fragments, "fragments", |f| fragment_with(f, Some(types))).map_err(to_py_err)?;
-    let (version, payload) = py.detach(|| wire::encode(&fragments));
-    Ok((PyBytes::new(py, &version), PyBytes::new(py, &payload)))
+    let (version, payload) = py.detach(|| wire::encode(&converted));
+    let frames = (PyBytes::new(py, &version), PyBytes::new(py, &payload));
+    if let Some(addresses) = addresses {
+        encode_cache::insert(fragments, &addresses, &frames.0, &frames.1)?;
+    }
+    Ok(frames)
+}
+
+/// The encoded-frame cache: (entries, fragment objects held).
+#[pyfunction]
+fn encode_cache_info() -> (usize, usize) {
+    encode_cache::stats()
 }
 
 /// The frame limits a caller passed, or the defaults.
@@ -536,6 +554,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAX_WORLD_SIZE", crate::layout::MAX_WORLD_SIZE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<PyPlanner>()?;
+    m.add_class::<prepared::PyPrepared>()?;
+    m.add_function(wrap_pyfunction!(prepared::frame_cache_info, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_cache_info, m)?)?;
+    m.add("FRAME_CACHE_ENTRIES", crate::frame_cache::MAX_ENTRIES)?;
+    m.add("FRAME_CACHE_BYTES", crate::frame_cache::MAX_BYTES)?;
+    m.add("ENCODE_CACHE_ENTRIES", encode_cache::MAX_ENTRIES)?;
     m.add_function(wrap_pyfunction!(check_parallel_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;

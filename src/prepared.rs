@@ -1,0 +1,323 @@
+//! A transfer prepared once per (prefill rank, decode rank) pair: the fragments checked against
+//! both sides' buffers, held in Rust, so each request only names its pages (and, for a layer
+//! range, its buffers) and gets descriptors back, or indices into descriptor lists a transfer
+//! engine prepared once (NIXL's prepped lists).
+
+use std::sync::Arc;
+
+use crate::descriptors::{self, place_all, Descriptors, Placed};
+use crate::error::{bail, PlanError, PlanResult};
+use crate::fragment::Fragment;
+
+/// One side's buffers: per `buffer_index`, a base address and optionally how many bytes from
+/// it may be touched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Buffers {
+    pub bases: Vec<u64>,
+    pub limits: Option<Vec<u64>>,
+}
+
+impl Buffers {
+    fn parts(&self) -> (&[u64], Option<&[u64]>) {
+        (&self.bases, self.limits.as_deref())
+    }
+}
+
+/// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    All,
+    /// A Python `range(start, stop, step)`: `step` is never 0.
+    Range {
+        start: i64,
+        stop: i64,
+        step: i64,
+    },
+    Indices(Vec<u64>),
+}
+
+impl Selection {
+    pub fn contains(&self, buffer_index: u64) -> bool {
+        match self {
+            Self::All => true,
+            Self::Indices(list) => list.contains(&buffer_index),
+            &Self::Range { start, stop, step } => {
+                let index = i128::from(buffer_index);
+                let (first, end, stride) = (i128::from(start), i128::from(stop), i128::from(step));
+                let inside = if stride > 0 {
+                    first <= index && index < end
+                } else {
+                    end < index && index <= first
+                };
+                inside && (index - first) % stride == 0
+            }
+        }
+    }
+}
+
+/// The strided descriptor lists a NIXL agent prepares once per peer (`prep_xfer_dlist` with
+/// N x 5 rows `(address, length, device, page stride, page count)`): one row per fragment and
+/// page row, each covering every page the buffer holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PreppedLists {
+    pub src: Vec<[u64; 5]>,
+    pub dst: Vec<[u64; 5]>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    fragments: Arc<[Fragment]>,
+    placed: Vec<Placed>,
+}
+
+impl Prepared {
+    /// Checks every fragment once: valid fields, and a base (and a limit, when limits are given)
+    /// for its buffer on both sides, its runs inside 64 bits.
+    pub fn new(fragments: Arc<[Fragment]>, src: &Buffers, dst: &Buffers) -> PlanResult<Self> {
+        for (position, f) in fragments.iter().enumerate() {
+            f.validate()
+                .map_err(|e| PlanError::new(format!("fragment {position}: {e}")))?;
+        }
+        Self::from_valid(fragments, src, dst)
+    }
+
+    /// As `new`, for fragments already validated (the wire decoder validates what it returns).
+    pub fn from_valid(
+        fragments: Arc<[Fragment]>,
+        src: &Buffers,
+        dst: &Buffers,
+    ) -> PlanResult<Self> {
+        let placed = place_all(&fragments, src.parts(), dst.parts())?;
+        Ok(Self { fragments, placed })
+    }
+
+    pub fn fragments(&self) -> &[Fragment] {
+        &self.fragments
+    }
+
+    /// Whether two prepared transfers share one parsed fragment list (a frame-cache hit).
+    pub fn shares_fragments(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.fragments, &other.fragments)
+    }
+
+    /// How many descriptors a request of `pages` page pairs would produce before coalescing.
+    pub fn descriptor_count(&self, pages: usize, selection: &Selection) -> u64 {
+        self.selected(selection)
+            .map(|(_, p)| p.count(pages))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// The placed fragments a selection moves, with their positions, in fragment order.
+    fn selected<'a>(
+        &'a self,
+        selection: &'a Selection,
+    ) -> impl Iterator<Item = (usize, &'a Placed)> + 'a {
+        self.placed
+            .iter()
+            .enumerate()
+            .filter(move |(_, p)| selection.contains(p.buffer_index()))
+    }
+
+    /// One request's descriptors: the same values as `descriptors::build` over the selected
+    /// fragments, bounds-checked against the limits for these pages.
+    pub fn descriptors(
+        &self,
+        src_pages: &[u64],
+        dst_pages: &[u64],
+        selection: &Selection,
+        coalesce: bool,
+    ) -> PlanResult<Descriptors> {
+        if *selection == Selection::All {
+            return descriptors::build_placed(&self.placed, src_pages, dst_pages, coalesce);
+        }
+        let chosen: Vec<&Placed> = self.selected(selection).map(|(_, p)| p).collect();
+        descriptors::build_placed(&chosen, src_pages, dst_pages, coalesce)
+    }
+
+    /// The lists to prepare once per peer: every fragment row over `src_capacity` and
+    /// `dst_capacity` pages, checked against the limits; device id 0 (host memory).
+    pub fn prepped_lists(&self, src_capacity: u64, dst_capacity: u64) -> PlanResult<PreppedLists> {
+        let rows: u64 = self.placed.iter().map(Placed::rows).sum();
+        for capacity in [src_capacity, dst_capacity] {
+            if capacity == 0
+                || rows
+                    .checked_mul(capacity)
+                    .is_none_or(|n| n > i32::MAX as u64)
+            {
+                bail!(
+                    "prepared lists of {rows} rows x {capacity} pages do not fit NIXL's 32-bit \
+                     descriptor indices; prepare fewer fragments or pages per list"
+                );
+            }
+        }
+        // The last page of every row must stay inside the buffers: build one descriptor each.
+        descriptors::build_placed(
+            &self.placed,
+            &[src_capacity - 1],
+            &[dst_capacity - 1],
+            false,
+        )?;
+        Ok(PreppedLists {
+            src: self
+                .placed
+                .iter()
+                .flat_map(|p| p.strided_rows(false, src_capacity))
+                .collect(),
+            dst: self
+                .placed
+                .iter()
+                .flat_map(|p| p.strided_rows(true, dst_capacity))
+                .collect(),
+        })
+    }
+
+    /// One request as indices into `prepped_lists(src_capacity, dst_capacity)`: local (src)
+    /// and remote (dst) index arrays, in `descriptors(.., coalesce=false)` order.
+    pub fn prepped_indices(
+        &self,
+        src_pages: &[u64],
+        dst_pages: &[u64],
+        selection: &Selection,
+        (src_capacity, dst_capacity): (u64, u64),
+    ) -> PlanResult<(Vec<i32>, Vec<i32>)> {
+        if src_pages.len() != dst_pages.len() {
+            bail!(
+                "src_pages has {} entries and dst_pages {}; pages are paired by position, so \
+                 give both the same length",
+                src_pages.len(),
+                dst_pages.len()
+            );
+        }
+        for (name, pages, capacity) in [
+            ("src", src_pages, src_capacity),
+            ("dst", dst_pages, dst_capacity),
+        ] {
+            if let Some(page) = pages.iter().find(|&&p| p >= capacity) {
+                bail!("{name} page {page} is past the {capacity} pages the prepared lists cover");
+            }
+        }
+        let total = self.descriptor_count(src_pages.len(), selection);
+        if total > descriptors::MAX_DESCRIPTORS {
+            bail!("{total} descriptors exceed the limit of one call; split the request");
+        }
+        let total = usize::try_from(total).unwrap_or(0);
+        let (mut src, mut dst) = (Vec::with_capacity(total), Vec::with_capacity(total));
+        let mut first_row = 0u64;
+        let mut row_of = Vec::with_capacity(self.placed.len());
+        for p in &self.placed {
+            row_of.push(first_row);
+            first_row += p.rows();
+        }
+        for (position, placed) in self.selected(selection) {
+            let base_row = row_of.get(position).copied().unwrap_or(0);
+            let used = placed.pages_used(src_pages.len());
+            for (&sp, &dp) in src_pages.iter().zip(dst_pages).take(used) {
+                for row in base_row..base_row + placed.rows() {
+                    // Below i32::MAX: rows x capacity was checked when the lists were made, and
+                    // every page is below its capacity.
+                    src.push(i32::try_from(row * src_capacity + sp).unwrap_or(i32::MAX));
+                    dst.push(i32::try_from(row * dst_capacity + dp).unwrap_or(i32::MAX));
+                }
+            }
+        }
+        Ok((src, dst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::BufferKind;
+
+    fn fragment(buffer_index: u64, rows: u64) -> Fragment {
+        Fragment {
+            buffer_index,
+            buffer_kind: BufferKind::TargetK,
+            src_rank: 0,
+            dst_rank: 0,
+            src_page_stride_bytes: 64,
+            dst_page_stride_bytes: 128,
+            src_byte_offset: 8,
+            dst_byte_offset: 16,
+            bytes_per_page: 8 * rows,
+            page_count: None,
+            rows_per_page: rows,
+            src_row_stride_bytes: if rows > 1 { 16 } else { 0 },
+            dst_row_stride_bytes: if rows > 1 { 32 } else { 0 },
+        }
+    }
+
+    fn prepared(fragments: Vec<Fragment>) -> Prepared {
+        let buffers = |base: u64| Buffers {
+            bases: vec![base, base + 100_000, base + 200_000],
+            limits: Some(vec![64 * 100; 3]),
+        };
+        Prepared::new(fragments.into(), &buffers(1 << 20), &buffers(1 << 30)).unwrap()
+    }
+
+    #[test]
+    fn a_selection_moves_its_buffers_in_fragment_order() {
+        let p = prepared(vec![fragment(0, 1), fragment(1, 2), fragment(2, 1)]);
+        let all = p.descriptors(&[3], &[4], &Selection::All, false).unwrap();
+        assert_eq!(all.len(), 4);
+        // range(2, -1, -2) == [2, 0]
+        let range = Selection::Range {
+            start: 2,
+            stop: -1,
+            step: -2,
+        };
+        assert!(range.contains(2) && range.contains(0) && !range.contains(1));
+        let some = p.descriptors(&[3], &[4], &range, false).unwrap();
+        assert_eq!(some.src_addrs, vec![all.src_addrs[0], all.src_addrs[3]]);
+        let listed = p
+            .descriptors(&[3], &[4], &Selection::Indices(vec![1]), false)
+            .unwrap();
+        assert_eq!(listed.src_addrs, all.src_addrs[1..3].to_vec());
+    }
+
+    #[test]
+    fn missing_bases_are_refused_once() {
+        let buffers = Buffers {
+            bases: vec![0],
+            limits: None,
+        };
+        let err = Prepared::new(vec![fragment(1, 1)].into(), &buffers, &buffers).unwrap_err();
+        assert!(err.message().contains("src_base_ptrs has 1"), "{err}");
+    }
+
+    #[test]
+    fn prepped_indices_address_the_same_descriptors() {
+        let p = prepared(vec![fragment(0, 1), fragment(2, 2)]);
+        let (src_cap, dst_cap) = (50, 40);
+        let lists = p.prepped_lists(src_cap, dst_cap).unwrap();
+        assert_eq!(lists.src.len(), 3);
+        let (pages_src, pages_dst) = ([7, 1], [0, 39]);
+        let (si, di) = p
+            .prepped_indices(&pages_src, &pages_dst, &Selection::All, (src_cap, dst_cap))
+            .unwrap();
+        let direct = p
+            .descriptors(&pages_src, &pages_dst, &Selection::All, false)
+            .unwrap();
+        // Row `index / count` of a strided list, page `index % count`.
+        let expand = |list: &[[u64; 5]], index: i32| {
+            let index = u64::try_from(index).unwrap();
+            let count = list[0][4];
+            let [address, len, _, stride, _] = list[usize::try_from(index / count).unwrap()];
+            (address + (index % count) * stride, len)
+        };
+        for i in 0..direct.len() {
+            assert_eq!(
+                expand(&lists.src, si[i]),
+                (direct.src_addrs[i], direct.lengths[i])
+            );
+            assert_eq!(
+                expand(&lists.dst, di[i]),
+                (direct.dst_addrs[i], direct.lengths[i])
+            );
+        }
+        assert!(p
+            .prepped_indices(&[50], &[0], &Selection::All, (src_cap, dst_cap))
+            .is_err());
+        assert!(p.prepped_lists(101, 40).is_err()); // past the 6,400-byte limits
+    }
+}

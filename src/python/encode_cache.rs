@@ -1,0 +1,155 @@
+//! Frames already encoded, by the identity of the fragments they were encoded from: the decode
+//! side encodes the same fragment list for every request to the same prefill rank.
+//!
+//! The key is the exact sequence of fragment objects (their addresses), and the cache holds a
+//! strong reference to each of them, so no address can be reused by another object while its
+//! entry lives; fragments are frozen `TransferFragment`s (anything else is never cached), so
+//! the same objects in the same order always encode to the same frames.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Most fragment lists kept.
+pub const MAX_ENTRIES: usize = 1024;
+/// Most fragment objects kept alive by the cache in all.
+pub const MAX_ITEMS: usize = 1 << 18;
+
+struct Entry {
+    items: Vec<Py<PyAny>>,
+    version: Py<PyBytes>,
+    payload: Py<PyBytes>,
+    last_used: u64,
+}
+
+#[derive(Default)]
+struct EncodeCache {
+    by_hash: HashMap<u64, Vec<Entry>>,
+    tick: u64,
+    entries: usize,
+    items: usize,
+}
+
+static CACHE: Mutex<Option<EncodeCache>> = Mutex::new(None);
+
+/// The addresses of a list's or tuple's items when every one is a `TransferFragment` (exact
+/// type), else `None` (not cacheable).
+pub fn fragment_addresses(
+    seq: &Bound<'_, PyAny>,
+    fragment_type: &Bound<'_, PyAny>,
+) -> Option<Vec<usize>> {
+    let collect = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
+        items
+            .map(|item| {
+                item.get_type()
+                    .is(fragment_type)
+                    .then(|| item.as_ptr() as usize)
+            })
+            .collect::<Option<Vec<usize>>>()
+    };
+    if let Ok(tuple) = seq.cast::<PyTuple>() {
+        collect(&mut tuple.iter())
+    } else if let Ok(list) = seq.cast::<PyList>() {
+        collect(&mut list.iter())
+    } else {
+        None
+    }
+}
+
+fn hash_of(addresses: &[usize]) -> u64 {
+    let bytes: Vec<u8> = addresses.iter().flat_map(|a| a.to_ne_bytes()).collect();
+    xxh3_64(&bytes)
+}
+
+/// The frames encoded before from exactly these fragment objects, if kept.
+pub fn get<'py>(
+    py: Python<'py>,
+    addresses: &[usize],
+) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    let hash = hash_of(addresses);
+    let mut guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    let cache = guard.get_or_insert_with(EncodeCache::default);
+    cache.tick += 1;
+    let tick = cache.tick;
+    let entry = cache.by_hash.get_mut(&hash)?.iter_mut().find(|e| {
+        e.items.len() == addresses.len()
+            && e.items
+                .iter()
+                .zip(addresses)
+                .all(|(item, &a)| item.as_ptr() as usize == a)
+    })?;
+    entry.last_used = tick;
+    Some((
+        entry.version.bind(py).clone(),
+        entry.payload.bind(py).clone(),
+    ))
+}
+
+/// Keeps the frames of `items` (the objects whose addresses are `addresses`).
+pub fn insert(
+    items: &Bound<'_, PyAny>,
+    addresses: &[usize],
+    version: &Bound<'_, PyBytes>,
+    payload: &Bound<'_, PyBytes>,
+) -> PyResult<()> {
+    if addresses.len() > MAX_ITEMS / 8 {
+        return Ok(());
+    }
+    let kept: Vec<Py<PyAny>> = items
+        .try_iter()?
+        .map(|item| item.map(Bound::unbind))
+        .collect::<PyResult<_>>()?;
+    let mut evicted = Vec::new();
+    {
+        let mut guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+        let cache = guard.get_or_insert_with(EncodeCache::default);
+        while cache.entries >= MAX_ENTRIES || cache.items + kept.len() > MAX_ITEMS {
+            let oldest = cache
+                .by_hash
+                .iter()
+                .flat_map(|(&h, bucket)| {
+                    bucket
+                        .iter()
+                        .enumerate()
+                        .map(move |(i, e)| (e.last_used, h, i))
+                })
+                .min();
+            let Some((_, h, i)) = oldest else { break };
+            if let Some(bucket) = cache.by_hash.get_mut(&h) {
+                let entry = bucket.swap_remove(i);
+                cache.entries -= 1;
+                cache.items -= entry.items.len();
+                evicted.push(entry);
+                if bucket.is_empty() {
+                    cache.by_hash.remove(&h);
+                }
+            }
+        }
+        cache.tick += 1;
+        cache.entries += 1;
+        cache.items += kept.len();
+        let entry = Entry {
+            items: kept,
+            version: version.clone().unbind(),
+            payload: payload.clone().unbind(),
+            last_used: cache.tick,
+        };
+        cache
+            .by_hash
+            .entry(hash_of(addresses))
+            .or_default()
+            .push(entry);
+    }
+    // Released outside the lock: dropping the last reference to an object may run Python code.
+    drop(evicted);
+    Ok(())
+}
+
+/// (entries, fragment objects held).
+pub fn stats() -> (usize, usize) {
+    let guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
+    guard.as_ref().map_or((0, 0), |c| (c.entries, c.items))
+}

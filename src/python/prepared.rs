@@ -1,0 +1,241 @@
+//! `pdplan.PreparedTransfer`: the per-request path. Built once per (prefill rank, decode rank)
+//! pair from fragments or straight from wire frames (no Python fragment objects), then each
+//! request turns its pages into descriptors, or into indices of NIXL's prepped lists.
+
+use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyRange, PyTuple};
+
+use super::convert::{each, fragment_with, frame, to_u64, u64_column, Converted};
+use super::objects::{model_types, FragmentFactory};
+use super::{frame_limits, to_py_err};
+use crate::descriptors::Descriptors;
+use crate::error::PlanError;
+use crate::frame_cache;
+use crate::prepared::{Buffers, Prepared, Selection};
+
+/// (local, remote) arrays.
+type Pair<'py, T> = (Bound<'py, T>, Bound<'py, T>);
+
+/// Above this many descriptors a request is built with the GIL released.
+const DETACH_FROM: u64 = 1 << 14;
+
+/// One transfer between two ranks, checked once, for many requests. Thread-safe to share.
+#[pyclass(frozen, module = "pdplan._core", name = "PreparedTransfer")]
+pub struct PyPrepared {
+    inner: Prepared,
+}
+
+fn buffers(
+    bases: &Bound<'_, PyAny>,
+    limits: Option<&Bound<'_, PyAny>>,
+    side: &str,
+) -> Converted<Buffers> {
+    Ok(Buffers {
+        bases: u64_column(bases, &format!("{side}_base_ptrs"))?,
+        limits: limits
+            .filter(|l| !l.is_none())
+            .map(|l| u64_column(l, &format!("{side}_limits")))
+            .transpose()?,
+    })
+}
+
+/// `None` (every buffer), a `range` of buffer indexes, or a sequence of them.
+fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
+    let Some(buffers) = buffers.filter(|b| !b.is_none()) else {
+        return Ok(Selection::All);
+    };
+    if let Ok(range) = buffers.cast::<PyRange>() {
+        let field = |name: &str| -> Converted<i64> {
+            range
+                .getattr(name)
+                .and_then(|v| v.extract::<i64>())
+                .map_err(|_| PlanError::new(format!("buffers: range {name} must fit 64 bits")))
+        };
+        return Ok(Selection::Range {
+            start: field("start")?,
+            stop: field("stop")?,
+            step: field("step")?,
+        });
+    }
+    u64_column(buffers, "buffers").map(Selection::Indices)
+}
+
+/// Wraps three columns as `pdplan.TransferDescriptors`.
+fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<'_, PyAny>> {
+    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let cls = TYPE.get_or_try_init(py, || {
+        py.import("pdplan._descriptors")?
+            .getattr("TransferDescriptors")
+            .map(Bound::unbind)
+    })?;
+    let columns = (
+        built.src_addrs.into_pyarray(py),
+        built.dst_addrs.into_pyarray(py),
+        built.lengths.into_pyarray(py),
+    );
+    cls.bind(py).call1(columns)
+}
+
+fn strided(py: Python<'_>, rows: Vec<[u64; 5]>) -> PyResult<Bound<'_, PyArray2<u64>>> {
+    let n = rows.len();
+    rows.into_iter()
+        .flatten()
+        .collect::<Vec<u64>>()
+        .into_pyarray(py)
+        .reshape([n, 5])
+}
+
+#[pymethods]
+impl PyPrepared {
+    #[new]
+    #[pyo3(signature = (fragments, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None))]
+    fn new(
+        py: Python<'_>,
+        fragments: &Bound<'_, PyAny>,
+        src_base_ptrs: &Bound<'_, PyAny>,
+        dst_base_ptrs: &Bound<'_, PyAny>,
+        src_limits: Option<&Bound<'_, PyAny>>,
+        dst_limits: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let types = model_types(py)?;
+        let convert = || -> Converted<_> {
+            let fragments = each(fragments, "fragments", |f| fragment_with(f, Some(types)))?;
+            let src = buffers(src_base_ptrs, src_limits, "src")?;
+            let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
+            Prepared::new(fragments.into(), &src, &dst)
+        };
+        convert().map(|inner| Self { inner }).map_err(to_py_err)
+    }
+
+    /// Prepared straight from a peer's wire frames: never makes fragment objects, and frames
+    /// byte-equal to ones seen before reuse their parsed fragments (a bounded cache).
+    #[staticmethod]
+    #[pyo3(signature = (version_frame, payload_frame, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, max_payload_bytes=None, max_fragments=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_frames(
+        py: Python<'_>,
+        version_frame: &Bound<'_, PyAny>,
+        payload_frame: &Bound<'_, PyAny>,
+        src_base_ptrs: &Bound<'_, PyAny>,
+        dst_base_ptrs: &Bound<'_, PyAny>,
+        src_limits: Option<&Bound<'_, PyAny>>,
+        dst_limits: Option<&Bound<'_, PyAny>>,
+        max_payload_bytes: Option<&Bound<'_, PyAny>>,
+        max_fragments: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let convert = || -> Converted<_> {
+            let limits = frame_limits(max_payload_bytes, max_fragments)?;
+            let fragments = frame_cache::decode_cached(
+                frame(version_frame, "version_frame")?,
+                frame(payload_frame, "payload_frame")?,
+                limits,
+            )?;
+            let src = buffers(src_base_ptrs, src_limits, "src")?;
+            let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
+            // The decoder validated every fragment it returned (and the cache keeps only those).
+            Prepared::from_valid(fragments, &src, &dst)
+        };
+        let _ = py;
+        convert().map(|inner| Self { inner }).map_err(to_py_err)
+    }
+
+    /// One request's descriptors, equal to `transfer_descriptors` over the fragments whose
+    /// `buffer_index` is in `buffers` (None: all), in fragment order.
+    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, coalesce=true))]
+    fn descriptors<'py>(
+        &self,
+        py: Python<'py>,
+        src_pages: &Bound<'py, PyAny>,
+        dst_pages: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+        coalesce: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let convert = || -> Converted<_> {
+            Ok((
+                u64_column(src_pages, "src_pages")?,
+                u64_column(dst_pages, "dst_pages")?,
+                selection(buffers)?,
+            ))
+        };
+        let (src, dst, chosen) = convert().map_err(to_py_err)?;
+        let request = || self.inner.descriptors(&src, &dst, &chosen, coalesce);
+        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
+            py.detach(request)
+        } else {
+            request()
+        };
+        descriptors_object(py, made.map_err(to_py_err)?)
+    }
+
+    /// NIXL's prepped lists for this pair, made once per peer: (local, remote) N x 5 uint64
+    /// arrays of `(address, length, device 0, page stride, pages)` rows for
+    /// `prep_xfer_dlist(..., "DRAM")`, one row per fragment and page row.
+    fn nixl_prepped_lists<'py>(
+        &self,
+        py: Python<'py>,
+        src_capacity_pages: &Bound<'py, PyAny>,
+        dst_capacity_pages: &Bound<'py, PyAny>,
+    ) -> PyResult<Pair<'py, PyArray2<u64>>> {
+        let capacity = |v, name| to_u64(v, name).map_err(to_py_err);
+        let src = capacity(src_capacity_pages, "src_capacity_pages")?;
+        let dst = capacity(dst_capacity_pages, "dst_capacity_pages")?;
+        let lists = self.inner.prepped_lists(src, dst).map_err(to_py_err)?;
+        Ok((strided(py, lists.src)?, strided(py, lists.dst)?))
+    }
+
+    /// One request as int32 indices into `nixl_prepped_lists(src_capacity_pages,
+    /// dst_capacity_pages)`, for `make_prepped_xfer`: (local, remote), in descriptor order.
+    #[pyo3(signature = (src_pages, dst_pages, src_capacity_pages, dst_capacity_pages, *, buffers=None))]
+    fn nixl_prepped_indices<'py>(
+        &self,
+        py: Python<'py>,
+        src_pages: &Bound<'py, PyAny>,
+        dst_pages: &Bound<'py, PyAny>,
+        src_capacity_pages: &Bound<'py, PyAny>,
+        dst_capacity_pages: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Pair<'py, PyArray1<i32>>> {
+        let convert = || -> Converted<_> {
+            Ok((
+                u64_column(src_pages, "src_pages")?,
+                u64_column(dst_pages, "dst_pages")?,
+                to_u64(src_capacity_pages, "src_capacity_pages")?,
+                to_u64(dst_capacity_pages, "dst_capacity_pages")?,
+                selection(buffers)?,
+            ))
+        };
+        let (src, dst, src_cap, dst_cap, chosen) = convert().map_err(to_py_err)?;
+        let (local, remote) = self
+            .inner
+            .prepped_indices(&src, &dst, &chosen, (src_cap, dst_cap))
+            .map_err(to_py_err)?;
+        Ok((local.into_pyarray(py), remote.into_pyarray(py)))
+    }
+
+    /// The fragments, as `TransferFragment` objects (made on each call).
+    #[getter]
+    fn fragments<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        FragmentFactory::new(py)?.tuple(self.inner.fragments())
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.fragments().len()
+    }
+
+    /// Whether both were prepared from one parsed fragment list (frames seen before).
+    fn shares_fragments_with(&self, other: &Self) -> bool {
+        self.inner.shares_fragments(&other.inner)
+    }
+}
+
+/// The parsed-frame cache: hits, misses, entries and payload bytes held.
+#[pyfunction]
+pub fn frame_cache_info() -> (u64, u64, usize, usize) {
+    let stats = frame_cache::shared()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .stats();
+    (stats.hits, stats.misses, stats.entries, stats.bytes)
+}
