@@ -2,7 +2,7 @@
 # Tests the wheel in dist/ as a runtime would get it: installed alone into a fresh venv, for
 # every CPython 3.10-3.13 this machine has (pyenv's, and the default python), then the test
 # suite run against the installed package, not the source tree. The default interpreter runs
-# everything (end-to-end through the transfer engines, benchmarks); the others run tests/
+# everything (end-to-end through Mooncake and NIXL, benchmarks as tests); the others run tests/
 # without the engine tests.
 #
 #   scripts/test_wheel.sh
@@ -39,6 +39,10 @@ for version in 3.10 3.11 3.12 3.13; do
   echo "== CPython $version ($python): $wheel[$extras]"
   "$venv/bin/python" -m pip install -q --upgrade pip
   "$venv/bin/python" -m pip install -q "$wheel[$extras]"
+  if [ "$version" = "$default_version" ]; then
+    # NIXL's wheel declares torch, which host-memory transfers do not need.
+    "$venv/bin/python" -m pip install -q --no-deps nixl-cu12
+  fi
   # The suite must see the installed wheel (tests/test_api.py checks where pdplan came from).
   PATH="$venv/bin:$PATH" PDPLAN_EXPECT_INSTALLED="$venv" "$venv/bin/python" -m pytest "${args[@]}"
   tested+=("$version")

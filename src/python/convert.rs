@@ -283,15 +283,25 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
                 let readonly = array.try_readonly().map_err(|e| {
                     PlanError::new(format!("{name} cannot be read: {e}"))
                 })?;
+                let negative = |(i, v): (usize, $t)| {
+                    PlanError::new(format!("{name}[{i}] = {v} is negative"))
+                };
+                // Contiguous arrays (the common case) convert as a plain slice.
+                if let Ok(slice) = readonly.as_slice() {
+                    return slice
+                        .iter()
+                        .map(|&v| u64::try_from(v).ok())
+                        .collect::<Option<Vec<u64>>>()
+                        .ok_or_else(|| {
+                            let bad = slice.iter().copied().enumerate().find(|(_, v)| u64::try_from(*v).is_err());
+                            bad.map_or_else(|| PlanError::new(format!("{name} is negative")), negative)
+                        });
+                }
                 let view = readonly.as_array();
                 return view
                     .iter()
                     .enumerate()
-                    .map(|(i, &v)| {
-                        u64::try_from(v).map_err(|_| {
-                            PlanError::new(format!("{name}[{i}] = {v} is negative"))
-                        })
-                    })
+                    .map(|(i, &v)| u64::try_from(v).map_err(|_| negative((i, v))))
                     .collect();
             }
         )*};
