@@ -29,6 +29,7 @@ fn kv_buffers(tp: u64) -> Vec<BufferLayout> {
             bytes_per_logical_unit: UNIT,
             item_stride_bytes: HEADS / (tp / replica) * UNIT,
             tp_replica_group_size: replica,
+            layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
         })

@@ -313,6 +313,7 @@ mod tests {
             bytes_per_logical_unit: 16 * 256,
             item_stride_bytes: heads_held * 16 * 256,
             tp_replica_group_size: 1,
+            layer: None,
             rows_per_page: 16,
             logical_parts: LogicalParts::WHOLE,
         };

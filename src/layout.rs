@@ -116,15 +116,35 @@ impl BufferKind {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Most pipeline stages a side may have.
+pub const MAX_STAGES: u64 = 1 << 10;
+
+/// One side's ranks: `dp_size` DP groups, each of `pp_size` pipeline stages of TP ranks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParallelLayout {
     pub role: Role,
     pub world_size: u64,
     pub dp_size: u64,
+    pub pp_size: u64,
+    /// Layers of each stage, in order; `None` splits the layers as evenly as possible, the
+    /// first stages taking one more.
+    pub pp_layer_partition: Option<Vec<u64>>,
 }
 
 impl ParallelLayout {
+    /// A layout without pipeline parallelism.
     pub fn new(role: Role, world_size: u64, dp_size: u64) -> PlanResult<Self> {
+        Self::with_stages(role, world_size, dp_size, 1, None)
+    }
+
+    /// A layout with `pp_size` pipeline stages a DP group (`world = dp x pp x tp`).
+    pub fn with_stages(
+        role: Role,
+        world_size: u64,
+        dp_size: u64,
+        pp_size: u64,
+        pp_layer_partition: Option<Vec<u64>>,
+    ) -> PlanResult<Self> {
         if world_size == 0 {
             bail!("world_size must be positive");
         }
@@ -140,16 +160,43 @@ impl ParallelLayout {
         if world_size % dp_size != 0 {
             bail!("world_size={world_size} must be divisible by dp_size={dp_size}");
         }
+        if pp_size == 0 || pp_size > MAX_STAGES {
+            bail!("pp_size={pp_size} must be between 1 and {MAX_STAGES}");
+        }
+        if (world_size / dp_size) % pp_size != 0 {
+            bail!(
+                "world_size={world_size} must be divisible by dp_size x pp_size = {} (each DP \
+                 group holds pp_size stages of equal TP size)",
+                dp_size * pp_size
+            );
+        }
+        if let Some(partition) = &pp_layer_partition {
+            if partition.len() as u64 != pp_size {
+                bail!(
+                    "pp_layer_partition {partition:?} has {} entries; give one layer count per \
+                     stage ({pp_size})",
+                    partition.len()
+                );
+            }
+            if partition
+                .iter()
+                .any(|&layers| layers == 0 || layers > MAX_VALUE)
+            {
+                bail!("pp_layer_partition {partition:?}: every stage must hold at least one layer");
+            }
+        }
         Ok(Self {
             role,
             world_size,
             dp_size,
+            pp_size,
+            pp_layer_partition,
         })
     }
 
-    /// TP ranks in one DP group.
+    /// TP ranks in one pipeline stage of one DP group.
     pub const fn tp_size(&self) -> u64 {
-        self.world_size / self.dp_size
+        self.world_size / self.dp_size / self.pp_size
     }
 }
 
@@ -213,6 +260,9 @@ pub struct BufferLayout {
     pub item_stride_bytes: u64,
     /// TP ranks that hold the same shard (GQA heads replicated when TP exceeds them).
     pub tp_replica_group_size: u64,
+    /// The model layer the buffer belongs to; required (and used) when either side has
+    /// pipeline stages, which hold layers in order.
+    pub layer: Option<u64>,
     /// Rows of a page: each row holds the rank's units in order, a unit taking
     /// `bytes_per_logical_unit / rows_per_page` bytes of it, rows `item_stride_bytes /
     /// rows_per_page` apart. 1 is head-major; `page_size` is token-major (NHD).
@@ -240,6 +290,9 @@ impl BufferLayout {
         }
         if self.buffer_index > MAX_VALUE {
             bail!("buffer_index={} must be below 2^63", self.buffer_index);
+        }
+        if let Some(layer) = self.layer.filter(|&l| l > MAX_VALUE) {
+            bail!("layer={layer} must be below 2^63");
         }
         if self.tp_replica_group_size > MAX_WORLD_SIZE {
             bail!(
@@ -317,6 +370,7 @@ mod tests {
             bytes_per_logical_unit: 4096,
             item_stride_bytes: 8 * 4096,
             tp_replica_group_size: 1,
+            layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
         }

@@ -13,6 +13,7 @@ pub mod planner;
 pub mod prepared;
 pub mod ranks;
 pub mod spread;
+pub mod stages;
 pub mod verify;
 pub mod wire;
 

@@ -234,6 +234,7 @@ fn kv_pair(
         bytes_per_logical_unit: unit,
         item_stride_bytes: local * unit,
         tp_replica_group_size: replica,
+        layer: None,
         rows_per_page: kv_layout.rows(shape.page_size),
         logical_parts: LogicalParts::WHOLE,
     };
@@ -292,6 +293,7 @@ pub fn model_buffers(
                 bytes_per_logical_unit: unit,
                 item_stride_bytes: unit,
                 tp_replica_group_size: 1,
+                layer: None,
                 rows_per_page: kv_layout.rows(shape.page_size),
                 logical_parts: LogicalParts::WHOLE,
             });
@@ -346,6 +348,28 @@ pub fn model_buffers(
     Ok(out)
 }
 
+/// Tags `buffers` (as `model_buffers` returns them for `shape`) with their model layers, for
+/// pipeline stages: attention layer `i` is layer `i`, Mamba layer `j` comes after the attention
+/// layers (`layers + j`), and the draft model's layers sit on the last layer (so the last
+/// stage), where speculative decoding runs them.
+pub fn tag_layers(shape: &ModelShape, buffers: &mut [BufferLayout]) {
+    let per_attention = if shape.mla.is_some() { 1 } else { 2 };
+    let mamba = shape.mamba.unwrap_or_default();
+    let per_mamba = if mamba.conv.is_some() { 2 } else { 1 };
+    let model_layers = shape.layers + mamba.layers;
+    let attention = shape.layers * per_attention;
+    let states = mamba.layers * per_mamba;
+    for (position, buffer) in (0u64..).zip(buffers.iter_mut()) {
+        buffer.layer = Some(if position < attention {
+            position / per_attention
+        } else if position < attention + states {
+            shape.layers + (position - attention) / per_mamba
+        } else {
+            model_layers.saturating_sub(1)
+        });
+    }
+}
+
 /// A Mamba SSM state buffer (index 0): `channels` sharded by TP.
 fn ssm_buffer(mamba: &MambaShape, tp: u64) -> PlanResult<BufferLayout> {
     if mamba.channels == 0 || mamba.bytes_per_channel == 0 {
@@ -371,6 +395,7 @@ fn ssm_buffer(mamba: &MambaShape, tp: u64) -> PlanResult<BufferLayout> {
             "the Mamba state",
         )?,
         tp_replica_group_size: 1,
+        layer: None,
         rows_per_page: 1,
         logical_parts: LogicalParts::WHOLE,
     })
@@ -404,6 +429,7 @@ fn conv_buffer(conv: &ConvShape, shape: &ModelShape, tp: u64) -> PlanResult<Buff
         bytes_per_logical_unit: unit,
         item_stride_bytes: product(&[logical_size / tp, unit], "the conv state")?,
         tp_replica_group_size: 1,
+        layer: None,
         rows_per_page: 1,
         logical_parts: LogicalParts::new(&[conv.x_channels, conv.bc_channels, conv.bc_channels])?,
     })
@@ -473,6 +499,7 @@ pub fn from_item_lengths(
         bytes_per_logical_unit: item.unit_bytes,
         item_stride_bytes: item_bytes,
         tp_replica_group_size: replica,
+        layer: None,
         rows_per_page: item.rows_per_page,
         logical_parts: LogicalParts::WHOLE,
     };

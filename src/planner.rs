@@ -13,6 +13,7 @@ use crate::geometry::{first_holder, route, DecodeReplicas, Route, Sharding, Span
 use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
 use crate::ranks::RankSpace;
 use crate::spread::Spread;
+use crate::stages::Stages;
 
 /// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
 /// past it is refused rather than exhausting memory.
@@ -61,12 +62,21 @@ pub struct RoutingTable {
     pub bytes_per_page: Vec<u64>,
 }
 
+/// Buffers that route alike: one sharding, held by one prefill stage and one decode stage.
+/// Construction routes each decode rank once per class, not once per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Class {
+    pub sharding: Sharding,
+    pub prefill_stage: u64,
+    pub decode_stage: u64,
+}
+
 #[derive(Debug, Clone)]
 struct BufferPair {
     prefill: BufferLayout,
     decode: BufferLayout,
-    /// Index into `Planner::shardings`.
-    sharding: usize,
+    /// Index into `Planner::classes`.
+    class: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -74,14 +84,56 @@ pub struct Planner {
     prefill: ParallelLayout,
     decode: ParallelLayout,
     buffers: Vec<BufferPair>,
-    shardings: Vec<Sharding>,
+    classes: Vec<Class>,
     replicas: DecodeReplicas,
     /// Which replica serves whom under `DecodeReplicas::All`.
     spread: Spread,
     identity: bool,
-    /// Fanout of each prefill TP rank of a DP group that decode ranks read from; the groups
-    /// beyond the decode side's DP count serve nobody.
-    fanout_per_tp_rank: Vec<u64>,
+    /// Fanout of each prefill rank of a DP group that decode ranks read from, by its slot in
+    /// the group (`stage * tp + tp_rank`); groups beyond the decode side's DP count serve nobody.
+    fanout_per_slot: Vec<u64>,
+}
+
+/// The stage of each buffer on one side: stage 0 without pipeline stages, else the stage
+/// holding its layer (every buffer must name one).
+fn buffer_stages(
+    layout: &ParallelLayout,
+    buffers: &[BufferLayout],
+    layers: u64,
+) -> PlanResult<Vec<u64>> {
+    if layout.pp_size == 1 && layout.pp_layer_partition.is_none() {
+        return Ok(vec![0; buffers.len()]);
+    }
+    let stages = Stages::of(layout, layers)?;
+    Ok(buffers
+        .iter()
+        .map(|b| b.layer.map_or(0, |layer| stages.stage_of(layer)))
+        .collect())
+}
+
+/// Layers the buffers name (one past the largest), requiring every buffer to name one when
+/// either side has pipeline stages.
+fn layer_count(
+    prefill: &ParallelLayout,
+    decode: &ParallelLayout,
+    buffers: &[BufferLayout],
+) -> PlanResult<u64> {
+    let staged = prefill.pp_size > 1 || decode.pp_size > 1;
+    let mut layers = 0;
+    for (position, b) in buffers.iter().enumerate() {
+        match b.layer {
+            Some(layer) => layers = layers.max(layer + 1),
+            None if staged => bail!(
+                "buffer {} (position {position}, {}) names no layer, but pipeline stages hold \
+                 layers: give every buffer its layer (BufferLayout.layer) when either side has \
+                 pp_size > 1",
+                b.buffer_index,
+                b.buffer_kind.as_str()
+            ),
+            None => {}
+        }
+    }
+    Ok(layers)
 }
 
 impl Planner {
@@ -115,48 +167,62 @@ impl Planner {
                 validate_alignment(layout, buffer)?;
             }
         }
-        let mut shardings: Vec<Sharding> = Vec::new();
-        let mut sharding_ids: HashMap<Sharding, usize> = HashMap::new();
+        let layers = layer_count(&prefill, &decode, prefill_buffers)?;
+        let prefill_stages = buffer_stages(&prefill, prefill_buffers, layers)?;
+        let decode_stages = buffer_stages(&decode, decode_buffers, layers)?;
+        let mut classes: Vec<Class> = Vec::new();
+        let mut class_ids: HashMap<Class, usize> = HashMap::new();
         let buffers = prefill_buffers
             .iter()
             .zip(decode_buffers)
-            .map(|(p, d)| {
-                let sharding = Sharding::of(p, d);
-                let id = *sharding_ids.entry(sharding).or_insert_with(|| {
-                    shardings.push(sharding);
-                    shardings.len() - 1
+            .zip(prefill_stages.iter().zip(&decode_stages))
+            .map(|((p, d), (&prefill_stage, &decode_stage))| {
+                let class = Class {
+                    sharding: Sharding::of(p, d),
+                    prefill_stage,
+                    decode_stage,
+                };
+                let id = *class_ids.entry(class).or_insert_with(|| {
+                    classes.push(class);
+                    classes.len() - 1
                 });
                 BufferPair {
                     prefill: *p,
                     decode: *d,
-                    sharding: id,
+                    class: id,
                 }
             })
             .collect();
         // Whole items copy rank to rank when both sides hold the same units the same way: same
-        // TP, no replica groups, and token-major items of one size (else rows would shift).
+        // TP and stages, no replica groups, and token-major items of one size (else rows
+        // would shift).
         let identity = prefill.tp_size() == decode.tp_size()
+            && prefill.pp_size == decode.pp_size
+            && prefill_stages == decode_stages
             && prefill_buffers.iter().zip(decode_buffers).all(|(p, d)| {
                 p.tp_replica_group_size == 1
                     && d.tp_replica_group_size == 1
                     && (p.rows_per_page == 1 || p.item_stride_bytes == d.item_stride_bytes)
             });
+        let spread = match replicas {
+            DecodeReplicas::First => Spread::default(),
+            DecodeReplicas::All => Spread::choose(
+                &classes,
+                (prefill.tp_size(), decode.tp_size()),
+                decode.pp_size,
+            ),
+        };
         let mut planner = Self {
             prefill,
             decode,
             buffers,
-            spread: match replicas {
-                DecodeReplicas::First => Spread::default(),
-                DecodeReplicas::All => {
-                    Spread::choose(&shardings, prefill.tp_size(), decode.tp_size())
-                }
-            },
-            shardings,
+            classes,
             replicas,
+            spread,
             identity,
-            fanout_per_tp_rank: Vec::new(),
+            fanout_per_slot: Vec::new(),
         };
-        planner.fanout_per_tp_rank = planner.count_fanout();
+        planner.fanout_per_slot = planner.count_fanout();
         Ok(planner)
     }
 
@@ -183,6 +249,22 @@ impl Planner {
             .map(|pair| (&pair.prefill, &pair.decode))
     }
 
+    /// The (prefill, decode) stages holding each buffer, in buffer order.
+    pub fn buffer_stages(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.buffers.iter().map(|pair| {
+            let class = self.class(pair);
+            (class.prefill_stage, class.decode_stage)
+        })
+    }
+
+    fn class(&self, pair: &BufferPair) -> Class {
+        self.classes.get(pair.class).copied().unwrap_or(Class {
+            sharding: Sharding::Replicated,
+            prefill_stage: 0,
+            decode_stage: 0,
+        })
+    }
+
     pub const fn is_identity(&self) -> bool {
         self.identity
     }
@@ -191,15 +273,21 @@ impl Planner {
         self.replicas
     }
 
+    /// Every decode rank of one DP group, as (stage, TP rank), slot order.
+    fn decode_slots(&self) -> impl Iterator<Item = (u64, u64)> {
+        let decode = self.decode_ranks();
+        (0..decode.pp_size()).flat_map(move |stage| (0..decode.tp_size()).map(move |t| (stage, t)))
+    }
+
     /// Decode ranks that receive nothing at all under this planner's mode (non-first ranks of
     /// every decode replica group under `DecodeReplicas::First`, when no buffer is replicated):
     /// the runtime must copy inside the group for them.
     pub fn idle_decode_ranks(&self) -> u64 {
-        let decode = self.decode_ranks();
-        let idle_per_group = (0..decode.tp_size())
-            .filter(|&tp_rank| self.fragment_count(tp_rank) == 0)
+        let idle_per_group = self
+            .decode_slots()
+            .filter(|&slot| self.fragment_count(slot) == 0)
             .count() as u64;
-        idle_per_group * decode.dp_size()
+        idle_per_group * self.decode.dp_size
     }
 
     /// The prefill DP group decode DP group `decode_group` reads from by default: the same
@@ -209,12 +297,13 @@ impl Planner {
     }
 
     /// Decode ranks one request makes `prefill_rank` wait for: those of the reading decode DP
-    /// group whose shards overlap its own. The same whichever decode group a request comes from.
+    /// group that read from it. The same whichever decode group a request comes from.
     pub fn request_fanout(&self, prefill_rank: u64) -> u64 {
-        let tp_rank = self.prefill_ranks().coord(prefill_rank).tp_rank;
-        usize::try_from(tp_rank)
+        let ranks = self.prefill_ranks();
+        let slot = ranks.slot(ranks.coord(prefill_rank));
+        usize::try_from(slot)
             .ok()
-            .and_then(|slot| self.fanout_per_tp_rank.get(slot))
+            .and_then(|slot| self.fanout_per_slot.get(slot))
             .copied()
             .unwrap_or(0)
     }
@@ -237,42 +326,50 @@ impl Planner {
         (0..self.prefill.world_size).map(|rank| (rank, self.fanout(rank)))
     }
 
-    /// How decode TP rank `decode_tp_rank` is routed for each distinct sharding, in order.
-    fn routes(&self, decode_tp_rank: u64) -> impl Iterator<Item = Route> + '_ {
+    /// How decode rank (`stage`, `tp_rank`) is routed for each class its stage holds, with
+    /// the class ids: prefill TP ranks within the class's prefill stage.
+    fn routes(
+        &self,
+        (stage, decode_tp_rank): (u64, u64),
+    ) -> impl Iterator<Item = (usize, Route)> + '_ {
         let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
-        self.shardings
+        let slot = stage * decode_tp + decode_tp_rank;
+        self.classes
             .iter()
             .enumerate()
-            .map(move |(id, &sharding)| {
+            .filter(move |(_, class)| class.decode_stage == stage)
+            .map(move |(id, class)| {
                 let holder = |src_shard, replica| match self.replicas {
                     DecodeReplicas::First => first_holder(src_shard, replica),
-                    DecodeReplicas::All => {
-                        self.spread.holder(decode_tp_rank, id, src_shard, replica)
-                    }
+                    DecodeReplicas::All => self.spread.holder(slot, id, src_shard, replica),
                 };
-                route(
-                    sharding,
+                let routed = route(
+                    class.sharding,
                     prefill_tp,
                     decode_tp,
                     decode_tp_rank,
                     self.replicas,
                     holder,
-                )
+                );
+                (id, routed)
             })
     }
 
     fn count_fanout(&self) -> Vec<u64> {
-        let slots = usize::try_from(self.prefill.tp_size()).unwrap_or(0);
+        let prefill_tp = self.prefill.tp_size();
+        let slots = usize::try_from(self.prefill_ranks().group_size()).unwrap_or(0);
         let mut counts = vec![0u64; slots];
-        // `seen[p] == d + 1` marks prefill TP rank p as already counted for decode TP rank d.
+        // `seen[p] == d + 1` marks prefill slot p as already counted for decode slot d.
         let mut seen = vec![0u64; slots];
-        for decode_tp_rank in 0..self.decode.tp_size() {
-            for routed in self.routes(decode_tp_rank) {
+        for (decode_slot, at) in (1u64..).zip(self.decode_slots()) {
+            for (id, routed) in self.routes(at) {
+                let stage = self.classes.get(id).map_or(0, |c| c.prefill_stage);
                 let mut count = |prefill_tp_rank: u64| {
-                    let slot = usize::try_from(prefill_tp_rank).unwrap_or(usize::MAX);
+                    let slot =
+                        usize::try_from(stage * prefill_tp + prefill_tp_rank).unwrap_or(usize::MAX);
                     if let (Some(mark), Some(count)) = (seen.get_mut(slot), counts.get_mut(slot)) {
-                        if *mark != decode_tp_rank + 1 {
-                            *mark = decode_tp_rank + 1;
+                        if *mark != decode_slot {
+                            *mark = decode_slot;
                             *count += 1;
                         }
                     }
@@ -316,54 +413,68 @@ impl Planner {
         self.collect_sources(decode_rank, target_dp_group)
     }
 
-    /// How many fragments decode TP rank `decode_tp_rank` receives, without building them.
-    fn fragment_count(&self, decode_tp_rank: u64) -> u64 {
+    /// How many fragments decode rank (`stage`, `tp_rank`) receives, without building them.
+    fn fragment_count(&self, at: (u64, u64)) -> u64 {
+        let in_stage = |pair: &&BufferPair| self.class(pair).decode_stage == at.0;
         if self.identity {
-            return self.buffers.len() as u64;
+            return self.buffers.iter().filter(in_stage).count() as u64;
         }
-        let per_sharding: Vec<u64> = self
-            .routes(decode_tp_rank)
-            .map(|routed| match routed {
+        let mut per_class = vec![0u64; self.classes.len()];
+        for (id, routed) in self.routes(at) {
+            let count = match routed {
                 Route::Nothing => 0,
                 Route::WholeItem { .. } => 1,
                 Route::Units(overlaps) => overlaps.len() as u64,
-            })
-            .collect();
+            };
+            if let Some(slot) = per_class.get_mut(id) {
+                *slot = count;
+            }
+        }
         self.buffers
             .iter()
-            .map(|b| per_sharding.get(b.sharding).copied().unwrap_or(0))
+            .map(|b| per_class.get(b.class).copied().unwrap_or(0))
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Calls `visit(prefill TP rank, buffer, span)` for every byte span decode TP rank
-    /// `decode_tp_rank` receives, buffer order, then prefill rank order. Identity plans visit
-    /// one whole-item span a buffer. The one walk behind per-rank fragments and the
-    /// whole-cluster routing table, so the two cannot disagree.
-    fn for_each_span(&self, decode_tp_rank: u64, mut visit: impl FnMut(u64, &BufferPair, Span)) {
+    /// Calls `visit((prefill stage, prefill TP rank), buffer, span)` for every byte span decode
+    /// rank (`stage`, `tp_rank`) receives, buffer order, then prefill rank order. Identity
+    /// plans visit one whole-item span a buffer. The one walk behind per-rank fragments and
+    /// the whole-cluster routing table, so the two cannot disagree.
+    fn for_each_span(&self, at: (u64, u64), mut visit: impl FnMut((u64, u64), &BufferPair, Span)) {
         if self.identity {
-            for pair in &self.buffers {
+            for pair in self
+                .buffers
+                .iter()
+                .filter(|p| self.class(p).decode_stage == at.0)
+            {
                 // Same TP and shards on both sides; the smaller item is what both hold.
                 let len = pair
                     .prefill
                     .item_stride_bytes
                     .min(pair.decode.item_stride_bytes);
-                visit(decode_tp_rank, pair, Span::contiguous(0, 0, len));
+                visit(at, pair, Span::contiguous(0, 0, len));
             }
             return;
         }
-        let routes: Vec<Route> = self.routes(decode_tp_rank).collect();
+        let mut routes: Vec<Option<Route>> = vec![None; self.classes.len()];
+        for (id, routed) in self.routes(at) {
+            if let Some(slot) = routes.get_mut(id) {
+                *slot = Some(routed);
+            }
+        }
         for pair in &self.buffers {
-            match routes.get(pair.sharding) {
-                None | Some(Route::Nothing) => {}
-                Some(Route::WholeItem { prefill_tp_rank }) => {
+            let stage = self.class(pair).prefill_stage;
+            match routes.get(pair.class) {
+                None | Some(None | Some(Route::Nothing)) => {}
+                Some(Some(Route::WholeItem { prefill_tp_rank })) => {
                     // The decode item, whole (validated to be at most the prefill item).
                     let span = Span::contiguous(0, 0, pair.decode.item_stride_bytes);
-                    visit(*prefill_tp_rank, pair, span);
+                    visit((stage, *prefill_tp_rank), pair, span);
                 }
-                Some(Route::Units(overlaps)) => {
+                Some(Some(Route::Units(overlaps))) => {
                     for overlap in overlaps {
                         let span = Span::of_units(overlap, &pair.prefill, &pair.decode);
-                        visit(overlap.prefill_tp_rank, pair, span);
+                        visit((stage, overlap.prefill_tp_rank), pair, span);
                     }
                 }
             }
@@ -373,35 +484,33 @@ impl Planner {
     /// Every (decode rank, prefill rank) pair that moves data under the default DP-group
     /// mapping, with its fragment count and bytes per page as `transfer_fragments` gives them
     /// (identity pairs: one whole item per buffer), decode rank then prefill rank ascending.
-    /// Work grows with decode TP x buffers, plus the rows themselves.
+    /// Work grows with the decode ranks of one group x buffers, plus the rows themselves.
     pub fn routing_table(&self) -> RoutingTable {
         let (prefill_ranks, decode_ranks) = (self.prefill_ranks(), self.decode_ranks());
-        // Per decode TP rank: (prefill TP rank, fragments, bytes per page), rank ascending.
-        let per_tp_rank: Vec<Vec<(u64, u64, u64)>> = (0..decode_ranks.tp_size())
-            .map(|decode_tp_rank| {
+        // Per decode slot: (prefill slot, fragments, bytes per page), prefill slot ascending.
+        let per_slot: Vec<Vec<(u64, u64, u64)>> = self
+            .decode_slots()
+            .map(|at| {
                 let mut totals: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-                self.for_each_span(decode_tp_rank, |prefill_tp_rank, _, span| {
-                    let entry = totals.entry(prefill_tp_rank).or_default();
+                self.for_each_span(at, |(stage, tp_rank), _, span| {
+                    let slot = stage * prefill_ranks.tp_size() + tp_rank;
+                    let entry = totals.entry(slot).or_default();
                     entry.0 += 1;
                     entry.1 = entry.1.saturating_add(span.bytes_per_page);
                 });
                 totals
                     .into_iter()
-                    .map(|(rank, (count, bytes))| (rank, count, bytes))
+                    .map(|(slot, (count, bytes))| (slot, count, bytes))
                     .collect()
             })
             .collect();
         let mut table = RoutingTable::default();
         for group in 0..decode_ranks.dp_size() {
-            let source_group = self.default_prefill_group(group);
-            for (decode_tp_rank, sources) in (0..).zip(&per_tp_rank) {
-                for &(prefill_tp_rank, count, bytes) in sources {
-                    table
-                        .decode_rank
-                        .push(decode_ranks.rank_in_group(group, decode_tp_rank));
-                    table
-                        .prefill_rank
-                        .push(prefill_ranks.rank_in_group(source_group, prefill_tp_rank));
+            let source_base = self.default_prefill_group(group) * prefill_ranks.group_size();
+            for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
+                for &(prefill_slot, count, bytes) in sources {
+                    table.decode_rank.push(decode_rank);
+                    table.prefill_rank.push(source_base + prefill_slot);
                     table.fragment_count.push(count);
                     table.bytes_per_page.push(bytes);
                 }
@@ -433,9 +542,10 @@ impl Planner {
         decode_rank: u64,
         target_dp_group: u64,
     ) -> PlanResult<Vec<SourcePlan>> {
-        let decode_tp_rank = self.decode_ranks().coord(decode_rank).tp_rank;
+        let coord = self.decode_ranks().coord(decode_rank);
+        let at = (coord.stage, coord.tp_rank);
         let prefill_ranks = self.prefill_ranks();
-        let fragments = self.fragment_count(decode_tp_rank);
+        let fragments = self.fragment_count(at);
         if fragments > MAX_PLAN_FRAGMENTS {
             bail!(
                 "decode rank {decode_rank} would receive {fragments} fragments (more than \
@@ -445,8 +555,8 @@ impl Planner {
         // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
-        self.for_each_span(decode_tp_rank, |prefill_tp_rank, pair, span| {
-            let prefill_rank = prefill_ranks.rank_in_group(target_dp_group, prefill_tp_rank);
+        self.for_each_span(at, |(stage, prefill_tp_rank), pair, span| {
+            let prefill_rank = prefill_ranks.rank_at(target_dp_group, stage, prefill_tp_rank);
             let at = match sources.binary_search_by_key(&prefill_rank, |s| s.prefill_rank) {
                 Ok(at) => at,
                 Err(at) => {
@@ -492,8 +602,10 @@ impl Planner {
         let target_dp_group = self.source_group(decode_rank, prefill_group)?;
         if self.identity {
             // The reference's identity plans name their one source and carry no fragments.
-            let tp_rank = self.decode_ranks().coord(decode_rank).tp_rank;
-            let prefill_rank = self.prefill_ranks().rank_in_group(target_dp_group, tp_rank);
+            let coord = self.decode_ranks().coord(decode_rank);
+            let prefill_rank =
+                self.prefill_ranks()
+                    .rank_at(target_dp_group, coord.stage, coord.tp_rank);
             return Ok(RankPlan {
                 kind: PlanKind::Identity,
                 target_dp_group,
@@ -660,6 +772,7 @@ mod tests {
             bytes_per_logical_unit: UNIT,
             item_stride_bytes: heads / (tp / replica) * UNIT,
             tp_replica_group_size: replica,
+            layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
         }
@@ -829,9 +942,9 @@ mod tests {
     }
 
     #[test]
-    fn buffers_of_one_shape_share_one_sharding() {
+    fn buffers_of_one_shape_share_one_class() {
         let p = planner(8, 2, 8).unwrap();
-        assert_eq!(p.shardings.len(), 1);
+        assert_eq!(p.classes.len(), 1);
         assert_eq!(p.buffers.len(), 2);
     }
 }

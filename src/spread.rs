@@ -14,43 +14,47 @@
 use std::collections::{BTreeSet, HashMap};
 
 use crate::geometry::{replicated_source, Sharding};
+use crate::planner::Class;
 
-/// The holder chosen for each (decode TP rank, sharding, prefill shard).
+/// The holder chosen for each (decode slot, class, prefill shard): a prefill TP rank.
 #[derive(Debug, Clone, Default)]
 pub struct Spread {
     holders: HashMap<(u64, usize, u64), u64>,
 }
 
-/// One shard a decode rank reads: which sharding, which shard, the TP ranks holding it, and
-/// the round-robin holder index to prefer on a tie.
+/// One shard a decode rank reads: which class, which shard, the prefill slots holding it
+/// (`stage * tp + tp_rank`, a run of `replica`), and the holder index to prefer on a tie.
 struct Need {
-    sharding: usize,
+    class: usize,
     src_shard: u64,
     first: u64,
     replica: u64,
     preferred: u64,
 }
 
-/// The shards decode TP rank `decode_tp_rank` reads, sharding by sharding.
+/// The shards decode rank (`stage`, `decode_tp_rank`) reads, class by class.
 fn needs(
-    shardings: &[Sharding],
-    prefill_tp: u64,
-    decode_tp: u64,
-    decode_tp_rank: u64,
+    classes: &[Class],
+    (prefill_tp, decode_tp): (u64, u64),
+    (stage, decode_tp_rank): (u64, u64),
 ) -> Vec<Need> {
     let mut out = Vec::new();
-    for (sharding, kind) in shardings.iter().enumerate() {
+    for (class, kind) in classes.iter().enumerate() {
+        if kind.decode_stage != stage {
+            continue;
+        }
+        let stage_base = kind.prefill_stage * prefill_tp;
         let Sharding::Split {
             prefill_replica,
             decode_replica,
             ..
-        } = *kind
+        } = kind.sharding
         else {
             let source = replicated_source(prefill_tp, decode_tp, decode_tp_rank);
             out.push(Need {
-                sharding,
+                class,
                 src_shard: source,
-                first: source,
+                first: stage_base + source,
                 replica: 1,
                 preferred: 0,
             });
@@ -66,9 +70,9 @@ fn needs(
             let position =
                 (dst_shard - first_reader) * decode_replica + decode_tp_rank % decode_replica;
             out.push(Need {
-                sharding,
+                class,
                 src_shard,
-                first: src_shard * prefill_replica,
+                first: stage_base + src_shard * prefill_replica,
                 replica: prefill_replica,
                 preferred: position % prefill_replica,
             });
@@ -78,11 +82,15 @@ fn needs(
 }
 
 impl Spread {
-    /// Chooses holders for every decode TP rank of one group. `shardings` are the planner's
-    /// distinct shardings, indexed as the planner indexes them.
-    pub fn choose(shardings: &[Sharding], prefill_tp: u64, decode_tp: u64) -> Self {
-        let mut needs: Vec<Vec<Need>> = (0..decode_tp)
-            .map(|rank| needs(shardings, prefill_tp, decode_tp, rank))
+    /// Chooses holders for every decode rank of one group (`stages` stages of `decode_tp`
+    /// ranks); `classes` are the planner's, indexed as the planner indexes them.
+    pub fn choose(classes: &[Class], (prefill_tp, decode_tp): (u64, u64), stages: u64) -> Self {
+        let slots: Vec<(u64, u64)> = (0..stages)
+            .flat_map(|stage| (0..decode_tp).map(move |t| (stage, t)))
+            .collect();
+        let mut needs: Vec<Vec<Need>> = slots
+            .iter()
+            .map(|&at| needs(classes, (prefill_tp, decode_tp), at))
             .collect();
         // No choice first: every decode rank's single-holder sources.
         let mut reads: Vec<BTreeSet<u64>> = needs
@@ -94,7 +102,12 @@ impl Spread {
                     .collect()
             })
             .collect();
-        let mut load = vec![0u64; usize::try_from(prefill_tp).unwrap_or(0)];
+        let prefill_stages = classes
+            .iter()
+            .map(|c| c.prefill_stage + 1)
+            .max()
+            .unwrap_or(1);
+        let mut load = vec![0u64; usize::try_from(prefill_stages * prefill_tp).unwrap_or(0)];
         let slot = |rank: u64| usize::try_from(rank).unwrap_or(usize::MAX);
         for &source in reads.iter().flatten() {
             if let Some(count) = load.get_mut(slot(source)) {
@@ -102,7 +115,7 @@ impl Spread {
             }
         }
         let mut holders = HashMap::new();
-        for ((decode_tp_rank, list), reading) in (0u64..).zip(&mut needs).zip(&mut reads) {
+        for ((decode_slot, list), reading) in (0u64..).zip(&mut needs).zip(&mut reads) {
             list.sort_by_key(|n| n.replica);
             for need in list.iter() {
                 let group = need.first..need.first + need.replica;
@@ -120,24 +133,19 @@ impl Spread {
                     best
                 };
                 if need.replica > 1 {
-                    holders.insert((decode_tp_rank, need.sharding, need.src_shard), chosen);
+                    let tp_rank = chosen % prefill_tp;
+                    holders.insert((decode_slot, need.class, need.src_shard), tp_rank);
                 }
             }
         }
         Self { holders }
     }
 
-    /// The prefill TP rank decode TP rank `decode_tp_rank` reads shard `src_shard` of sharding
-    /// `sharding` from (the group's first rank when no choice was recorded).
-    pub fn holder(
-        &self,
-        decode_tp_rank: u64,
-        sharding: usize,
-        src_shard: u64,
-        replica: u64,
-    ) -> u64 {
+    /// The prefill TP rank decode slot `decode_slot` reads shard `src_shard` of class `class`
+    /// from (the group's first rank when no choice was recorded).
+    pub fn holder(&self, decode_slot: u64, class: usize, src_shard: u64, replica: u64) -> u64 {
         self.holders
-            .get(&(decode_tp_rank, sharding, src_shard))
+            .get(&(decode_slot, class, src_shard))
             .copied()
             .unwrap_or(src_shard * replica)
     }

@@ -80,6 +80,8 @@ struct Written {
 struct Context<'a> {
     planner: &'a Planner,
     pairs: Vec<(&'a BufferLayout, &'a BufferLayout)>,
+    /// The (prefill, decode) pipeline stages holding each buffer.
+    stages: Vec<(u64, u64)>,
     position_of: HashMap<u64, usize>,
 }
 
@@ -109,9 +111,23 @@ impl Context<'_> {
         let Some(&position) = self.position_of.get(&f.buffer_index) else {
             bail!("{where_}: no such buffer");
         };
-        let Some(&(p, d)) = self.pairs.get(position) else {
+        let (Some(&(p, d)), Some(&(prefill_stage, decode_stage))) =
+            (self.pairs.get(position), self.stages.get(position))
+        else {
             bail!("{where_}: no such buffer");
         };
+        let (src_at, dst_at) = (
+            prefill_ranks.coord(prefill_rank),
+            decode_ranks.coord(decode_rank),
+        );
+        if src_at.stage != prefill_stage || dst_at.stage != decode_stage {
+            bail!(
+                "{where_}: the buffer's layer is held by prefill stage {prefill_stage} and decode \
+                 stage {decode_stage}, but the fragment runs from stage {} to stage {}",
+                src_at.stage,
+                dst_at.stage
+            );
+        }
         if f.buffer_kind != p.buffer_kind
             || f.src_page_stride_bytes != p.item_stride_bytes
             || f.dst_page_stride_bytes != d.item_stride_bytes
@@ -360,16 +376,18 @@ pub fn verify_plans(
     let context = Context {
         planner,
         pairs,
+        stages: planner.buffer_stages().collect(),
         position_of,
     };
     let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
-    // Decode ranks of the current decode DP group reading each prefill TP rank of its source.
-    let mut readers = vec![0u64; usize::try_from(prefill_ranks.tp_size()).unwrap_or(0)];
+    // Decode ranks of the current decode DP group reading each prefill rank (by its slot in
+    // the group) of its source.
+    let mut readers = vec![0u64; usize::try_from(prefill_ranks.group_size()).unwrap_or(0)];
     let mut written: Vec<Vec<Written>> = vec![Vec::new(); context.pairs.len()];
     for group in 0..decode_ranks.dp_size() {
         let source_group = planner.default_prefill_group(group);
         for decode_rank in decode_ranks.group_ranks(group) {
-            let decode_tp_rank = decode_ranks.coord(decode_rank).tp_rank;
+            let decode_at = decode_ranks.coord(decode_rank);
             written.iter_mut().for_each(Vec::clear);
             for source in plans_for(decode_rank)? {
                 let prefill_rank = source.prefill_rank;
@@ -381,7 +399,7 @@ pub fn verify_plans(
                     );
                 }
                 // A source that sends nothing serves nobody.
-                if let Some(count) = usize::try_from(at.tp_rank)
+                if let Some(count) = usize::try_from(prefill_ranks.slot(at))
                     .ok()
                     .and_then(|r| readers.get_mut(r))
                     .filter(|_| !source.fragments.is_empty())
@@ -398,20 +416,28 @@ pub fn verify_plans(
                 }
             }
             for (position, list) in written.iter_mut().enumerate() {
-                if let Some(&(_, d)) = context.pairs.get(position) {
-                    let wanted = received_units(
+                let (Some(&(_, d)), Some(&(_, stage))) =
+                    (context.pairs.get(position), context.stages.get(position))
+                else {
+                    continue;
+                };
+                // A buffer of another decode stage is not this rank's: nothing may arrive.
+                let wanted = if stage == decode_at.stage {
+                    received_units(
                         d,
                         decode_ranks.tp_size(),
-                        decode_tp_rank,
+                        decode_at.tp_rank,
                         planner.decode_replicas(),
-                    );
-                    check_coverage(decode_rank, d, coverage_shape(d, &wanted), list)?;
-                }
+                    )
+                } else {
+                    Vec::new()
+                };
+                check_coverage(decode_rank, d, coverage_shape(d, &wanted), list)?;
             }
         }
         // One request of this decode group: each source rank waits for its fanout.
-        for (tp_rank, count) in (0u64..).zip(readers.iter_mut()) {
-            let rank = prefill_ranks.rank_in_group(source_group, tp_rank);
+        let first = prefill_ranks.group_ranks(source_group).start;
+        for (rank, count) in (first..).zip(readers.iter_mut()) {
             let fanout = planner.request_fanout(rank);
             if *count != fanout {
                 bail!(
@@ -444,6 +470,7 @@ mod tests {
                 heads / (tp / replica) * 64
             },
             tp_replica_group_size: replica,
+            layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
         }

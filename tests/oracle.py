@@ -21,6 +21,48 @@ from pdplan import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragm
 PAGES = 2
 
 
+def staged(prefill: ParallelLayout, decode: ParallelLayout) -> bool:
+    return prefill.pp_size > 1 or decode.pp_size > 1
+
+
+def layer_count(buffers: Sequence[BufferLayout]) -> int:
+    return max((b.layer + 1 for b in buffers if b.layer is not None), default=0)
+
+
+def stage_of_layer(layout: ParallelLayout, layers: int) -> list[int] | None:
+    """Each layer's stage, dealt out in order: the partition's counts, else as evenly as
+    possible with the first stages one more; None when no dealing fits."""
+    pp = layout.pp_size
+    if layout.pp_layer_partition is not None:
+        counts = list(layout.pp_layer_partition)
+        if sum(counts) != layers:
+            return None
+    else:
+        if layers < pp:
+            return None
+        counts = [layers // pp + (1 if s < layers % pp else 0) for s in range(pp)]
+    return [stage for stage, count in enumerate(counts) for _ in range(count)]
+
+
+def stages_of(
+    prefill: ParallelLayout, decode: ParallelLayout, buffers: Sequence[BufferLayout]
+) -> list[tuple[int, int]]:
+    """(prefill stage, decode stage) of each buffer; stage 0 everywhere without stages."""
+    if not staged(prefill, decode):
+        return [(0, 0)] * len(buffers)
+    layers = layer_count(buffers)
+    p, d = stage_of_layer(prefill, layers), stage_of_layer(decode, layers)
+    assert p is not None and d is not None
+    return [(p[b.layer], d[b.layer]) for b in buffers]  # type: ignore[index]
+
+
+def where(layout: ParallelLayout, rank: int) -> tuple[int, int, int]:
+    """(DP group, stage, TP rank) of a rank: TP fastest, then stage, then group."""
+    tp = layout.tp_size_per_dp
+    group, slot = divmod(rank, layout.pp_size * tp)
+    return group, slot // tp, slot % tp
+
+
 def dealt_units(buffer: BufferLayout, tp_size: int, tp_rank: int) -> np.ndarray | None:
     """The logical units `tp_rank` holds, in item order, or None when no even dealing exists.
 
@@ -55,6 +97,13 @@ def layout_is_valid(
     on the prefill side."""
     if len(prefill_buffers) != len(decode_buffers):
         return False
+    if staged(prefill, decode):
+        # Stages hold layers: every buffer must name one, and the layers must deal out.
+        if any(b.layer is None for b in prefill_buffers):
+            return False
+        layers = layer_count(prefill_buffers)
+        if stage_of_layer(prefill, layers) is None or stage_of_layer(decode, layers) is None:
+            return False
     same = (
         "buffer_index",
         "buffer_kind",
@@ -63,6 +112,7 @@ def layout_is_valid(
         "bytes_per_logical_unit",
         "rows_per_page",
         "logical_parts",
+        "layer",
     )
     for p, d in zip(prefill_buffers, decode_buffers):
         if any(getattr(p, name) != getattr(d, name) for name in same):
@@ -138,25 +188,30 @@ def expected_fanout(
     (decode DP group g reads prefill DP group g % prefill dp_size); 0 where nobody reads.
     A decode rank waits on the sender of every unit it receives."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
+    stages = stages_of(prefill, decode, prefill_buffers)
+    group_size = prefill.pp_size * ptp
     fanout = dict.fromkeys(range(prefill.world_size), 0)
     for group in range(decode.dp_size):
         source_group = group % prefill.dp_size
-        readers = dict.fromkeys(range(ptp), 0)
-        for tp_rank in range(dtp):
-            sources: set[int] = set()
-            for p, d in zip(prefill_buffers, decode_buffers):
+        readers = dict.fromkeys(range(group_size), 0)
+        for stage, tp_rank in itertools.product(range(decode.pp_size), range(dtp)):
+            sources: set[int] = set()  # (prefill stage * ptp + TP rank) within the group
+            for (p, d), (p_stage, d_stage) in zip(zip(prefill_buffers, decode_buffers), stages):
+                if d_stage != stage:
+                    continue  # another stage's layer
                 if p.logical_axis == "replicated":
-                    sources.add(tp_rank * ptp // dtp)  # the reference's choice of source
+                    # the reference's choice of source
+                    sources.add(p_stage * ptp + tp_rank * ptp // dtp)
                     continue
                 if not receives(d, dtp, tp_rank):
                     continue
                 units = dealt_units(d, dtp, tp_rank)
                 assert units is not None
-                sources.update(first_holder(p, ptp, int(u)) for u in units)
+                sources.update(p_stage * ptp + first_holder(p, ptp, int(u)) for u in units)
             for source in sources:
                 readers[source] += 1
         for source, count in readers.items():
-            fanout[source_group * ptp + source] = count
+            fanout[source_group * group_size + source] = count
     return fanout
 
 
@@ -174,20 +229,26 @@ def simulate(
     decode rank should hold arrived exactly once, and nothing else was written. A row
     fragment copies `rows_per_page` runs a page, run r at offset + r * row stride."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
-    tp_rank = decode_rank % dtp
+    _, stage, tp_rank = where(decode, decode_rank)
     by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
+    stage_by_index = dict(
+        zip((b.buffer_index for b in prefill_buffers), stages_of(prefill, decode, prefill_buffers))
+    )
     received: dict[int, np.ndarray] = {}
     writes: dict[int, np.ndarray] = {}
     for d in decode_buffers:
         received[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
         writes[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
     for src_rank, fragments in fragments_by_source.items():
-        assert src_rank // ptp == source_group, "a source outside the DP group read from"
+        src_group, src_stage, src_tp = where(prefill, src_rank)
+        assert src_group == source_group, "a source outside the DP group read from"
         for f in fragments:
             assert (f.src_rank, f.dst_rank) == (src_rank, decode_rank)
             p, d = by_index[f.buffer_index]
             assert f.buffer_kind == p.buffer_kind
-            units = dealt_units(p, ptp, src_rank % ptp)
+            # Both ranks hold the buffer's layer.
+            assert stage_by_index[f.buffer_index] == (src_stage, stage), "a stage without it"
+            units = dealt_units(p, ptp, src_tp)
             assert units is not None
             src_page = page_labels(p, units, p.item_stride_bytes)
             source = np.tile(src_page, PAGES)
@@ -211,7 +272,8 @@ def simulate(
     for d in decode_buffers:
         units = dealt_units(d, dtp, tp_rank)
         assert units is not None
-        if receives(d, dtp, tp_rank, replicas):
+        held = stage_by_index[d.buffer_index][1] == stage
+        if held and receives(d, dtp, tp_rank, replicas):
             expected = np.tile(page_labels(d, units, d.item_stride_bytes), PAGES)
         else:
             expected = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
@@ -238,7 +300,7 @@ def check_plan(
 ) -> None:
     """A decode rank's plan (and its `transfer_fragments`, which carry identity plans' whole
     items) against the simulation and the fanout."""
-    group = (decode_rank // decode.tp_size_per_dp) % prefill.dp_size
+    group = where(decode, decode_rank)[0] % prefill.dp_size
     assert plan.target_dp_group == group
     assert list(plan.target_prefill_ranks) == sorted(plan.target_prefill_ranks)
     assert plan.required_prefill_response_num == len(plan.target_prefill_ranks)
@@ -275,29 +337,32 @@ def least_largest_fanout(
     ranks holding a unit it needs, one of them (replicated buffers: the reference's source);
     a prefill rank's fanout is how many decode ranks picked it."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
-    holders_of = []  # per decode rank: the distinct holder sets it must hit
-    for tp_rank in range(dtp):
-        needs: set[frozenset[int]] = set()
-        for p, d in zip(prefill_buffers, decode_buffers):
+    stages = stages_of(prefill, decode, prefill_buffers)
+    holders_of = []  # per decode rank of a group: the distinct holder sets it must hit
+    for stage, tp_rank in itertools.product(range(decode.pp_size), range(dtp)):
+        needs: set[frozenset[int]] = set()  # prefill slots: stage * ptp + TP rank
+        for (p, d), (p_stage, d_stage) in zip(zip(prefill_buffers, decode_buffers), stages):
+            if d_stage != stage:
+                continue
             if p.logical_axis == "replicated":
-                needs.add(frozenset({tp_rank * ptp // dtp}))
+                needs.add(frozenset({p_stage * ptp + tp_rank * ptp // dtp}))
                 continue
             for unit in dealt_units(d, dtp, tp_rank).tolist():  # type: ignore[union-attr]
                 needs.add(
                     frozenset(
-                        r
+                        p_stage * ptp + r
                         for r in range(ptp)
                         if unit in set(dealt_units(p, ptp, r).tolist())  # type: ignore[union-attr]
                     )
                 )
         choices = {frozenset(pick) for pick in itertools.product(*needs)}
         holders_of.append(sorted(choices, key=len))
-    best = [dtp + 1]
+    best = [len(holders_of) + 1]
 
     def search(rank: int, counts: list[int]) -> None:
         if max(counts) >= best[0]:
             return
-        if rank == dtp:
+        if rank == len(holders_of):
             best[0] = max(counts)
             return
         for pick in holders_of[rank]:
@@ -307,5 +372,5 @@ def least_largest_fanout(
             for r in pick:
                 counts[r] -= 1
 
-    search(0, [0] * ptp)
+    search(0, [0] * (prefill.pp_size * ptp))
     return best[0] if dtp else 0

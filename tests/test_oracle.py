@@ -24,6 +24,8 @@ from oracle import (
     layout_is_valid,
     least_largest_fanout,
     simulate,
+    stages_of,
+    where,
 )
 
 TP = st.sampled_from([1, 2, 4, 8] * 3 + [3, 6])
@@ -38,10 +40,33 @@ def layouts(draw: Any, max_tp: int = 8) -> tuple[Any, ...]:
     prefill_tp, decode_tp = draw(tp_sizes), draw(tp_sizes)
     prefill_dp = draw(st.integers(1, 3))
     decode_dp = draw(st.integers(1, prefill_dp + (1 if draw(st.integers(0, 9)) == 0 else 0)))
-    prefill = ParallelLayout("prefill", prefill_tp * prefill_dp, prefill_dp)
-    decode = ParallelLayout("decode", decode_tp * decode_dp, decode_dp)
+    # Pipeline stages now and then, on either side or both, with layers to deal out.
+    pps = st.sampled_from([1, 1, 1, 2, 3])
+    prefill_pp, decode_pp = draw(pps), draw(pps)
+    layers = draw(st.integers(1, 5))
+
+    def partition(pp: int) -> tuple[int, ...] | None:
+        if pp == 1 or draw(st.booleans()):
+            return None
+        cuts = sorted(
+            draw(st.lists(st.integers(1, max(1, layers - 1)), min_size=pp - 1, max_size=pp - 1))
+        )
+        return tuple(b - a for a, b in zip([0, *cuts], [*cuts, layers])) if cuts else (layers,)
+
+    prefill_partition, decode_partition = partition(prefill_pp), partition(decode_pp)
+    if any(n <= 0 for n in (prefill_partition or ()) + (decode_partition or ())):
+        prefill_partition = decode_partition = None
+    prefill = ParallelLayout(
+        "prefill", prefill_tp * prefill_dp * prefill_pp, prefill_dp, prefill_pp, prefill_partition
+    )
+    decode = ParallelLayout(
+        "decode", decode_tp * decode_dp * decode_pp, decode_dp, decode_pp, decode_partition
+    )
     prefill_buffers, decode_buffers = [], []
-    for index in range(draw(st.integers(0, 4))):
+    count = draw(st.integers(0, 4))
+    for index in range(count):
+        # The last buffer takes the last layer, so the buffers name every layer count.
+        layer = layers - 1 if index == count - 1 else draw(st.integers(0, layers - 1))
         kind = draw(st.sampled_from(list(BufferKind)))
         axis = draw(st.sampled_from(["kv_head", "state_channel", "replicated"]))
         parts = None
@@ -58,7 +83,9 @@ def layouts(draw: Any, max_tp: int = 8) -> tuple[Any, ...]:
             stride = size * bpu if axis == "replicated" else -(-size // shards) * bpu
             stride += rows * draw(st.sampled_from([0] * 5 + [1, bpu, -1]))
             stride = max(rows, stride)
-            buffer = BufferLayout(index, kind, axis, size, 16, bpu, stride, replica, rows, parts)
+            buffer = BufferLayout(
+                index, kind, axis, size, 16, bpu, stride, replica, rows, parts, layer
+            )
             sides.append(buffer)
         prefill_buffers.append(sides[0])
         decode_buffers.append(sides[1])
@@ -70,10 +97,11 @@ def fanout_from_plans(planner: PDTransferPlanner) -> dict[int, int]:
     prefill rank must wait for (0 for prefill groups no decode group reads by default)."""
     prefill, decode = planner.prefill_layout, planner.decode_layout
     fanout = dict.fromkeys(range(prefill.world_size), 0)
+    group_size = decode.world_size // decode.dp_size
     for group in range(decode.dp_size):
         counts = dict.fromkeys(range(prefill.world_size), 0)
-        for tp_rank in range(decode.tp_size_per_dp):
-            for source in planner.transfer_fragments(group * decode.tp_size_per_dp + tp_rank):
+        for rank in range(group * group_size, (group + 1) * group_size):
+            for source in planner.transfer_fragments(rank):
                 counts[source] += 1
         fanout.update({rank: n for rank, n in counts.items() if n})
     return fanout
@@ -137,7 +165,10 @@ def test_every_decode_rank_served_with_the_least_fanout(layout: tuple[Any, ...])
         decode_buffers=decode_buffers,
         decode_replicas="all",
     )
-    assert planner.idle_decode_ranks == 0 or not prefill_buffers
+    # Idle are only the ranks of decode stages that hold none of the buffers' layers.
+    holding = {d_stage for _, d_stage in stages_of(prefill, decode, prefill_buffers)}
+    idle = sum(where(decode, rank)[1] not in holding for rank in range(decode.world_size))
+    assert planner.idle_decode_ranks == idle
     check_every_rank(planner, layout, "all")
     if planner.plan_for_decode_rank(0).plan_kind == "fragmented":
         least = least_largest_fanout(*layout)

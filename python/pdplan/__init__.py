@@ -24,6 +24,7 @@ from pdplan._layouts import (
     ModelShape,
     buffer_layouts_from_item_lengths,
     model_buffer_layouts,
+    vllm_layer_partition,
 )
 from pdplan._model import (
     BufferKind,
@@ -58,4 +59,5 @@ __all__ = [
     "encode_transfer_fragments",
     "model_buffer_layouts",
     "transfer_descriptors",
+    "vllm_layer_partition",
 ]

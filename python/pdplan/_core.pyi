@@ -44,6 +44,7 @@ __all__ = [
     "model_buffers",
     "model_shape_fields",
     "transfer_descriptors",
+    "vllm_layer_partition",
 ]
 
 __version__: str
@@ -86,11 +87,16 @@ def transfer_descriptors(
     dst_limits: npt.ArrayLike | None = None,
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
 
-_BufferRow = tuple[int, str, str, int, int, int, int, int, int, list[int] | None]
+_BufferRow = tuple[int, str, str, int, int, int, int, int, int, list[int] | None, int | None]
 
 def model_buffers(
-    shape: ModelShape, prefill_tp: int, decode_tp: int, kv_layout: str | None = None
+    shape: ModelShape,
+    prefill_tp: int,
+    decode_tp: int,
+    kv_layout: str | None = None,
+    tag_layers: bool = False,
 ) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
+def vllm_layer_partition(layers: int, pp_size: int) -> list[int]: ...
 def buffers_from_item_lengths(
     items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int
 ) -> tuple[list[_BufferRow], list[_BufferRow]]: ...

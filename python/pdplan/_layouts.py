@@ -19,6 +19,7 @@ __all__ = [
     "ModelShape",
     "buffer_layouts_from_item_lengths",
     "model_buffer_layouts",
+    "vllm_layer_partition",
 ]
 
 MODEL_PRESETS: tuple[str, ...] = tuple(_core.MODEL_PRESETS)
@@ -109,8 +110,9 @@ def _layouts(rows: Sequence[_core._BufferRow]) -> tuple[BufferLayout, ...]:
             replica,
             rows_per_page,
             None if parts is None else tuple(parts),
+            layer,
         )
-        for index, kind, axis, size, page, unit, item, replica, rows_per_page, parts in rows
+        for index, kind, axis, size, page, unit, item, replica, rows_per_page, parts, layer in rows
     )
 
 
@@ -119,13 +121,23 @@ def model_buffer_layouts(
     prefill_tp: int,
     decode_tp: int,
     kv_layout: Literal["HND", "NHD"] = "HND",
+    prefill_pp: int = 1,
+    decode_pp: int = 1,
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]:
     """The matching prefill and decode ``BufferLayout`` tuples of a model at two TP sizes.
 
     ``kv_layout`` is how KV pages store tokens: ``"HND"`` (``[heads][page_size][head_dim]``,
     head-major, one row a page) or ``"NHD"`` (``[page_size][heads][head_dim]``, a row per token,
-    as SGLang and vLLM keep them)."""
-    prefill, decode = _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout)
+    as SGLang and vLLM keep them). With pipeline stages on either side (``prefill_pp`` or
+    ``decode_pp`` above 1) every buffer names its layer: attention layer ``i`` is layer ``i``,
+    Mamba layers follow the attention layers, and draft-model buffers sit on the last layer
+    (the last stage)."""
+    if not all(isinstance(pp, int) and pp >= 1 for pp in (prefill_pp, decode_pp)):
+        raise UnsupportedPDLayoutError(
+            f"prefill_pp and decode_pp must be positive integers, got {prefill_pp!r}, {decode_pp!r}"
+        )
+    tag = prefill_pp > 1 or decode_pp > 1
+    prefill, decode = _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout, tag)
     return _layouts(prefill), _layouts(decode)
 
 
@@ -138,3 +150,11 @@ def buffer_layouts_from_item_lengths(
     with the reason."""
     prefill, decode = _core.buffers_from_item_lengths(items, prefill_tp, decode_tp)
     return _layouts(prefill), _layouts(decode)
+
+
+def vllm_layer_partition(layers: int, pp_size: int) -> tuple[int, ...]:
+    """vLLM's default split of ``layers`` over ``pp_size`` stages (``VLLM_PP_LAYER_PARTITION``
+    unset): as even as possible, the extra layers going to the stages just before the last.
+    pdplan's own default gives them to the first stages; pass this as ``pp_layer_partition``
+    to match a vLLM deployment."""
+    return tuple(_core.vllm_layer_partition(layers, pp_size))

@@ -43,18 +43,32 @@ def _coerce_kind(obj: object) -> None:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """One side's ranks: ``world_size`` ranks in ``dp_size`` DP groups of equal TP size."""
+    """One side's ranks: ``world_size`` ranks in ``dp_size`` DP groups, each of ``pp_size``
+    pipeline stages of equal TP size (``world_size = dp_size * pp_size * tp``). Ranks are
+    numbered TP fastest, then stage, then DP group: ``rank = dp_group * (pp_size * tp) +
+    stage * tp + tp_rank`` (vLLM's and TRT-LLM's order).
+
+    Stages hold consecutive layers in order: ``pp_layer_partition`` gives each stage's layer
+    count (like vLLM's ``VLLM_PP_LAYER_PARTITION``); by default the layers are split as evenly
+    as possible, the first stages taking one more (``vllm_layer_partition`` gives vLLM's own
+    default, which favours the stages before the last instead).
+    """
 
     role: Literal["prefill", "decode"]
     world_size: int
     dp_size: int = 1
+    pp_size: int = 1
+    pp_layer_partition: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.pp_layer_partition, list):
+            object.__setattr__(self, "pp_layer_partition", tuple(self.pp_layer_partition))
         _core.check_parallel_layout(self)
 
     @property
     def tp_size_per_dp(self) -> int:
-        return self.world_size // self.dp_size
+        """TP ranks of one pipeline stage of one DP group (all of a DP group without PP)."""
+        return self.world_size // self.dp_size // self.pp_size
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,9 @@ class BufferLayout:
     #: The split axis as a concatenation of parts (summing to ``logical_size``), each split
     #: evenly over the TP shards: Mamba2's conv state ``x | B | C``. None: one part.
     logical_parts: tuple[int, ...] | None = None
+    #: The model layer the buffer belongs to: required when either side has pipeline stages
+    #: (which hold layers in order), ignored otherwise.
+    layer: int | None = None
 
     def __post_init__(self) -> None:
         _coerce_kind(self)

@@ -119,10 +119,20 @@ impl<'py> Fields<'_, 'py> {
 
 pub fn parallel_layout(obj: &Bound<'_, PyAny>) -> Converted<ParallelLayout> {
     let f = Fields { obj };
-    ParallelLayout::new(
+    let partition = f
+        .optional(name!(f, "pp_layer_partition"))
+        .map(|v| {
+            each(&v, "pp_layer_partition", |x| {
+                to_u64(x, "pp_layer_partition item")
+            })
+        })
+        .transpose()?;
+    ParallelLayout::with_stages(
         Role::parse(&f.string(name!(f, "role"))?)?,
         f.u64(name!(f, "world_size"))?,
         f.u64(name!(f, "dp_size"))?,
+        f.u64_or(name!(f, "pp_size"), 1)?,
+        partition,
     )
 }
 
@@ -137,6 +147,10 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
         bytes_per_logical_unit: f.u64(name!(f, "bytes_per_logical_unit"))?,
         item_stride_bytes: f.u64(name!(f, "item_stride_bytes"))?,
         tp_replica_group_size: f.u64(name!(f, "tp_replica_group_size"))?,
+        layer: f
+            .optional(name!(f, "layer"))
+            .map(|v| to_u64(&v, "layer"))
+            .transpose()?,
         rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
         logical_parts: f.parts(name!(f, "logical_parts"))?,
     };

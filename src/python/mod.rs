@@ -212,6 +212,7 @@ type BufferRow = (
     u64,
     u64,
     Option<Vec<u64>>,
+    Option<u64>,
 );
 
 /// A core buffer as the positional fields of `BufferLayout`.
@@ -228,18 +229,20 @@ fn buffer_row(b: &crate::layout::BufferLayout) -> BufferRow {
         b.tp_replica_group_size,
         b.rows_per_page,
         (!parts.is_empty()).then(|| parts.to_vec()),
+        b.layer,
     )
 }
 
 /// Both sides' buffers for a model shape, as `BufferLayout` field tuples.
 #[pyfunction]
-#[pyo3(signature = (shape, prefill_tp, decode_tp, kv_layout=None))]
+#[pyo3(signature = (shape, prefill_tp, decode_tp, kv_layout=None, tag_layers=false))]
 fn model_buffers(
     py: Python<'_>,
     shape: &Bound<'_, PyAny>,
     prefill_tp: &Bound<'_, PyAny>,
     decode_tp: &Bound<'_, PyAny>,
     kv_layout: Option<&Bound<'_, PyAny>>,
+    tag_layers: bool,
 ) -> PyResult<(Vec<BufferRow>, Vec<BufferRow>)> {
     let convert = || -> Converted<_> {
         let kv_layout = match kv_layout {
@@ -260,10 +263,14 @@ fn model_buffers(
     };
     let (shape, prefill_tp, decode_tp, kv_layout) = convert().map_err(to_py_err)?;
     py.detach(|| {
-        let prefill = model::model_buffers(&shape, prefill_tp, kv_layout)
+        let mut prefill = model::model_buffers(&shape, prefill_tp, kv_layout)
             .map_err(|e| PlanError::new(format!("prefill side: {e}")))?;
-        let decode = model::model_buffers(&shape, decode_tp, kv_layout)
+        let mut decode = model::model_buffers(&shape, decode_tp, kv_layout)
             .map_err(|e| PlanError::new(format!("decode side: {e}")))?;
+        if tag_layers {
+            model::tag_layers(&shape, &mut prefill);
+            model::tag_layers(&shape, &mut decode);
+        }
         Ok((
             prefill.iter().map(buffer_row).collect(),
             decode.iter().map(buffer_row).collect(),
@@ -353,6 +360,23 @@ fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
         ("draft_kv_heads", draft.kv_heads),
         ("draft_head_dim", draft.head_dim),
     ]
+}
+
+/// vLLM's default layer partition over pipeline stages.
+#[pyfunction]
+fn vllm_layer_partition(
+    layers: &Bound<'_, PyAny>,
+    pp_size: &Bound<'_, PyAny>,
+) -> PyResult<Vec<u64>> {
+    let layers = to_u64(layers, "layers").map_err(to_py_err)?;
+    let pp = to_u64(pp_size, "pp_size").map_err(to_py_err)?;
+    if pp == 0 || pp > crate::layout::MAX_STAGES || layers < pp {
+        return Err(to_py_err(PlanError::new(format!(
+            "cannot split {layers} layers over {pp} stages: pp_size must be between 1 and the \
+             layer count"
+        ))));
+    }
+    Ok(crate::stages::vllm_partition(layers, pp))
 }
 
 /// Bytes of one element of a dtype name.
@@ -570,6 +594,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(buffers_from_item_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(model_shape_fields, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(vllm_layer_partition, m)?)?;
     m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
     m.add(
