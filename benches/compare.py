@@ -108,6 +108,29 @@ def large_world_table(repeat: int) -> list[dict[str, Any]]:
     rows.append(
         row(f"routing_table ({len(table.decode_rank)} rank pairs)", None, None, t_ours, None)
     )
+    # The same cluster split into pipeline stages on both sides (no pure-Python planner plans
+    # stages): construction must still cost ranks x classes, not ranks x buffers.
+    staged = cluster(256, 8, 256, 2, prefill_pp=2, decode_pp=2)
+    t_ours, staged_planner = best_of(staged.planner, repeat * 4)
+    rows.append(
+        row(
+            "construction, PP 2 on both sides (256 x 2 x 8 -> 256 x 2 x 2)",
+            None,
+            None,
+            t_ours,
+            None,
+        )
+    )
+    t_ours, staged_plans = best_of(
+        lambda: [staged_planner.plan_for_decode_rank(r) for r in ranks], repeat
+    )
+    pairs = len(staged_planner.routing_table().decode_rank)
+    assert sum(len(p.target_prefill_ranks) for p in staged_plans) == pairs
+    rows.append(
+        row(f"plan_for_decode_rank x {len(ranks)}, PP 2 on both sides", None, None, t_ours, None)
+    )
+    t_ours, _ = best_of(staged_planner.verify, repeat)
+    rows.append(row("verify(), PP 2 on both sides", None, None, t_ours, None))
     return rows
 
 

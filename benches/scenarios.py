@@ -47,14 +47,21 @@ def cluster(
     page: int = 16,
     dtype: str = "bfloat16",
     kv_layout: Literal["HND", "NHD"] = "HND",
+    prefill_pp: int = 1,
+    decode_pp: int = 1,
 ) -> Scenario:
     """K and V of every layer, built by pdplan's own model-layout builder."""
     shape = ModelShape(layers, heads, head_dim, dtype=dtype, page_size=page)
-    prefill_buffers, decode_buffers = model_buffer_layouts(shape, prefill_tp, decode_tp, kv_layout)
+    prefill_buffers, decode_buffers = model_buffer_layouts(
+        shape, prefill_tp, decode_tp, kv_layout, prefill_pp=prefill_pp, decode_pp=decode_pp
+    )
+    prefill_world = prefill_dp * prefill_pp * prefill_tp
+    decode_world = decode_dp * decode_pp * decode_tp
     return Scenario(
-        name=f"prefill {prefill_dp}x{prefill_tp} -> decode {decode_dp}x{decode_tp}",
-        prefill=ParallelLayout("prefill", prefill_dp * prefill_tp, prefill_dp),
-        decode=ParallelLayout("decode", decode_dp * decode_tp, decode_dp),
+        name=f"prefill {prefill_dp}x{prefill_pp}x{prefill_tp} -> decode "
+        f"{decode_dp}x{decode_pp}x{decode_tp}",
+        prefill=ParallelLayout("prefill", prefill_world, prefill_dp, prefill_pp),
+        decode=ParallelLayout("decode", decode_world, decode_dp, decode_pp),
         prefill_buffers=prefill_buffers,
         decode_buffers=decode_buffers,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import multiprocessing as mp
 import time
 from collections.abc import Callable
@@ -54,6 +55,7 @@ class Buffer:
     padding: int = 0  # extra bytes at the end of each row, never copied by fragments
     rows: int = 1
     parts: tuple[int, ...] | None = None
+    layer: int | None = None
 
     def layout(self, tp: int, replica: int) -> BufferLayout:
         shards = 1 if self.axis == "replicated" else tp // replica
@@ -69,6 +71,7 @@ class Buffer:
             replica,
             self.rows,
             self.parts,
+            self.layer,
         )
 
 
@@ -84,14 +87,38 @@ class Scenario:
     src_pages: tuple[int, ...] = (1, 2, 3, 7)
     dst_pages: tuple[int, ...] = (4, 5, 6, 0)
     decode_replicas: str = "first"
+    prefill_pp: tuple[int, ...] = (1,)  # pipeline stages as per-stage layer counts
+    decode_pp: tuple[int, ...] = (1,)
 
     @property
     def prefill(self) -> ParallelLayout:
-        return ParallelLayout("prefill", self.prefill_tp * self.prefill_dp, self.prefill_dp)
+        return self.layout("prefill", self.prefill_tp, self.prefill_dp, self.prefill_pp)
 
     @property
     def decode(self) -> ParallelLayout:
-        return ParallelLayout("decode", self.decode_tp * self.decode_dp, self.decode_dp)
+        return self.layout("decode", self.decode_tp, self.decode_dp, self.decode_pp)
+
+    @staticmethod
+    def layout(role: str, tp: int, dp: int, stages: tuple[int, ...]) -> ParallelLayout:
+        pp = len(stages)
+        partition = stages if pp > 1 else None
+        return ParallelLayout(role, tp * dp * pp, dp, pp, partition)  # type: ignore[arg-type]
+
+    def place(self, role: str, rank: int) -> tuple[int, int]:
+        """(stage, TP rank) of a rank: TP fastest, then the stage, then the DP group."""
+        tp = self.prefill_tp if role == "prefill" else self.decode_tp
+        stages = self.prefill_pp if role == "prefill" else self.decode_pp
+        slot = rank % (tp * len(stages))
+        return slot // tp, slot % tp
+
+    def holds(self, role: str, rank: int, buffer: Buffer) -> bool:
+        """Whether a rank's stage holds the buffer's layer (stages take layers in order)."""
+        stages = self.prefill_pp if role == "prefill" else self.decode_pp
+        if buffer.layer is None or len(stages) == 1:
+            return True
+        ends = list(itertools.accumulate(stages))
+        stage = next(s for s, end in enumerate(ends) if buffer.layer < end)
+        return stage == self.place(role, rank)[0]
 
     def buffers_of(self, role: str) -> tuple[BufferLayout, ...]:
         if role == "prefill":
@@ -109,11 +136,22 @@ class Scenario:
 
 
 def kv_cache(
-    layers: int, heads: int, unit_bytes: int, rows: int = 1, **replicas: int
+    layers: int, heads: int, unit_bytes: int, rows: int = 1, staged: bool = False, **replicas: int
 ) -> tuple[Buffer, ...]:
+    """K and V of each layer; `staged` tags each with its layer (for pipeline stages)."""
     kinds = (BufferKind.TARGET_K, BufferKind.TARGET_V)
     return tuple(
-        Buffer(2 * layer + i, kind, "kv_head", heads, unit_bytes, padding=8, rows=rows, **replicas)
+        Buffer(
+            2 * layer + i,
+            kind,
+            "kv_head",
+            heads,
+            unit_bytes,
+            padding=8,
+            rows=rows,
+            layer=layer if staged else None,
+            **replicas,
+        )
         for layer in range(layers)
         for i, kind in enumerate(kinds)
     )
@@ -161,11 +199,14 @@ def filled_prefill_cache(buffer: BufferLayout, tp: int, tp_rank: int, capacity: 
     return image.reshape(capacity, buffer.item_stride_bytes)
 
 
-def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.ndarray:
-    """What a decode rank's cache must hold after the request, computed from the layouts."""
+def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.ndarray | None:
+    """What a decode rank's cache must hold after the request, computed from the layouts
+    (None: the rank's stage does not hold the buffer)."""
+    if not s.holds("decode", decode_rank, s.buffers[buffer_pos]):
+        return None
     prefill_b = s.buffers_of("prefill")[buffer_pos]
     b = s.buffers_of("decode")[buffer_pos]
-    tp_rank = decode_rank % s.decode_tp
+    tp_rank = s.place("decode", decode_rank)[1]
     cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
     first_of_group = tp_rank % b.tp_replica_group_size == 0
     receives = b.logical_axis == "replicated" or s.decode_replicas == "all" or first_of_group
@@ -310,14 +351,19 @@ class RankServer:
     role: str
     rank: int
     engine: Any
-    caches: list[np.ndarray] = field(default_factory=list)
+    # A cache per buffer this rank's pipeline stage holds; None for other stages' layers.
+    caches: list[np.ndarray | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         s = self.scenario
         tp = s.prefill_tp if self.role == "prefill" else s.decode_tp
-        for b in s.buffers_of(self.role):
+        tp_rank = s.place(self.role, self.rank)[1]
+        for buffer, b in zip(s.buffers, s.buffers_of(self.role)):
+            if not s.holds(self.role, self.rank, buffer):
+                self.caches.append(None)
+                continue
             if self.role == "prefill":
-                cache = filled_prefill_cache(b, tp, self.rank % tp, s.capacity_pages)
+                cache = filled_prefill_cache(b, tp, tp_rank, s.capacity_pages)
             else:
                 cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
             self.engine.register(cache.ctypes.data, cache.nbytes)
@@ -325,11 +371,12 @@ class RankServer:
 
     @property
     def bases(self) -> list[int]:
-        return [c.ctypes.data for c in self.caches]
+        """Base pointers by buffer index: 0 (with limit 0) for buffers the rank does not hold."""
+        return [0 if c is None else c.ctypes.data for c in self.caches]
 
     @property
     def limits(self) -> list[int]:
-        return [c.nbytes for c in self.caches]
+        return [0 if c is None else c.nbytes for c in self.caches]
 
     def handle(self, message: tuple[Any, ...]) -> Any:
         kind = message[0]
@@ -373,7 +420,7 @@ class RankServer:
                 "seconds": time.perf_counter() - started,
             }
         if kind == "dump":
-            return [c.copy() for c in self.caches]
+            return [None if c is None else c.copy() for c in self.caches]
         raise ValueError(f"unknown message {kind!r}")
 
 
@@ -473,6 +520,10 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
         for decode_rank, handle in decode.items():
             for pos, cache in enumerate(handle.handle(("dump",))):
                 expected = expected_decode_cache(scenario, pos, decode_rank)
+                if cache is None or expected is None:
+                    if (cache is None) != (expected is None):
+                        mismatches.append(f"decode rank {decode_rank}, buffer {pos}: held by?")
+                    continue
                 if not np.array_equal(cache, expected):
                     wrong = np.argwhere(cache != expected)[:3].tolist()
                     mismatches.append(

@@ -106,28 +106,30 @@ impl FrameCache {
         self.stats.bytes += size;
     }
 
+    /// Evicts the least recently used quarter of the entries (at least one) in one pass, so
+    /// a stream of new frames costs O(1) per insert, not a scan each.
     fn evict_oldest(&mut self) -> bool {
-        let oldest = self
+        let mut ticks: Vec<u64> = self
             .by_hash
-            .iter()
-            .flat_map(|(&hash, bucket)| {
-                bucket
-                    .iter()
-                    .enumerate()
-                    .map(move |(i, e)| (e.last_used, hash, i))
-            })
-            .min();
-        let Some((_, hash, index)) = oldest else {
+            .values()
+            .flatten()
+            .map(|e| e.last_used)
+            .collect();
+        if ticks.is_empty() {
             return false;
-        };
-        if let Some(bucket) = self.by_hash.get_mut(&hash) {
-            let entry = bucket.swap_remove(index);
-            self.stats.entries -= 1;
-            self.stats.bytes -= entry.version.len() + entry.payload.len();
-            if bucket.is_empty() {
-                self.by_hash.remove(&hash);
+        }
+        let cut = ticks.len() / 4;
+        let (_, &mut threshold, _) = ticks.select_nth_unstable(cut);
+        for bucket in self.by_hash.values_mut() {
+            let (kept, gone): (Vec<Entry>, Vec<Entry>) =
+                bucket.drain(..).partition(|e| e.last_used > threshold);
+            *bucket = kept;
+            for entry in gone {
+                self.stats.entries -= 1;
+                self.stats.bytes -= entry.version.len() + entry.payload.len();
             }
         }
+        self.by_hash.retain(|_, bucket| !bucket.is_empty());
         true
     }
 }

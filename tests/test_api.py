@@ -62,6 +62,8 @@ def test_public_names() -> None:
         "model_buffer_layouts",
         "TransferDescriptors",
         "transfer_descriptors",
+        "vllm_layer_partition",
+        "PreparedTransfer",
         "UnsupportedPDLayoutError",
         "encode_transfer_fragments",
         "decode_transfer_fragments",
@@ -81,7 +83,16 @@ def test_public_names() -> None:
 @pytest.mark.parametrize(
     ("cls", "fields"),
     [
-        (ParallelLayout, [("role", None), ("world_size", None), ("dp_size", 1)]),
+        (
+            ParallelLayout,
+            [
+                ("role", None),
+                ("world_size", None),
+                ("dp_size", 1),
+                ("pp_size", 1),
+                ("pp_layer_partition", None),
+            ],
+        ),
         (
             BufferLayout,
             [
@@ -95,6 +106,7 @@ def test_public_names() -> None:
                 ("tp_replica_group_size", 1),
                 ("rows_per_page", 1),
                 ("logical_parts", None),
+                ("layer", None),
             ],
         ),
         (
@@ -387,3 +399,58 @@ def test_decode_replicas_must_be_first_or_all(mode: Any) -> None:
             decode_buffers=(kv(0, 2),),
             decode_replicas=mode,
         )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("prefill", 8, 1, 3), "divisible by dp_size x pp_size"),
+        (("prefill", 8, 1, 0), "pp_size=0 must be between 1"),
+        (("prefill", 8, 1, 2, (3,)), "one layer count per stage"),
+        (("prefill", 8, 1, 2, (3, 0)), "at least one layer"),
+    ],
+)
+def test_pipeline_layout_refusals(args: tuple[Any, ...], message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        ParallelLayout(*args)
+
+
+def test_pipeline_stages_need_layers_that_add_up() -> None:
+    staged = ParallelLayout("prefill", 4, 1, 2, (2, 1))
+    assert (staged.tp_size_per_dp, staged.pp_layer_partition) == (2, (2, 1))
+    layered = tuple(kv(i, 2, layer=i) for i in range(3))
+
+    def build(prefill: ParallelLayout, buffers: tuple[BufferLayout, ...]) -> PDTransferPlanner:
+        decode_buffers = tuple(kv(b.buffer_index, 1, layer=b.layer) for b in buffers)
+        return PDTransferPlanner(
+            prefill_layout=prefill,
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=buffers,
+            decode_buffers=decode_buffers,
+        )
+
+    planner = build(staged, layered)
+    planner.verify()
+    # Layers 0 and 1 live on stage 0 (ranks 0, 1), layer 2 on stage 1 (ranks 2, 3).
+    sources = planner.transfer_fragments(0)
+    assert {r: [f.buffer_index for f in fs] for r, fs in sources.items()} == {
+        0: [0, 1],
+        1: [0, 1],
+        2: [2],
+        3: [2],
+    }
+    with pytest.raises(UnsupportedPDLayoutError, match="names no layer"):
+        build(staged, (*layered[:2], kv(2, 2)))
+    with pytest.raises(UnsupportedPDLayoutError, match="covers 3 layers"):
+        build(staged, layered[:2])
+    # Without stages the layer is ignored: the same plans as the reference's.
+    plain = build(ParallelLayout("prefill", 2), layered)
+    unlayered = build(ParallelLayout("prefill", 2), tuple(kv(i, 2) for i in range(3)))
+    assert plain.transfer_fragments(0) == unlayered.transfer_fragments(0)
+
+
+def test_vllm_layer_partition() -> None:
+    assert pdplan.vllm_layer_partition(10, 4) == (2, 3, 3, 2)
+    assert pdplan.vllm_layer_partition(5, 2) == (3, 2)
+    with pytest.raises(UnsupportedPDLayoutError, match="cannot split 2 layers over 4"):
+        pdplan.vllm_layer_partition(2, 4)

@@ -227,3 +227,17 @@ def test_decode_replicas_and_kv_layout(capsys: pytest.CaptureFixture[str]) -> No
     # One head of 16 tokens x 128 x bf16 from each prefill rank: a 256-byte run per token row.
     assert (fragment["rows_per_page"], fragment["bytes_per_page"]) == (16, 4096)
     assert (fragment["src_row_stride_bytes"], fragment["dst_row_stride_bytes"]) == (256, 1024)
+
+
+def test_pipeline_stages(capsys: pytest.CaptureFixture[str]) -> None:
+    staged = ["--prefill-tp", "2", "--prefill-pp", "2", "--decode-tp", "4", "--layers", "5"]
+    staged += ["--kv-heads", "4", "--head-dim", "64", "--prefill-pp-partition", "3,2"]
+    code, out, _ = run(capsys, "plan", *staged)
+    assert code == 0 and "(1 DP x PP 2 x TP 2)" in out
+    # Layers 0-2 come from stage 0 (6 buffers), layers 3-4 from stage 1 (4 buffers).
+    assert "0 (stage 0)         0 (stage 0)          6" in out
+    assert "0 (stage 0)         2 (stage 1)          4" in out
+    code, _, err = run(capsys, "check", *staged[:-1], "3,3")
+    assert code == 2 and "covers 6 layers" in err
+    with pytest.raises(SystemExit):
+        main(["plan", *staged[:-1], "3,x"])

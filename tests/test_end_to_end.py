@@ -107,6 +107,22 @@ CASES = [
     Scenario("mamba2_conv_parts_tp1_to_tp2", 1, 2, (conv_state(0), conv_state(1)), **SHUFFLED),
     Scenario("mamba2_conv_parts_tp2_to_tp4", 2, 4, (conv_state(0),)),
     Scenario("mamba2_conv_parts_tp4_to_tp1", 4, 1, (conv_state(0),), **SHUFFLED),
+    # Pipeline stages: each stage holds its layers' caches; a decode rank reads each layer from
+    # the prefill stage holding it.
+    Scenario(
+        "pp2_tp2_to_pp1_tp4", 2, 4, kv_cache(4, 4, UNIT, staged=True), prefill_pp=(2, 2), **SHUFFLED
+    ),
+    Scenario(
+        "pp1_tp4_to_pp2_tp2", 4, 2, kv_cache(4, 4, UNIT, staged=True), decode_pp=(2, 2), **SHUFFLED
+    ),
+    Scenario(
+        "pp_uneven_5_layers_3_2_to_2_3",
+        2,
+        2,
+        kv_cache(5, 4, UNIT, staged=True),
+        prefill_pp=(3, 2),
+        decode_pp=(2, 3),
+    ),
     Scenario(
         "nhd_identity_tp2",
         2,

@@ -53,12 +53,35 @@ def _rank(text: str) -> int:
     return value
 
 
+def _partition(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected layer counts separated by commas, got {text!r}"
+        ) from None
+    if any(count <= 0 for count in counts):
+        raise argparse.ArgumentTypeError(f"every stage needs at least one layer, got {text!r}")
+    return counts
+
+
 def _layout_options(parser: argparse.ArgumentParser) -> None:
     sides = parser.add_argument_group("parallel layouts")
     sides.add_argument("--prefill-tp", type=_positive, required=True, help="TP size per DP group")
     sides.add_argument("--prefill-dp", type=_positive, default=1, help="DP groups (default 1)")
     sides.add_argument("--decode-tp", type=_positive, required=True, help="TP size per DP group")
     sides.add_argument("--decode-dp", type=_positive, default=1, help="DP groups (default 1)")
+    sides.add_argument("--prefill-pp", type=_positive, default=1, help="pipeline stages (1)")
+    sides.add_argument("--decode-pp", type=_positive, default=1, help="pipeline stages (1)")
+    sides.add_argument(
+        "--prefill-pp-partition",
+        type=_partition,
+        metavar="N,N,...",
+        help="layers of each prefill stage (default: as even as possible, first stages more)",
+    )
+    sides.add_argument(
+        "--decode-pp-partition", type=_partition, metavar="N,N,...", help="layers a decode stage"
+    )
     model = parser.add_argument_group("model (one of --model, --config or the shape options)")
     model.add_argument("--model", choices=MODEL_PRESETS, help="a named model shape")
     model.add_argument("--config", metavar="config.json", help="a local Hugging Face config")
@@ -155,6 +178,10 @@ class Deployment:
     decode_dp: int = 1
     kv_layout: Literal["HND", "NHD"] = "HND"
     decode_replicas: Literal["first", "all"] = "first"
+    prefill_pp: int = 1
+    decode_pp: int = 1
+    prefill_partition: tuple[int, ...] | None = None
+    decode_partition: tuple[int, ...] | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Deployment:
@@ -165,17 +192,36 @@ class Deployment:
             args.decode_dp,
             args.kv_layout,
             args.decode_replicas,
+            args.prefill_pp,
+            args.decode_pp,
+            args.prefill_pp_partition,
+            args.decode_pp_partition,
         )
 
     def planner(self, shape: ModelShape) -> PDTransferPlanner:
         prefill_buffers, decode_buffers = model_buffer_layouts(
-            shape, self.prefill_tp, self.decode_tp, self.kv_layout
+            shape,
+            self.prefill_tp,
+            self.decode_tp,
+            self.kv_layout,
+            prefill_pp=self.prefill_pp,
+            decode_pp=self.decode_pp,
         )
         return PDTransferPlanner(
             prefill_layout=ParallelLayout(
-                "prefill", self.prefill_tp * self.prefill_dp, self.prefill_dp
+                "prefill",
+                self.prefill_tp * self.prefill_dp * self.prefill_pp,
+                self.prefill_dp,
+                self.prefill_pp,
+                self.prefill_partition,
             ),
-            decode_layout=ParallelLayout("decode", self.decode_tp * self.decode_dp, self.decode_dp),
+            decode_layout=ParallelLayout(
+                "decode",
+                self.decode_tp * self.decode_dp * self.decode_pp,
+                self.decode_dp,
+                self.decode_pp,
+                self.decode_partition,
+            ),
             prefill_buffers=prefill_buffers,
             decode_buffers=decode_buffers,
             decode_replicas=self.decode_replicas,
@@ -287,19 +333,38 @@ def _print_table(
     shape: ModelShape, planner: PDTransferPlanner, ranks: Sequence[int] | None = None
 ) -> None:
     p, d = planner.prefill_layout, planner.decode_layout
+
+    def sizes(layout: ParallelLayout) -> str:
+        stages = f" x PP {layout.pp_size}" if layout.pp_size > 1 else ""
+        return f"{layout.dp_size} DP{stages} x TP {layout.tp_size_per_dp}"
+
     print(
-        f"prefill {p.world_size} ranks ({p.dp_size} DP x TP {p.tp_size_per_dp}) -> decode "
-        f"{d.world_size} ranks ({d.dp_size} DP x TP {d.tp_size_per_dp}); "
-        f"{len(planner.prefill_buffers)} buffers, {shape.page_size}-token pages"
+        f"prefill {p.world_size} ranks ({sizes(p)}) -> decode {d.world_size} ranks "
+        f"({sizes(d)}); {len(planner.prefill_buffers)} buffers, {shape.page_size}-token pages"
     )
     kind = planner.plan_for_decode_rank(0).plan_kind
     print(f"plan kind: {kind}" + (" (whole items, rank to rank)" if kind == "identity" else ""))
     if note := _idle_note(planner):
         print(f"note: {note}")
     print()
-    print(f"{'decode rank':>11}  {'prefill rank':>12}  {'fragments':>9}  {'bytes/page':>12}")
+    staged = p.pp_size > 1 or d.pp_size > 1
+
+    def rank(layout: ParallelLayout, number: int) -> str:
+        """A rank, with its pipeline stage when stages are in play."""
+        if not staged:
+            return str(number)
+        stage = number % (layout.pp_size * layout.tp_size_per_dp) // layout.tp_size_per_dp
+        return f"{number} (stage {stage})"
+
+    width = 18 if staged else 12
+    print(
+        f"{'decode rank':>{width}}  {'prefill rank':>{width}}  {'fragments':>9}  {'bytes/page':>12}"
+    )
     for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner, ranks):
-        print(f"{decode_rank:>11}  {prefill_rank:>12}  {count:>9}  {nbytes:>12,}")
+        print(
+            f"{rank(d, decode_rank):>{width}}  {rank(p, prefill_rank):>{width}}  {count:>9}  "
+            f"{nbytes:>12,}"
+        )
     print()
     fanout = planner.source_fanout
     print("fanout (decode ranks each prefill rank waits for, per request):")
