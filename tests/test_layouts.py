@@ -286,3 +286,26 @@ def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message:
 def test_bad_arguments_are_layout_errors(call: object, message: str) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("name", MODEL_PRESETS)
+@pytest.mark.parametrize(("prefill_pp", "decode_pp"), [(2, 1), (1, 2), (2, 4)])
+def test_every_preset_plans_with_pipeline_stages(
+    name: str, prefill_pp: int, decode_pp: int
+) -> None:
+    shape = ModelShape.preset(name)
+    prefill, decode = model_buffer_layouts(shape, 2, 4, prefill_pp=prefill_pp, decode_pp=decode_pp)
+    layers = {b.layer for b in prefill}
+    assert None not in layers and max(layers) + 1 == len(layers)  # type: ignore[operator]
+    if shape.draft_layers:  # draft buffers sit on the last layer, so the last stage
+        assert prefill[-1].layer == max(layers)  # type: ignore[type-var]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2 * prefill_pp, pp_size=prefill_pp),
+        decode_layout=ParallelLayout("decode", 4 * decode_pp, pp_size=decode_pp),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    planner.verify()
+    # Without stages the same shape names no layers: plans exactly as before.
+    plain, _ = model_buffer_layouts(shape, 2, 4)
+    assert {b.layer for b in plain} == {None}
