@@ -96,6 +96,8 @@ pub struct FragmentFactory<'py> {
     py: Python<'py>,
     types: &'py ModelTypes,
     cls: Bound<'py, PyType>,
+    /// The collector stays off while a batch of fragments is made (see `CollectorPause`).
+    _pause: CollectorPause,
     /// The previous fragment and its field values (reused where unchanged).
     last: Option<Fragment>,
     values: Vec<Bound<'py, PyAny>>,
@@ -109,6 +111,7 @@ impl<'py> FragmentFactory<'py> {
             py,
             types,
             cls,
+            _pause: CollectorPause::start(py),
             last: None,
             values: vec![py.None().into_bound(py); FIELD_NAMES.len()],
         })
@@ -152,6 +155,35 @@ impl<'py> FragmentFactory<'py> {
             .map(|f| self.make(f))
             .collect::<PyResult<Vec<_>>>()?;
         PyTuple::new(self.py, objects)
+    }
+}
+
+/// Keeps the cyclic garbage collector from running while a batch of fragments is made: each
+/// fragment is tracked (see `make`), and a collection every 700 new objects would otherwise
+/// walk the growing batch again and again, doubling the cost of a large plan. The objects stay
+/// tracked; the next collection after the batch sees them once. No other thread runs meanwhile:
+/// the batch is made without releasing the GIL and runs no Python code.
+struct CollectorPause {
+    was_enabled: bool,
+}
+
+impl CollectorPause {
+    fn start(_py: Python<'_>) -> Self {
+        // SAFETY: the GIL is held (`_py`); `PyGC_Disable` only clears the collector's enabled
+        // flag and returns whether it was set.
+        let was_enabled = unsafe { ffi::PyGC_Disable() } == 1;
+        Self { was_enabled }
+    }
+}
+
+impl Drop for CollectorPause {
+    fn drop(&mut self) {
+        if self.was_enabled {
+            // SAFETY: the factory holding this pause lives inside one call that holds the GIL
+            // throughout (its `Python<'py>` token), so the GIL is held here too; `PyGC_Enable`
+            // only sets the enabled flag back.
+            unsafe { ffi::PyGC_Enable() };
+        }
     }
 }
 
