@@ -365,6 +365,19 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
     }
 }
 
+/// Pages are paired by position: both lists must be as long.
+pub fn check_paired(src_pages: &[u64], dst_pages: &[u64]) -> PlanResult<()> {
+    if src_pages.len() != dst_pages.len() {
+        bail!(
+            "src_pages has {} entries and dst_pages {}; pages are paired by position, so give \
+             both the same length",
+            src_pages.len(),
+            dst_pages.len()
+        );
+    }
+    Ok(())
+}
+
 /// Builds the descriptors, or refuses before producing any.
 pub fn build<F: Borrow<Fragment>>(
     fragments: &[F],
@@ -389,14 +402,7 @@ pub fn build_placed<P: Borrow<Placed>>(
     dst_pages: &[u64],
     coalesce: bool,
 ) -> PlanResult<Descriptors> {
-    if src_pages.len() != dst_pages.len() {
-        bail!(
-            "src_pages has {} entries and dst_pages {}; pages are paired by position, so give \
-             both the same length",
-            src_pages.len(),
-            dst_pages.len()
-        );
-    }
+    check_paired(src_pages, dst_pages)?;
     let pairs = src_pages.len();
     let (src_max, dst_max) = (prefix_max(src_pages), prefix_max(dst_pages));
     let mut total: u64 = 0;

@@ -10,6 +10,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::lru::evict_oldest_quarter;
 use crate::wire::{self, FrameLimits};
 
 /// Most frame pairs the shared cache keeps.
@@ -106,31 +107,13 @@ impl FrameCache {
         self.stats.bytes += size;
     }
 
-    /// Evicts the least recently used quarter of the entries (at least one) in one pass, so
-    /// a stream of new frames costs O(1) per insert, not a scan each.
     fn evict_oldest(&mut self) -> bool {
-        let mut ticks: Vec<u64> = self
-            .by_hash
-            .values()
-            .flatten()
-            .map(|e| e.last_used)
-            .collect();
-        if ticks.is_empty() {
-            return false;
+        let gone = evict_oldest_quarter(&mut self.by_hash, |e| e.last_used);
+        for entry in &gone {
+            self.stats.entries -= 1;
+            self.stats.bytes -= entry.version.len() + entry.payload.len();
         }
-        let cut = ticks.len() / 4;
-        let (_, &mut threshold, _) = ticks.select_nth_unstable(cut);
-        for bucket in self.by_hash.values_mut() {
-            let (kept, gone): (Vec<Entry>, Vec<Entry>) =
-                bucket.drain(..).partition(|e| e.last_used > threshold);
-            *bucket = kept;
-            for entry in gone {
-                self.stats.entries -= 1;
-                self.stats.bytes -= entry.version.len() + entry.payload.len();
-            }
-        }
-        self.by_hash.retain(|_, bucket| !bucket.is_empty());
-        true
+        !gone.is_empty()
     }
 }
 

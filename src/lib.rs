@@ -8,6 +8,7 @@ pub mod frame_cache;
 pub mod geometry;
 pub mod interval;
 pub mod layout;
+pub mod lru;
 pub mod model;
 pub mod planner;
 pub mod prepared;

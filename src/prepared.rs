@@ -180,14 +180,7 @@ impl Prepared {
         selection: &Selection,
         (src_capacity, dst_capacity): (u64, u64),
     ) -> PlanResult<(Vec<i32>, Vec<i32>)> {
-        if src_pages.len() != dst_pages.len() {
-            bail!(
-                "src_pages has {} entries and dst_pages {}; pages are paired by position, so \
-                 give both the same length",
-                src_pages.len(),
-                dst_pages.len()
-            );
-        }
+        descriptors::check_paired(src_pages, dst_pages)?;
         for (name, pages, capacity) in [
             ("src", src_pages, src_capacity),
             ("dst", dst_pages, dst_capacity),

@@ -13,6 +13,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use xxhash_rust::xxh3::xxh3_64;
 
+use crate::lru::evict_oldest_quarter;
+
 /// Most fragment lists kept.
 pub const MAX_ENTRIES: usize = 1024;
 /// Most fragment objects kept alive by the cache in all.
@@ -107,29 +109,15 @@ pub fn insert(
         let mut guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
         let cache = guard.get_or_insert_with(EncodeCache::default);
         while cache.entries >= MAX_ENTRIES || cache.items + kept.len() > MAX_ITEMS {
-            // The least recently used quarter in one pass: O(1) a miss, amortised.
-            let mut ticks: Vec<u64> = cache
-                .by_hash
-                .values()
-                .flatten()
-                .map(|e| e.last_used)
-                .collect();
-            if ticks.is_empty() {
+            let gone = evict_oldest_quarter(&mut cache.by_hash, |e| e.last_used);
+            if gone.is_empty() {
                 break;
             }
-            let cut = ticks.len() / 4;
-            let (_, &mut threshold, _) = ticks.select_nth_unstable(cut);
-            for bucket in cache.by_hash.values_mut() {
-                let (stay, gone): (Vec<Entry>, Vec<Entry>) =
-                    bucket.drain(..).partition(|e| e.last_used > threshold);
-                *bucket = stay;
-                for entry in gone {
-                    cache.entries -= 1;
-                    cache.items -= entry.items.len();
-                    evicted.push(entry);
-                }
+            for entry in gone {
+                cache.entries -= 1;
+                cache.items -= entry.items.len();
+                evicted.push(entry);
             }
-            cache.by_hash.retain(|_, bucket| !bucket.is_empty());
         }
         cache.tick += 1;
         cache.entries += 1;
