@@ -139,10 +139,12 @@ impl Prepared {
     pub fn prepped_lists(&self, src_capacity: u64, dst_capacity: u64) -> PlanResult<PreppedLists> {
         let rows: u64 = self.placed.iter().map(Placed::rows).sum();
         for capacity in [src_capacity, dst_capacity] {
-            if capacity == 0
-                || rows
-                    .checked_mul(capacity)
-                    .is_none_or(|n| n > i32::MAX as u64)
+            if capacity == 0 {
+                bail!("prepared lists need at least one page on each side, got 0");
+            }
+            if rows
+                .checked_mul(capacity)
+                .is_none_or(|n| n > i32::MAX as u64)
             {
                 bail!(
                     "prepared lists of {rows} rows x {capacity} pages do not fit NIXL's 32-bit \

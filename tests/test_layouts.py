@@ -309,3 +309,9 @@ def test_every_preset_plans_with_pipeline_stages(
     # Without stages the same shape names no layers: plans exactly as before.
     plain, _ = model_buffer_layouts(shape, 2, 4)
     assert {b.layer for b in plain} == {None}
+
+
+@pytest.mark.parametrize("pp", [0, -1, True, 1.5])
+def test_pipeline_stage_counts_must_be_positive_integers(pp: object) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="prefill_pp and decode_pp"):
+        model_buffer_layouts(ModelShape.preset("llama-3-8b"), 2, 2, prefill_pp=pp)  # type: ignore[arg-type]

@@ -214,6 +214,8 @@ def test_nixl_indices_address_the_same_descriptors() -> None:
         prepared.nixl_prepped_indices([12], [0], src_cap, dst_cap)
     with pytest.raises(UnsupportedPDLayoutError, match="32-bit"):
         prepared.nixl_prepped_lists(2**31, 1)
+    with pytest.raises(UnsupportedPDLayoutError, match="at least one page"):
+        prepared.nixl_prepped_lists(0, 5)
 
 
 def test_one_prepared_transfer_serves_threads_at_once() -> None:

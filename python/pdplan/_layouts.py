@@ -132,7 +132,10 @@ def model_buffer_layouts(
     ``decode_pp`` above 1) every buffer names its layer: attention layer ``i`` is layer ``i``,
     Mamba layers follow the attention layers, and draft-model buffers sit on the last layer
     (the last stage)."""
-    if not all(isinstance(pp, int) and pp >= 1 for pp in (prefill_pp, decode_pp)):
+    if not all(
+        isinstance(pp, int) and not isinstance(pp, bool) and pp >= 1
+        for pp in (prefill_pp, decode_pp)
+    ):
         raise UnsupportedPDLayoutError(
             f"prefill_pp and decode_pp must be positive integers, got {prefill_pp!r}, {decode_pp!r}"
         )

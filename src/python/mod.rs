@@ -123,21 +123,14 @@ fn decode_transfer_fragments<'py>(
         let limits = frame_limits(max_payload_bytes, max_fragments)?;
         let version = frame(version_frame, "version_frame")?;
         let payload = frame(payload_frame, "payload_frame")?;
-        // Bounded before anything is copied or parsed.
+        // Bounded before anything is parsed.
         if let Some(payload) = payload {
             wire::check_payload_len(payload.len(), limits)?;
         }
-        // Owned copies so the GIL can be released while parsing.
-        Ok((
-            version.map(<[u8]>::to_vec),
-            payload.map(<[u8]>::to_vec),
-            limits,
-        ))
+        // Parsed in place without the GIL: bytes are immutable and the caller holds them.
+        py.detach(|| wire::decode_with(version, payload, limits))
     };
-    let (version, payload, limits) = convert().map_err(to_py_err)?;
-    let fragments = py
-        .detach(|| wire::decode_with(version.as_deref(), payload.as_deref(), limits))
-        .map_err(to_py_err)?;
+    let fragments = convert().map_err(to_py_err)?;
     FragmentFactory::new(py)?.tuple(&fragments)
 }
 

@@ -20,6 +20,8 @@ type Pair<'py, T> = (Bound<'py, T>, Bound<'py, T>);
 
 /// Above this many descriptors a request is built with the GIL released.
 const DETACH_FROM: u64 = 1 << 14;
+/// Above this many payload bytes frames are parsed with the GIL released.
+const DETACH_PAYLOAD_FROM: usize = 1 << 16;
 
 /// One transfer between two ranks, checked once, for many requests. Thread-safe to share.
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedTransfer")]
@@ -127,17 +129,21 @@ impl PyPrepared {
     ) -> PyResult<Self> {
         let convert = || -> Converted<_> {
             let limits = frame_limits(max_payload_bytes, max_fragments)?;
-            let fragments = frame_cache::decode_cached(
-                frame(version_frame, "version_frame")?,
-                frame(payload_frame, "payload_frame")?,
-                limits,
-            )?;
+            let version = frame(version_frame, "version_frame")?;
+            let payload = frame(payload_frame, "payload_frame")?;
+            let parse = || frame_cache::decode_cached(version, payload, limits);
+            // Bytes are immutable and the caller holds them: large new frames parse without
+            // the GIL; a small or known frame costs less than releasing it.
+            let fragments = if payload.map_or(0, <[u8]>::len) > DETACH_PAYLOAD_FROM {
+                py.detach(parse)?
+            } else {
+                parse()?
+            };
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
             // The decoder validated every fragment it returned (and the cache keeps only those).
             Prepared::from_valid(fragments, &src, &dst)
         };
-        let _ = py;
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
 
