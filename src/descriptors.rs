@@ -17,14 +17,42 @@ use crate::fragment::Fragment;
 /// before anything is allocated for it, rather than exhausting memory.
 pub const MAX_DESCRIPTORS: u64 = 1 << 28;
 
-/// Where descriptors point: per `buffer_index`, the buffer's base address and optionally how
-/// many bytes from the base may be touched.
-#[derive(Debug, Clone, Copy)]
-pub struct Side<'a> {
-    pub name: &'static str,
-    pub bases: &'a [u64],
-    pub pages: &'a [u64],
-    pub limits: Option<&'a [u64]>,
+/// One side's buffers, where descriptors point: per `buffer_index`, a base address and
+/// optionally how many bytes from it may be touched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Buffers {
+    pub bases: Vec<u64>,
+    pub limits: Option<Vec<u64>>,
+}
+
+impl Buffers {
+    /// The base and limit of buffer `index`, or the error naming what is missing.
+    fn base_and_limit(
+        &self,
+        name: &str,
+        position: usize,
+        index: u64,
+    ) -> PlanResult<(u64, Option<u64>)> {
+        let slot = usize::try_from(index).unwrap_or(usize::MAX);
+        let Some(&base) = self.bases.get(slot) else {
+            bail!(
+                "fragment {position} names buffer_index={index}, but {name}_base_ptrs has {} \
+                 entries; pass a base pointer for every buffer the fragments use",
+                self.bases.len()
+            );
+        };
+        match &self.limits {
+            None => Ok((base, None)),
+            Some(limits) => match limits.get(slot) {
+                Some(&limit) => Ok((base, Some(limit))),
+                None => bail!(
+                    "{name}_limits has {} entries but fragment {position} uses \
+                     buffer_index={index}; give a limit for every buffer",
+                    limits.len()
+                ),
+            },
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -125,67 +153,15 @@ impl Placed {
     }
 }
 
-/// A buffer's base and limit on one side, or the error naming what is missing.
-fn base_and_limit(
-    name: &str,
-    position: usize,
-    index: u64,
-    (bases, limits): (&[u64], Option<&[u64]>),
-) -> PlanResult<(u64, Option<u64>)> {
-    let slot = usize::try_from(index).unwrap_or(usize::MAX);
-    let Some(&base) = bases.get(slot) else {
-        bail!(
-            "fragment {position} names buffer_index={index}, but {name}_base_ptrs has {} entries; \
-             pass a base pointer for every buffer the fragments use",
-            bases.len()
-        );
-    };
-    match limits {
-        None => Ok((base, None)),
-        Some(limits) => match limits.get(slot) {
-            Some(&limit) => Ok((base, Some(limit))),
-            None => bail!(
-                "{name}_limits has {} entries but fragment {position} uses buffer_index={index}; \
-                 give a limit for every buffer",
-                limits.len()
-            ),
-        },
-    }
-}
-
-/// Bytes from a page's start to the end of its last run, if `base` plus that fits 64 bits.
-fn reach(base: u64, offset: u64, rows: u64, row_stride: u64, run: u64) -> Option<u64> {
-    (rows - 1)
-        .checked_mul(row_stride)
-        .and_then(|v| v.checked_add(offset))
-        .and_then(|v| v.checked_add(run))
-        .filter(|reach| base.checked_add(*reach).is_some())
-}
-
 /// Places a validated fragment (the `position`-th of its list, for messages) on both sides.
-pub fn place(
-    position: usize,
-    f: &Fragment,
-    src: (&[u64], Option<&[u64]>),
-    dst: (&[u64], Option<&[u64]>),
-) -> PlanResult<Placed> {
-    let (src_base, src_limit) = base_and_limit("src", position, f.buffer_index, src)?;
-    let (dst_base, dst_limit) = base_and_limit("dst", position, f.buffer_index, dst)?;
+pub fn place(position: usize, f: &Fragment, src: &Buffers, dst: &Buffers) -> PlanResult<Placed> {
+    let (src_base, src_limit) = src.base_and_limit("src", position, f.buffer_index)?;
+    let (dst_base, dst_limit) = dst.base_and_limit("dst", position, f.buffer_index)?;
     let (rows, run) = (f.rows_per_page, f.run_bytes());
-    let src_reach = reach(
-        src_base,
-        f.src_byte_offset,
-        rows,
-        f.src_row_stride_bytes,
-        run,
-    );
-    let dst_reach = reach(
-        dst_base,
-        f.dst_byte_offset,
-        rows,
-        f.dst_row_stride_bytes,
-        run,
-    );
+    // Bytes from a page's start to the end of its last run, if the base plus that fits 64 bits.
+    let inside_64_bits = |base: u64| move |reach: &u64| base.checked_add(*reach).is_some();
+    let src_reach = f.src_runs().reach().filter(inside_64_bits(src_base));
+    let dst_reach = f.dst_runs().reach().filter(inside_64_bits(dst_base));
     let (Some(src_reach), Some(dst_reach)) = (src_reach, dst_reach) else {
         bail!(
             "fragment {position}: base + offset + {} rows of {run} bytes overflows 64 bits on \
@@ -222,8 +198,8 @@ pub fn place(
 /// Places every fragment of a list.
 pub fn place_all<F: Borrow<Fragment>>(
     fragments: &[F],
-    src: (&[u64], Option<&[u64]>),
-    dst: (&[u64], Option<&[u64]>),
+    src: &Buffers,
+    dst: &Buffers,
 ) -> PlanResult<Vec<Placed>> {
     let mut placed = Vec::with_capacity(fragments.len());
     for (position, f) in fragments.iter().enumerate() {
@@ -305,10 +281,11 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
             return;
         }
         for (page_slots, &page) in out.chunks_exact_mut(rows).zip(pages) {
-            let mut address = start + page * stride;
-            for slot in page_slots {
-                slot.write(address);
-                address += row_stride;
+            let page_start = start + page * stride;
+            // Only addresses that are written are computed: the address of the row after the
+            // last may lie past 2^64 although every written one was checked to be in bounds.
+            for (row, slot) in (0u64..).zip(page_slots) {
+                slot.write(page_start + row * row_stride);
             }
         }
     }
@@ -378,20 +355,26 @@ pub fn check_paired(src_pages: &[u64], dst_pages: &[u64]) -> PlanResult<()> {
     Ok(())
 }
 
-/// Builds the descriptors, or refuses before producing any.
+/// Builds the descriptors of `fragments` x page pairs, or refuses before producing any.
 pub fn build<F: Borrow<Fragment>>(
     fragments: &[F],
-    src: &Side<'_>,
-    dst: &Side<'_>,
+    (src, dst): (&Buffers, &Buffers),
+    (src_pages, dst_pages): (&[u64], &[u64]),
     coalesce: bool,
 ) -> PlanResult<Descriptors> {
+    validate_all(fragments)?;
+    let placed = place_all(fragments, src, dst)?;
+    build_placed(&placed, src_pages, dst_pages, coalesce)
+}
+
+/// Every fragment's fields, naming the first bad one by position.
+pub fn validate_all<F: Borrow<Fragment>>(fragments: &[F]) -> PlanResult<()> {
     for (position, fragment) in fragments.iter().map(Borrow::borrow).enumerate() {
         fragment
             .validate()
             .map_err(|e| PlanError::new(format!("fragment {position}: {e}")))?;
     }
-    let placed = place_all(fragments, (src.bases, src.limits), (dst.bases, dst.limits))?;
-    build_placed(&placed, src.pages, dst.pages, coalesce)
+    Ok(())
 }
 
 /// Builds the descriptors of placed fragments for one request's page pairs, or refuses
@@ -558,12 +541,17 @@ mod tests {
         }
     }
 
-    fn side<'a>(name: &'static str, bases: &'a [u64], pages: &'a [u64]) -> Side<'a> {
-        Side {
-            name,
-            bases,
-            pages,
+    fn buffers(bases: &[u64]) -> Buffers {
+        Buffers {
+            bases: bases.to_vec(),
             limits: None,
+        }
+    }
+
+    fn limited(bases: &[u64], limits: &[u64]) -> Buffers {
+        Buffers {
+            bases: bases.to_vec(),
+            limits: Some(limits.to_vec()),
         }
     }
 
@@ -572,8 +560,8 @@ mod tests {
         let fragments = [fragment(0, 0, 64, 64), fragment(1, 0, 0, 32)];
         let out = build(
             &fragments,
-            &side("src", &[1000, 5000], &[2, 0]),
-            &side("dst", &[9000, 20000], &[1, 3]),
+            (&buffers(&[1000, 5000]), &buffers(&[9000, 20000])),
+            (&[2, 0], &[1, 3]),
             false,
         )
         .unwrap();
@@ -595,8 +583,8 @@ mod tests {
         };
         let out = build(
             &[whole],
-            &side("src", &[0], &[0, 1, 2, 5, 6]),
-            &side("dst", &[0], &[10, 11, 12, 13, 14]),
+            (&buffers(&[0]), &buffers(&[0])),
+            (&[0, 1, 2, 5, 6], &[10, 11, 12, 13, 14]),
             true,
         )
         .unwrap();
@@ -616,8 +604,11 @@ mod tests {
             .collect();
         let out = build(
             &fragments,
-            &side("src", &[0, 1 << 30, 1 << 31], &pages),
-            &side("dst", &[5, 1 << 32, 1 << 33], &pages),
+            (
+                &buffers(&[0, 1 << 30, 1 << 31]),
+                &buffers(&[5, 1 << 32, 1 << 33]),
+            ),
+            (&pages, &pages),
             false,
         )
         .unwrap();
@@ -650,8 +641,8 @@ mod tests {
         };
         let out = build(
             &[rows],
-            &side("src", &[1000], &[0, 3]),
-            &side("dst", &[0], &[1, 0]),
+            (&buffers(&[1000]), &buffers(&[0])),
+            (&[0, 3], &[1, 0]),
             false,
         )
         .unwrap();
@@ -670,22 +661,17 @@ mod tests {
         };
         let out = build(
             &[dense],
-            &side("src", &[0], &[0, 1]),
-            &side("dst", &[0], &[0, 1]),
+            (&buffers(&[0]), &buffers(&[0])),
+            (&[0, 1], &[0, 1]),
             true,
         )
         .unwrap();
         assert_eq!((out.src_addrs, out.lengths), (vec![0, 32], vec![32, 32]));
-        let limited = Side {
-            limits: Some(&[1196 + 16 + 8 - 1000]),
-            ..side("src", &[1000], &[0, 3])
-        };
-        assert!(build(&[rows], &limited, &side("dst", &[0], &[1, 0]), false).is_ok());
-        let short = Side {
-            limits: Some(&[1196 + 16 + 8 - 1000 - 1]),
-            ..side("src", &[1000], &[0, 3])
-        };
-        assert!(build(&[rows], &short, &side("dst", &[0], &[1, 0]), false).is_err());
+        let pages: (&[u64], &[u64]) = (&[0, 3], &[1, 0]);
+        let limited = limited(&[1000], &[1196 + 16 + 8 - 1000]);
+        assert!(build(&[rows], (&limited, &buffers(&[0])), pages, false).is_ok());
+        let short = self::limited(&[1000], &[1196 + 16 + 8 - 1000 - 1]);
+        assert!(build(&[rows], (&short, &buffers(&[0])), pages, false).is_err());
     }
 
     #[test]
@@ -699,8 +685,8 @@ mod tests {
         };
         let out = build(
             &[whole(0), whole(1)],
-            &side("src", &[0, 128], &[0, 1]),
-            &side("dst", &[1000, 1128], &[0, 1]),
+            (&buffers(&[0, 128]), &buffers(&[1000, 1128])),
+            (&[0, 1], &[0, 1]),
             true,
         )
         .unwrap();
@@ -716,8 +702,8 @@ mod tests {
         };
         let out = build(
             &[limited],
-            &side("src", &[0], &[4, 5]),
-            &side("dst", &[0], &[6, 7]),
+            (&buffers(&[0]), &buffers(&[0])),
+            (&[4, 5], &[6, 7]),
             false,
         )
         .unwrap();
@@ -727,40 +713,31 @@ mod tests {
     #[test]
     fn refusals() {
         let f = [fragment(1, 0, 0, 64)];
-        let err = build(
-            &f,
-            &side("src", &[0], &[0]),
-            &side("dst", &[0, 0], &[0]),
-            false,
-        )
-        .unwrap_err();
+        let err = build(&f, (&buffers(&[0]), &buffers(&[0, 0])), (&[0], &[0]), false).unwrap_err();
         assert!(err.message().contains("src_base_ptrs has 1"), "{err}");
         let err = build(
             &f,
-            &side("src", &[0, 0], &[0, 1]),
-            &side("dst", &[0, 0], &[0]),
+            (&buffers(&[0, 0]), &buffers(&[0, 0])),
+            (&[0, 1], &[0]),
             false,
         )
         .unwrap_err();
         assert!(err.message().contains("same length"), "{err}");
-        let limited = Side {
-            limits: Some(&[0, 127]),
-            ..side("src", &[0, 0], &[1])
-        };
-        let err = build(&f, &limited, &side("dst", &[0, 0], &[0]), false).unwrap_err();
+        let limited = limited(&[0, 0], &[0, 127]);
+        let err = build(&f, (&limited, &buffers(&[0, 0])), (&[1], &[0]), false).unwrap_err();
         assert!(err.message().contains("past its limit"), "{err}");
         let err = build(
             &f,
-            &side("src", &[0, u64::MAX - 10], &[0]),
-            &side("dst", &[0, 0], &[0]),
+            (&buffers(&[0, u64::MAX - 10]), &buffers(&[0, 0])),
+            (&[0], &[0]),
             false,
         )
         .unwrap_err();
         assert!(err.message().contains("overflows"), "{err}");
         let err = build(
             &f,
-            &side("src", &[0, 0], &[u64::MAX / 2]),
-            &side("dst", &[0, 0], &[0]),
+            (&buffers(&[0, 0]), &buffers(&[0, 0])),
+            (&[u64::MAX / 2], &[0]),
             false,
         )
         .unwrap_err();

@@ -4,6 +4,7 @@
 
 use crate::error::{bail, PlanResult};
 use crate::layout::{BufferKind, MAX_ROWS_PER_PAGE, MAX_VALUE};
+use crate::page::RowRuns;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fragment {
@@ -70,7 +71,31 @@ impl Fragment {
 
     /// Bytes of one run (a row's share of `bytes_per_page`).
     pub const fn run_bytes(&self) -> u64 {
-        self.bytes_per_page / self.rows_per_page
+        // `rows_per_page` is validated to be positive; 0 reads as no run at all.
+        match self.bytes_per_page.checked_div(self.rows_per_page) {
+            Some(run) => run,
+            None => 0,
+        }
+    }
+
+    /// The runs the fragment reads in a source page.
+    pub const fn src_runs(&self) -> RowRuns {
+        RowRuns {
+            offset: self.src_byte_offset,
+            rows: self.rows_per_page,
+            row_stride: self.src_row_stride_bytes,
+            run: self.run_bytes(),
+        }
+    }
+
+    /// The runs the fragment writes in a destination page.
+    pub const fn dst_runs(&self) -> RowRuns {
+        RowRuns {
+            offset: self.dst_byte_offset,
+            rows: self.rows_per_page,
+            row_stride: self.dst_row_stride_bytes,
+            run: self.run_bytes(),
+        }
     }
 
     /// Every integer lies in [0, 2^63), as the wire format requires.

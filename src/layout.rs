@@ -1,11 +1,9 @@
-//! What each side looks like: its parallel layout (world, DP groups, TP per group) and the
-//! buffers it caches, each validated on construction.
+//! What each side looks like: its parallel layout (role, rank space, how its pipeline stages
+//! split the layers) and the buffers it caches, each validated on its own at construction.
 
 use crate::error::{bail, PlanError, PlanResult};
-
-/// Largest accepted world size. Fanout and routing tables hold one entry per rank, so the
-/// bound keeps every per-rank allocation finite (and rank products inside 64 bits).
-pub const MAX_WORLD_SIZE: u64 = 1 << 20;
+use crate::ranks::RankSpace;
+pub use crate::ranks::{MAX_STAGES, MAX_WORLD_SIZE};
 
 /// Most parts a split axis may be made of (Mamba2's conv state has three: x, B, C).
 pub const MAX_PARTS: usize = 8;
@@ -116,19 +114,15 @@ impl BufferKind {
     }
 }
 
-/// Most pipeline stages a side may have.
-pub const MAX_STAGES: u64 = 1 << 10;
-
-/// One side's ranks: `dp_size` DP groups, each of `pp_size` pipeline stages of TP ranks.
+/// One side's ranks: `dp_size` DP groups, each of `pp_size` pipeline stages of TP ranks, and
+/// how the stages split the layers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParallelLayout {
-    pub role: Role,
-    pub world_size: u64,
-    pub dp_size: u64,
-    pub pp_size: u64,
+    role: Role,
+    ranks: RankSpace,
     /// Layers of each stage, in order; `None` splits the layers as evenly as possible, the
     /// first stages taking one more.
-    pub pp_layer_partition: Option<Vec<u64>>,
+    pp_layer_partition: Option<Vec<u64>>,
 }
 
 impl ParallelLayout {
@@ -145,31 +139,7 @@ impl ParallelLayout {
         pp_size: u64,
         pp_layer_partition: Option<Vec<u64>>,
     ) -> PlanResult<Self> {
-        if world_size == 0 {
-            bail!("world_size must be positive");
-        }
-        if dp_size == 0 {
-            bail!("dp_size must be positive");
-        }
-        if world_size > MAX_WORLD_SIZE {
-            bail!(
-                "world_size={world_size} is above the supported maximum of {MAX_WORLD_SIZE} \
-                 ranks; plan one slice of the cluster at a time"
-            );
-        }
-        if world_size % dp_size != 0 {
-            bail!("world_size={world_size} must be divisible by dp_size={dp_size}");
-        }
-        if pp_size == 0 || pp_size > MAX_STAGES {
-            bail!("pp_size={pp_size} must be between 1 and {MAX_STAGES}");
-        }
-        if (world_size / dp_size) % pp_size != 0 {
-            bail!(
-                "world_size={world_size} must be divisible by dp_size x pp_size = {} (each DP \
-                 group holds pp_size stages of equal TP size)",
-                dp_size * pp_size
-            );
-        }
+        let ranks = RankSpace::from_world(world_size, dp_size, pp_size)?;
         if let Some(partition) = &pp_layer_partition {
             if partition.len() as u64 != pp_size {
                 bail!(
@@ -184,19 +154,44 @@ impl ParallelLayout {
             {
                 bail!("pp_layer_partition {partition:?}: every stage must hold at least one layer");
             }
+            let total = partition
+                .iter()
+                .try_fold(0u64, |sum, &n| sum.checked_add(n));
+            if total.is_none_or(|total| total > MAX_VALUE) {
+                bail!("pp_layer_partition {partition:?} adds up to more than 2^63 layers");
+            }
         }
         Ok(Self {
             role,
-            world_size,
-            dp_size,
-            pp_size,
+            ranks,
             pp_layer_partition,
         })
     }
 
-    /// TP ranks in one pipeline stage of one DP group.
-    pub const fn tp_size(&self) -> u64 {
-        self.world_size / self.dp_size / self.pp_size
+    pub const fn role(&self) -> Role {
+        self.role
+    }
+
+    /// How this side numbers its ranks.
+    pub const fn ranks(&self) -> RankSpace {
+        self.ranks
+    }
+
+    pub const fn world_size(&self) -> u64 {
+        self.ranks.world_size()
+    }
+
+    pub const fn dp_size(&self) -> u64 {
+        self.ranks.dp_size()
+    }
+
+    pub const fn pp_size(&self) -> u64 {
+        self.ranks.pp_size()
+    }
+
+    /// Each stage's layer count, when one was given.
+    pub fn pp_layer_partition(&self) -> Option<&[u64]> {
+        self.pp_layer_partition.as_deref()
     }
 }
 
@@ -357,10 +352,10 @@ impl BufferLayout {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn buffer() -> BufferLayout {
+    pub(crate) fn buffer() -> BufferLayout {
         BufferLayout {
             buffer_index: 0,
             buffer_kind: BufferKind::TargetK,
@@ -379,7 +374,10 @@ mod tests {
     #[test]
     fn parallel_layout_rules() {
         assert_eq!(
-            ParallelLayout::new(Role::Prefill, 8, 2).unwrap().tp_size(),
+            ParallelLayout::new(Role::Prefill, 8, 2)
+                .unwrap()
+                .ranks()
+                .tp_size(),
             4
         );
         assert!(ParallelLayout::new(Role::Prefill, 0, 1).is_err());

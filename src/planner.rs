@@ -1,19 +1,21 @@
-//! The planner: validates a prefill/decode pair, counts each prefill rank's fanout and plans
-//! the fragments of one decode rank.
+//! The planner: counts each prefill rank's fanout and plans the fragments of one decode rank,
+//! for a pair `pairs` has validated.
 //!
-//! Construction routes each decode TP rank once per *distinct* sharding (not per buffer) and
-//! finds overlapping prefill shards by arithmetic, so it costs ranks x shardings, not
-//! ranks x buffers x TP.
+//! Construction routes each decode rank of one DP group once per *class* (a distinct sharding
+//! held by one prefill stage and one decode stage), not once per buffer, and finds overlapping
+//! prefill shards by arithmetic, so it costs ranks x classes, not ranks x buffers x TP.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::error::{bail, PlanError, PlanResult};
+use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-use crate::geometry::{first_holder, route, DecodeReplicas, Route, Sharding, Span};
-use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
-use crate::ranks::RankSpace;
+use crate::layout::{BufferLayout, ParallelLayout};
+use crate::page::Span;
+use crate::pairs::{validate_alignment, validate_pairs};
+use crate::ranks::{RankSpace, Slot};
+use crate::routing::{first_holder, route, Class, DecodeReplicas, Route, Sharding};
 use crate::spread::Spread;
-use crate::stages::Stages;
+use crate::stages::{buffer_stages, layer_count};
 
 /// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
 /// past it is refused rather than exhausting memory.
@@ -62,15 +64,6 @@ pub struct RoutingTable {
     pub bytes_per_page: Vec<u64>,
 }
 
-/// Buffers that route alike: one sharding, held by one prefill stage and one decode stage.
-/// Construction routes each decode rank once per class, not once per buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Class {
-    pub sharding: Sharding,
-    pub prefill_stage: u64,
-    pub decode_stage: u64,
-}
-
 #[derive(Debug, Clone)]
 struct BufferPair {
     prefill: BufferLayout,
@@ -89,51 +82,9 @@ pub struct Planner {
     /// Which replica serves whom under `DecodeReplicas::All`.
     spread: Spread,
     identity: bool,
-    /// Fanout of each prefill rank of a DP group that decode ranks read from, by its slot in
-    /// the group (`stage * tp + tp_rank`); groups beyond the decode side's DP count serve nobody.
+    /// Fanout of each prefill rank of a DP group that decode ranks read from, by its slot
+    /// index in the group; groups beyond the decode side's DP count serve nobody.
     fanout_per_slot: Vec<u64>,
-}
-
-/// The stage of each buffer on one side: stage 0 without pipeline stages, else the stage
-/// holding its layer (every buffer must name one).
-fn buffer_stages(
-    layout: &ParallelLayout,
-    buffers: &[BufferLayout],
-    layers: u64,
-) -> PlanResult<Vec<u64>> {
-    if layout.pp_size == 1 && layout.pp_layer_partition.is_none() {
-        return Ok(vec![0; buffers.len()]);
-    }
-    let stages = Stages::of(layout, layers)?;
-    Ok(buffers
-        .iter()
-        .map(|b| b.layer.map_or(0, |layer| stages.stage_of(layer)))
-        .collect())
-}
-
-/// Layers the buffers name (one past the largest), requiring every buffer to name one when
-/// either side has pipeline stages.
-fn layer_count(
-    prefill: &ParallelLayout,
-    decode: &ParallelLayout,
-    buffers: &[BufferLayout],
-) -> PlanResult<u64> {
-    let staged = prefill.pp_size > 1 || decode.pp_size > 1;
-    let mut layers = 0;
-    for (position, b) in buffers.iter().enumerate() {
-        match b.layer {
-            Some(layer) => layers = layers.max(layer + 1),
-            None if staged => bail!(
-                "buffer {} (position {position}, {}) names no layer, but pipeline stages hold \
-                 layers: give every buffer its layer (BufferLayout.layer) when either side has \
-                 pp_size > 1",
-                b.buffer_index,
-                b.buffer_kind.as_str()
-            ),
-            None => {}
-        }
-    }
-    Ok(layers)
 }
 
 impl Planner {
@@ -196,8 +147,8 @@ impl Planner {
         // Whole items copy rank to rank when both sides hold the same units the same way: same
         // TP and stages, no replica groups, and token-major items of one size (else rows
         // would shift).
-        let identity = prefill.tp_size() == decode.tp_size()
-            && prefill.pp_size == decode.pp_size
+        let identity = prefill.ranks().tp_size() == decode.ranks().tp_size()
+            && prefill.pp_size() == decode.pp_size()
             && prefill_stages == decode_stages
             && prefill_buffers.iter().zip(decode_buffers).all(|(p, d)| {
                 p.tp_replica_group_size == 1
@@ -206,11 +157,7 @@ impl Planner {
             });
         let spread = match replicas {
             DecodeReplicas::First => Spread::default(),
-            DecodeReplicas::All => Spread::choose(
-                &classes,
-                (prefill.tp_size(), decode.tp_size()),
-                decode.pp_size,
-            ),
+            DecodeReplicas::All => Spread::choose(&classes, prefill.ranks(), decode.ranks()),
         };
         let mut planner = Self {
             prefill,
@@ -235,11 +182,11 @@ impl Planner {
     }
 
     pub const fn prefill_ranks(&self) -> RankSpace {
-        RankSpace::of(&self.prefill)
+        self.prefill.ranks()
     }
 
     pub const fn decode_ranks(&self) -> RankSpace {
-        RankSpace::of(&self.decode)
+        self.decode.ranks()
     }
 
     /// The (prefill, decode) buffer pairs, in order.
@@ -273,34 +220,29 @@ impl Planner {
         self.replicas
     }
 
-    /// Every decode rank of one DP group, as (stage, TP rank), slot order.
-    fn decode_slots(&self) -> impl Iterator<Item = (u64, u64)> {
-        let decode = self.decode_ranks();
-        (0..decode.pp_size()).flat_map(move |stage| (0..decode.tp_size()).map(move |t| (stage, t)))
-    }
-
     /// Decode ranks that receive nothing at all under this planner's mode (non-first ranks of
     /// every decode replica group under `DecodeReplicas::First`, when no buffer is replicated):
     /// the runtime must copy inside the group for them.
     pub fn idle_decode_ranks(&self) -> u64 {
         let idle_per_group = self
-            .decode_slots()
+            .decode_ranks()
+            .slots()
             .filter(|&slot| self.fragment_count(slot) == 0)
             .count() as u64;
-        idle_per_group * self.decode.dp_size
+        idle_per_group * self.decode.dp_size()
     }
 
     /// The prefill DP group decode DP group `decode_group` reads from by default: the same
     /// index, wrapped (`g mod prefill dp_size`) when the decode side has more groups.
     pub const fn default_prefill_group(&self, decode_group: u64) -> u64 {
-        decode_group % self.prefill.dp_size
+        decode_group % self.prefill.dp_size()
     }
 
     /// Decode ranks one request makes `prefill_rank` wait for: those of the reading decode DP
     /// group that read from it. The same whichever decode group a request comes from.
     pub fn request_fanout(&self, prefill_rank: u64) -> u64 {
         let ranks = self.prefill_ranks();
-        let slot = ranks.slot(ranks.coord(prefill_rank));
+        let slot = ranks.slot_index(ranks.coord(prefill_rank).slot());
         usize::try_from(slot)
             .ok()
             .and_then(|slot| self.fanout_per_slot.get(slot))
@@ -313,7 +255,7 @@ impl Planner {
     /// the reference plans).
     pub fn fanout(&self, prefill_rank: u64) -> u64 {
         let group = self.prefill_ranks().coord(prefill_rank).dp_group;
-        let is_default_source = group < self.decode.dp_size;
+        let is_default_source = group < self.decode.dp_size();
         if is_default_source {
             self.request_fanout(prefill_rank)
         } else {
@@ -323,21 +265,20 @@ impl Planner {
 
     /// Fanout of every prefill rank, rank order.
     pub fn source_fanout(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        (0..self.prefill.world_size).map(|rank| (rank, self.fanout(rank)))
+        (0..self.prefill.world_size()).map(|rank| (rank, self.fanout(rank)))
     }
 
-    /// How decode rank (`stage`, `tp_rank`) is routed for each class its stage holds, with
-    /// the class ids: prefill TP ranks within the class's prefill stage.
-    fn routes(
-        &self,
-        (stage, decode_tp_rank): (u64, u64),
-    ) -> impl Iterator<Item = (usize, Route)> + '_ {
-        let (prefill_tp, decode_tp) = (self.prefill.tp_size(), self.decode.tp_size());
-        let slot = stage * decode_tp + decode_tp_rank;
+    /// How the decode rank at `slot` is routed for each class its stage holds, with the class
+    /// ids: prefill TP ranks within the class's prefill stage.
+    fn routes(&self, slot: Slot) -> impl Iterator<Item = (usize, Route)> + '_ {
+        let (prefill_tp, decode_tp) = (
+            self.prefill_ranks().tp_size(),
+            self.decode_ranks().tp_size(),
+        );
         self.classes
             .iter()
             .enumerate()
-            .filter(move |(_, class)| class.decode_stage == stage)
+            .filter(move |(_, class)| class.decode_stage == slot.stage)
             .map(move |(id, class)| {
                 let holder = |src_shard, replica| match self.replicas {
                     DecodeReplicas::First => first_holder(src_shard, replica),
@@ -347,7 +288,7 @@ impl Planner {
                     class.sharding,
                     prefill_tp,
                     decode_tp,
-                    decode_tp_rank,
+                    slot.tp_rank,
                     self.replicas,
                     holder,
                 );
@@ -356,17 +297,17 @@ impl Planner {
     }
 
     fn count_fanout(&self) -> Vec<u64> {
-        let prefill_tp = self.prefill.tp_size();
-        let slots = usize::try_from(self.prefill_ranks().group_size()).unwrap_or(0);
+        let prefill_ranks = self.prefill_ranks();
+        let slots = usize::try_from(prefill_ranks.group_size()).unwrap_or(0);
         let mut counts = vec![0u64; slots];
         // `seen[p] == d + 1` marks prefill slot p as already counted for decode slot d.
         let mut seen = vec![0u64; slots];
-        for (decode_slot, at) in (1u64..).zip(self.decode_slots()) {
+        for (decode_slot, at) in (1u64..).zip(self.decode_ranks().slots()) {
             for (id, routed) in self.routes(at) {
                 let stage = self.classes.get(id).map_or(0, |c| c.prefill_stage);
-                let mut count = |prefill_tp_rank: u64| {
-                    let slot =
-                        usize::try_from(stage * prefill_tp + prefill_tp_rank).unwrap_or(usize::MAX);
+                let mut count = |tp_rank: u64| {
+                    let slot = prefill_ranks.slot_index(Slot { stage, tp_rank });
+                    let slot = usize::try_from(slot).unwrap_or(usize::MAX);
                     if let (Some(mark), Some(count)) = (seen.get_mut(slot), counts.get_mut(slot)) {
                         if *mark != decode_slot {
                             *mark = decode_slot;
@@ -389,12 +330,11 @@ impl Planner {
     }
 
     fn check_decode_rank(&self, decode_rank: u64) -> PlanResult<()> {
-        if decode_rank >= self.decode.world_size {
+        let world = self.decode.world_size();
+        if decode_rank >= world {
             bail!(
-                "decode_rank={decode_rank} is out of range: the decode world has {} ranks \
-                 (0..{})",
-                self.decode.world_size,
-                self.decode.world_size
+                "decode_rank={decode_rank} is out of range: the decode world has {world} ranks \
+                 (0..{world})"
             );
         }
         Ok(())
@@ -413,9 +353,9 @@ impl Planner {
         self.collect_sources(decode_rank, target_dp_group)
     }
 
-    /// How many fragments decode rank (`stage`, `tp_rank`) receives, without building them.
-    fn fragment_count(&self, at: (u64, u64)) -> u64 {
-        let in_stage = |pair: &&BufferPair| self.class(pair).decode_stage == at.0;
+    /// How many fragments the decode rank at `at` receives, without building them.
+    fn fragment_count(&self, at: Slot) -> u64 {
+        let in_stage = |pair: &&BufferPair| self.class(pair).decode_stage == at.stage;
         if self.identity {
             return self.buffers.iter().filter(in_stage).count() as u64;
         }
@@ -436,16 +376,16 @@ impl Planner {
             .fold(0u64, u64::saturating_add)
     }
 
-    /// Calls `visit((prefill stage, prefill TP rank), buffer, span)` for every byte span decode
-    /// rank (`stage`, `tp_rank`) receives, buffer order, then prefill rank order. Identity
-    /// plans visit one whole-item span a buffer. The one walk behind per-rank fragments and
-    /// the whole-cluster routing table, so the two cannot disagree.
-    fn for_each_span(&self, at: (u64, u64), mut visit: impl FnMut((u64, u64), &BufferPair, Span)) {
+    /// Calls `visit(prefill slot, buffer, span)` for every byte span the decode rank at `at`
+    /// receives, buffer order, then prefill rank order. Identity plans visit one whole-item
+    /// span a buffer (from the prefill rank at the same slot). The one walk behind per-rank
+    /// fragments and the whole-cluster routing table.
+    fn for_each_span(&self, at: Slot, mut visit: impl FnMut(Slot, &BufferPair, Span)) {
         if self.identity {
             for pair in self
                 .buffers
                 .iter()
-                .filter(|p| self.class(p).decode_stage == at.0)
+                .filter(|p| self.class(p).decode_stage == at.stage)
             {
                 // Same TP and shards on both sides; the smaller item is what both hold.
                 let len = pair
@@ -469,12 +409,20 @@ impl Planner {
                 Some(Some(Route::WholeItem { prefill_tp_rank })) => {
                     // The decode item, whole (validated to be at most the prefill item).
                     let span = Span::contiguous(0, 0, pair.decode.item_stride_bytes);
-                    visit((stage, *prefill_tp_rank), pair, span);
+                    let source = Slot {
+                        stage,
+                        tp_rank: *prefill_tp_rank,
+                    };
+                    visit(source, pair, span);
                 }
                 Some(Some(Route::Units(overlaps))) => {
                     for overlap in overlaps {
                         let span = Span::of_units(overlap, &pair.prefill, &pair.decode);
-                        visit((stage, overlap.prefill_tp_rank), pair, span);
+                        let source = Slot {
+                            stage,
+                            tp_rank: overlap.prefill_tp_rank,
+                        };
+                        visit(source, pair, span);
                     }
                 }
             }
@@ -488,13 +436,12 @@ impl Planner {
     pub fn routing_table(&self) -> RoutingTable {
         let (prefill_ranks, decode_ranks) = (self.prefill_ranks(), self.decode_ranks());
         // Per decode slot: (prefill slot, fragments, bytes per page), prefill slot ascending.
-        let per_slot: Vec<Vec<(u64, u64, u64)>> = self
-            .decode_slots()
+        let per_slot: Vec<Vec<(Slot, u64, u64)>> = decode_ranks
+            .slots()
             .map(|at| {
-                let mut totals: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-                self.for_each_span(at, |(stage, tp_rank), _, span| {
-                    let slot = stage * prefill_ranks.tp_size() + tp_rank;
-                    let entry = totals.entry(slot).or_default();
+                let mut totals: BTreeMap<Slot, (u64, u64)> = BTreeMap::new();
+                self.for_each_span(at, |source, _, span| {
+                    let entry = totals.entry(source).or_default();
                     entry.0 += 1;
                     entry.1 = entry.1.saturating_add(span.bytes_per_page);
                 });
@@ -506,11 +453,13 @@ impl Planner {
             .collect();
         let mut table = RoutingTable::default();
         for group in 0..decode_ranks.dp_size() {
-            let source_base = self.default_prefill_group(group) * prefill_ranks.group_size();
+            let source_group = self.default_prefill_group(group);
             for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
                 for &(prefill_slot, count, bytes) in sources {
                     table.decode_rank.push(decode_rank);
-                    table.prefill_rank.push(source_base + prefill_slot);
+                    table
+                        .prefill_rank
+                        .push(prefill_ranks.rank_in_group(source_group, prefill_slot));
                     table.fragment_count.push(count);
                     table.bytes_per_page.push(bytes);
                 }
@@ -525,13 +474,14 @@ impl Planner {
         self.check_decode_rank(decode_rank)?;
         match prefill_group {
             None => Ok(self.default_prefill_group(self.decode_ranks().coord(decode_rank).dp_group)),
-            Some(group) if group < self.prefill.dp_size => Ok(group),
-            Some(group) => bail!(
-                "prefill_dp_group={group} is out of range: the prefill side has {} DP groups \
-                 (0..{})",
-                self.prefill.dp_size,
-                self.prefill.dp_size
-            ),
+            Some(group) if group < self.prefill.dp_size() => Ok(group),
+            Some(group) => {
+                let groups = self.prefill.dp_size();
+                bail!(
+                    "prefill_dp_group={group} is out of range: the prefill side has {groups} DP \
+                     groups (0..{groups})"
+                )
+            }
         }
     }
 
@@ -542,8 +492,7 @@ impl Planner {
         decode_rank: u64,
         target_dp_group: u64,
     ) -> PlanResult<Vec<SourcePlan>> {
-        let coord = self.decode_ranks().coord(decode_rank);
-        let at = (coord.stage, coord.tp_rank);
+        let at = self.decode_ranks().coord(decode_rank).slot();
         let prefill_ranks = self.prefill_ranks();
         let fragments = self.fragment_count(at);
         if fragments > MAX_PLAN_FRAGMENTS {
@@ -555,8 +504,8 @@ impl Planner {
         // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
-        self.for_each_span(at, |(stage, prefill_tp_rank), pair, span| {
-            let prefill_rank = prefill_ranks.rank_at(target_dp_group, stage, prefill_tp_rank);
+        self.for_each_span(at, |source, pair, span| {
+            let prefill_rank = prefill_ranks.rank_in_group(target_dp_group, source);
             let at = match sources.binary_search_by_key(&prefill_rank, |s| s.prefill_rank) {
                 Ok(at) => at,
                 Err(at) => {
@@ -602,10 +551,8 @@ impl Planner {
         let target_dp_group = self.source_group(decode_rank, prefill_group)?;
         if self.identity {
             // The reference's identity plans name their one source and carry no fragments.
-            let coord = self.decode_ranks().coord(decode_rank);
-            let prefill_rank =
-                self.prefill_ranks()
-                    .rank_at(target_dp_group, coord.stage, coord.tp_rank);
+            let slot = self.decode_ranks().coord(decode_rank).slot();
+            let prefill_rank = self.prefill_ranks().rank_in_group(target_dp_group, slot);
             return Ok(RankPlan {
                 kind: PlanKind::Identity,
                 target_dp_group,
@@ -624,140 +571,10 @@ impl Planner {
     }
 }
 
-fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> PlanResult<()> {
-    if prefill.len() != decode.len() {
-        bail!(
-            "prefill/decode buffer counts differ: {} prefill buffers, {} decode buffers; pass \
-             one decode buffer for each prefill buffer, in the same order",
-            prefill.len(),
-            decode.len()
-        );
-    }
-    for (position, (p, d)) in prefill.iter().zip(decode).enumerate() {
-        let differs = |what: &str, pv: &dyn std::fmt::Debug, dv: &dyn std::fmt::Debug| {
-            PlanError::new(format!(
-                "prefill/decode {what} differ at buffer position {position}: prefill {pv:?}, \
-                 decode {dv:?}; both sides must describe the same buffers in the same order"
-            ))
-        };
-        if p.buffer_index != d.buffer_index {
-            return Err(differs("buffer indexes", &p.buffer_index, &d.buffer_index));
-        }
-        if p.buffer_kind != d.buffer_kind {
-            return Err(differs(
-                "buffer kinds",
-                &p.buffer_kind.as_str(),
-                &d.buffer_kind.as_str(),
-            ));
-        }
-        if p.logical_axis != d.logical_axis {
-            return Err(differs(
-                "logical axes",
-                &p.logical_axis.as_str(),
-                &d.logical_axis.as_str(),
-            ));
-        }
-        if p.logical_size != d.logical_size {
-            return Err(differs("logical sizes", &p.logical_size, &d.logical_size));
-        }
-        if p.bytes_per_logical_unit != d.bytes_per_logical_unit {
-            return Err(differs(
-                "logical unit sizes",
-                &p.bytes_per_logical_unit,
-                &d.bytes_per_logical_unit,
-            ));
-        }
-        if p.rows_per_page != d.rows_per_page {
-            bail!(
-                "prefill/decode rows_per_page differ at buffer position {position}: prefill {}, \
-                 decode {}; both sides must store pages the same way (both head-major or both \
-                 token-major)",
-                p.rows_per_page,
-                d.rows_per_page
-            );
-        }
-        if p.logical_parts != d.logical_parts {
-            return Err(differs(
-                "logical parts",
-                &p.logical_parts.given(),
-                &d.logical_parts.given(),
-            ));
-        }
-        let replicated = p.logical_axis == LogicalAxis::Replicated;
-        if replicated && p.rows_per_page > 1 && p.item_stride_bytes != d.item_stride_bytes {
-            bail!(
-                "replicated buffer {} ({}) has {} rows a page but items of {} (prefill) and {} \
-                 (decode) bytes: whole items are copied byte for byte, so token-major replicated \
-                 items must be the same size on both sides",
-                p.buffer_index,
-                p.buffer_kind.as_str(),
-                p.rows_per_page,
-                p.item_stride_bytes,
-                d.item_stride_bytes
-            );
-        }
-        if replicated && d.item_stride_bytes > p.item_stride_bytes {
-            bail!(
-                "replicated buffer {} ({}): the decode item ({} bytes) is larger than the \
-                 prefill item ({} bytes), so copying it would read past the prefill item; \
-                 make the decode item_stride_bytes at most the prefill one",
-                p.buffer_index,
-                p.buffer_kind.as_str(),
-                d.item_stride_bytes,
-                p.item_stride_bytes
-            );
-        }
-    }
-    Ok(())
-}
-
-fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanResult<()> {
-    if !buffer.logical_axis.is_sharded() {
-        return Ok(());
-    }
-    let role = layout.role.as_str();
-    let kind = buffer.buffer_kind.as_str();
-    let tp = layout.tp_size();
-    let replica = buffer.tp_replica_group_size;
-    if tp % replica != 0 {
-        bail!(
-            "tp replica group must divide TP size for buffer_kind={kind} on the {role} side: \
-             tp_size_per_dp={tp}, tp_replica_group_size={replica}"
-        );
-    }
-    let effective_tp = tp / replica;
-    for part in buffer.part_sizes() {
-        if part % effective_tp != 0 {
-            let what = if buffer.logical_parts.given().is_empty() {
-                "logical_size"
-            } else {
-                "a logical part of"
-            };
-            bail!(
-                "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
-                 {what}={part} is not divisible by effective_tp_size={effective_tp} \
-                 (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size \
-                 whose shard count divides {part}, or a replica group that makes it so"
-            );
-        }
-    }
-    let item_units = buffer.item_stride_bytes / buffer.bytes_per_logical_unit;
-    let required_units = buffer.logical_size / effective_tp;
-    if item_units < required_units {
-        bail!(
-            "buffer item is smaller than its logical shard for buffer_kind={kind} on the \
-             {role} side: item_units={item_units}, required_units={required_units}; \
-             item_stride_bytes must be at least {} bytes",
-            required_units * buffer.bytes_per_logical_unit
-        );
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{BufferKind, LogicalParts, Role};
+    use crate::layout::{BufferKind, LogicalAxis, LogicalParts, Role};
 
     const UNIT: u64 = 16 * 128 * 2;
 

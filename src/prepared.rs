@@ -5,23 +5,10 @@
 
 use std::sync::Arc;
 
-use crate::descriptors::{self, place_all, Descriptors, Placed};
-use crate::error::{bail, PlanError, PlanResult};
+pub use crate::descriptors::Buffers;
+use crate::descriptors::{self, place_all, validate_all, Descriptors, Placed};
+use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-
-/// One side's buffers: per `buffer_index`, a base address and optionally how many bytes from
-/// it may be touched.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Buffers {
-    pub bases: Vec<u64>,
-    pub limits: Option<Vec<u64>>,
-}
-
-impl Buffers {
-    fn parts(&self) -> (&[u64], Option<&[u64]>) {
-        (&self.bases, self.limits.as_deref())
-    }
-}
 
 /// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,10 +61,7 @@ impl Prepared {
     /// Checks every fragment once: valid fields, and a base (and a limit, when limits are given)
     /// for its buffer on both sides, its runs inside 64 bits.
     pub fn new(fragments: Arc<[Fragment]>, src: &Buffers, dst: &Buffers) -> PlanResult<Self> {
-        for (position, f) in fragments.iter().enumerate() {
-            f.validate()
-                .map_err(|e| PlanError::new(format!("fragment {position}: {e}")))?;
-        }
+        validate_all(&fragments)?;
         Self::from_valid(fragments, src, dst)
     }
 
@@ -87,7 +71,7 @@ impl Prepared {
         src: &Buffers,
         dst: &Buffers,
     ) -> PlanResult<Self> {
-        let placed = place_all(&fragments, src.parts(), dst.parts())?;
+        let placed = place_all(&fragments, src, dst)?;
         Ok(Self { fragments, placed })
     }
 

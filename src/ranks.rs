@@ -1,12 +1,22 @@
-//! How one side numbers its ranks. The one home of `group * tp + tp_rank`: planner, verifier
-//! and routing table go through `RankSpace` instead of writing the arithmetic out.
+//! How one side numbers its ranks: the one home of rank arithmetic. Planner, spread, verifier,
+//! routing table and the binding go through `RankSpace`; none of them multiplies a group by a
+//! group size itself.
 //!
-//! Ranks are numbered TP fastest, then pipeline stage, then DP group:
-//! `rank = dp_group * (pp * tp) + stage * tp + tp_rank` (vLLM's and TRT-LLM's order).
+//! A rank is a coordinate on axes, slowest first: DP group, pipeline stage, TP rank
+//! (`rank = dp_group * (pp * tp) + stage * tp + tp_rank`, vLLM's and TRT-LLM's order). A new
+//! axis (context parallelism) is one more entry in `RankCoord::digits`, `RankSpace::radices`
+//! and the struct fields; every computation below goes through those two.
 
 use std::ops::Range;
 
-use crate::layout::ParallelLayout;
+use crate::error::{bail, PlanResult};
+
+/// Largest accepted world size. Fanout and routing tables hold one entry per rank, so the
+/// bound keeps every per-rank allocation finite (and rank products inside 64 bits).
+pub const MAX_WORLD_SIZE: u64 = 1 << 20;
+
+/// Most pipeline stages a side may have.
+pub const MAX_STAGES: u64 = 1 << 10;
 
 /// One rank's place on its side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -16,9 +26,38 @@ pub struct RankCoord {
     pub tp_rank: u64,
 }
 
+/// A rank's place inside its DP group: the coordinates below the DP axis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Slot {
+    pub stage: u64,
+    pub tp_rank: u64,
+}
+
+impl RankCoord {
+    /// The coordinates, slowest axis first (the order of `RankSpace::radices`).
+    const fn digits(self) -> [u64; 3] {
+        [self.dp_group, self.stage, self.tp_rank]
+    }
+
+    const fn from_digits([dp_group, stage, tp_rank]: [u64; 3]) -> Self {
+        Self {
+            dp_group,
+            stage,
+            tp_rank,
+        }
+    }
+
+    pub const fn slot(self) -> Slot {
+        Slot {
+            stage: self.stage,
+            tp_rank: self.tp_rank,
+        }
+    }
+}
+
 /// The ranks of one side: `dp_size` DP groups of `pp_size` stages of `tp_size` TP ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(clippy::struct_field_names)] // the sizes of the three axes, named as the layouts name them
+#[allow(clippy::struct_field_names)] // the sizes of the axes, named as the layouts name them
 pub struct RankSpace {
     dp_size: u64,
     pp_size: u64,
@@ -26,17 +65,56 @@ pub struct RankSpace {
 }
 
 impl RankSpace {
-    /// The rank space of a validated layout (world = dp x pp x tp, at most `MAX_WORLD_SIZE`).
-    pub const fn of(layout: &ParallelLayout) -> Self {
-        Self {
-            dp_size: layout.dp_size,
-            pp_size: layout.pp_size,
-            tp_size: layout.world_size / layout.dp_size / layout.pp_size,
+    /// The rank space of `world_size` ranks in `dp_size` DP groups of `pp_size` stages each,
+    /// or the error saying which size to change.
+    pub fn from_world(world_size: u64, dp_size: u64, pp_size: u64) -> PlanResult<Self> {
+        if world_size == 0 {
+            bail!("world_size must be positive");
         }
+        if dp_size == 0 {
+            bail!("dp_size must be positive");
+        }
+        if world_size > MAX_WORLD_SIZE {
+            bail!(
+                "world_size={world_size} is above the supported maximum of {MAX_WORLD_SIZE} \
+                 ranks; plan one slice of the cluster at a time"
+            );
+        }
+        if world_size % dp_size != 0 {
+            bail!("world_size={world_size} must be divisible by dp_size={dp_size}");
+        }
+        if pp_size == 0 || pp_size > MAX_STAGES {
+            bail!("pp_size={pp_size} must be between 1 and {MAX_STAGES}");
+        }
+        if (world_size / dp_size) % pp_size != 0 {
+            bail!(
+                "world_size={world_size} must be divisible by dp_size x pp_size = {} (each DP \
+                 group holds pp_size stages of equal TP size)",
+                dp_size * pp_size
+            );
+        }
+        Ok(Self {
+            dp_size,
+            pp_size,
+            tp_size: world_size / dp_size / pp_size,
+        })
+    }
+
+    /// The size of each axis, slowest first (the order of `RankCoord::digits`).
+    const fn radices(self) -> [u64; 3] {
+        [self.dp_size, self.pp_size, self.tp_size]
+    }
+
+    pub const fn dp_size(self) -> u64 {
+        self.dp_size
     }
 
     pub const fn pp_size(self) -> u64 {
         self.pp_size
+    }
+
+    pub const fn tp_size(self) -> u64 {
+        self.tp_size
     }
 
     /// Ranks in one DP group (all its stages).
@@ -44,30 +122,21 @@ impl RankSpace {
         self.pp_size * self.tp_size
     }
 
-    /// A rank's place within its DP group: `stage * tp + tp_rank`.
-    pub const fn slot(self, coord: RankCoord) -> u64 {
-        coord.stage * self.tp_size + coord.tp_rank
-    }
-
-    pub const fn dp_size(self) -> u64 {
-        self.dp_size
-    }
-
-    pub const fn tp_size(self) -> u64 {
-        self.tp_size
-    }
-
     pub const fn world_size(self) -> u64 {
         self.dp_size * self.group_size()
     }
 
     /// The global rank of a coordinate (products stay below 2^40: every size is bounded).
-    pub const fn rank(self, coord: RankCoord) -> u64 {
-        coord.dp_group * self.group_size() + self.slot(coord)
+    pub fn rank(self, coord: RankCoord) -> u64 {
+        coord
+            .digits()
+            .iter()
+            .zip(self.radices())
+            .fold(0, |rank, (&digit, radix)| rank * radix + digit)
     }
 
     /// The global rank of TP rank `tp_rank` of stage `stage` of DP group `dp_group`.
-    pub const fn rank_at(self, dp_group: u64, stage: u64, tp_rank: u64) -> u64 {
+    pub fn rank_at(self, dp_group: u64, stage: u64, tp_rank: u64) -> u64 {
         self.rank(RankCoord {
             dp_group,
             stage,
@@ -75,34 +144,62 @@ impl RankSpace {
         })
     }
 
+    /// The global rank at `slot` of DP group `dp_group`.
+    pub fn rank_in_group(self, dp_group: u64, slot: Slot) -> u64 {
+        self.rank_at(dp_group, slot.stage, slot.tp_rank)
+    }
+
     /// Where global rank `rank` sits.
-    pub const fn coord(self, rank: u64) -> RankCoord {
-        let slot = rank % self.group_size();
-        RankCoord {
-            dp_group: rank / self.group_size(),
-            stage: slot / self.tp_size,
-            tp_rank: slot % self.tp_size,
+    pub fn coord(self, rank: u64) -> RankCoord {
+        let mut digits = [0; 3];
+        let mut rest = rank;
+        for (digit, radix) in digits.iter_mut().zip(self.radices()).rev() {
+            *digit = rest % radix;
+            rest /= radix;
         }
+        // Ranks past the world keep counting DP groups.
+        digits[0] += rest * self.dp_size;
+        RankCoord::from_digits(digits)
     }
 
     pub const fn contains(self, rank: u64) -> bool {
         rank < self.world_size()
     }
 
+    /// A slot's index inside its DP group (`stage * tp + tp_rank`), for per-group tables.
+    pub fn slot_index(self, slot: Slot) -> u64 {
+        self.rank_in_group(0, slot)
+    }
+
+    /// The slot at index `index` of a DP group (the inverse of `slot_index`).
+    pub fn slot_at(self, index: u64) -> Slot {
+        self.coord(index % self.group_size()).slot()
+    }
+
+    /// Every slot of a DP group, in index order: stage by stage, TP rank fastest.
+    pub fn slots(self) -> impl Iterator<Item = Slot> {
+        (0..self.group_size()).map(move |index| self.slot_at(index))
+    }
+
+    /// The first global rank of DP group `dp_group`.
+    pub fn group_start(self, dp_group: u64) -> u64 {
+        self.rank_at(dp_group, 0, 0)
+    }
+
     /// The global ranks of one DP group, ascending.
-    pub const fn group_ranks(self, dp_group: u64) -> Range<u64> {
-        dp_group * self.group_size()..(dp_group + 1) * self.group_size()
+    pub fn group_ranks(self, dp_group: u64) -> Range<u64> {
+        let start = self.group_start(dp_group);
+        start..start + self.group_size()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::Role;
 
     #[test]
     fn ranks_and_coordinates_round_trip() {
-        let space = RankSpace::of(&ParallelLayout::new(Role::Decode, 12, 3).unwrap());
+        let space = RankSpace::from_world(12, 3, 1).unwrap();
         assert_eq!(
             (space.dp_size(), space.tp_size(), space.world_size()),
             (3, 4, 12)
@@ -111,12 +208,12 @@ mod tests {
             let coord = space.coord(rank);
             assert_eq!(space.rank(coord), rank);
             assert!(space.group_ranks(coord.dp_group).contains(&rank));
+            assert_eq!(space.rank_in_group(coord.dp_group, coord.slot()), rank);
         }
         assert_eq!(space.rank_at(2, 0, 1), 9);
         assert!(space.contains(11) && !space.contains(12));
         // DP 2 x PP 3 x TP 2: TP fastest, then the stage, then the DP group.
-        let layout = ParallelLayout::with_stages(Role::Prefill, 12, 2, 3, None).unwrap();
-        let space = RankSpace::of(&layout);
+        let space = RankSpace::from_world(12, 2, 3).unwrap();
         let last = RankCoord {
             dp_group: 1,
             stage: 2,
@@ -124,6 +221,23 @@ mod tests {
         };
         assert_eq!(space.coord(11), last);
         assert_eq!(space.rank_at(1, 0, 1), 7);
-        assert_eq!((space.slot(last), space.group_size()), (5, 6));
+        assert_eq!((space.slot_index(last.slot()), space.group_size()), (5, 6));
+        assert_eq!(space.group_start(1), 6);
+        let slots: Vec<(u64, u64)> = space.slots().map(|s| (s.stage, s.tp_rank)).collect();
+        assert_eq!(slots, vec![(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]);
+        for index in 0..6 {
+            assert_eq!(space.slot_index(space.slot_at(index)), index);
+        }
+    }
+
+    #[test]
+    fn sizes_that_do_not_divide_are_refused() {
+        assert!(RankSpace::from_world(0, 1, 1).is_err());
+        assert!(RankSpace::from_world(8, 0, 1).is_err());
+        assert!(RankSpace::from_world(8, 3, 1).is_err());
+        assert!(RankSpace::from_world(8, 2, 3).is_err());
+        assert!(RankSpace::from_world(8, 1, 0).is_err());
+        let err = RankSpace::from_world(1 << 31, 1, 1).unwrap_err();
+        assert!(err.message().contains("maximum"), "{err}");
     }
 }

@@ -13,17 +13,17 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::geometry::{replicated_source, Sharding};
-use crate::planner::Class;
+use crate::ranks::{RankSpace, Slot};
+use crate::routing::{first_holder, replicated_source, Class, Sharding};
 
 /// The holder chosen for each (decode slot, class, prefill shard): a prefill TP rank.
 #[derive(Debug, Clone, Default)]
 pub struct Spread {
-    holders: HashMap<(u64, usize, u64), u64>,
+    holders: HashMap<(Slot, usize, u64), u64>,
 }
 
-/// One shard a decode rank reads: which class, which shard, the prefill slots holding it
-/// (`stage * tp + tp_rank`, a run of `replica`), and the holder index to prefer on a tie.
+/// One shard a decode rank reads: which class, which shard, the prefill slot indexes holding
+/// it (a run of `replica` from `first`), and the holder index to prefer on a tie.
 struct Need {
     class: usize,
     src_shard: u64,
@@ -32,47 +32,50 @@ struct Need {
     preferred: u64,
 }
 
-/// The shards decode rank (`stage`, `decode_tp_rank`) reads, class by class.
-fn needs(
-    classes: &[Class],
-    (prefill_tp, decode_tp): (u64, u64),
-    (stage, decode_tp_rank): (u64, u64),
-) -> Vec<Need> {
+/// The shards the decode rank at `at` reads, class by class.
+fn needs(classes: &[Class], (prefill, decode): (RankSpace, RankSpace), at: Slot) -> Vec<Need> {
+    let (prefill_tp, decode_tp) = (prefill.tp_size(), decode.tp_size());
     let mut out = Vec::new();
     for (class, kind) in classes.iter().enumerate() {
-        if kind.decode_stage != stage {
+        if kind.decode_stage != at.stage {
             continue;
         }
-        let stage_base = kind.prefill_stage * prefill_tp;
+        // The prefill slot index of TP rank `tp_rank` of the class's prefill stage.
+        let slot_of = |tp_rank| {
+            prefill.slot_index(Slot {
+                stage: kind.prefill_stage,
+                tp_rank,
+            })
+        };
         let Sharding::Split {
             prefill_replica,
             decode_replica,
             ..
         } = kind.sharding
         else {
-            let source = replicated_source(prefill_tp, decode_tp, decode_tp_rank);
+            let source = replicated_source(prefill_tp, decode_tp, at.tp_rank);
             out.push(Need {
                 class,
                 src_shard: source,
-                first: stage_base + source,
+                first: slot_of(source),
                 replica: 1,
                 preferred: 0,
             });
             continue;
         };
         let (src_shards, dst_shards) = (prefill_tp / prefill_replica, decode_tp / decode_replica);
-        let dst_shard = decode_tp_rank / decode_replica;
+        let dst_shard = at.tp_rank / decode_replica;
         let first = dst_shard * src_shards / dst_shards;
         let last = ((dst_shard + 1) * src_shards - 1) / dst_shards;
         for src_shard in first..=last {
             // Round-robin position of this decode rank among the shard's readers.
             let first_reader = src_shard * dst_shards / src_shards;
             let position =
-                (dst_shard - first_reader) * decode_replica + decode_tp_rank % decode_replica;
+                (dst_shard - first_reader) * decode_replica + at.tp_rank % decode_replica;
             out.push(Need {
                 class,
                 src_shard,
-                first: stage_base + src_shard * prefill_replica,
+                first: slot_of(src_shard * prefill_replica),
                 replica: prefill_replica,
                 preferred: position % prefill_replica,
             });
@@ -82,15 +85,13 @@ fn needs(
 }
 
 impl Spread {
-    /// Chooses holders for every decode rank of one group (`stages` stages of `decode_tp`
-    /// ranks); `classes` are the planner's, indexed as the planner indexes them.
-    pub fn choose(classes: &[Class], (prefill_tp, decode_tp): (u64, u64), stages: u64) -> Self {
-        let slots: Vec<(u64, u64)> = (0..stages)
-            .flat_map(|stage| (0..decode_tp).map(move |t| (stage, t)))
-            .collect();
+    /// Chooses holders for every decode rank of one DP group; `classes` are the planner's,
+    /// indexed as the planner indexes them.
+    pub fn choose(classes: &[Class], prefill: RankSpace, decode: RankSpace) -> Self {
+        let slots: Vec<Slot> = decode.slots().collect();
         let mut needs: Vec<Vec<Need>> = slots
             .iter()
-            .map(|&at| needs(classes, (prefill_tp, decode_tp), at))
+            .map(|&at| needs(classes, (prefill, decode), at))
             .collect();
         // No choice first: every decode rank's single-holder sources.
         let mut reads: Vec<BTreeSet<u64>> = needs
@@ -102,20 +103,15 @@ impl Spread {
                     .collect()
             })
             .collect();
-        let prefill_stages = classes
-            .iter()
-            .map(|c| c.prefill_stage + 1)
-            .max()
-            .unwrap_or(1);
-        let mut load = vec![0u64; usize::try_from(prefill_stages * prefill_tp).unwrap_or(0)];
-        let slot = |rank: u64| usize::try_from(rank).unwrap_or(usize::MAX);
+        let mut load = vec![0u64; usize::try_from(prefill.group_size()).unwrap_or(0)];
+        let index = |slot: u64| usize::try_from(slot).unwrap_or(usize::MAX);
         for &source in reads.iter().flatten() {
-            if let Some(count) = load.get_mut(slot(source)) {
+            if let Some(count) = load.get_mut(index(source)) {
                 *count += 1;
             }
         }
         let mut holders = HashMap::new();
-        for ((decode_slot, list), reading) in (0u64..).zip(&mut needs).zip(&mut reads) {
+        for ((&decode_slot, list), reading) in slots.iter().zip(&mut needs).zip(&mut reads) {
             list.sort_by_key(|n| n.replica);
             for need in list.iter() {
                 let group = need.first..need.first + need.replica;
@@ -124,16 +120,16 @@ impl Spread {
                 } else {
                     let best = (0..need.replica)
                         .map(|step| group.start + (need.preferred + step) % need.replica)
-                        .min_by_key(|&rank| load.get(slot(rank)).copied().unwrap_or(0))
+                        .min_by_key(|&slot| load.get(index(slot)).copied().unwrap_or(0))
                         .unwrap_or(group.start);
-                    if let Some(count) = load.get_mut(slot(best)) {
+                    if let Some(count) = load.get_mut(index(best)) {
                         *count += 1;
                     }
                     reading.insert(best);
                     best
                 };
                 if need.replica > 1 {
-                    let tp_rank = chosen % prefill_tp;
+                    let tp_rank = prefill.slot_at(chosen).tp_rank;
                     holders.insert((decode_slot, need.class, need.src_shard), tp_rank);
                 }
             }
@@ -141,12 +137,12 @@ impl Spread {
         Self { holders }
     }
 
-    /// The prefill TP rank decode slot `decode_slot` reads shard `src_shard` of class `class`
-    /// from (the group's first rank when no choice was recorded).
-    pub fn holder(&self, decode_slot: u64, class: usize, src_shard: u64, replica: u64) -> u64 {
+    /// The prefill TP rank the decode rank at `decode_slot` reads shard `src_shard` of class
+    /// `class` from (the group's first rank when no choice was recorded).
+    pub fn holder(&self, decode_slot: Slot, class: usize, src_shard: u64, replica: u64) -> u64 {
         self.holders
             .get(&(decode_slot, class, src_shard))
             .copied()
-            .unwrap_or(src_shard * replica)
+            .unwrap_or_else(|| first_holder(src_shard, replica))
     }
 }

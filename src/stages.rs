@@ -5,7 +5,13 @@
 //! instead; `vllm_partition` computes it, to pass as the partition.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::ParallelLayout;
+use crate::layout::{BufferLayout, ParallelLayout};
+
+/// Whether a side runs pipeline stages: the one test of it. A one-stage side (even with a
+/// one-entry partition) holds every layer on stage 0.
+pub const fn is_staged(pp_size: u64) -> bool {
+    pp_size > 1
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stages {
@@ -32,24 +38,24 @@ pub fn vllm_partition(layers: u64, pp_size: u64) -> Vec<u64> {
 impl Stages {
     /// The stages of `layout` over a model of `layers` layers.
     pub fn of(layout: &ParallelLayout, layers: u64) -> PlanResult<Self> {
-        let pp = layout.pp_size;
-        let partition = if let Some(partition) = &layout.pp_layer_partition {
+        let pp = layout.pp_size();
+        let role = layout.role().as_str();
+        let partition = if let Some(partition) = layout.pp_layer_partition() {
+            // Each entry is below 2^63 and their sum was checked with the layout.
             let total: u64 = partition.iter().sum();
             if total != layers {
                 bail!(
-                    "the {} side's pp_layer_partition {partition:?} covers {total} layers, but \
-                     the buffers name layers 0..{layers}; give a partition that adds up to \
-                     {layers}",
-                    layout.role.as_str()
+                    "the {role} side's pp_layer_partition {partition:?} covers {total} layers, \
+                     but the buffers name layers 0..{layers}; give a partition that adds up to \
+                     {layers}"
                 );
             }
-            partition.clone()
+            partition.to_vec()
         } else {
             if layers < pp {
                 bail!(
-                    "the {} side has {pp} pipeline stages but the buffers name only {layers} \
-                     layers; every stage must hold at least one layer",
-                    layout.role.as_str()
+                    "the {role} side has {pp} pipeline stages but the buffers name only {layers} \
+                     layers; every stage must hold at least one layer"
                 );
             }
             even_partition(layers, pp)
@@ -74,6 +80,53 @@ impl Stages {
     pub const fn layers(&self) -> u64 {
         self.layers
     }
+}
+
+/// Layers the buffers name (one past the largest). Every buffer must name one when either
+/// side runs pipeline stages.
+pub fn layer_count(
+    prefill: &ParallelLayout,
+    decode: &ParallelLayout,
+    buffers: &[BufferLayout],
+) -> PlanResult<u64> {
+    let staged = is_staged(prefill.pp_size()) || is_staged(decode.pp_size());
+    let mut layers = 0;
+    for (position, b) in buffers.iter().enumerate() {
+        match b.layer {
+            Some(layer) => layers = layers.max(layer + 1),
+            None if staged => bail!(
+                "buffer {} (position {position}, {}) names no layer, but pipeline stages hold \
+                 layers: give every buffer its layer (BufferLayout.layer) when either side has \
+                 pp_size > 1",
+                b.buffer_index,
+                b.buffer_kind.as_str()
+            ),
+            None => {}
+        }
+    }
+    Ok(layers)
+}
+
+/// The stage holding each buffer on one side, given the model's `layers` (`layer_count`): stage
+/// 0 everywhere on a side without stages. A one-stage side's partition, when the buffers name
+/// layers, must still cover them.
+pub fn buffer_stages(
+    layout: &ParallelLayout,
+    buffers: &[BufferLayout],
+    layers: u64,
+) -> PlanResult<Vec<u64>> {
+    let names_layers = buffers.iter().any(|b| b.layer.is_some());
+    if !is_staged(layout.pp_size()) {
+        if layout.pp_layer_partition().is_some() && names_layers {
+            Stages::of(layout, layers)?;
+        }
+        return Ok(vec![0; buffers.len()]);
+    }
+    let stages = Stages::of(layout, layers)?;
+    Ok(buffers
+        .iter()
+        .map(|b| b.layer.map_or(0, |layer| stages.stage_of(layer)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -103,5 +156,26 @@ mod tests {
         let stages = Stages::of(&even, 10).unwrap();
         let of: Vec<u64> = (0..10).map(|l| stages.stage_of(l)).collect();
         assert_eq!(of, vec![0, 0, 0, 1, 1, 1, 2, 2, 3, 3]);
+    }
+
+    #[test]
+    fn a_one_stage_partition_is_checked_only_against_named_layers() {
+        let one = ParallelLayout::with_stages(Role::Prefill, 2, 1, 1, Some(vec![32])).unwrap();
+        let unnamed = BufferLayout {
+            layer: None,
+            ..crate::layout::tests::buffer()
+        };
+        assert_eq!(buffer_stages(&one, &[unnamed; 2], 0).unwrap(), vec![0, 0]);
+        let named = |layer| BufferLayout {
+            layer: Some(layer),
+            ..unnamed
+        };
+        assert_eq!(
+            buffer_stages(&one, &[named(0), named(31)], 32).unwrap(),
+            vec![0, 0]
+        );
+        let err = buffer_stages(&one, &[named(0), named(9)], 10).unwrap_err();
+        assert!(err.message().contains("covers 32 layers"), "{err}");
+        assert!(!is_staged(1) && is_staged(2));
     }
 }

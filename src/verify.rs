@@ -11,10 +11,11 @@ use std::collections::HashMap;
 
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-use crate::geometry::{DecodeReplicas, PageGeometry};
 use crate::interval::Interval;
 use crate::layout::{BufferLayout, LogicalAxis};
+use crate::page::PageGeometry;
 use crate::planner::{Planner, SourcePlan};
+use crate::routing::DecodeReplicas;
 
 /// The logical units a rank holds, in its item's order, as runs `(first unit, count)`: its
 /// shard of each part in turn (any rank of a replica group holds the group's), or everything.
@@ -135,20 +136,9 @@ impl Context<'_> {
             bail!("{where_}: kind or page strides differ from the buffer layouts");
         }
         f.validate()?;
-        let run = f.run_bytes();
         // Every run of the fragment inside both items.
-        let inside = |offset: u64, row_stride: u64, item: u64| {
-            (f.rows_per_page - 1)
-                .checked_mul(row_stride)
-                .and_then(|v| v.checked_add(offset))
-                .and_then(|v| v.checked_add(run))
-                .is_some_and(|end| end <= item)
-        };
-        if !inside(
-            f.src_byte_offset,
-            f.src_row_stride_bytes,
-            p.item_stride_bytes,
-        ) {
+        let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
+        if !inside(f.src_runs().reach(), p.item_stride_bytes) {
             bail!(
                 "{where_}: reads bytes {}..+{} past the prefill item of {} bytes",
                 f.src_byte_offset,
@@ -156,11 +146,7 @@ impl Context<'_> {
                 p.item_stride_bytes
             );
         }
-        if !inside(
-            f.dst_byte_offset,
-            f.dst_row_stride_bytes,
-            d.item_stride_bytes,
-        ) {
+        if !inside(f.dst_runs().reach(), d.item_stride_bytes) {
             bail!(
                 "{where_}: writes bytes {}..+{} past the decode item of {} bytes",
                 f.dst_byte_offset,
@@ -399,7 +385,7 @@ pub fn verify_plans(
                     );
                 }
                 // A source that sends nothing serves nobody.
-                if let Some(count) = usize::try_from(prefill_ranks.slot(at))
+                if let Some(count) = usize::try_from(prefill_ranks.slot_index(at.slot()))
                     .ok()
                     .and_then(|r| readers.get_mut(r))
                     .filter(|_| !source.fragments.is_empty())

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pdplan::descriptors::{build, Side};
+use pdplan::descriptors::{build, Buffers};
 use pdplan::{BufferKind, Fragment};
 
 /// Reads little-endian integers off the input, zero once it runs out.
@@ -48,15 +48,12 @@ fuzz_target!(|data: &[u8]| {
         })
         .collect();
     let coalesce = input.int(1) % 2 == 0;
-    let side = |name, bases, pages| Side {
-        name,
-        bases,
-        pages,
-        limits: Some(&limits),
+    let buffers = Buffers {
+        bases: bases.clone(),
+        limits: Some(limits.clone()),
     };
-    let src = side("src", &bases, &src_pages);
-    let dst = side("dst", &bases, &dst_pages);
-    let Ok(built) = build(&fragments, &src, &dst, coalesce) else {
+    let pages = (src_pages.as_slice(), dst_pages.as_slice());
+    let Ok(built) = build(&fragments, (&buffers, &buffers), pages, coalesce) else {
         return;
     };
     for i in 0..built.len() {

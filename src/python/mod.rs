@@ -15,9 +15,9 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::descriptors;
 use crate::error::PlanError;
-use crate::geometry::DecodeReplicas;
 use crate::model;
 use crate::planner::Planner;
+use crate::routing::DecodeReplicas;
 use crate::verify;
 use crate::wire;
 use convert::{
@@ -172,19 +172,15 @@ fn transfer_descriptors<'py>(
         convert().map_err(to_py_err)?;
     let built = py
         .detach(|| {
-            let src = descriptors::Side {
-                name: "src",
-                bases: &src_bases,
-                pages: &src_pages,
-                limits: src_limits.as_deref(),
+            let src = descriptors::Buffers {
+                bases: src_bases,
+                limits: src_limits,
             };
-            let dst = descriptors::Side {
-                name: "dst",
-                bases: &dst_bases,
-                pages: &dst_pages,
-                limits: dst_limits.as_deref(),
+            let dst = descriptors::Buffers {
+                bases: dst_bases,
+                limits: dst_limits,
             };
-            descriptors::build(&fragments, &src, &dst, coalesce)
+            descriptors::build(&fragments, (&src, &dst), (&src_pages, &dst_pages), coalesce)
         })
         .map_err(to_py_err)?;
     Ok((
@@ -395,7 +391,7 @@ impl PyPlanner {
         let Some(group) = group.filter(|g| !g.is_none()) else {
             return Ok(None);
         };
-        let groups = self.inner.prefill().dp_size;
+        let groups = self.inner.prefill().dp_size();
         to_u64(group, "prefill_dp_group").map(Some).map_err(|_| {
             to_py_err(PlanError::new(format!(
                 "prefill_dp_group={} is out of range: the prefill side has {groups} DP groups \
@@ -406,7 +402,7 @@ impl PyPlanner {
     }
 
     fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let world = self.inner.decode().world_size;
+        let world = self.inner.decode().world_size();
         to_u64(decode_rank, "decode_rank").map_err(|_| {
             to_py_err(PlanError::new(format!(
                 "decode_rank={} is out of range: the decode world has {world} ranks (0..{world})",

@@ -1,12 +1,11 @@
-//! Which logical units each TP rank holds, which prefill rank serves each decode rank, and where
-//! the units sit in the bytes of a page.
+//! Routing in logical units: which units each TP rank holds and which prefill TP rank serves
+//! each decode TP rank. It knows nothing of bytes (`page` turns a unit overlap into the bytes of
+//! a page) nor of global ranks (`ranks` numbers them).
 //!
-//! Routing works in logical units and knows nothing of bytes: a split axis is cut into
-//! `tp / replica` equal shards per part (a rank holds its shard of every part, part after part),
-//! and every rank of a replica group holds its group's shard. The page geometry then turns one
-//! unit overlap into the bytes of a page: one span when a rank's units are contiguous in its
-//! item (head-major), one run per row when pages are token-major.
+//! A split axis is cut into `tp / replica` equal shards per part (a rank holds its shard of
+//! every part, part after part), and every rank of a replica group holds its group's shard.
 
+use crate::interval::Interval;
 use crate::layout::{BufferLayout, LogicalAxis, LogicalParts};
 
 /// Which decode ranks of a replica group receive a sharded buffer.
@@ -64,6 +63,15 @@ impl Sharding {
             },
         }
     }
+}
+
+/// Buffers that route alike: one sharding, held by one prefill stage and one decode stage.
+/// The planner routes each decode rank once per class, not once per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Class {
+    pub sharding: Sharding,
+    pub prefill_stage: u64,
+    pub decode_stage: u64,
 }
 
 /// The prefill TP rank a decode TP rank copies a replicated buffer from.
@@ -142,15 +150,14 @@ pub fn route(
         let (mut src_base, mut dst_base) = (0, 0);
         for part in parts.sizes(logical_size) {
             let (src_len, dst_len) = (part / src_shards, part / dst_shards);
-            let (src_start, dst_start) = (src_shard * src_len, dst_shard * dst_len);
-            let start = src_start.max(dst_start);
-            let end = (src_start + src_len).min(dst_start + dst_len);
-            if start < end {
+            let src = Interval::new(src_shard * src_len, (src_shard + 1) * src_len);
+            let dst = Interval::new(dst_shard * dst_len, (dst_shard + 1) * dst_len);
+            if let Some(common) = src.intersect(dst) {
                 overlaps.push(UnitOverlap {
                     prefill_tp_rank,
-                    src_local: src_base + (start - src_start),
-                    dst_local: dst_base + (start - dst_start),
-                    len: end - start,
+                    src_local: src_base + (common.start - src.start),
+                    dst_local: dst_base + (common.start - dst.start),
+                    len: common.len(),
                 });
             }
             src_base += src_len;
@@ -158,80 +165,6 @@ pub fn route(
         }
     }
     Route::Units(overlaps)
-}
-
-/// How a rank's units lie in one page of its item: `rows` rows `row_stride` bytes apart, each
-/// holding every unit's `unit_row_bytes` bytes in the rank's unit order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PageGeometry {
-    pub rows: u64,
-    pub row_stride: u64,
-    pub unit_row_bytes: u64,
-}
-
-impl PageGeometry {
-    /// The geometry of a validated buffer (`rows_per_page` divides both sizes).
-    pub const fn of(buffer: &BufferLayout) -> Self {
-        Self {
-            rows: buffer.rows_per_page,
-            row_stride: buffer.item_stride_bytes / buffer.rows_per_page,
-            unit_row_bytes: buffer.bytes_per_logical_unit / buffer.rows_per_page,
-        }
-    }
-
-    /// The byte within row `row` where local unit `unit` starts.
-    pub const fn unit_byte(self, row: u64, unit: u64) -> u64 {
-        row * self.row_stride + unit * self.unit_row_bytes
-    }
-}
-
-/// The bytes one fragment moves in each page: `rows` runs of `bytes_per_page / rows` bytes,
-/// run `r` at `offset + r * row_stride` on each side (one run when `rows == 1`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Span {
-    pub src_offset: u64,
-    pub dst_offset: u64,
-    pub bytes_per_page: u64,
-    pub rows: u64,
-    pub src_row_stride: u64,
-    pub dst_row_stride: u64,
-}
-
-impl Span {
-    /// One contiguous run per page.
-    pub const fn contiguous(src_offset: u64, dst_offset: u64, len: u64) -> Self {
-        Self {
-            src_offset,
-            dst_offset,
-            bytes_per_page: len,
-            rows: 1,
-            src_row_stride: 0,
-            dst_row_stride: 0,
-        }
-    }
-
-    /// The span that carries `overlap` from a prefill page to a decode page. Rows that are
-    /// whole and dense on both sides collapse to one run, so head-major pages (one row) keep
-    /// the reference's fragments.
-    pub fn of_units(overlap: &UnitOverlap, prefill: &BufferLayout, decode: &BufferLayout) -> Self {
-        let (src, dst) = (PageGeometry::of(prefill), PageGeometry::of(decode));
-        // Offsets stay below logical_size * bytes_per_logical_unit < 2^63 (validated).
-        let run = overlap.len * src.unit_row_bytes;
-        let src_offset = overlap.src_local * src.unit_row_bytes;
-        let dst_offset = overlap.dst_local * dst.unit_row_bytes;
-        let dense = run == src.row_stride && run == dst.row_stride;
-        if src.rows == 1 || dense {
-            return Self::contiguous(src_offset, dst_offset, run * src.rows);
-        }
-        Self {
-            src_offset,
-            dst_offset,
-            bytes_per_page: run * src.rows,
-            rows: src.rows,
-            src_row_stride: src.row_stride,
-            dst_row_stride: dst.row_stride,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -300,49 +233,5 @@ mod tests {
         };
         let r = route(sharding, 1, 2, 1, DecodeReplicas::First, first_holder);
         assert_eq!(units(&r), vec![(0, 4, 0, 4), (0, 10, 4, 2), (0, 14, 6, 2)]);
-    }
-
-    #[test]
-    fn token_major_rows_become_runs_unless_dense() {
-        let buffer = |heads_held: u64| BufferLayout {
-            buffer_index: 0,
-            buffer_kind: crate::layout::BufferKind::TargetK,
-            logical_axis: LogicalAxis::KvHead,
-            logical_size: 8,
-            page_size: 16,
-            bytes_per_logical_unit: 16 * 256,
-            item_stride_bytes: heads_held * 16 * 256,
-            tp_replica_group_size: 1,
-            layer: None,
-            rows_per_page: 16,
-            logical_parts: LogicalParts::WHOLE,
-        };
-        let one_head = UnitOverlap {
-            prefill_tp_rank: 5,
-            src_local: 0,
-            dst_local: 1,
-            len: 1,
-        };
-        let span = Span::of_units(&one_head, &buffer(1), &buffer(4));
-        assert_eq!(
-            span,
-            Span {
-                src_offset: 0,
-                dst_offset: 256,
-                bytes_per_page: 16 * 256,
-                rows: 16,
-                src_row_stride: 256,
-                dst_row_stride: 1024,
-            }
-        );
-        let whole = UnitOverlap {
-            len: 4,
-            dst_local: 0,
-            ..one_head
-        };
-        assert_eq!(
-            Span::of_units(&whole, &buffer(4), &buffer(4)),
-            Span::contiguous(0, 0, 4 * 16 * 256)
-        );
     }
 }

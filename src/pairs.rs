@@ -1,0 +1,143 @@
+//! Whether a prefill buffer list and a decode buffer list describe the same buffers, and
+//! whether each side's TP size can shard them: the rules a pair must meet before it is planned.
+
+use crate::error::{bail, PlanResult};
+use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
+
+/// One buffer position of a pair, whose fields must agree on both sides.
+struct Same {
+    position: usize,
+}
+
+impl Same {
+    fn check<T: PartialEq + std::fmt::Debug + Copy>(
+        &self,
+        what: &str,
+        p: T,
+        d: T,
+    ) -> PlanResult<()> {
+        if p != d {
+            bail!(
+                "prefill/decode {what} differ at buffer position {}: prefill {p:?}, decode \
+                 {d:?}; both sides must describe the same buffers in the same order",
+                self.position
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Both sides list the same buffers, in the same order, stored the same way.
+pub fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> PlanResult<()> {
+    if prefill.len() != decode.len() {
+        bail!(
+            "prefill/decode buffer counts differ: {} prefill buffers, {} decode buffers; pass \
+             one decode buffer for each prefill buffer, in the same order",
+            prefill.len(),
+            decode.len()
+        );
+    }
+    for (position, (p, d)) in prefill.iter().zip(decode).enumerate() {
+        let same = Same { position };
+        same.check("buffer indexes", p.buffer_index, d.buffer_index)?;
+        same.check(
+            "buffer kinds",
+            p.buffer_kind.as_str(),
+            d.buffer_kind.as_str(),
+        )?;
+        same.check(
+            "logical axes",
+            p.logical_axis.as_str(),
+            d.logical_axis.as_str(),
+        )?;
+        same.check("logical sizes", p.logical_size, d.logical_size)?;
+        same.check(
+            "logical unit sizes",
+            p.bytes_per_logical_unit,
+            d.bytes_per_logical_unit,
+        )?;
+        if p.rows_per_page != d.rows_per_page {
+            bail!(
+                "prefill/decode rows_per_page differ at buffer position {position}: prefill {}, \
+                 decode {}; both sides must store pages the same way (both head-major or both \
+                 token-major)",
+                p.rows_per_page,
+                d.rows_per_page
+            );
+        }
+        same.check(
+            "logical parts",
+            p.logical_parts.given(),
+            d.logical_parts.given(),
+        )?;
+        let replicated = p.logical_axis == LogicalAxis::Replicated;
+        if replicated && p.rows_per_page > 1 && p.item_stride_bytes != d.item_stride_bytes {
+            bail!(
+                "replicated buffer {} ({}) has {} rows a page but items of {} (prefill) and {} \
+                 (decode) bytes: whole items are copied byte for byte, so token-major replicated \
+                 items must be the same size on both sides",
+                p.buffer_index,
+                p.buffer_kind.as_str(),
+                p.rows_per_page,
+                p.item_stride_bytes,
+                d.item_stride_bytes
+            );
+        }
+        if replicated && d.item_stride_bytes > p.item_stride_bytes {
+            bail!(
+                "replicated buffer {} ({}): the decode item ({} bytes) is larger than the \
+                 prefill item ({} bytes), so copying it would read past the prefill item; \
+                 make the decode item_stride_bytes at most the prefill one",
+                p.buffer_index,
+                p.buffer_kind.as_str(),
+                d.item_stride_bytes,
+                p.item_stride_bytes
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One side's TP size (and replica groups) shard `buffer` evenly, and its item holds a shard.
+pub fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanResult<()> {
+    if !buffer.logical_axis.is_sharded() {
+        return Ok(());
+    }
+    let role = layout.role().as_str();
+    let kind = buffer.buffer_kind.as_str();
+    let tp = layout.ranks().tp_size();
+    let replica = buffer.tp_replica_group_size;
+    if tp % replica != 0 {
+        bail!(
+            "tp replica group must divide TP size for buffer_kind={kind} on the {role} side: \
+             tp_size_per_dp={tp}, tp_replica_group_size={replica}"
+        );
+    }
+    let effective_tp = tp / replica;
+    for part in buffer.part_sizes() {
+        if part % effective_tp != 0 {
+            let what = if buffer.logical_parts.given().is_empty() {
+                "logical_size"
+            } else {
+                "a logical part of"
+            };
+            bail!(
+                "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
+                 {what}={part} is not divisible by effective_tp_size={effective_tp} \
+                 (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size \
+                 whose shard count divides {part}, or a replica group that makes it so"
+            );
+        }
+    }
+    let item_units = buffer.item_stride_bytes / buffer.bytes_per_logical_unit;
+    let required_units = buffer.logical_size / effective_tp;
+    if item_units < required_units {
+        bail!(
+            "buffer item is smaller than its logical shard for buffer_kind={kind} on the \
+             {role} side: item_units={item_units}, required_units={required_units}; \
+             item_stride_bytes must be at least {} bytes",
+            required_units * buffer.bytes_per_logical_unit
+        );
+    }
+    Ok(())
+}
