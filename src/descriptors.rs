@@ -534,10 +534,7 @@ mod tests {
             src_byte_offset: src_off,
             dst_byte_offset: dst_off,
             bytes_per_page: len,
-            page_count: None,
-            rows_per_page: 1,
-            src_row_stride_bytes: 0,
-            dst_row_stride_bytes: 0,
+            ..Fragment::default()
         }
     }
 

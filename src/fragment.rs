@@ -1,67 +1,200 @@
 //! One transfer fragment: a byte range of every page of one buffer, from one prefill rank to
 //! one decode rank, or for token-major pages one run per row. The unit the plan, the wire
-//! format and descriptor building share.
+//! format and descriptor building share, and its schema: the one table the struct, the wire
+//! keys of each version, the Python objects and validation are all derived from.
 
 use crate::error::{bail, PlanResult};
 use crate::layout::{BufferKind, MAX_ROWS_PER_PAGE, MAX_VALUE};
 use crate::page::RowRuns;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fragment {
-    pub buffer_index: u64,
-    pub buffer_kind: BufferKind,
-    pub src_rank: u64,
-    pub dst_rank: u64,
-    pub src_page_stride_bytes: u64,
-    pub dst_page_stride_bytes: u64,
-    pub src_byte_offset: u64,
-    pub dst_byte_offset: u64,
-    pub bytes_per_page: u64,
-    /// Limits the fragment to the first `page_count` pages of a request; `None` means all.
-    pub page_count: Option<u64>,
-    /// Runs a page: each page moves `rows_per_page` runs of `bytes_per_page / rows_per_page`
-    /// bytes, run `r` at `offset + r * row_stride` on each side. 1 (strides 0) is one span.
-    pub rows_per_page: u64,
-    pub src_row_stride_bytes: u64,
-    pub dst_row_stride_bytes: u64,
+/// What a field holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldKind {
+    /// An integer in [0, 2^63).
+    Int,
+    /// `None` or an integer in [0, 2^63).
+    OptionalInt,
+    /// A buffer kind, by name.
+    Kind,
 }
 
-/// Field names in wire order; also the dataclass field order.
-pub const FIELD_NAMES: [&str; 13] = [
-    "buffer_index",
-    "buffer_kind",
-    "src_rank",
-    "dst_rank",
-    "src_page_stride_bytes",
-    "dst_page_stride_bytes",
-    "src_byte_offset",
-    "dst_byte_offset",
-    "bytes_per_page",
-    "page_count",
-    "rows_per_page",
-    "src_row_stride_bytes",
-    "dst_row_stride_bytes",
-];
+/// One field's value, whatever its kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldValue {
+    Int(u64),
+    OptionalInt(Option<u64>),
+    Kind(BufferKind),
+}
 
-/// The fields wire format v1 carries (the reference's); the rest need v2.
-pub const V1_FIELD_COUNT: usize = 10;
+/// One row of the schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub name: &'static str,
+    /// The JSON key as the wire writes it, quoted, with its colon.
+    pub key: &'static str,
+    pub kind: FieldKind,
+    /// The first wire version that carries the field: earlier versions neither write nor
+    /// accept it, and a list whose fragments all hold its default is written in an earlier one.
+    pub since: u32,
+    /// The value a fragment holds when the field is not given; `None`: the field is required.
+    pub default: Option<FieldValue>,
+}
+
+/// The Rust types fields may have.
+pub trait FieldType: Sized + Default {
+    const KIND: FieldKind;
+    fn into_value(self) -> FieldValue;
+    fn from_value(value: FieldValue) -> Option<Self>;
+}
+
+impl FieldType for u64 {
+    const KIND: FieldKind = FieldKind::Int;
+    fn into_value(self) -> FieldValue {
+        FieldValue::Int(self)
+    }
+    fn from_value(value: FieldValue) -> Option<Self> {
+        match value {
+            FieldValue::Int(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl FieldType for Option<u64> {
+    const KIND: FieldKind = FieldKind::OptionalInt;
+    fn into_value(self) -> FieldValue {
+        FieldValue::OptionalInt(self)
+    }
+    fn from_value(value: FieldValue) -> Option<Self> {
+        match value {
+            FieldValue::OptionalInt(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl FieldType for BufferKind {
+    const KIND: FieldKind = FieldKind::Kind;
+    fn into_value(self) -> FieldValue {
+        FieldValue::Kind(self)
+    }
+    fn from_value(value: FieldValue) -> Option<Self> {
+        match value {
+            FieldValue::Kind(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// Defines `Fragment`, `FIELDS` and the conversions between the two from one table.
+macro_rules! fragment_schema {
+    ($($(#[doc = $doc:literal])* $name:ident: $ty:ty, since $since:literal $(, default $default:expr)?;)*) => {
+        /// One transfer fragment; its fields, in order, are the schema's rows.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub struct Fragment {
+            $($(#[doc = $doc])* pub $name: $ty,)*
+        }
+
+        /// How many fields a fragment has.
+        pub const FIELD_COUNT: usize = [$(stringify!($name)),*].len();
+
+        /// The schema, in field order: the struct, the dataclass, the wire keys.
+        pub const FIELDS: [Field; FIELD_COUNT] = [$(Field {
+            name: stringify!($name),
+            key: concat!("\"", stringify!($name), "\":"),
+            kind: <$ty as FieldType>::KIND,
+            since: $since,
+            default: fragment_schema!(@default $($default)?),
+        }),*];
+
+        impl Fragment {
+            /// Every field's value, in schema order.
+            pub fn values(&self) -> [FieldValue; FIELD_COUNT] {
+                [$(FieldType::into_value(self.$name)),*]
+            }
+
+            /// A fragment from values in schema order; `None` if one is of the wrong kind.
+            pub fn from_values(values: [FieldValue; FIELD_COUNT]) -> Option<Self> {
+                let mut values = values.into_iter();
+                // Struct fields are evaluated in the order written: the schema's.
+                Some(Self {
+                    $($name: <$ty as FieldType>::from_value(values.next()?)?,)*
+                })
+            }
+        }
+
+        /// Every field at its default; required fields at 0 (and `target_k`). Fragments are
+        /// built as `Fragment { required fields, ..Fragment::default() }`, so a field added
+        /// with a default needs no other change.
+        impl Default for Fragment {
+            fn default() -> Self {
+                Self {
+                    $($name: fragment_schema!(@default $($default)?)
+                        .and_then(<$ty as FieldType>::from_value)
+                        .unwrap_or_default(),)*
+                }
+            }
+        }
+    };
+    (@default) => { None };
+    (@default $default:expr) => { Some($default) };
+}
+
+// The schema. To add a field with a default: add its row here (at the end, with the first wire
+// version that carries it and its default) and the same field to `TransferFragment` in
+// python/pdplan/_model.py; nothing else is edited by hand. Wire coding, the Python object
+// factory and reader, validation and the parity tests all follow this table.
+fragment_schema! {
+    buffer_index: u64, since 1;
+    buffer_kind: BufferKind, since 1;
+    src_rank: u64, since 1;
+    dst_rank: u64, since 1;
+    src_page_stride_bytes: u64, since 1;
+    dst_page_stride_bytes: u64, since 1;
+    src_byte_offset: u64, since 1;
+    dst_byte_offset: u64, since 1;
+    bytes_per_page: u64, since 1;
+    /// Limits the fragment to the first `page_count` pages of a request; `None` means all.
+    page_count: Option<u64>, since 1, default FieldValue::OptionalInt(None);
+    /// Runs a page: each page moves `rows_per_page` runs of `bytes_per_page / rows_per_page`
+    /// bytes, run `r` at `offset + r * row_stride` on each side. 1 (strides 0) is one span.
+    rows_per_page: u64, since 2, default FieldValue::Int(1);
+    src_row_stride_bytes: u64, since 2, default FieldValue::Int(0);
+    dst_row_stride_bytes: u64, since 2, default FieldValue::Int(0);
+}
+
+/// The newest wire version a field needs.
+pub const LATEST_VERSION: u32 = {
+    let mut latest = 1;
+    let mut i = 0;
+    while i < FIELD_COUNT {
+        if FIELDS[i].since > latest {
+            latest = FIELDS[i].since;
+        }
+        i += 1;
+    }
+    latest
+};
+
+// Every field a later version adds has a default, so older frames still decode to fragments.
+const _: () = {
+    let mut i = 0;
+    while i < FIELD_COUNT {
+        assert!(FIELDS[i].since == 1 || FIELDS[i].default.is_some());
+        i += 1;
+    }
+};
 
 impl Fragment {
-    /// The integer fields with their names, in wire order (`buffer_kind` left out).
-    pub fn integer_fields(&self) -> [(&'static str, u64); 11] {
-        [
-            ("buffer_index", self.buffer_index),
-            ("src_rank", self.src_rank),
-            ("dst_rank", self.dst_rank),
-            ("src_page_stride_bytes", self.src_page_stride_bytes),
-            ("dst_page_stride_bytes", self.dst_page_stride_bytes),
-            ("src_byte_offset", self.src_byte_offset),
-            ("dst_byte_offset", self.dst_byte_offset),
-            ("bytes_per_page", self.bytes_per_page),
-            ("rows_per_page", self.rows_per_page),
-            ("src_row_stride_bytes", self.src_row_stride_bytes),
-            ("dst_row_stride_bytes", self.dst_row_stride_bytes),
-        ]
+    /// The oldest wire version that carries this fragment: the newest `since` among the fields
+    /// that differ from their defaults.
+    pub fn wire_version(&self) -> u32 {
+        FIELDS
+            .iter()
+            .zip(self.values())
+            .filter(|(field, value)| field.default.is_some_and(|d| d != *value))
+            .map(|(field, _)| field.since)
+            .fold(1, u32::max)
     }
 
     /// Whether the fragment moves more than one run a page (and so needs wire format v2).
@@ -98,24 +231,15 @@ impl Fragment {
         }
     }
 
-    /// Every integer lies in [0, 2^63), as the wire format requires.
+    /// Every integer lies in [0, 2^63), as the wire format requires, and the runs fit.
     pub fn validate(&self) -> PlanResult<()> {
-        // One test for the common case (every field in range); the loop names the culprit.
-        let any = self
-            .integer_fields()
-            .iter()
-            .fold(self.page_count.unwrap_or(0), |acc, (_, v)| acc | v);
-        if any <= MAX_VALUE {
-            return self.validate_rows();
-        }
-        for (name, value) in self.integer_fields() {
-            if value > MAX_VALUE {
-                bail!("{name}={value} must be below 2^63");
-            }
-        }
-        if let Some(pages) = self.page_count {
-            if pages > MAX_VALUE {
-                bail!("page_count={pages} must be below 2^63");
+        for (field, value) in FIELDS.iter().zip(self.values()) {
+            let int = match value {
+                FieldValue::Int(v) | FieldValue::OptionalInt(Some(v)) => v,
+                FieldValue::OptionalInt(None) | FieldValue::Kind(_) => continue,
+            };
+            if int > MAX_VALUE {
+                bail!("{}={int} must be below 2^63", field.name);
             }
         }
         self.validate_rows()

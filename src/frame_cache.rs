@@ -178,10 +178,7 @@ mod tests {
             src_byte_offset: 0,
             dst_byte_offset: 0,
             bytes_per_page: 64,
-            page_count: None,
-            rows_per_page: 1,
-            src_row_stride_bytes: 0,
-            dst_row_stride_bytes: 0,
+            ..Fragment::default()
         };
         wire::encode(&[fragment])
     }

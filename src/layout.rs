@@ -73,8 +73,9 @@ impl LogicalAxis {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub enum BufferKind {
+    #[default]
     TargetK,
     TargetV,
     DraftK,

@@ -531,10 +531,10 @@ impl Planner {
                     src_byte_offset: span.src_offset,
                     dst_byte_offset: span.dst_offset,
                     bytes_per_page: span.bytes_per_page,
-                    page_count: None,
                     rows_per_page: span.rows,
                     src_row_stride_bytes: span.src_row_stride,
                     dst_row_stride_bytes: span.dst_row_stride,
+                    ..Fragment::default()
                 });
             }
         });

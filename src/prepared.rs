@@ -219,10 +219,10 @@ mod tests {
             src_byte_offset: 8,
             dst_byte_offset: 16,
             bytes_per_page: 8 * rows,
-            page_count: None,
             rows_per_page: rows,
             src_row_stride_bytes: if rows > 1 { 16 } else { 0 },
             dst_row_stride_bytes: if rows > 1 { 32 } else { 0 },
+            ..Fragment::default()
         }
     }
 

@@ -1,26 +1,32 @@
-//! The wire format: a version frame and a compact JSON list of fragment objects, keys in field
-//! order. Version 1 (`b"1"`) is the reference's, byte for byte; a list with a row fragment
-//! (token-major pages) is version 2 (`b"2"`): the v1 keys, then `rows_per_page`,
-//! `src_row_stride_bytes`, `dst_row_stride_bytes`. Decoding is strict: fragments come from
-//! another process and are not trusted.
+//! The wire format: a version frame and a compact JSON list of fragment objects, keys in schema
+//! order (`fragment::FIELDS`). Version 1 (`b"1"`) is the reference's, byte for byte; a list is
+//! written in the oldest version that carries all of it: a fragment holding a non-default value
+//! of a field that version `n` adds needs version `n` (version 2 adds the row fields of
+//! token-major pages: `rows_per_page`, `src_row_stride_bytes`, `dst_row_stride_bytes`). A frame of
+//! version `n` carries exactly the fields of versions up to `n`. Decoding is strict: fragments
+//! come from another process and are not trusted.
 
 use std::fmt;
 
-use serde::de::{self, Deserializer, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::fragment::Fragment;
+use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, LATEST_VERSION};
 use crate::layout::{BufferKind, MAX_VALUE};
 
-/// The version the reference speaks, and what a list without row fragments is encoded as.
+/// The version the reference speaks, and what a list of reference-shaped fragments is encoded as.
 pub const PROTOCOL_VERSION: u32 = 1;
-pub const VERSION_FRAME: &[u8] = b"1";
-/// The version that carries row fragments.
-pub const ROWS_PROTOCOL_VERSION: u32 = 2;
-pub const ROWS_VERSION_FRAME: &[u8] = b"2";
-/// Every version this build decodes.
-pub const READABLE_VERSIONS: [u32; 2] = [PROTOCOL_VERSION, ROWS_PROTOCOL_VERSION];
+/// Every version this build decodes: 1 up to the newest a schema field needs.
+pub const READABLE_VERSIONS: [u32; LATEST_VERSION as usize] = {
+    let mut versions = [0; LATEST_VERSION as usize];
+    let mut version = 1;
+    while version <= LATEST_VERSION {
+        versions[version as usize - 1] = version;
+        version += 1;
+    }
+    versions
+};
 
 /// How much a peer's frames may hold before anything is parsed: a frame is refused on its
 /// length alone, and a payload stops parsing at the first fragment past the count.
@@ -45,63 +51,50 @@ impl Default for FrameLimits {
     }
 }
 
-/// Encodes fragments into (version frame, payload frame): version 1 unless a fragment has rows.
+/// The version frame of `version`: its decimal digits.
+pub fn version_frame(version: u32) -> Vec<u8> {
+    version.to_string().into_bytes()
+}
+
+/// Encodes fragments into (version frame, payload frame), in the oldest version that carries
+/// them all.
 pub fn encode(fragments: &[Fragment]) -> (Vec<u8>, Vec<u8>) {
-    let rows = fragments.iter().any(Fragment::is_row_fragment);
+    let version = fragments
+        .iter()
+        .map(Fragment::wire_version)
+        .fold(PROTOCOL_VERSION, u32::max);
     // Every fragment serialises to roughly 250 bytes (v2: 320).
-    let mut json = String::with_capacity(2 + fragments.len() * if rows { 320 } else { 256 });
+    let mut json = String::with_capacity(2 + fragments.len() * (190 + 64 * version as usize));
     json.push('[');
+    let mut digits = itoa::Buffer::new();
     for (position, fragment) in fragments.iter().enumerate() {
         if position > 0 {
             json.push(',');
         }
-        write_fragment(&mut json, fragment, rows);
+        json.push('{');
+        let carried = FIELDS.iter().zip(fragment.values());
+        for (index, (field, value)) in carried.filter(|(f, _)| f.since <= version).enumerate() {
+            if index > 0 {
+                json.push(',');
+            }
+            // Hand-rolled rather than `write!`: formatting machinery is most of the cost.
+            json.push_str(field.key);
+            match value {
+                FieldValue::Int(v) | FieldValue::OptionalInt(Some(v)) => {
+                    json.push_str(digits.format(v));
+                }
+                FieldValue::OptionalInt(None) => json.push_str("null"),
+                FieldValue::Kind(kind) => {
+                    json.push('"');
+                    json.push_str(kind.as_str());
+                    json.push('"');
+                }
+            }
+        }
+        json.push('}');
     }
     json.push(']');
-    let version = if rows {
-        ROWS_VERSION_FRAME
-    } else {
-        VERSION_FRAME
-    };
-    (version.to_vec(), json.into_bytes())
-}
-
-fn write_fragment(out: &mut String, f: &Fragment, with_rows: bool) {
-    // Hand-rolled rather than `write!`: formatting machinery is most of the cost otherwise.
-    let mut digits = itoa::Buffer::new();
-    let mut field = |key: &str, value: u64| {
-        out.push_str(key);
-        out.push_str(digits.format(value));
-    };
-    field("{\"buffer_index\":", f.buffer_index);
-    out.push_str(",\"buffer_kind\":\"");
-    out.push_str(f.buffer_kind.as_str());
-    out.push('"');
-    let mut field = |key: &str, value: u64| {
-        out.push_str(key);
-        out.push_str(digits.format(value));
-    };
-    field(",\"src_rank\":", f.src_rank);
-    field(",\"dst_rank\":", f.dst_rank);
-    field(",\"src_page_stride_bytes\":", f.src_page_stride_bytes);
-    field(",\"dst_page_stride_bytes\":", f.dst_page_stride_bytes);
-    field(",\"src_byte_offset\":", f.src_byte_offset);
-    field(",\"dst_byte_offset\":", f.dst_byte_offset);
-    field(",\"bytes_per_page\":", f.bytes_per_page);
-    match f.page_count {
-        Some(pages) => field(",\"page_count\":", pages),
-        None => out.push_str(",\"page_count\":null"),
-    }
-    if with_rows {
-        let mut field = |key: &str, value: u64| {
-            out.push_str(key);
-            out.push_str(digits.format(value));
-        };
-        field(",\"rows_per_page\":", f.rows_per_page);
-        field(",\"src_row_stride_bytes\":", f.src_row_stride_bytes);
-        field(",\"dst_row_stride_bytes\":", f.dst_row_stride_bytes);
-    }
-    out.push('}');
+    (version_frame(version), json.into_bytes())
 }
 
 /// Decodes a frame pair under the default limits. Both empty (or absent) means no fragments.
@@ -126,6 +119,23 @@ pub fn check_payload_len(payload_len: usize, limits: FrameLimits) -> PlanResult<
     Ok(())
 }
 
+/// The version a version frame names, if this build reads it (exactly its digits: no sign,
+/// no leading zero, no space).
+fn parse_version(frame: &[u8]) -> PlanResult<u32> {
+    let readable = READABLE_VERSIONS
+        .iter()
+        .copied()
+        .find(|&v| version_frame(v) == frame);
+    let Some(version) = readable else {
+        let shown = String::from_utf8_lossy(&frame[..frame.len().min(32)]).into_owned();
+        bail!(
+            "unsupported transfer plan protocol version frame {shown:?}: this build reads \
+             versions {READABLE_VERSIONS:?}; upgrade the peer or pdplan so both match"
+        );
+    };
+    Ok(version)
+}
+
 /// Decodes a frame pair, refusing frames past `limits` before materialising their fragments.
 pub fn decode_with(
     version_frame: Option<&[u8]>,
@@ -140,17 +150,7 @@ pub fn decode_with(
         (Some(_), None) => bail!("incomplete transfer plan frames: the payload frame is missing"),
         (None, Some(_)) => bail!("incomplete transfer plan frames: the version frame is missing"),
     };
-    let rows = match version {
-        VERSION_FRAME => false,
-        ROWS_VERSION_FRAME => true,
-        _ => {
-            let shown = String::from_utf8_lossy(&version[..version.len().min(32)]).into_owned();
-            bail!(
-                "unsupported transfer plan protocol version frame {shown:?}: this build reads \
-                 versions {READABLE_VERSIONS:?}; upgrade the peer or pdplan so both match"
-            );
-        }
-    };
+    let version = parse_version(version)?;
     check_payload_len(payload.len(), limits)?;
     let text = std::str::from_utf8(payload)
         .map_err(|e| PlanError::new(format!("transfer plan payload is not valid UTF-8: {e}")))?;
@@ -158,18 +158,17 @@ pub fn decode_with(
     let fragments = parser
         .deserialize_seq(BoundedFragments {
             max: limits.max_fragments,
-            rows,
+            version,
         })
         .and_then(|fragments| parser.end().map(|()| fragments))
         .map_err(|e| PlanError::new(format!("invalid transfer plan payload: {e}")))?;
     Ok(fragments)
 }
 
-/// A JSON list of fragments, refused at the first element past `max`; `rows` says the
-/// version carries the row keys (required in v2, refused in v1).
+/// A JSON list of fragments of one version, refused at the first element past `max`.
 struct BoundedFragments {
     max: u64,
-    rows: bool,
+    version: u32,
 }
 
 impl<'de> Visitor<'de> for BoundedFragments {
@@ -181,7 +180,11 @@ impl<'de> Visitor<'de> for BoundedFragments {
 
     fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut out = Vec::new();
-        while let Some(raw) = seq.next_element::<WireFragment>()? {
+        let version = self.version;
+        while let Some(fragment) = seq.next_element_seed(FragmentSeed {
+            version,
+            position: out.len(),
+        })? {
             if out.len() as u64 >= self.max {
                 return Err(de::Error::custom(format_args!(
                     "more than {} fragments in one payload; a peer sent more than one plan \
@@ -189,85 +192,131 @@ impl<'de> Visitor<'de> for BoundedFragments {
                     self.max
                 )));
             }
-            let position = out.len();
-            let fragment = raw
-                .into_fragment(self.rows)
-                .map_err(|e| de::Error::custom(format_args!("fragment {position}: {e}")))?;
             out.push(fragment);
         }
         Ok(out)
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a transfer fragment object")]
-struct WireFragment {
-    #[serde(deserialize_with = "wire_int")]
-    buffer_index: u64,
-    #[serde(deserialize_with = "wire_kind")]
-    buffer_kind: BufferKind,
-    #[serde(deserialize_with = "wire_int")]
-    src_rank: u64,
-    #[serde(deserialize_with = "wire_int")]
-    dst_rank: u64,
-    #[serde(deserialize_with = "wire_int")]
-    src_page_stride_bytes: u64,
-    #[serde(deserialize_with = "wire_int")]
-    dst_page_stride_bytes: u64,
-    #[serde(deserialize_with = "wire_int")]
-    src_byte_offset: u64,
-    #[serde(deserialize_with = "wire_int")]
-    dst_byte_offset: u64,
-    #[serde(deserialize_with = "wire_int")]
-    bytes_per_page: u64,
-    // `deserialize_with` makes the key required: `null` is allowed, a missing key is not.
-    #[serde(deserialize_with = "wire_optional_int")]
-    page_count: Option<u64>,
-    // Version 2 only; presence is checked against the version in `into_fragment`.
-    #[serde(default, deserialize_with = "wire_present_int")]
-    rows_per_page: Option<u64>,
-    #[serde(default, deserialize_with = "wire_present_int")]
-    src_row_stride_bytes: Option<u64>,
-    #[serde(default, deserialize_with = "wire_present_int")]
-    dst_row_stride_bytes: Option<u64>,
+/// One fragment object of a frame of `version`: exactly the schema's fields up to that
+/// version, each once, in any order; later fields take their defaults.
+#[derive(Clone, Copy)]
+struct FragmentSeed {
+    version: u32,
+    position: usize,
 }
 
-impl WireFragment {
-    fn into_fragment(self, rows: bool) -> PlanResult<Fragment> {
-        let row_keys = [
-            self.rows_per_page,
-            self.src_row_stride_bytes,
-            self.dst_row_stride_bytes,
-        ];
-        let (rows_per_page, src_row_stride_bytes, dst_row_stride_bytes) = match (rows, row_keys) {
-            (false, [None, None, None]) => (1, 0, 0),
-            (true, [Some(r), Some(s), Some(d)]) => (r, s, d),
-            (false, _) => bail!(
-                "a version 1 frame carries row keys (rows_per_page, src_row_stride_bytes, \
-                 dst_row_stride_bytes); only version 2 frames may"
-            ),
-            (true, _) => bail!(
-                "a version 2 fragment must carry rows_per_page, src_row_stride_bytes and \
-                 dst_row_stride_bytes"
-            ),
-        };
-        let fragment = Fragment {
-            buffer_index: self.buffer_index,
-            buffer_kind: self.buffer_kind,
-            src_rank: self.src_rank,
-            dst_rank: self.dst_rank,
-            src_page_stride_bytes: self.src_page_stride_bytes,
-            dst_page_stride_bytes: self.dst_page_stride_bytes,
-            src_byte_offset: self.src_byte_offset,
-            dst_byte_offset: self.dst_byte_offset,
-            bytes_per_page: self.bytes_per_page,
-            page_count: self.page_count,
-            rows_per_page,
-            src_row_stride_bytes,
-            dst_row_stride_bytes,
-        };
-        fragment.validate()?;
+impl<'de> DeserializeSeed<'de> for FragmentSeed {
+    type Value = Fragment;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Fragment, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for FragmentSeed {
+    type Value = Fragment;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a transfer fragment object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fragment, A::Error> {
+        let mut given: [Option<FieldValue>; FIELD_COUNT] = [None; FIELD_COUNT];
+        let mut expected = 0;
+        while let Some(index) = map.next_key_seed(FieldKey { expected })? {
+            expected = index + 1;
+            let Some(field) = FIELDS.get(index) else {
+                return Err(de::Error::custom("no such field"));
+            };
+            if field.since > self.version {
+                return Err(de::Error::custom(format_args!(
+                    "a version {} frame carries `{}`, a field of version {}; only frames of \
+                     version {} or later may",
+                    self.version, field.name, field.since, field.since
+                )));
+            }
+            let slot = given.get_mut(index);
+            if slot.as_ref().is_some_and(|v| v.is_some()) {
+                return Err(de::Error::duplicate_field(field.name));
+            }
+            let value = map.next_value_seed(FieldSeed(field.kind))?;
+            if let Some(slot) = slot {
+                *slot = Some(value);
+            }
+        }
+        let mut values = [FieldValue::Int(0); FIELD_COUNT];
+        for ((value, given), field) in values.iter_mut().zip(given).zip(&FIELDS) {
+            *value = match (given, field.default) {
+                (Some(v), _) => v,
+                (None, Some(default)) if field.since > self.version => default,
+                (None, _) => return Err(de::Error::missing_field(field.name)),
+            };
+        }
+        let position = self.position;
+        let fragment = Fragment::from_values(values)
+            .ok_or_else(|| de::Error::custom(format_args!("fragment {position}: bad value")))?;
+        fragment
+            .validate()
+            .map_err(|e| de::Error::custom(format_args!("fragment {position}: {e}")))?;
         Ok(fragment)
+    }
+}
+
+/// A key, as its index in the schema; `expected` is tried first (keys come in schema order).
+struct FieldKey {
+    expected: usize,
+}
+
+impl<'de> DeserializeSeed<'de> for FieldKey {
+    type Value = usize;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<usize, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for FieldKey {
+    type Value = usize;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a transfer fragment field name")
+    }
+
+    fn visit_str<E: de::Error>(self, key: &str) -> Result<usize, E> {
+        if FIELDS.get(self.expected).is_some_and(|f| f.name == key) {
+            return Ok(self.expected);
+        }
+        FIELDS
+            .iter()
+            .position(|f| f.name == key)
+            .ok_or_else(|| E::unknown_field(key, &FIELD_NAMES))
+    }
+}
+
+/// The field names, for error messages.
+const FIELD_NAMES: [&str; FIELD_COUNT] = {
+    let mut names = [""; FIELD_COUNT];
+    let mut i = 0;
+    while i < FIELD_COUNT {
+        names[i] = FIELDS[i].name;
+        i += 1;
+    }
+    names
+};
+
+/// A field's value, parsed as its kind says.
+struct FieldSeed(FieldKind);
+
+impl<'de> DeserializeSeed<'de> for FieldSeed {
+    type Value = FieldValue;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<FieldValue, D::Error> {
+        match self.0 {
+            FieldKind::Int => wire_int(deserializer).map(FieldValue::Int),
+            FieldKind::OptionalInt => wire_optional_int(deserializer).map(FieldValue::OptionalInt),
+            FieldKind::Kind => wire_kind(deserializer).map(FieldValue::Kind),
+        }
     }
 }
 
@@ -329,11 +378,6 @@ fn wire_optional_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Optio
     deserializer.deserialize_any(WireOptionalInt)
 }
 
-/// A key that, when present, holds an integer in [0, 2^63) (never `null`).
-fn wire_present_int<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-    deserializer.deserialize_any(WireInt).map(Some)
-}
-
 fn wire_kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BufferKind, D::Error> {
     // Borrowing fails for strings with escapes; an owned String takes both.
     let text = String::deserialize(deserializer)?;
@@ -355,10 +399,7 @@ mod tests {
             src_byte_offset: 0,
             dst_byte_offset: 4096,
             bytes_per_page: 4096,
-            page_count: None,
-            rows_per_page: 1,
-            src_row_stride_bytes: 0,
-            dst_row_stride_bytes: 0,
+            ..Fragment::default()
         }
     }
 

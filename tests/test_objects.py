@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import json
 import pickle
 import weakref
 
@@ -37,6 +38,33 @@ def rust_built_fragment() -> TransferFragment:
 )
 def test_the_core_fills_fields_in_dataclass_order(cls: type, filled: list[str]) -> None:
     assert [f.name for f in dataclasses.fields(cls)] == filled
+
+
+def test_the_schema_gives_the_dataclass_defaults_and_the_wire_keys() -> None:
+    """The core's one fragment schema against the hand-written dataclass and real frames: the
+    same defaults, and each version's frame carries exactly the fields up to that version."""
+    fields = dataclasses.fields(TransferFragment)
+    defaults = {f.name: f.default for f in fields if f.default is not dataclasses.MISSING}
+    assert defaults == _core.TRANSFER_FRAGMENT_DEFAULTS
+    since = dict(_core.TRANSFER_FRAGMENT_SINCE)
+    assert list(since) == [f.name for f in fields]
+    plain = rust_built_fragment()
+    for version in sorted(set(since.values())):
+        # A fragment that differs from the defaults exactly in the fields of `version`.
+        changed = {
+            name: value + 1
+            for name, value in defaults.items()
+            if since[name] == version and isinstance(value, int)
+        }
+        if version > 1 and "rows_per_page" in changed:
+            changed.update(rows_per_page=2, bytes_per_page=2 * plain.bytes_per_page)
+            changed.update(src_row_stride_bytes=plain.bytes_per_page + 1)
+            changed.update(dst_row_stride_bytes=plain.bytes_per_page + 1)
+        fragment = dataclasses.replace(plain, **changed)
+        frame, payload = encode_transfer_fragments([fragment])
+        assert frame == str(version).encode()
+        keys = list(json.loads(payload)[0])
+        assert keys == [name for name, first in since.items() if first <= version]
 
 
 def test_fragments_have_no_dict_so_no_stray_attribute_can_close_a_cycle() -> None:

@@ -45,6 +45,8 @@ fuzz_target!(|data: &[u8]| {
             rows_per_page: 1 + input.int(1) % 4,
             src_row_stride_bytes: input.int(2),
             dst_row_stride_bytes: input.int(2),
+            // Fields added later keep their defaults until the target learns them.
+            ..Fragment::default()
         })
         .collect();
     let coalesce = input.int(1) % 2 == 0;

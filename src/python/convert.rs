@@ -4,13 +4,14 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString};
 
-use super::objects::ModelTypes;
+use super::objects::{field_names, ModelTypes};
 use crate::error::{bail, PlanError};
-use crate::fragment::Fragment;
+use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT};
 use crate::layout::{
     BufferKind, BufferLayout, LogicalAxis, LogicalParts, ParallelLayout, Role, MAX_VALUE,
 };
 use crate::model::{ConvShape, DraftShape, Dtype, ItemLengths, MambaShape, MlaShape, ModelShape};
+use crate::wire;
 
 pub type Converted<T> = Result<T, PlanError>;
 
@@ -110,11 +111,24 @@ impl<'py> Fields<'_, 'py> {
 
     fn kind(&self, types: Option<&ModelTypes>) -> Converted<BufferKind> {
         let value = self.get(name!(self, "buffer_kind"))?;
-        if let Some(kind) = types.and_then(|t| t.kind_of(&value)) {
-            return Ok(kind);
-        }
-        BufferKind::parse(&self.string(name!(self, "buffer_kind"))?)
+        kind_value(&value, types)
     }
+}
+
+/// A `BufferKind` member (by identity, the fast case) or its name.
+fn kind_value(value: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Converted<BufferKind> {
+    if let Some(kind) = types.and_then(|t| t.kind_of(value)) {
+        return Ok(kind);
+    }
+    // Members of `str` enums extract as their value.
+    let text = value.extract::<String>().map_err(|_| {
+        PlanError::new(format!(
+            "buffer_kind must be a string, got {} ({})",
+            repr(value),
+            type_name(value)
+        ))
+    })?;
+    BufferKind::parse(&text)
 }
 
 pub fn parallel_layout(obj: &Bound<'_, PyAny>) -> Converted<ParallelLayout> {
@@ -158,30 +172,40 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
     Ok(buffer)
 }
 
-/// A fragment from a `TransferFragment` or any object with its fields; `types` enables the
-/// identity fast path for `BufferKind` members.
+/// A fragment from a `TransferFragment` or any object with its fields, read field by field as
+/// the schema says: the reference's (version 1) fields are required attributes; later ones
+/// may be missing or `None` (objects written for the reference) and then take their defaults.
+/// `types` enables the identity fast path for `BufferKind` members.
 pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Converted<Fragment> {
     let f = Fields { obj };
-    let page_count = f.get(name!(f, "page_count"))?;
-    let fragment = Fragment {
-        buffer_index: f.u64(name!(f, "buffer_index"))?,
-        buffer_kind: f.kind(types)?,
-        src_rank: f.u64(name!(f, "src_rank"))?,
-        dst_rank: f.u64(name!(f, "dst_rank"))?,
-        src_page_stride_bytes: f.u64(name!(f, "src_page_stride_bytes"))?,
-        dst_page_stride_bytes: f.u64(name!(f, "dst_page_stride_bytes"))?,
-        src_byte_offset: f.u64(name!(f, "src_byte_offset"))?,
-        dst_byte_offset: f.u64(name!(f, "dst_byte_offset"))?,
-        bytes_per_page: f.u64(name!(f, "bytes_per_page"))?,
-        page_count: if page_count.is_none() {
-            None
+    let mut values = [FieldValue::Int(0); FIELD_COUNT];
+    for ((slot, field), name) in values.iter_mut().zip(&FIELDS).zip(field_names(obj.py())) {
+        let name = name.bind(obj.py());
+        let value = if field.since == wire::PROTOCOL_VERSION {
+            Some(f.get(name)?)
         } else {
-            Some(to_u64(&page_count, "page_count")?)
-        },
-        rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
-        src_row_stride_bytes: f.u64_or(name!(f, "src_row_stride_bytes"), 0)?,
-        dst_row_stride_bytes: f.u64_or(name!(f, "dst_row_stride_bytes"), 0)?,
-    };
+            f.optional(name)
+        };
+        *slot = match (value, field.default) {
+            (None, Some(default)) => default,
+            (None, None) => {
+                return Err(f
+                    .get(name)
+                    .err()
+                    .unwrap_or_else(|| not_an_index(obj, field.name)))
+            }
+            (Some(value), _) => match field.kind {
+                FieldKind::Int => FieldValue::Int(to_u64(&value, field.name)?),
+                FieldKind::OptionalInt if value.is_none() => FieldValue::OptionalInt(None),
+                FieldKind::OptionalInt => {
+                    FieldValue::OptionalInt(Some(to_u64(&value, field.name)?))
+                }
+                FieldKind::Kind => FieldValue::Kind(kind_value(&value, types)?),
+            },
+        };
+    }
+    let fragment = Fragment::from_values(values)
+        .ok_or_else(|| PlanError::new("a fragment field holds a value of the wrong kind"))?;
     fragment.validate()?;
     Ok(fragment)
 }

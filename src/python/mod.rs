@@ -15,6 +15,7 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::descriptors;
 use crate::error::PlanError;
+use crate::fragment::FieldValue;
 use crate::model;
 use crate::planner::Planner;
 use crate::routing::DecodeReplicas;
@@ -550,6 +551,23 @@ impl PyPlanner {
     }
 }
 
+/// The schema's defaults as a `{name: value}` dict (required fields left out).
+fn fragment_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let defaults = PyDict::new(py);
+    for field in &crate::fragment::FIELDS {
+        let Some(default) = field.default else {
+            continue;
+        };
+        let value = match default {
+            FieldValue::Int(v) => v.into_pyobject(py)?.into_any(),
+            FieldValue::OptionalInt(v) => v.into_pyobject(py)?.into_any(),
+            FieldValue::Kind(kind) => kind.as_str().into_pyobject(py)?.into_any(),
+        };
+        defaults.set_item(field.name, value)?;
+    }
+    Ok(defaults)
+}
+
 /// `gil_used = true`: no free-threaded interpreter runs the suite here, so the module does not
 /// claim to be safe without the GIL (a free-threaded `CPython` re-enables the GIL on import).
 #[pymodule(gil_used = true)]
@@ -595,10 +613,18 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         wire::FrameLimits::DEFAULT.max_fragments,
     )?;
     // The field orders the binding fills objects in; a test holds them to `dataclasses.fields`.
+    let fields = crate::fragment::FIELDS;
     m.add(
         "TRANSFER_FRAGMENT_FIELDS",
-        crate::fragment::FIELD_NAMES.to_vec(),
+        fields.iter().map(|f| f.name).collect::<Vec<_>>(),
     )?;
+    // Per field, the first wire version carrying it; a test holds both to the dataclass and to
+    // encoded frames.
+    m.add(
+        "TRANSFER_FRAGMENT_SINCE",
+        fields.iter().map(|f| (f.name, f.since)).collect::<Vec<_>>(),
+    )?;
+    m.add("TRANSFER_FRAGMENT_DEFAULTS", fragment_defaults(py)?)?;
     m.add(
         "RANK_TRANSFER_PLAN_FIELDS",
         objects::RANK_PLAN_FIELDS.to_vec(),

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 
-use crate::fragment::{Fragment, FIELD_NAMES};
+use crate::fragment::{FieldValue, Fragment, FIELDS, FIELD_COUNT};
 use crate::layout::BufferKind;
 use crate::planner::{PlanKind, RankPlan};
 
@@ -17,11 +17,20 @@ pub struct ModelTypes {
     rank_plan: Py<PyType>,
     /// `BufferKind` members in `BufferKind::ALL` order.
     kinds: Vec<Py<PyAny>>,
-    /// Interned field names in `FIELD_NAMES` order.
-    field_names: Vec<Py<PyString>>,
 }
 
 static MODEL_TYPES: PyOnceLock<ModelTypes> = PyOnceLock::new();
+
+/// The fragment schema's field names, interned once, in `FIELDS` order.
+pub fn field_names(py: Python<'_>) -> &[Py<PyString>] {
+    static NAMES: PyOnceLock<Vec<Py<PyString>>> = PyOnceLock::new();
+    NAMES.get_or_init(py, || {
+        FIELDS
+            .iter()
+            .map(|field| PyString::intern(py, field.name).unbind())
+            .collect()
+    })
+}
 
 pub fn model_types(py: Python<'_>) -> PyResult<&ModelTypes> {
     MODEL_TYPES.get_or_try_init(py, || {
@@ -41,10 +50,6 @@ pub fn model_types(py: Python<'_>) -> PyResult<&ModelTypes> {
                 .cast_into::<PyType>()?
                 .unbind(),
             kinds,
-            field_names: FIELD_NAMES
-                .iter()
-                .map(|name| PyString::intern(py, name).unbind())
-                .collect(),
         })
     })
 }
@@ -81,25 +86,20 @@ pub const RANK_PLAN_FIELDS: [&str; 6] = [
     "required_dst_info_num_by_prefill_rank",
 ];
 
-/// Where each of `Fragment::integer_fields` sits in `FIELD_NAMES`.
-const INTEGER_POSITIONS: [usize; 11] = [0, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12];
-/// Where `buffer_kind` and `page_count` sit in `FIELD_NAMES`.
-const KIND_POSITION: usize = 1;
-const PAGE_COUNT_POSITION: usize = 9;
-
 /// Builds `TransferFragment` objects without running `__init__` (the values come validated
 /// from the core): `object.__new__` and a generic attribute store a field, through the C slots,
-/// instead of a Python-level call and ten frozen-dataclass setters. Values equal to the previous
-/// fragment's are shared rather than made again: consecutive fragments of a plan differ in one
-/// or two fields.
+/// instead of a Python-level call and one frozen-dataclass setter a field. Values equal to the
+/// previous fragment's are shared rather than made again: consecutive fragments of a plan
+/// differ in one or two fields.
 pub struct FragmentFactory<'py> {
     py: Python<'py>,
     types: &'py ModelTypes,
     cls: Bound<'py, PyType>,
+    names: Vec<Bound<'py, PyString>>,
     /// The collector stays off while a batch of fragments is made (see `CollectorPause`).
     _pause: CollectorPause,
-    /// The previous fragment and its field values (reused where unchanged).
-    last: Option<Fragment>,
+    /// The previous fragment's field values and their objects (reused where unchanged).
+    last: Option<[FieldValue; FIELD_COUNT]>,
     values: Vec<Bound<'py, PyAny>>,
 }
 
@@ -111,42 +111,46 @@ impl<'py> FragmentFactory<'py> {
             py,
             types,
             cls,
+            names: field_names(py).iter().map(|n| n.bind(py).clone()).collect(),
             _pause: CollectorPause::start(py),
             last: None,
-            values: vec![py.None().into_bound(py); FIELD_NAMES.len()],
+            values: vec![py.None().into_bound(py); FIELD_COUNT],
+        })
+    }
+
+    fn object(&self, value: FieldValue) -> PyResult<Bound<'py, PyAny>> {
+        let py = self.py;
+        Ok(match value {
+            FieldValue::Int(v) => v.into_pyobject(py)?.into_any(),
+            FieldValue::OptionalInt(v) => v.into_pyobject(py)?.into_any(),
+            FieldValue::Kind(kind) => self.types.kind_object(py, kind)?,
         })
     }
 
     /// Brings `self.values` up to `f`, making new Python values only for changed fields.
     fn update_values(&mut self, f: &Fragment) -> PyResult<()> {
-        let py = self.py;
-        let previous = self.last;
-        let before = previous.as_ref().map(Fragment::integer_fields);
-        for (index, (&position, (_, value))) in
-            INTEGER_POSITIONS.iter().zip(f.integer_fields()).enumerate()
-        {
-            if before.is_none_or(|b| b.get(index).is_none_or(|(_, old)| *old != value)) {
-                if let Some(slot) = self.values.get_mut(position) {
-                    *slot = value.into_pyobject(py)?.into_any();
+        let now = f.values();
+        for (index, value) in now.iter().enumerate() {
+            let unchanged = self
+                .last
+                .as_ref()
+                .is_some_and(|last| last.get(index) == Some(value));
+            if !unchanged {
+                let object = self.object(*value)?;
+                if let Some(slot) = self.values.get_mut(index) {
+                    *slot = object;
                 }
             }
         }
-        if previous.is_none_or(|p| p.buffer_kind != f.buffer_kind) {
-            self.values[KIND_POSITION] = self.types.kind_object(py, f.buffer_kind)?;
-        }
-        if previous.is_none_or(|p| p.page_count != f.page_count) {
-            self.values[PAGE_COUNT_POSITION] = f.page_count.into_pyobject(py)?.into_any();
-        }
-        self.last = Some(*f);
+        self.last = Some(now);
         Ok(())
     }
 
     pub fn make(&mut self, f: &Fragment) -> PyResult<Bound<'py, PyAny>> {
         self.update_values(f)?;
-        let names = self.types.field_names.iter().map(|n| n.bind(self.py));
         // Fragments stay tracked by the garbage collector: `object.__setattr__` can still
         // store anything in a field slot, so only tracking guarantees such a cycle is freed.
-        frozen_instance(&self.cls, names.zip(self.values.iter()))
+        frozen_instance(&self.cls, self.names.iter().zip(self.values.iter()))
     }
 
     pub fn tuple(&mut self, fragments: &[Fragment]) -> PyResult<Bound<'py, PyTuple>> {
