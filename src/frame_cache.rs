@@ -3,14 +3,13 @@
 //! by a fast hash of the bytes (xxh3), every hit confirmed by comparing the bytes themselves, so
 //! it never answers for different frames and never trusts an object's identity.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-use crate::lru::evict_oldest_quarter;
+use crate::lru::{Lru, Shared, Stats};
 use crate::wire::{self, FrameLimits};
 
 /// Most frame pairs the shared cache keeps.
@@ -18,109 +17,43 @@ pub const MAX_ENTRIES: usize = 1024;
 /// Most payload bytes the shared cache keeps (frames larger than an eighth of it are not kept).
 pub const MAX_BYTES: usize = 64 << 20;
 
-struct Entry {
+/// A parsed frame pair: the bytes it was parsed from and what they hold.
+pub struct Entry {
     version: Box<[u8]>,
     payload: Box<[u8]>,
     fragments: Arc<[Fragment]>,
-    last_used: u64,
 }
 
-/// Hits, misses and what the cache holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub hits: u64,
-    pub misses: u64,
-    pub entries: usize,
-    pub bytes: usize,
-}
+pub type FrameCache = Lru<Entry>;
 
-pub struct FrameCache {
-    by_hash: HashMap<u64, Vec<Entry>>,
-    tick: u64,
-    max_entries: usize,
-    max_bytes: usize,
-    stats: Stats,
-}
+static CACHE: Shared<Entry> = Shared::new(MAX_ENTRIES, MAX_BYTES);
 
 fn key(version: &[u8], payload: &[u8]) -> u64 {
     xxh3_64_with_seed(payload, xxh3_64_with_seed(version, 0x7064_706c_616e))
 }
 
-impl FrameCache {
-    pub fn new(max_entries: usize, max_bytes: usize) -> Self {
-        Self {
-            by_hash: HashMap::new(),
-            tick: 0,
-            max_entries,
-            max_bytes,
-            stats: Stats::default(),
-        }
-    }
-
-    pub const fn stats(&self) -> Stats {
-        self.stats
-    }
-
-    /// The fragments of frames byte-equal to `(version, payload)`, if held.
-    pub fn get(&mut self, hash: u64, version: &[u8], payload: &[u8]) -> Option<Arc<[Fragment]>> {
-        self.tick += 1;
-        let tick = self.tick;
-        let found = self.by_hash.get_mut(&hash).and_then(|bucket| {
-            bucket
-                .iter_mut()
-                .find(|e| *e.version == *version && *e.payload == *payload)
-        });
-        if let Some(entry) = found {
-            entry.last_used = tick;
-            self.stats.hits += 1;
-            return Some(Arc::clone(&entry.fragments));
-        }
-        self.stats.misses += 1;
-        None
-    }
-
-    /// Keeps `fragments` for the frames, evicting the least recently used past the bounds.
-    pub fn insert(
-        &mut self,
-        hash: u64,
-        version: &[u8],
-        payload: &[u8],
-        fragments: Arc<[Fragment]>,
-    ) {
-        let size = version.len() + payload.len();
-        if size > self.max_bytes / 8 || self.max_entries == 0 {
-            return;
-        }
-        while self.stats.entries >= self.max_entries || self.stats.bytes + size > self.max_bytes {
-            if !self.evict_oldest() {
-                break;
-            }
-        }
-        self.tick += 1;
-        self.by_hash.entry(hash).or_default().push(Entry {
-            version: version.into(),
-            payload: payload.into(),
-            fragments,
-            last_used: self.tick,
-        });
-        self.stats.entries += 1;
-        self.stats.bytes += size;
-    }
-
-    fn evict_oldest(&mut self) -> bool {
-        let gone = evict_oldest_quarter(&mut self.by_hash, |e| e.last_used);
-        for entry in &gone {
-            self.stats.entries -= 1;
-            self.stats.bytes -= entry.version.len() + entry.payload.len();
-        }
-        !gone.is_empty()
-    }
+/// The fragments of frames byte-equal to `(version, payload)`, if `cache` holds them.
+pub fn get(cache: &mut FrameCache, version: &[u8], payload: &[u8]) -> Option<Arc<[Fragment]>> {
+    cache
+        .get(key(version, payload), |e| {
+            *e.version == *version && *e.payload == *payload
+        })
+        .map(|e| Arc::clone(&e.fragments))
 }
 
-/// The process-wide cache behind `decode_cached`.
-pub fn shared() -> &'static Mutex<FrameCache> {
-    static CACHE: OnceLock<Mutex<FrameCache>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(FrameCache::new(MAX_ENTRIES, MAX_BYTES)))
+/// Keeps `fragments` for the frames (weighed by their bytes).
+pub fn insert(cache: &mut FrameCache, version: &[u8], payload: &[u8], fragments: Arc<[Fragment]>) {
+    let entry = Entry {
+        version: version.into(),
+        payload: payload.into(),
+        fragments,
+    };
+    cache.insert(key(version, payload), entry, version.len() + payload.len());
+}
+
+/// Hits, misses, entries and payload bytes of the shared cache.
+pub fn stats() -> Stats {
+    CACHE.lock().stats()
 }
 
 /// Decodes a frame pair through the shared cache: byte-equal frames seen before cost a hash
@@ -137,20 +70,13 @@ pub fn decode_cached(
         return wire::decode_with(version, payload, limits).map(Arc::from);
     };
     wire::check_payload_len(payload.len(), limits)?;
-    let hash = key(version, payload);
-    let cached = shared()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(hash, version, payload);
+    let cached = get(&mut CACHE.lock(), version, payload);
     let fragments = if let Some(fragments) = cached {
         fragments
     } else {
         let parsed: Arc<[Fragment]> =
             wire::decode_with(Some(version), Some(payload), limits)?.into();
-        shared()
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(hash, version, payload, Arc::clone(&parsed));
+        insert(&mut CACHE.lock(), version, payload, Arc::clone(&parsed));
         parsed
     };
     if fragments.len() as u64 > limits.max_fragments {
@@ -188,30 +114,16 @@ mod tests {
         let mut cache = FrameCache::new(2, 1 << 20);
         let (v, p) = frames(1);
         let parsed: Arc<[Fragment]> = wire::decode(Some(&v), Some(&p)).unwrap().into();
-        cache.insert(key(&v, &p), &v, &p, Arc::clone(&parsed));
-        let again = cache.get(key(&v, &p), &v.clone(), &p.clone()).unwrap();
+        insert(&mut cache, &v, &p, Arc::clone(&parsed));
+        let again = get(&mut cache, &v.clone(), &p.clone()).unwrap();
         assert!(Arc::ptr_eq(&again, &parsed));
-        // Same hash but other bytes (forced): never answered.
         let (_, other) = frames(2);
-        assert!(cache.get(key(&v, &p), &v, &other).is_none());
-        assert_eq!((cache.stats().hits, cache.stats().misses), (1, 1));
-    }
-
-    #[test]
-    fn the_least_recently_used_entry_goes_first() {
-        let mut cache = FrameCache::new(2, 1 << 20);
-        let all: Vec<_> = (0..3).map(frames).collect();
-        for (v, p) in &all[..2] {
-            cache.insert(key(v, p), v, p, Arc::from(Vec::new()));
-        }
-        let (v0, p0) = &all[0];
-        assert!(cache.get(key(v0, p0), v0, p0).is_some()); // 0 is now newer than 1
-        let (v2, p2) = &all[2];
-        cache.insert(key(v2, p2), v2, p2, Arc::from(Vec::new()));
-        let (v1, p1) = &all[1];
-        assert!(cache.get(key(v1, p1), v1, p1).is_none());
-        assert!(cache.get(key(v0, p0), v0, p0).is_some());
-        assert_eq!(cache.stats().entries, 2);
+        assert!(get(&mut cache, &v, &other).is_none());
+        // The same hash with other bytes (forced) is never answered.
+        let forced = cache.get(key(&v, &p), |e| *e.payload == *other);
+        assert!(forced.is_none());
+        assert_eq!((cache.stats().hits, cache.stats().misses), (1, 2));
+        assert_eq!(cache.stats().weight, v.len() + p.len());
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::pairs::{validate_alignment, validate_pairs};
 use crate::ranks::{RankSpace, Slot};
 use crate::routing::{first_holder, route, Class, DecodeReplicas, Route, Sharding};
 use crate::spread::Spread;
-use crate::stages::{buffer_stages, layer_count};
+use crate::stages::{buffer_stages, is_staged, layer_count};
 
 /// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
 /// past it is refused rather than exhausting memory.
@@ -216,6 +216,11 @@ impl Planner {
         self.identity
     }
 
+    /// Whether either side runs pipeline stages.
+    pub const fn is_staged(&self) -> bool {
+        is_staged(self.prefill.pp_size()) || is_staged(self.decode.pp_size())
+    }
+
     pub const fn decode_replicas(&self) -> DecodeReplicas {
         self.replicas
     }
@@ -329,15 +334,28 @@ impl Planner {
         counts
     }
 
-    fn check_decode_rank(&self, decode_rank: u64) -> PlanResult<()> {
+    /// A decode rank as a caller gave it (any integer), checked against the decode world.
+    pub fn decode_rank(&self, value: i128) -> PlanResult<u64> {
         let world = self.decode.world_size();
-        if decode_rank >= world {
-            bail!(
-                "decode_rank={decode_rank} is out of range: the decode world has {world} ranks \
+        match u64::try_from(value) {
+            Ok(rank) if rank < world => Ok(rank),
+            _ => bail!(
+                "decode_rank={value} is out of range: the decode world has {world} ranks \
                  (0..{world})"
-            );
+            ),
         }
-        Ok(())
+    }
+
+    /// A prefill DP group as a router gave it (any integer), checked against the prefill side.
+    pub fn prefill_group(&self, value: i128) -> PlanResult<u64> {
+        let groups = self.prefill.dp_size();
+        match u64::try_from(value) {
+            Ok(group) if group < groups => Ok(group),
+            _ => bail!(
+                "prefill_dp_group={value} is out of range: the prefill side has {groups} DP \
+                 groups (0..{groups})"
+            ),
+        }
     }
 
     /// The fragments decode rank `decode_rank` receives, by prefill rank, for both plan kinds:
@@ -471,17 +489,10 @@ impl Planner {
     /// The prefill DP group a request of `decode_rank` reads from: `prefill_group` when a
     /// router chose one, else the default mapping.
     fn source_group(&self, decode_rank: u64, prefill_group: Option<u64>) -> PlanResult<u64> {
-        self.check_decode_rank(decode_rank)?;
+        let decode_rank = self.decode_rank(i128::from(decode_rank))?;
         match prefill_group {
             None => Ok(self.default_prefill_group(self.decode_ranks().coord(decode_rank).dp_group)),
-            Some(group) if group < self.prefill.dp_size() => Ok(group),
-            Some(group) => {
-                let groups = self.prefill.dp_size();
-                bail!(
-                    "prefill_dp_group={group} is out of range: the prefill side has {groups} DP \
-                     groups (0..{groups})"
-                )
-            }
+            Some(group) => self.prefill_group(i128::from(group)),
         }
     }
 

@@ -5,7 +5,7 @@
 //! instead; `vllm_partition` computes it, to pass as the partition.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::{BufferLayout, ParallelLayout};
+use crate::layout::{BufferLayout, ParallelLayout, MAX_STAGES};
 
 /// Whether a side runs pipeline stages: the one test of it. A one-stage side (even with a
 /// one-entry partition) holds every layer on stage 0.
@@ -28,11 +28,17 @@ pub fn even_partition(layers: u64, pp_size: u64) -> Vec<u64> {
 
 /// vLLM's default partition: as evenly as possible, the extra layers going to the stages just
 /// before the last (vLLM's `get_pp_indices`), since the last stage also runs the LM head.
-pub fn vllm_partition(layers: u64, pp_size: u64) -> Vec<u64> {
+pub fn vllm_partition(layers: u64, pp_size: u64) -> PlanResult<Vec<u64>> {
+    if pp_size == 0 || pp_size > MAX_STAGES || layers < pp_size {
+        bail!(
+            "cannot split {layers} layers over {pp_size} stages: pp_size must be between 1 and \
+             the layer count (and at most {MAX_STAGES})"
+        );
+    }
     let (base, extra) = (layers / pp_size, layers % pp_size);
-    (0..pp_size)
+    Ok((0..pp_size)
         .map(|s| base + u64::from(s + 1 < pp_size && s + 1 + extra >= pp_size))
-        .collect()
+        .collect())
 }
 
 impl Stages {
@@ -138,9 +144,10 @@ mod tests {
     fn partitions() {
         assert_eq!(even_partition(5, 2), vec![3, 2]);
         assert_eq!(even_partition(10, 4), vec![3, 3, 2, 2]);
-        assert_eq!(vllm_partition(10, 4), vec![2, 3, 3, 2]);
-        assert_eq!(vllm_partition(5, 2), vec![3, 2]);
-        assert_eq!(vllm_partition(8, 4), vec![2; 4]);
+        assert_eq!(vllm_partition(10, 4).unwrap(), vec![2, 3, 3, 2]);
+        assert_eq!(vllm_partition(5, 2).unwrap(), vec![3, 2]);
+        assert_eq!(vllm_partition(8, 4).unwrap(), vec![2; 4]);
+        assert!(vllm_partition(5, 0).is_err() && vllm_partition(3, 4).is_err());
     }
 
     #[test]

@@ -289,14 +289,25 @@ def test_decode_dp_groups_wrap_and_routers_choose_a_prefill_group() -> None:
     # One request makes each source wait for one decode rank, whichever group it came from.
     assert p.source_fanout == {0: 1, 1: 1, 2: 1, 3: 1}
     p.verify()
-    for bad in (2, -1, True, "1"):
-        with pytest.raises(UnsupportedPDLayoutError, match=r"prefill_dp_group=.* is out of range"):
+    for bad in (2, -1):
+        with pytest.raises(UnsupportedPDLayoutError, match=f"prefill_dp_group={bad} is out of"):
             p.plan_for_decode_rank(0, prefill_dp_group=bad)
+    for wrong, name in ((True, "bool"), ("1", "str")):
+        with pytest.raises(
+            UnsupportedPDLayoutError, match=f"prefill_dp_group must be an int, got {name}"
+        ):
+            p.plan_for_decode_rank(0, prefill_dp_group=wrong)
 
 
-@pytest.mark.parametrize("rank", [-1, 2, 2**64, True, 1.0, "0"])
+@pytest.mark.parametrize("rank", [-1, 2, 2**64])
 def test_decode_rank_out_of_range(rank: Any) -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match="out of range"):
+    with pytest.raises(UnsupportedPDLayoutError, match=f"decode_rank={rank} is out of range"):
+        planner().plan_for_decode_rank(rank)
+
+
+@pytest.mark.parametrize(("rank", "name"), [(True, "bool"), (1.0, "float"), ("0", "str")])
+def test_decode_rank_of_another_type_is_a_type_error(rank: Any, name: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=f"decode_rank must be an int, got {name}"):
         planner().plan_for_decode_rank(rank)
 
 
@@ -389,9 +400,16 @@ def test_sides_must_store_pages_alike() -> None:
         build(kv(0, 8, logical_parts=(2, 6)), kv(0, 2, logical_parts=(2, 6)))
 
 
-@pytest.mark.parametrize("mode", ["First", "every", 1])
-def test_decode_replicas_must_be_first_or_all(mode: Any) -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match="decode_replicas must be 'first' or 'all'"):
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("First", "decode_replicas must be 'first' or 'all'"),
+        ("every", "decode_replicas must be 'first' or 'all'"),
+        (1, "decode_replicas must be a str, got int"),
+    ],
+)
+def test_decode_replicas_must_be_first_or_all(mode: Any, message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
         PDTransferPlanner(
             prefill_layout=ParallelLayout("prefill", 8),
             decode_layout=ParallelLayout("decode", 2),
@@ -447,6 +465,27 @@ def test_pipeline_stages_need_layers_that_add_up() -> None:
     plain = build(ParallelLayout("prefill", 2), layered)
     unlayered = build(ParallelLayout("prefill", 2), tuple(kv(i, 2) for i in range(3)))
     assert plain.transfer_fragments(0) == unlayered.transfer_fragments(0)
+
+
+def test_a_one_stage_partition_is_checked_against_the_layers_the_buffers_name() -> None:
+    """pp_size=1 holds every layer on its one stage: a partition given with it is accepted when
+    the buffers name no layers, and checked against the layers they name."""
+    one_stage = ParallelLayout("prefill", 2, pp_layer_partition=(3,))
+
+    def build(buffers: tuple[BufferLayout, ...], decode_pp: int = 1) -> PDTransferPlanner:
+        decode_buffers = tuple(kv(b.buffer_index, 1, layer=b.layer) for b in buffers)
+        return PDTransferPlanner(
+            prefill_layout=one_stage,
+            decode_layout=ParallelLayout("decode", decode_pp, pp_size=decode_pp),
+            prefill_buffers=buffers,
+            decode_buffers=decode_buffers,
+        )
+
+    unnamed = build(tuple(kv(i, 2) for i in range(2)))
+    unnamed.verify()
+    build(tuple(kv(i, 2, layer=i) for i in range(3)), decode_pp=3).verify()
+    with pytest.raises(UnsupportedPDLayoutError, match=r"partition \[3\] covers 3 layers, but"):
+        build(tuple(kv(i, 2, layer=i) for i in range(2)), decode_pp=2)
 
 
 def test_vllm_layer_partition() -> None:

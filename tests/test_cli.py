@@ -239,5 +239,11 @@ def test_pipeline_stages(capsys: pytest.CaptureFixture[str]) -> None:
     assert "0 (stage 0)         2 (stage 1)          4" in out
     code, _, err = run(capsys, "check", *staged[:-1], "3,3")
     assert code == 2 and "covers 6 layers" in err
+    # A one-stage partition of the model's layers is no stage at all: planned as without one.
+    one = ["--prefill-tp", "2", "--decode-tp", "1", "--model", "llama-3-8b"]
+    code, out, err = run(capsys, "plan", *one, "--prefill-pp-partition", "32")
+    assert code == 0 and "1 DP x TP 2" in out, err
+    code, _, err = run(capsys, "check", *one, "--prefill-pp-partition", "30", "--decode-pp", "2")
+    assert code == 2 and "covers 30 layers, but the buffers name layers 0..32" in err
     with pytest.raises(SystemExit):
         main(["plan", *staged[:-1], "3,x"])

@@ -262,8 +262,11 @@ def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message:
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: ModelShape.preset(123), "preset must be a string"),  # type: ignore[arg-type]
-        (lambda: ModelShape.preset("llama-3-8b", page_size=0), "page_size must be positive"),
+        (lambda: ModelShape.preset(123), "preset must be a str, got int"),  # type: ignore[arg-type]
+        (
+            lambda: ModelShape.preset("llama-3-8b", page_size=0),
+            r"page_size=0 must be between 1 and",
+        ),
         (lambda: ModelShape.preset("llama-3-8b", page_size=-1), "page_size"),
         (
             lambda: model_buffer_layouts(ModelShape(2, 4, 64, dtype=5), 2, 2),  # type: ignore[arg-type]
@@ -311,7 +314,15 @@ def test_every_preset_plans_with_pipeline_stages(
     assert {b.layer for b in plain} == {None}
 
 
-@pytest.mark.parametrize("pp", [0, -1, True, 1.5])
-def test_pipeline_stage_counts_must_be_positive_integers(pp: object) -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match="prefill_pp and decode_pp"):
+@pytest.mark.parametrize(
+    ("pp", "message"),
+    [
+        (0, r"prefill_pp=0 must be between 1 and"),
+        (-1, r"prefill_pp must be an integer in \[0, 2\^63\), got -1 \(int\)"),
+        (True, r"prefill_pp must be an integer .* \(bool\)"),
+        (1.5, r"prefill_pp must be an integer .* \(float\)"),
+    ],
+)
+def test_pipeline_stage_counts_must_be_positive_integers(pp: object, message: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
         model_buffer_layouts(ModelShape.preset("llama-3-8b"), 2, 2, prefill_pp=pp)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import pytest
 
 from pdplan import (
     BufferKind,
+    BufferLayout,
     RankTransferPlan,
     TransferFragment,
     _core,
@@ -34,6 +35,7 @@ def rust_built_fragment() -> TransferFragment:
     [
         (TransferFragment, _core.TRANSFER_FRAGMENT_FIELDS),
         (RankTransferPlan, _core.RANK_TRANSFER_PLAN_FIELDS),
+        (BufferLayout, _core.BUFFER_LAYOUT_FIELDS),
     ],
 )
 def test_the_core_fills_fields_in_dataclass_order(cls: type, filled: list[str]) -> None:

@@ -347,13 +347,13 @@ def _print_table(
     if note := _idle_note(planner):
         print(f"note: {note}")
     print()
-    staged = p.pp_size > 1 or d.pp_size > 1
+    staged: bool = planner._core.is_staged
 
     def rank(layout: ParallelLayout, number: int) -> str:
         """A rank, with its pipeline stage when stages are in play."""
         if not staged:
             return str(number)
-        stage = number % (layout.pp_size * layout.tp_size_per_dp) // layout.tp_size_per_dp
+        _, stage, _ = _core.rank_coordinates(layout, number)
         return f"{number} (stage {stage})"
 
     width = 18 if staged else 12

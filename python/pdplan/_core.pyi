@@ -16,6 +16,7 @@ from pdplan._model import (
 )
 
 __all__ = [
+    "BUFFER_LAYOUT_FIELDS",
     "DEFAULT_MAX_FRAGMENTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "ENCODE_CACHE_ENTRIES",
@@ -45,6 +46,7 @@ __all__ = [
     "frame_cache_info",
     "model_buffers",
     "model_shape_fields",
+    "rank_coordinates",
     "transfer_descriptors",
     "vllm_layer_partition",
 ]
@@ -64,11 +66,13 @@ FRAME_CACHE_ENTRIES: int
 FRAME_CACHE_BYTES: int
 ENCODE_CACHE_ENTRIES: int
 RANK_TRANSFER_PLAN_FIELDS: list[str]
+BUFFER_LAYOUT_FIELDS: list[str]
 
 class UnsupportedPDLayoutError(ValueError):
     """A layout, plan, frame or request pdplan cannot serve; the message says what to change."""
 
-def check_parallel_layout(layout: ParallelLayout) -> None: ...
+def check_parallel_layout(layout: ParallelLayout) -> int: ...
+def rank_coordinates(layout: ParallelLayout, rank: int) -> tuple[int, int, int]: ...
 def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
 def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
@@ -89,21 +93,19 @@ def transfer_descriptors(
     coalesce: bool = True,
     src_limits: npt.ArrayLike | None = None,
     dst_limits: npt.ArrayLike | None = None,
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
-
-_BufferRow = tuple[int, str, str, int, int, int, int, int, int, list[int] | None, int | None]
-
+) -> TransferDescriptors: ...
 def model_buffers(
     shape: ModelShape,
     prefill_tp: int,
     decode_tp: int,
     kv_layout: str | None = None,
-    tag_layers: bool = False,
-) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
+    prefill_stages: int | None = None,
+    decode_stages: int | None = None,
+) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...
 def vllm_layer_partition(layers: int, pp_size: int) -> list[int]: ...
 def buffers_from_item_lengths(
     items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int
-) -> tuple[list[_BufferRow], list[_BufferRow]]: ...
+) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...
 def model_shape_fields(
     config_text: str | None = None, preset: str | None = None, page_size: int | None = None
 ) -> tuple[str, list[tuple[str, int]]]: ...
@@ -137,6 +139,8 @@ class Planner:
     ]: ...
     @property
     def is_identity(self) -> bool: ...
+    @property
+    def is_staged(self) -> bool: ...
     @property
     def idle_decode_ranks(self) -> int: ...
 

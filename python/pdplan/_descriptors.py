@@ -70,7 +70,7 @@ def transfer_descriptors(
     without a base pointer and 64-bit overflow raise ``UnsupportedPDLayoutError`` before any
     descriptor is returned. Safe on fragments decoded from the wire.
     """
-    src, dst, lengths = _core.transfer_descriptors(
+    return _core.transfer_descriptors(
         fragments,
         src_base_ptrs,
         dst_base_ptrs,
@@ -80,4 +80,3 @@ def transfer_descriptors(
         src_limits=src_limits,
         dst_limits=dst_limits,
     )
-    return TransferDescriptors(src, dst, lengths)

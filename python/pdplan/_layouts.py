@@ -97,25 +97,6 @@ class ItemLengths:
     rows_per_page: int = 1
 
 
-def _layouts(rows: Sequence[_core._BufferRow]) -> tuple[BufferLayout, ...]:
-    return tuple(
-        BufferLayout(
-            index,
-            BufferKind(kind),
-            axis,  # type: ignore[arg-type]
-            size,
-            page,
-            unit,
-            item,
-            replica,
-            rows_per_page,
-            None if parts is None else tuple(parts),
-            layer,
-        )
-        for index, kind, axis, size, page, unit, item, replica, rows_per_page, parts, layer in rows
-    )
-
-
 def model_buffer_layouts(
     shape: ModelShape,
     prefill_tp: int,
@@ -132,16 +113,7 @@ def model_buffer_layouts(
     ``decode_pp`` above 1) every buffer names its layer: attention layer ``i`` is layer ``i``,
     Mamba layers follow the attention layers, and draft-model buffers sit on the last layer
     (the last stage)."""
-    if not all(
-        isinstance(pp, int) and not isinstance(pp, bool) and pp >= 1
-        for pp in (prefill_pp, decode_pp)
-    ):
-        raise UnsupportedPDLayoutError(
-            f"prefill_pp and decode_pp must be positive integers, got {prefill_pp!r}, {decode_pp!r}"
-        )
-    tag = prefill_pp > 1 or decode_pp > 1
-    prefill, decode = _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout, tag)
-    return _layouts(prefill), _layouts(decode)
+    return _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout, prefill_pp, decode_pp)
 
 
 def buffer_layouts_from_item_lengths(
@@ -151,8 +123,7 @@ def buffer_layouts_from_item_lengths(
     items -> replicated; more units on one side -> that side's TP runs above the logical size,
     in replica groups (pass ``logical_size`` when both sides do). Anything else is refused
     with the reason."""
-    prefill, decode = _core.buffers_from_item_lengths(items, prefill_tp, decode_tp)
-    return _layouts(prefill), _layouts(decode)
+    return _core.buffers_from_item_lengths(items, prefill_tp, decode_tp)
 
 
 def vllm_layer_partition(layers: int, pp_size: int) -> tuple[int, ...]:

@@ -28,17 +28,11 @@ class BufferKind(str, Enum):
 
 
 def _coerce_kind(obj: object) -> None:
-    """Turn a plain string such as ``"target_k"`` into its ``BufferKind`` member."""
+    """Store ``buffer_kind`` as its ``BufferKind`` member (a plain string such as ``"target_k"``
+    is accepted); the core has already checked that it names one."""
     kind = obj.buffer_kind  # type: ignore[attr-defined]
-    if isinstance(kind, BufferKind):
-        return
-    try:
-        member = BufferKind(kind)
-    except ValueError:
-        raise UnsupportedPDLayoutError(
-            f"buffer_kind must be one of {[k.value for k in BufferKind]}, got {kind!r}"
-        ) from None
-    object.__setattr__(obj, "buffer_kind", member)
+    if not isinstance(kind, BufferKind):
+        object.__setattr__(obj, "buffer_kind", BufferKind(kind))
 
 
 @dataclass(frozen=True)
@@ -63,12 +57,14 @@ class ParallelLayout:
     def __post_init__(self) -> None:
         if isinstance(self.pp_layer_partition, list):
             object.__setattr__(self, "pp_layer_partition", tuple(self.pp_layer_partition))
-        _core.check_parallel_layout(self)
+        # The core checks the layout and says its TP size (its rank space's fastest axis).
+        object.__setattr__(self, "_tp_size", _core.check_parallel_layout(self))
 
     @property
     def tp_size_per_dp(self) -> int:
         """TP ranks of one pipeline stage of one DP group (all of a DP group without PP)."""
-        return self.world_size // self.dp_size // self.pp_size
+        tp: int = self.__dict__["_tp_size"]
+        return tp
 
 
 @dataclass(frozen=True)
@@ -101,10 +97,10 @@ class BufferLayout:
     layer: int | None = None
 
     def __post_init__(self) -> None:
-        _coerce_kind(self)
         if isinstance(self.logical_parts, list):
             object.__setattr__(self, "logical_parts", tuple(self.logical_parts))
         _core.check_buffer_layout(self)
+        _coerce_kind(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,8 +128,8 @@ class TransferFragment:
     dst_row_stride_bytes: int = 0
 
     def __post_init__(self) -> None:
-        _coerce_kind(self)
         _core.check_transfer_fragment(self)
+        _coerce_kind(self)
 
 
 @dataclass(frozen=True)

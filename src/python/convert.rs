@@ -2,9 +2,10 @@
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyString};
+use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::objects::{field_names, ModelTypes};
+use crate::descriptors::Buffers;
 use crate::error::{bail, PlanError};
 use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT};
 use crate::layout::{
@@ -29,6 +30,43 @@ pub fn repr(obj: &Bound<'_, PyAny>) -> String {
 /// A Python int (not a bool) in [0, 2^63).
 pub fn to_u64(value: &Bound<'_, PyAny>, name: &str) -> Converted<u64> {
     as_u64(value).ok_or_else(|| not_an_index(value, name))
+}
+
+/// A Python `str` (or `str` enum member), for the core to parse; only the type is judged here.
+pub fn string_arg(value: &Bound<'_, PyAny>, name: &str) -> Converted<String> {
+    value
+        .extract::<String>()
+        .map_err(|_| PlanError::new(format!("{name} must be a str, got {}", type_name(value))))
+}
+
+/// One side's buffers: base pointers and, when given (not `None`), their limits.
+pub fn buffers(
+    bases: &Bound<'_, PyAny>,
+    limits: Option<&Bound<'_, PyAny>>,
+    side: &str,
+) -> Converted<Buffers> {
+    Ok(Buffers {
+        bases: u64_column(bases, &format!("{side}_base_ptrs"))?,
+        limits: limits
+            .filter(|l| !l.is_none())
+            .map(|l| u64_column(l, &format!("{side}_limits")))
+            .transpose()?,
+    })
+}
+
+/// Any Python int (not a bool), for the core to check; only the type is judged here. Ints past
+/// 128 bits read as the nearest 128-bit value, which no range accepts either.
+pub fn int_arg(value: &Bound<'_, PyAny>, name: &str) -> Converted<i128> {
+    if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
+        bail!("{name} must be an int, got {}", type_name(value));
+    }
+    Ok(value.extract::<i128>().unwrap_or_else(|_| {
+        if value.lt(0).unwrap_or(false) {
+            i128::MIN
+        } else {
+            i128::MAX
+        }
+    }))
 }
 
 fn as_u64(value: &Bound<'_, PyAny>) -> Option<u64> {

@@ -6,14 +6,11 @@
 //! entry lives; fragments are frozen `TransferFragment`s (anything else is never cached), so
 //! the same objects in the same order always encode to the same frames.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::lru::evict_oldest_quarter;
+use crate::lru::Shared;
 
 /// Most fragment lists kept.
 pub const MAX_ENTRIES: usize = 1024;
@@ -24,18 +21,10 @@ struct Entry {
     items: Vec<Py<PyAny>>,
     version: Py<PyBytes>,
     payload: Py<PyBytes>,
-    last_used: u64,
 }
 
-#[derive(Default)]
-struct EncodeCache {
-    by_hash: HashMap<u64, Vec<Entry>>,
-    tick: u64,
-    entries: usize,
-    items: usize,
-}
-
-static CACHE: Mutex<Option<EncodeCache>> = Mutex::new(None);
+/// Weighed by the fragment objects each entry keeps alive.
+static CACHE: Shared<Entry> = Shared::new(MAX_ENTRIES, MAX_ITEMS);
 
 /// The addresses of a list's or tuple's items when every one is a `TransferFragment` (exact
 /// type), else `None` (not cacheable).
@@ -71,19 +60,14 @@ pub fn get<'py>(
     py: Python<'py>,
     addresses: &[usize],
 ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
-    let hash = hash_of(addresses);
-    let mut guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-    let cache = guard.get_or_insert_with(EncodeCache::default);
-    cache.tick += 1;
-    let tick = cache.tick;
-    let entry = cache.by_hash.get_mut(&hash)?.iter_mut().find(|e| {
+    let mut cache = CACHE.lock();
+    let entry = cache.get(hash_of(addresses), |e| {
         e.items.len() == addresses.len()
             && e.items
                 .iter()
                 .zip(addresses)
                 .all(|(item, &a)| item.as_ptr() as usize == a)
     })?;
-    entry.last_used = tick;
     Some((
         entry.version.bind(py).clone(),
         entry.payload.bind(py).clone(),
@@ -97,43 +81,17 @@ pub fn insert(
     version: &Bound<'_, PyBytes>,
     payload: &Bound<'_, PyBytes>,
 ) -> PyResult<()> {
-    if addresses.len() > MAX_ITEMS / 8 {
-        return Ok(());
-    }
     let kept: Vec<Py<PyAny>> = items
         .try_iter()?
         .map(|item| item.map(Bound::unbind))
         .collect::<PyResult<_>>()?;
-    let mut evicted = Vec::new();
-    {
-        let mut guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-        let cache = guard.get_or_insert_with(EncodeCache::default);
-        while cache.entries >= MAX_ENTRIES || cache.items + kept.len() > MAX_ITEMS {
-            let gone = evict_oldest_quarter(&mut cache.by_hash, |e| e.last_used);
-            if gone.is_empty() {
-                break;
-            }
-            for entry in gone {
-                cache.entries -= 1;
-                cache.items -= entry.items.len();
-                evicted.push(entry);
-            }
-        }
-        cache.tick += 1;
-        cache.entries += 1;
-        cache.items += kept.len();
-        let entry = Entry {
-            items: kept,
-            version: version.clone().unbind(),
-            payload: payload.clone().unbind(),
-            last_used: cache.tick,
-        };
-        cache
-            .by_hash
-            .entry(hash_of(addresses))
-            .or_default()
-            .push(entry);
-    }
+    let weight = kept.len();
+    let entry = Entry {
+        items: kept,
+        version: version.clone().unbind(),
+        payload: payload.clone().unbind(),
+    };
+    let evicted = CACHE.lock().insert(hash_of(addresses), entry, weight);
     // Released outside the lock: dropping the last reference to an object may run Python code.
     drop(evicted);
     Ok(())
@@ -141,6 +99,6 @@ pub fn insert(
 
 /// (entries, fragment objects held).
 pub fn stats() -> (usize, usize) {
-    let guard = CACHE.lock().unwrap_or_else(PoisonError::into_inner);
-    guard.as_ref().map_or((0, 0), |c| (c.entries, c.items))
+    let stats = CACHE.lock().stats();
+    (stats.entries, stats.weight)
 }

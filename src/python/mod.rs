@@ -4,6 +4,7 @@
 
 mod convert;
 mod encode_cache;
+mod model;
 mod objects;
 mod prepared;
 
@@ -16,16 +17,15 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use crate::descriptors;
 use crate::error::PlanError;
 use crate::fragment::FieldValue;
-use crate::model;
 use crate::planner::Planner;
 use crate::routing::DecodeReplicas;
 use crate::verify;
 use crate::wire;
 use convert::{
-    buffer_layout, each, fragment_with, frame, item_lengths, model_shape, parallel_layout, repr,
+    buffer_layout, buffers, each, fragment_with, frame, int_arg, parallel_layout, string_arg,
     to_u64, u64_column, Converted,
 };
-use objects::{model_types, rank_plan_object, FragmentFactory};
+use objects::{descriptors_object, model_types, rank_plan_object, FragmentFactory};
 
 /// Descriptor arrays are large, short-lived allocations; mimalloc keeps freed pages for the next
 /// request instead of returning them to the kernel and faulting them back in each time (as
@@ -45,10 +45,35 @@ fn to_py_err(error: PlanError) -> PyErr {
     UnsupportedPDLayoutError::new_err(error.into_message())
 }
 
-/// Validates a `ParallelLayout` (called from its `__post_init__`).
+/// Validates a `ParallelLayout` (called from its `__post_init__`) and returns its TP size.
 #[pyfunction]
-fn check_parallel_layout(layout: &Bound<'_, PyAny>) -> PyResult<()> {
-    parallel_layout(layout).map(|_| ()).map_err(to_py_err)
+fn check_parallel_layout(layout: &Bound<'_, PyAny>) -> PyResult<u64> {
+    parallel_layout(layout)
+        .map(|layout| layout.ranks().tp_size())
+        .map_err(to_py_err)
+}
+
+/// Where rank `rank` of a layout sits: (DP group, pipeline stage, TP rank).
+#[pyfunction]
+fn rank_coordinates(
+    layout: &Bound<'_, PyAny>,
+    rank: &Bound<'_, PyAny>,
+) -> PyResult<(u64, u64, u64)> {
+    let convert = || -> Converted<_> {
+        let layout = parallel_layout(layout)?;
+        let ranks = layout.ranks();
+        let rank = int_arg(rank, "rank")?;
+        match u64::try_from(rank) {
+            Ok(rank) if ranks.contains(rank) => Ok(ranks.coord(rank)),
+            _ => Err(PlanError::new(format!(
+                "rank={rank} is out of range: the {} side has {} ranks",
+                layout.role().as_str(),
+                ranks.world_size()
+            ))),
+        }
+    };
+    let at = convert().map_err(to_py_err)?;
+    Ok((at.dp_group, at.stage, at.tp_rank))
 }
 
 /// Validates a `BufferLayout` (called from its `__post_init__`).
@@ -139,7 +164,7 @@ fn decode_transfer_fragments<'py>(
 /// everything is checked before anything is built, and the build runs without the GIL.
 #[pyfunction]
 #[pyo3(signature = (fragments, src_base_ptrs, dst_base_ptrs, src_pages, dst_pages, *, coalesce=true, src_limits=None, dst_limits=None))]
-#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+#[allow(clippy::too_many_arguments)]
 fn transfer_descriptors<'py>(
     py: Python<'py>,
     fragments: &Bound<'py, PyAny>,
@@ -150,235 +175,22 @@ fn transfer_descriptors<'py>(
     coalesce: bool,
     src_limits: Option<&Bound<'py, PyAny>>,
     dst_limits: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u64>>,
-    Bound<'py, PyArray1<u64>>,
-)> {
+) -> PyResult<Bound<'py, PyAny>> {
     let types = model_types(py)?;
-    let limits =
-        |obj: Option<&Bound<'py, PyAny>>, name| obj.map(|o| u64_column(o, name)).transpose();
     let convert = || -> Converted<_> {
         Ok((
             each(fragments, "fragments", |f| fragment_with(f, Some(types)))?,
-            u64_column(src_base_ptrs, "src_base_ptrs")?,
-            u64_column(dst_base_ptrs, "dst_base_ptrs")?,
+            buffers(src_base_ptrs, src_limits, "src")?,
+            buffers(dst_base_ptrs, dst_limits, "dst")?,
             u64_column(src_pages, "src_pages")?,
             u64_column(dst_pages, "dst_pages")?,
-            limits(src_limits, "src_limits")?,
-            limits(dst_limits, "dst_limits")?,
         ))
     };
-    let (fragments, src_bases, dst_bases, src_pages, dst_pages, src_limits, dst_limits) =
-        convert().map_err(to_py_err)?;
+    let (fragments, src, dst, src_pages, dst_pages) = convert().map_err(to_py_err)?;
     let built = py
-        .detach(|| {
-            let src = descriptors::Buffers {
-                bases: src_bases,
-                limits: src_limits,
-            };
-            let dst = descriptors::Buffers {
-                bases: dst_bases,
-                limits: dst_limits,
-            };
-            descriptors::build(&fragments, (&src, &dst), (&src_pages, &dst_pages), coalesce)
-        })
+        .detach(|| descriptors::build(&fragments, (&src, &dst), (&src_pages, &dst_pages), coalesce))
         .map_err(to_py_err)?;
-    Ok((
-        built.src_addrs.into_pyarray(py),
-        built.dst_addrs.into_pyarray(py),
-        built.lengths.into_pyarray(py),
-    ))
-}
-
-type BufferRow = (
-    u64,
-    &'static str,
-    &'static str,
-    u64,
-    u64,
-    u64,
-    u64,
-    u64,
-    u64,
-    Option<Vec<u64>>,
-    Option<u64>,
-);
-
-/// A core buffer as the positional fields of `BufferLayout`.
-fn buffer_row(b: &crate::layout::BufferLayout) -> BufferRow {
-    let parts = b.logical_parts.given();
-    (
-        b.buffer_index,
-        b.buffer_kind.as_str(),
-        b.logical_axis.as_str(),
-        b.logical_size,
-        b.page_size,
-        b.bytes_per_logical_unit,
-        b.item_stride_bytes,
-        b.tp_replica_group_size,
-        b.rows_per_page,
-        (!parts.is_empty()).then(|| parts.to_vec()),
-        b.layer,
-    )
-}
-
-/// Both sides' buffers for a model shape, as `BufferLayout` field tuples.
-#[pyfunction]
-#[pyo3(signature = (shape, prefill_tp, decode_tp, kv_layout=None, tag_layers=false))]
-fn model_buffers(
-    py: Python<'_>,
-    shape: &Bound<'_, PyAny>,
-    prefill_tp: &Bound<'_, PyAny>,
-    decode_tp: &Bound<'_, PyAny>,
-    kv_layout: Option<&Bound<'_, PyAny>>,
-    tag_layers: bool,
-) -> PyResult<(Vec<BufferRow>, Vec<BufferRow>)> {
-    let convert = || -> Converted<_> {
-        let kv_layout = match kv_layout {
-            None => model::KvLayout::Hnd,
-            Some(value) => model::KvLayout::parse(&value.extract::<String>().map_err(|_| {
-                PlanError::new(format!(
-                    "kv_layout must be 'HND' or 'NHD', got {}",
-                    repr(value)
-                ))
-            })?)?,
-        };
-        Ok((
-            model_shape(shape)?,
-            to_u64(prefill_tp, "prefill_tp")?,
-            to_u64(decode_tp, "decode_tp")?,
-            kv_layout,
-        ))
-    };
-    let (shape, prefill_tp, decode_tp, kv_layout) = convert().map_err(to_py_err)?;
-    py.detach(|| {
-        let mut prefill = model::model_buffers(&shape, prefill_tp, kv_layout)
-            .map_err(|e| PlanError::new(format!("prefill side: {e}")))?;
-        let mut decode = model::model_buffers(&shape, decode_tp, kv_layout)
-            .map_err(|e| PlanError::new(format!("decode side: {e}")))?;
-        if tag_layers {
-            model::tag_layers(&shape, &mut prefill);
-            model::tag_layers(&shape, &mut decode);
-        }
-        Ok((
-            prefill.iter().map(buffer_row).collect(),
-            decode.iter().map(buffer_row).collect(),
-        ))
-    })
-    .map_err(to_py_err)
-}
-
-/// Both sides' buffers inferred from per-rank item and unit byte lengths.
-#[pyfunction]
-fn buffers_from_item_lengths(
-    items: &Bound<'_, PyAny>,
-    prefill_tp: &Bound<'_, PyAny>,
-    decode_tp: &Bound<'_, PyAny>,
-) -> PyResult<(Vec<BufferRow>, Vec<BufferRow>)> {
-    let convert = || -> Converted<_> {
-        Ok((
-            each(items, "items", item_lengths)?,
-            to_u64(prefill_tp, "prefill_tp")?,
-            to_u64(decode_tp, "decode_tp")?,
-        ))
-    };
-    let (items, prefill_tp, decode_tp) = convert().map_err(to_py_err)?;
-    let mut prefill = Vec::with_capacity(items.len());
-    let mut decode = Vec::with_capacity(items.len());
-    for item in &items {
-        let (p, d) = model::from_item_lengths(item, prefill_tp, decode_tp).map_err(to_py_err)?;
-        prefill.push(buffer_row(&p));
-        decode.push(buffer_row(&d));
-    }
-    Ok((prefill, decode))
-}
-
-/// The dtype name and the integer shape fields of a Hugging Face `config.json` text, or of a
-/// preset.
-#[pyfunction]
-#[pyo3(signature = (config_text=None, preset=None, page_size=None))]
-fn model_shape_fields(
-    config_text: Option<&Bound<'_, PyAny>>,
-    preset: Option<&Bound<'_, PyAny>>,
-    page_size: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(&'static str, Vec<(&'static str, u64)>)> {
-    let text = |value: &Bound<'_, PyAny>, name: &str| -> Converted<String> {
-        value
-            .extract::<String>()
-            .map_err(|_| PlanError::new(format!("{name} must be a string, got {}", repr(value))))
-    };
-    let shape = || -> Converted<model::ModelShape> {
-        let page_size = match page_size {
-            Some(value) => to_u64(value, "page_size")?,
-            None => 16,
-        };
-        if page_size == 0 {
-            return Err(PlanError::new("page_size must be positive"));
-        }
-        match (config_text, preset) {
-            (Some(config), None) => {
-                model::shape_from_hf_config(&text(config, "config_text")?, page_size)
-            }
-            (None, Some(name)) => model::preset(&text(name, "preset")?, page_size),
-            _ => Err(PlanError::new("give exactly one of config_text and preset")),
-        }
-    };
-    let shape = shape().map_err(to_py_err)?;
-    Ok((shape.dtype.as_str(), shape_fields(&shape)))
-}
-
-fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
-    let mla = s.mla.unwrap_or_default();
-    let mamba = s.mamba.unwrap_or_default();
-    let conv = mamba.conv.unwrap_or_default();
-    let draft = s.draft.unwrap_or_default();
-    vec![
-        ("layers", s.layers),
-        ("kv_heads", s.kv_heads),
-        ("head_dim", s.head_dim),
-        ("page_size", s.page_size),
-        ("mla_kv_lora_rank", mla.kv_lora_rank),
-        ("mla_rope_head_dim", mla.rope_head_dim),
-        ("mamba_layers", mamba.layers),
-        ("mamba_channels", mamba.channels),
-        ("mamba_bytes_per_channel", mamba.bytes_per_channel),
-        ("mamba_conv_x_channels", conv.x_channels),
-        ("mamba_conv_bc_channels", conv.bc_channels),
-        ("mamba_conv_width", conv.width),
-        ("draft_layers", draft.layers),
-        ("draft_kv_heads", draft.kv_heads),
-        ("draft_head_dim", draft.head_dim),
-    ]
-}
-
-/// vLLM's default layer partition over pipeline stages.
-#[pyfunction]
-fn vllm_layer_partition(
-    layers: &Bound<'_, PyAny>,
-    pp_size: &Bound<'_, PyAny>,
-) -> PyResult<Vec<u64>> {
-    let layers = to_u64(layers, "layers").map_err(to_py_err)?;
-    let pp = to_u64(pp_size, "pp_size").map_err(to_py_err)?;
-    if pp == 0 || pp > crate::layout::MAX_STAGES || layers < pp {
-        return Err(to_py_err(PlanError::new(format!(
-            "cannot split {layers} layers over {pp} stages: pp_size must be between 1 and the \
-             layer count"
-        ))));
-    }
-    Ok(crate::stages::vllm_partition(layers, pp))
-}
-
-/// Bytes of one element of a dtype name.
-#[pyfunction]
-fn dtype_bytes(name: &Bound<'_, PyAny>) -> PyResult<u64> {
-    let name = name.extract::<String>().map_err(|_| {
-        to_py_err(PlanError::new(format!(
-            "dtype must be a string, got {}",
-            repr(name)
-        )))
-    })?;
-    model::dtype_bytes(&name).map_err(to_py_err)
+    descriptors_object(py, built)
 }
 
 /// The compiled planner behind `pdplan.PDTransferPlanner`.
@@ -388,28 +200,21 @@ struct PyPlanner {
 }
 
 impl PyPlanner {
+    /// A router's prefill DP group: `None` (the default mapping) or an int the core checks.
     fn prefill_group(&self, group: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
         let Some(group) = group.filter(|g| !g.is_none()) else {
             return Ok(None);
         };
-        let groups = self.inner.prefill().dp_size();
-        to_u64(group, "prefill_dp_group").map(Some).map_err(|_| {
-            to_py_err(PlanError::new(format!(
-                "prefill_dp_group={} is out of range: the prefill side has {groups} DP groups \
-                 (0..{groups})",
-                repr(group)
-            )))
-        })
+        int_arg(group, "prefill_dp_group")
+            .and_then(|value| self.inner.prefill_group(value))
+            .map(Some)
+            .map_err(to_py_err)
     }
 
     fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
-        let world = self.inner.decode().world_size();
-        to_u64(decode_rank, "decode_rank").map_err(|_| {
-            to_py_err(PlanError::new(format!(
-                "decode_rank={} is out of range: the decode world has {world} ranks (0..{world})",
-                repr(decode_rank)
-            )))
-        })
+        int_arg(decode_rank, "decode_rank")
+            .and_then(|value| self.inner.decode_rank(value))
+            .map_err(to_py_err)
     }
 }
 
@@ -427,13 +232,8 @@ impl PyPlanner {
     ) -> PyResult<Self> {
         let convert = || -> Converted<_> {
             let replicas = match decode_replicas {
-                None => "first".to_owned(),
-                Some(value) => value.extract::<String>().map_err(|_| {
-                    PlanError::new(format!(
-                        "decode_replicas must be 'first' or 'all', got {}",
-                        repr(value)
-                    ))
-                })?,
+                None => DecodeReplicas::First.as_str().to_owned(),
+                Some(value) => string_arg(value, "decode_replicas")?,
             };
             Ok((
                 parallel_layout(prefill_layout)?,
@@ -544,6 +344,12 @@ impl PyPlanner {
         self.inner.is_identity()
     }
 
+    /// Whether either side runs pipeline stages.
+    #[getter]
+    fn is_staged(&self) -> bool {
+        self.inner.is_staged()
+    }
+
     /// Decode ranks that receive nothing (the runtime must copy inside their replica group).
     #[getter]
     fn idle_decode_ranks(&self) -> u64 {
@@ -592,17 +398,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FRAME_CACHE_BYTES", crate::frame_cache::MAX_BYTES)?;
     m.add("ENCODE_CACHE_ENTRIES", encode_cache::MAX_ENTRIES)?;
     m.add_function(wrap_pyfunction!(check_parallel_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_coordinates, m)?)?;
     m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;
     m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
-    m.add_function(wrap_pyfunction!(model_buffers, m)?)?;
-    m.add_function(wrap_pyfunction!(buffers_from_item_lengths, m)?)?;
-    m.add_function(wrap_pyfunction!(model_shape_fields, m)?)?;
-    m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
-    m.add_function(wrap_pyfunction!(vllm_layer_partition, m)?)?;
-    m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
+    model::register(m)?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
     m.add(
         "DEFAULT_MAX_PAYLOAD_BYTES",
@@ -628,6 +430,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add(
         "RANK_TRANSFER_PLAN_FIELDS",
         objects::RANK_PLAN_FIELDS.to_vec(),
+    )?;
+    m.add(
+        "BUFFER_LAYOUT_FIELDS",
+        objects::BUFFER_LAYOUT_FIELDS.to_vec(),
     )?;
     Ok(())
 }

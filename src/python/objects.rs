@@ -7,14 +7,18 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 
+use numpy::IntoPyArray;
+
+use crate::descriptors::Descriptors;
 use crate::fragment::{FieldValue, Fragment, FIELDS, FIELD_COUNT};
-use crate::layout::BufferKind;
+use crate::layout::{BufferKind, BufferLayout};
 use crate::planner::{PlanKind, RankPlan};
 
 /// The dataclasses of `pdplan._model`, imported once.
 pub struct ModelTypes {
     pub fragment: Py<PyType>,
     rank_plan: Py<PyType>,
+    buffer_layout: Py<PyType>,
     /// `BufferKind` members in `BufferKind::ALL` order.
     kinds: Vec<Py<PyAny>>,
 }
@@ -47,6 +51,10 @@ pub fn model_types(py: Python<'_>) -> PyResult<&ModelTypes> {
                 .unbind(),
             rank_plan: model
                 .getattr("RankTransferPlan")?
+                .cast_into::<PyType>()?
+                .unbind(),
+            buffer_layout: model
+                .getattr("BufferLayout")?
                 .cast_into::<PyType>()?
                 .unbind(),
             kinds,
@@ -231,6 +239,67 @@ where
         }
     }
     Ok(obj)
+}
+
+/// `BufferLayout` fields in dataclass order (a test holds this to `dataclasses.fields`).
+pub const BUFFER_LAYOUT_FIELDS: [&str; 11] = [
+    "buffer_index",
+    "buffer_kind",
+    "logical_axis",
+    "logical_size",
+    "page_size",
+    "bytes_per_logical_unit",
+    "item_stride_bytes",
+    "tp_replica_group_size",
+    "rows_per_page",
+    "logical_parts",
+    "layer",
+];
+
+/// A `BufferLayout` the core made and validated: built without running `__post_init__`, which
+/// would only check it again.
+pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<Bound<'py, PyAny>> {
+    let types = model_types(py)?;
+    let parts = b.logical_parts.given();
+    let values: [Bound<'py, PyAny>; 11] = [
+        b.buffer_index.into_pyobject(py)?.into_any(),
+        types.kind_object(py, b.buffer_kind)?,
+        PyString::new(py, b.logical_axis.as_str()).into_any(),
+        b.logical_size.into_pyobject(py)?.into_any(),
+        b.page_size.into_pyobject(py)?.into_any(),
+        b.bytes_per_logical_unit.into_pyobject(py)?.into_any(),
+        b.item_stride_bytes.into_pyobject(py)?.into_any(),
+        b.tp_replica_group_size.into_pyobject(py)?.into_any(),
+        b.rows_per_page.into_pyobject(py)?.into_any(),
+        if parts.is_empty() {
+            py.None().into_bound(py)
+        } else {
+            PyTuple::new(py, parts)?.into_any()
+        },
+        b.layer.into_pyobject(py)?.into_any(),
+    ];
+    let names = BUFFER_LAYOUT_FIELDS.map(|name| PyString::intern(py, name));
+    frozen_instance(
+        types.buffer_layout.bind(py),
+        names.iter().zip(values.iter()),
+    )
+}
+
+/// Three columns as `pdplan.TransferDescriptors`: the one way both descriptor entry points
+/// (`transfer_descriptors`, `PreparedTransfer.descriptors`) hand them out.
+pub fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<'_, PyAny>> {
+    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let cls = TYPE.get_or_try_init(py, || {
+        py.import("pdplan._descriptors")?
+            .getattr("TransferDescriptors")
+            .map(Bound::unbind)
+    })?;
+    let columns = (
+        built.src_addrs.into_pyarray(py),
+        built.dst_addrs.into_pyarray(py),
+        built.lengths.into_pyarray(py),
+    );
+    cls.bind(py).call1(columns)
 }
 
 pub fn rank_plan_object<'py>(py: Python<'py>, plan: &RankPlan) -> PyResult<Bound<'py, PyAny>> {

@@ -4,16 +4,14 @@
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyRange, PyTuple};
 
-use super::convert::{each, fragment_with, frame, to_u64, u64_column, Converted};
-use super::objects::{model_types, FragmentFactory};
+use super::convert::{buffers, each, fragment_with, frame, to_u64, u64_column, Converted};
+use super::objects::{descriptors_object, model_types, FragmentFactory};
 use super::{frame_limits, to_py_err};
-use crate::descriptors::Descriptors;
 use crate::error::PlanError;
 use crate::frame_cache;
-use crate::prepared::{Buffers, Prepared, Selection};
+use crate::prepared::{Prepared, Selection};
 
 /// (local, remote) arrays.
 type Pair<'py, T> = (Bound<'py, T>, Bound<'py, T>);
@@ -27,20 +25,6 @@ const DETACH_PAYLOAD_FROM: usize = 1 << 16;
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedTransfer")]
 pub struct PyPrepared {
     inner: Prepared,
-}
-
-fn buffers(
-    bases: &Bound<'_, PyAny>,
-    limits: Option<&Bound<'_, PyAny>>,
-    side: &str,
-) -> Converted<Buffers> {
-    Ok(Buffers {
-        bases: u64_column(bases, &format!("{side}_base_ptrs"))?,
-        limits: limits
-            .filter(|l| !l.is_none())
-            .map(|l| u64_column(l, &format!("{side}_limits")))
-            .transpose()?,
-    })
 }
 
 /// `None` (every buffer), a `range` of buffer indexes, or a sequence of them.
@@ -62,22 +46,6 @@ fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
         });
     }
     u64_column(buffers, "buffers").map(Selection::Indices)
-}
-
-/// Wraps three columns as `pdplan.TransferDescriptors`.
-fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<'_, PyAny>> {
-    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let cls = TYPE.get_or_try_init(py, || {
-        py.import("pdplan._descriptors")?
-            .getattr("TransferDescriptors")
-            .map(Bound::unbind)
-    })?;
-    let columns = (
-        built.src_addrs.into_pyarray(py),
-        built.dst_addrs.into_pyarray(py),
-        built.lengths.into_pyarray(py),
-    );
-    cls.bind(py).call1(columns)
 }
 
 fn strided(py: Python<'_>, rows: Vec<[u64; 5]>) -> PyResult<Bound<'_, PyArray2<u64>>> {
@@ -213,10 +181,17 @@ impl PyPrepared {
             ))
         };
         let (src, dst, src_cap, dst_cap, chosen) = convert().map_err(to_py_err)?;
-        let (local, remote) = self
-            .inner
-            .prepped_indices(&src, &dst, &chosen, (src_cap, dst_cap))
-            .map_err(to_py_err)?;
+        let request = || {
+            self.inner
+                .prepped_indices(&src, &dst, &chosen, (src_cap, dst_cap))
+        };
+        // As many entries as `descriptors` makes: released on the same large requests.
+        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
+            py.detach(request)
+        } else {
+            request()
+        };
+        let (local, remote) = made.map_err(to_py_err)?;
         Ok((local.into_pyarray(py), remote.into_pyarray(py)))
     }
 
@@ -239,9 +214,6 @@ impl PyPrepared {
 /// The parsed-frame cache: hits, misses, entries and payload bytes held.
 #[pyfunction]
 pub fn frame_cache_info() -> (u64, u64, usize, usize) {
-    let stats = frame_cache::shared()
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .stats();
-    (stats.hits, stats.misses, stats.entries, stats.bytes)
+    let stats = frame_cache::stats();
+    (stats.hits, stats.misses, stats.entries, stats.weight)
 }
