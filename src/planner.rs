@@ -694,27 +694,36 @@ mod tests {
     }
 
     #[test]
-    fn routing_table_agrees_with_every_plan() {
-        for (prefill_tp, decode_tp, heads) in [(8, 2, 8), (2, 8, 8), (4, 1, 2), (4, 4, 8)] {
-            let p = planner(prefill_tp, decode_tp, heads).unwrap();
-            let table = p.routing_table();
-            let mut expected = RoutingTable::default();
-            for rank in 0..decode_tp {
-                let plan = p.plan_for_decode_rank(rank, None).unwrap();
-                for source in plan.sources {
-                    expected.decode_rank.push(rank);
-                    expected.prefill_rank.push(source.prefill_rank);
-                    if plan.kind == PlanKind::Identity {
-                        expected.fragment_count.push(2);
-                        expected.bytes_per_page.push(2 * heads / decode_tp * UNIT);
-                    } else {
-                        expected.fragment_count.push(source.fragments.len() as u64);
-                        expected
-                            .bytes_per_page
-                            .push(source.fragments.iter().map(|f| f.bytes_per_page).sum());
-                    }
-                }
-            }
+    fn routing_table_rows_are_the_head_dealing() {
+        // (decode rank, prefill rank, fragments, bytes a page) worked out by hand from which
+        // heads each rank holds; K and V make two fragments of each source's heads.
+        type Row = (u64, u64, u64, u64);
+        let head = UNIT;
+        let cases: [((u64, u64, u64), Vec<Row>); 4] = [
+            // 8 heads, prefill TP 8 -> decode TP 2: decode r holds heads 4r..4r+4, one per source.
+            (
+                (8, 2, 8),
+                (0..2)
+                    .flat_map(|d| (4 * d..4 * d + 4).map(move |p| (d, p, 2, 2 * head)))
+                    .collect(),
+            ),
+            // Prefill TP 2 -> decode TP 8: decode r holds head r, prefill rank r / 4 holds it.
+            ((2, 8, 8), (0..8).map(|d| (d, d / 4, 2, 2 * head)).collect()),
+            // 2 heads over prefill TP 4 (replica groups {0, 1}, {2, 3}) -> TP 1: the leaders.
+            ((4, 1, 2), vec![(0, 0, 2, 2 * head), (0, 2, 2, 2 * head)]),
+            // Same TP: whole items (two heads each) rank to rank.
+            ((4, 4, 8), (0..4).map(|r| (r, r, 2, 2 * 2 * head)).collect()),
+        ];
+        for ((prefill_tp, decode_tp, heads), rows) in cases {
+            let table = planner(prefill_tp, decode_tp, heads)
+                .unwrap()
+                .routing_table();
+            let expected = RoutingTable {
+                decode_rank: rows.iter().map(|r| r.0).collect(),
+                prefill_rank: rows.iter().map(|r| r.1).collect(),
+                fragment_count: rows.iter().map(|r| r.2).collect(),
+                bytes_per_page: rows.iter().map(|r| r.3).collect(),
+            };
             assert_eq!(table, expected, "{prefill_tp}->{decode_tp}");
         }
     }

@@ -545,6 +545,35 @@ mod tests {
     }
 
     #[test]
+    fn a_wrong_fanout_alone_is_named() {
+        // Prefill TP 4 over 2 heads: ranks 0 and 1 hold head 0, ranks 2 and 3 head 1. Reading
+        // head 0 from rank 1 instead of rank 0 moves the same bytes, so only the fanout the
+        // planner reports (rank 0 serves one decode rank) no longer matches.
+        let planner = Planner::new(
+            ParallelLayout::new(Role::Prefill, 4, 1).unwrap(),
+            ParallelLayout::new(Role::Decode, 1, 1).unwrap(),
+            &[buffer(LogicalAxis::KvHead, 2, 4, 2)],
+            &[buffer(LogicalAxis::KvHead, 2, 1, 1)],
+        )
+        .unwrap();
+        verify(&planner).unwrap();
+        let err = verify_plans(&planner, |rank| {
+            let mut sources = planner.transfer_fragments(rank, None)?;
+            let first = &mut sources[0];
+            assert_eq!(first.prefill_rank, 0);
+            first.prefill_rank = 1;
+            first.fragments[0].src_rank = 1;
+            Ok(sources)
+        })
+        .unwrap_err()
+        .into_message();
+        assert!(
+            err.contains("prefill rank 0 reports a fanout of 1 but 0 decode ranks"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn decode_items_too_small_for_a_replicated_buffer_are_a_gap() {
         let mut small = buffer(LogicalAxis::Replicated, 4, 1, 1);
         small.item_stride_bytes = 100;

@@ -32,8 +32,8 @@ def planner_from_spec(spec: dict[str, Any]) -> PDTransferPlanner:
 
 
 def fragment_to_dict(fragment: TransferFragment) -> dict[str, Any]:
-    assert isinstance(fragment.buffer_kind, BufferKind)
     """The reference's fields: a head-major plan's fragments carry the row defaults only."""
+    assert isinstance(fragment.buffer_kind, BufferKind)
     fields = {**asdict(fragment), "buffer_kind": fragment.buffer_kind.value}
     rows = [fields.pop(name) for name in ROW_FIELDS]
     assert rows == [1, 0, 0], f"a reference-compatible fragment with rows: {fragment}"

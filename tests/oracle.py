@@ -215,6 +215,65 @@ def expected_fanout(
     return fanout
 
 
+def part_of(buffer: BufferLayout, unit: int) -> int:
+    """Which part of the split axis a logical unit belongs to."""
+    bounds = np.cumsum(buffer.logical_parts or (buffer.logical_size,))
+    return int(np.searchsorted(bounds, unit, side="right"))
+
+
+def expected_routing(
+    prefill: ParallelLayout,
+    decode: ParallelLayout,
+    prefill_buffers: Sequence[BufferLayout],
+    decode_buffers: Sequence[BufferLayout],
+    identity: bool,
+) -> list[tuple[int, int, int, int]]:
+    """The whole cluster's routing under the default mapping and ``decode_replicas="first"``,
+    from the dealing alone: rows (decode rank, prefill rank, fragments, bytes a page), decode
+    rank then prefill rank ascending. Each unit a decode rank receives comes from its first
+    holder, one fragment per buffer part a source sends; a replicated buffer is one whole
+    decode item from the reference's source; an identity plan copies every buffer's smaller
+    item from the rank at the same place of the source group."""
+    ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
+    stages = stages_of(prefill, decode, prefill_buffers)
+    rows = []
+    for rank in range(decode.world_size):
+        group, stage, tp_rank = where(decode, rank)
+        base = (group % prefill.dp_size) * prefill.pp_size * ptp
+        sent: dict[int, list[int]] = {}  # prefill rank -> [fragments, bytes a page]
+
+        def send(
+            p_stage: int,
+            src_tp: int,
+            fragments: int,
+            nbytes: int,
+            sent: dict[int, list[int]] = sent,
+            base: int = base,
+        ) -> None:
+            entry = sent.setdefault(base + p_stage * ptp + src_tp, [0, 0])
+            entry[0] += fragments
+            entry[1] += nbytes
+
+        for (p, d), (p_stage, d_stage) in zip(zip(prefill_buffers, decode_buffers), stages):
+            if d_stage != stage:
+                continue
+            if identity:
+                send(p_stage, tp_rank, 1, min(p.item_stride_bytes, d.item_stride_bytes))
+            elif p.logical_axis == "replicated":
+                send(p_stage, tp_rank * ptp // dtp, 1, d.item_stride_bytes)
+            elif receives(d, dtp, tp_rank):
+                by_holder: dict[int, set[int]] = {}
+                units = dealt_units(d, dtp, tp_rank)
+                assert units is not None
+                for unit in units.tolist():
+                    by_holder.setdefault(first_holder(p, ptp, unit), set()).add(part_of(p, unit))
+                for holder, parts in by_holder.items():
+                    count = sum(first_holder(p, ptp, u) == holder for u in units.tolist())
+                    send(p_stage, holder, len(parts), count * p.bytes_per_logical_unit)
+        rows.extend((rank, source, f, b) for source, (f, b) in sorted(sent.items()))
+    return rows
+
+
 def simulate(
     decode_rank: int,
     fragments_by_source: Mapping[int, Sequence[TransferFragment]],
@@ -224,10 +283,11 @@ def simulate(
     decode_buffers: Sequence[BufferLayout],
     source_group: int,
     replicas: str = "first",
-) -> None:
+) -> set[int]:
     """Runs the fragments as numpy copies between labelled items and checks every byte the
     decode rank should hold arrived exactly once, and nothing else was written. A row
-    fragment copies `rows_per_page` runs a page, run r at offset + r * row stride."""
+    fragment copies `rows_per_page` runs a page, run r at offset + r * row stride. Returns the
+    prefill ranks that delivered bytes the decode rank should hold."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     _, stage, tp_rank = where(decode, decode_rank)
     by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
@@ -236,9 +296,11 @@ def simulate(
     )
     received: dict[int, np.ndarray] = {}
     writes: dict[int, np.ndarray] = {}
+    writer: dict[int, np.ndarray] = {}  # which prefill rank wrote each byte (-1: none)
     for d in decode_buffers:
         received[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
         writes[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+        writer[d.buffer_index] = np.full(PAGES * d.item_stride_bytes, -1, dtype=np.int64)
     for src_rank, fragments in fragments_by_source.items():
         src_group, src_stage, src_tp = where(prefill, src_rank)
         assert src_group == source_group, "a source outside the DP group read from"
@@ -269,6 +331,8 @@ def simulate(
                 assert t + run <= len(received[d.buffer_index]), "writes past"
                 received[d.buffer_index][t : t + run] = source[s : s + run]
                 writes[d.buffer_index][t : t + run] += 1
+                writer[d.buffer_index][t : t + run] = src_rank
+    delivered: set[int] = set()
     for d in decode_buffers:
         units = dealt_units(d, dtp, tp_rank)
         assert units is not None
@@ -285,6 +349,8 @@ def simulate(
         stray = ~wanted & (count > 0)
         assert (got[stray] == 0).all() and (count[stray] == 1).all(), f"{name}: stray bytes"
         assert np.array_equal(got, expected), f"{name}: wrong bytes arrived"
+        delivered.update(writer[d.buffer_index][wanted].tolist())
+    return delivered
 
 
 def check_plan(
@@ -295,18 +361,15 @@ def check_plan(
     decode: ParallelLayout,
     prefill_buffers: Sequence[BufferLayout],
     decode_buffers: Sequence[BufferLayout],
-    fanout: Mapping[int, int],
     replicas: str = "first",
-) -> None:
+) -> set[int]:
     """A decode rank's plan (and its `transfer_fragments`, which carry identity plans' whole
-    items) against the simulation and the fanout."""
+    items) against the simulation; returns the prefill ranks that delivered bytes to it (the
+    fanouts are checked by the caller, from every rank's deliveries)."""
     group = where(decode, decode_rank)[0] % prefill.dp_size
     assert plan.target_dp_group == group
     assert list(plan.target_prefill_ranks) == sorted(plan.target_prefill_ranks)
     assert plan.required_prefill_response_num == len(plan.target_prefill_ranks)
-    assert plan.required_dst_info_num_by_prefill_rank == {
-        rank: fanout[rank] for rank in plan.target_prefill_ranks
-    }
     if plan.plan_kind == "identity":
         assert plan.fragments_by_prefill_rank == {}
         assert set(fragments_by_source) <= set(plan.target_prefill_ranks)
@@ -314,7 +377,7 @@ def check_plan(
         assert dict(plan.fragments_by_prefill_rank) == dict(fragments_by_source)
         assert tuple(plan.fragments_by_prefill_rank) == plan.target_prefill_ranks
         assert all(plan.fragments_by_prefill_rank.values()), "a source with no fragments"
-    simulate(
+    return simulate(
         decode_rank,
         fragments_by_source,
         prefill,
@@ -324,6 +387,22 @@ def check_plan(
         group,
         replicas,
     )
+
+
+def fanout_from_deliveries(
+    prefill: ParallelLayout, decode: ParallelLayout, delivered: Mapping[int, set[int]]
+) -> dict[int, int]:
+    """Each prefill rank's fanout as the bytes moved say it: how many decode ranks of one
+    decode DP group it delivered to (0 where no decode group reads it by default)."""
+    fanout = dict.fromkeys(range(prefill.world_size), 0)
+    for group in range(decode.dp_size):
+        counts = dict.fromkeys(range(prefill.world_size), 0)
+        for rank, sources in delivered.items():
+            if where(decode, rank)[0] == group:
+                for source in sources:
+                    counts[source] += 1
+        fanout.update({rank: n for rank, n in counts.items() if n})
+    return fanout
 
 
 def least_largest_fanout(

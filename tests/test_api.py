@@ -354,8 +354,12 @@ def test_the_suite_runs_against_the_package_it_was_asked_to() -> None:
     venv = os.environ.get("PDPLAN_EXPECT_INSTALLED")
     location = Path(pdplan.__file__).resolve()
     assert (location.parent / "_core.pyi").exists()
+    # The compiled core is the one that came with this package, not another build.
+    assert Path(pdplan._core.__file__).resolve().parent == location.parent
     if venv is None:
-        assert "site-packages" in location.parts or "python" in location.parts
+        # The source tree's package (an editable install) or an installed one.
+        source_tree = Path(__file__).resolve().parents[1] / "python" / "pdplan"
+        assert location.parent == source_tree or location.parent.parent.name == "site-packages"
         return
     assert location.is_relative_to(Path(venv).resolve()), f"imported from {location}"
     assert "site-packages" in location.parts

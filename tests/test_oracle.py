@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
 from pdplan import (
@@ -21,6 +21,8 @@ from pdplan import (
 from oracle import (
     check_plan,
     expected_fanout,
+    expected_routing,
+    fanout_from_deliveries,
     layout_is_valid,
     least_largest_fanout,
     simulate,
@@ -92,23 +94,10 @@ def layouts(draw: Any, max_tp: int = 8) -> tuple[Any, ...]:
     return prefill, decode, tuple(prefill_buffers), tuple(decode_buffers)
 
 
-def fanout_from_plans(planner: PDTransferPlanner) -> dict[int, int]:
-    """Decode ranks of one decode DP group naming each prefill rank, per request: what each
-    prefill rank must wait for (0 for prefill groups no decode group reads by default)."""
-    prefill, decode = planner.prefill_layout, planner.decode_layout
-    fanout = dict.fromkeys(range(prefill.world_size), 0)
-    group_size = decode.world_size // decode.dp_size
-    for group in range(decode.dp_size):
-        counts = dict.fromkeys(range(prefill.world_size), 0)
-        for rank in range(group * group_size, (group + 1) * group_size):
-            for source in planner.transfer_fragments(rank):
-                counts[source] += 1
-        fanout.update({rank: n for rank, n in counts.items() if n})
-    return fanout
-
-
 def check_every_rank(planner: PDTransferPlanner, layout: tuple[Any, ...], replicas: str) -> None:
-    decode, decode_buffers = layout[1], layout[3]
+    """Every decode rank's plan through the simulation; then the fanout the planner reports
+    against the fanout the moved bytes show (and, under "first", the dealing's own count)."""
+    prefill, decode, decode_buffers = layout[0], layout[1], layout[3]
     cramped = any(
         d.logical_axis == "replicated"
         and d.item_stride_bytes < d.logical_size * d.bytes_per_logical_unit
@@ -119,14 +108,19 @@ def check_every_rank(planner: PDTransferPlanner, layout: tuple[Any, ...], replic
             planner.verify()
     else:
         planner.verify()
-    if replicas == "first":
-        fanout = expected_fanout(*layout)
-    else:
-        fanout = fanout_from_plans(planner)
-    assert planner.source_fanout == fanout
+    plans, delivered = {}, {}
     for rank in range(decode.world_size):
-        plan, fragments = planner.plan_for_decode_rank(rank), planner.transfer_fragments(rank)
-        check_plan(plan, fragments, rank, *layout, fanout, replicas)
+        plans[rank] = planner.plan_for_decode_rank(rank)
+        fragments = planner.transfer_fragments(rank)
+        delivered[rank] = check_plan(plans[rank], fragments, rank, *layout, replicas)
+    fanout = fanout_from_deliveries(prefill, decode, delivered)
+    if replicas == "first":
+        assert fanout == expected_fanout(*layout)
+    assert planner.source_fanout == fanout
+    for plan in plans.values():
+        assert plan.required_dst_info_num_by_prefill_rank == {
+            rank: fanout[rank] for rank in plan.target_prefill_ranks
+        }
 
 
 @settings(max_examples=400, deadline=None)
@@ -156,8 +150,7 @@ def test_every_decode_rank_served_with_the_least_fanout(layout: tuple[Any, ...])
     """decode_replicas="all": every decode rank receives its whole shard directly, and the
     largest fanout is the least an exhaustive search over source choices finds."""
     prefill, decode, prefill_buffers, decode_buffers = layout
-    if not layout_is_valid(*layout):
-        return
+    assume(layout_is_valid(*layout))
     planner = PDTransferPlanner(
         prefill_layout=prefill,
         decode_layout=decode,
@@ -177,27 +170,28 @@ def test_every_decode_rank_served_with_the_least_fanout(layout: tuple[Any, ...])
 
 @settings(max_examples=300, deadline=None)
 @given(layouts())
-def test_the_routing_table_lists_what_transfer_fragments_move(layout: tuple[Any, ...]) -> None:
-    """Rows follow the default DP-group mapping (decode DP above prefill DP included) and
-    count the fragments and bytes `transfer_fragments` gives, identity plans too."""
+def test_the_routing_table_is_what_the_dealing_says(layout: tuple[Any, ...]) -> None:
+    """Rows follow the default DP-group mapping (decode DP above prefill DP included) and count
+    the fragments and bytes the dealing gives each (decode rank, prefill rank) pair, identity
+    plans too; and they are what `transfer_fragments` moves."""
     prefill, decode, prefill_buffers, decode_buffers = layout
-    if not layout_is_valid(*layout):
-        return
+    assume(layout_is_valid(*layout))
     planner = PDTransferPlanner(
         prefill_layout=prefill,
         decode_layout=decode,
         prefill_buffers=prefill_buffers,
         decode_buffers=decode_buffers,
     )
+    identity = planner.plan_for_decode_rank(0).plan_kind == "identity"
     table = planner.routing_table()
     rows = list(zip(*(column.tolist() for column in table)))
-    expected = [
+    assert rows == expected_routing(*layout, identity=identity)
+    moved = [
         (rank, source, len(fragments), sum(f.bytes_per_page for f in fragments))
         for rank in range(decode.world_size)
         for source, fragments in planner.transfer_fragments(rank).items()
     ]
-    assert rows == expected
-    assert all(0 <= source < prefill.world_size for _, source, _, _ in rows)
+    assert rows == moved
 
 
 def test_the_oracle_catches_broken_plans() -> None:

@@ -57,15 +57,18 @@ def transfer_descriptors(
 ) -> TransferDescriptors:
     """Turn fragments x page pairs into transfer descriptors, in one pass without the GIL.
 
-    For fragment ``f`` (in the given order) and page pair ``i`` (in the given order):
-    ``src = src_base_ptrs[f.buffer_index] + src_pages[i] * f.src_page_stride_bytes +
-    f.src_byte_offset``, the same for ``dst``, ``f.bytes_per_page`` long. A fragment's
-    ``page_count`` limits it to the first ``page_count`` pairs. With ``coalesce`` (the default),
-    neighbours that continue each other on both sides (src end == next src and dst end == next
-    dst) merge into one descriptor; without it the output equals the plain Python loop.
+    For fragment ``f`` (in the given order), page pair ``i`` (in the given order) and row ``r``
+    (``0 .. f.rows_per_page``): ``src = src_base_ptrs[f.buffer_index] + src_pages[i] *
+    f.src_page_stride_bytes + f.src_byte_offset + r * f.src_row_stride_bytes``, the same for
+    ``dst``, ``f.bytes_per_page // f.rows_per_page`` long (one descriptor a page, the whole
+    ``bytes_per_page``, for a head-major fragment). A fragment's ``page_count`` limits it to the
+    first ``page_count`` pairs. With ``coalesce`` (the default), neighbours within one buffer
+    that continue each other on both sides (src end == next src and dst end == next dst) merge
+    into one descriptor; without it the output equals the plain Python loop.
 
     ``*_base_ptrs`` and ``*_limits`` are indexed by ``buffer_index``; a limit is how many bytes
-    from that buffer's base may be touched. Pages are int32 or int64 arrays (or int sequences).
+    from that buffer's base may be touched. Pages are 1-D numpy arrays of any integer dtype (or
+    int sequences).
     Anything that would point past a limit, negative pages, unequal page lengths, a buffer
     without a base pointer and 64-bit overflow raise ``UnsupportedPDLayoutError`` before any
     descriptor is returned. Safe on fragments decoded from the wire.

@@ -101,9 +101,11 @@ class PDTransferPlanner:
 
     @property
     def idle_decode_ranks(self) -> int:
-        """Decode ranks that receive nothing under ``decode_replicas="first"`` (the non-first
-        ranks of every decode replica group): the runtime must copy to them inside the group,
-        or plan with ``decode_replicas="all"``. 0 under ``"all"``."""
+        """Decode ranks that receive nothing at all. Under ``decode_replicas="first"`` these
+        are the non-first ranks of every decode replica group (when no buffer is replicated):
+        the runtime must copy to them inside the group, or plan with ``decode_replicas="all"``.
+        Under either mode, ranks of a decode pipeline stage that holds none of the buffers'
+        layers receive nothing too."""
         return self._core.idle_decode_ranks
 
     @property
