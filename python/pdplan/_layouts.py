@@ -1,5 +1,5 @@
 """Buffer layouts from a model's shape, a Hugging Face ``config.json``, a preset, or the byte
-lengths a runtime knows. The derivation runs in Rust (src/model.rs)."""
+lengths a runtime knows. The derivation runs in Rust (src/model/)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
 //! The one binding module: converts Python values to core values and back (`convert`,
-//! `objects`), releases the GIL around core work, and maps every core error to
-//! `UnsupportedPDLayoutError` in one function, `to_py_err`.
+//! `objects`), judges only Python types (every other rule is the core's), releases the GIL
+//! around core work, and maps every core error to `UnsupportedPDLayoutError` in one function,
+//! `to_py_err`. `planner` holds the planner class, `prepared` the per-request class, `model` the
+//! model entry points; this file the wire and descriptor functions and the module itself.
 
 mod convert;
 mod encode_cache;
 mod model;
 mod objects;
+mod planner;
 mod prepared;
 
-use numpy::{IntoPyArray, PyArray1};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -17,15 +19,12 @@ use pyo3::types::{PyBytes, PyDict, PyTuple};
 use crate::descriptors;
 use crate::error::PlanError;
 use crate::fragment::FieldValue;
-use crate::planner::Planner;
-use crate::routing::DecodeReplicas;
-use crate::verify;
 use crate::wire;
 use convert::{
-    buffer_layout, buffers, each, fragment_with, frame, int_arg, parallel_layout, string_arg,
-    to_u64, u64_column, Converted,
+    buffer_layout, buffers, each, fragment_with, frame, int_arg, parallel_layout, to_u64,
+    u64_column, Converted,
 };
-use objects::{descriptors_object, model_types, rank_plan_object, FragmentFactory};
+use objects::{descriptors_object, model_types, FragmentFactory};
 
 /// Descriptor arrays are large, short-lived allocations; mimalloc keeps freed pages for the next
 /// request instead of returning them to the kernel and faulting them back in each time (as
@@ -193,170 +192,6 @@ fn transfer_descriptors<'py>(
     descriptors_object(py, built)
 }
 
-/// The compiled planner behind `pdplan.PDTransferPlanner`.
-#[pyclass(frozen, module = "pdplan._core", name = "Planner")]
-struct PyPlanner {
-    inner: Planner,
-}
-
-impl PyPlanner {
-    /// A router's prefill DP group: `None` (the default mapping) or an int the core checks.
-    fn prefill_group(&self, group: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
-        let Some(group) = group.filter(|g| !g.is_none()) else {
-            return Ok(None);
-        };
-        int_arg(group, "prefill_dp_group")
-            .and_then(|value| self.inner.prefill_group(value))
-            .map(Some)
-            .map_err(to_py_err)
-    }
-
-    fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
-        int_arg(decode_rank, "decode_rank")
-            .and_then(|value| self.inner.decode_rank(value))
-            .map_err(to_py_err)
-    }
-}
-
-#[pymethods]
-impl PyPlanner {
-    #[new]
-    #[pyo3(signature = (prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas=None))]
-    fn new(
-        py: Python<'_>,
-        prefill_layout: &Bound<'_, PyAny>,
-        decode_layout: &Bound<'_, PyAny>,
-        prefill_buffers: &Bound<'_, PyAny>,
-        decode_buffers: &Bound<'_, PyAny>,
-        decode_replicas: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Self> {
-        let convert = || -> Converted<_> {
-            let replicas = match decode_replicas {
-                None => DecodeReplicas::First.as_str().to_owned(),
-                Some(value) => string_arg(value, "decode_replicas")?,
-            };
-            Ok((
-                parallel_layout(prefill_layout)?,
-                parallel_layout(decode_layout)?,
-                each(prefill_buffers, "prefill_buffers", buffer_layout)?,
-                each(decode_buffers, "decode_buffers", buffer_layout)?,
-                DecodeReplicas::parse(&replicas)?,
-            ))
-        };
-        let (prefill, decode, prefill_buffers, decode_buffers, replicas) =
-            convert().map_err(to_py_err)?;
-        let inner = py
-            .detach(|| {
-                Planner::with_replicas(prefill, decode, &prefill_buffers, &decode_buffers, replicas)
-            })
-            .map_err(to_py_err)?;
-        Ok(Self { inner })
-    }
-
-    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
-    fn plan_for_decode_rank<'py>(
-        &self,
-        py: Python<'py>,
-        decode_rank: &Bound<'py, PyAny>,
-        prefill_dp_group: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let rank = self.decode_rank(decode_rank)?;
-        let group = self.prefill_group(prefill_dp_group)?;
-        let plan = py
-            .detach(|| self.inner.plan_for_decode_rank(rank, group))
-            .map_err(to_py_err)?;
-        rank_plan_object(py, &plan)
-    }
-
-    /// Fragments by prefill rank for both plan kinds (identity plans: whole items).
-    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
-    fn transfer_fragments<'py>(
-        &self,
-        py: Python<'py>,
-        decode_rank: &Bound<'py, PyAny>,
-        prefill_dp_group: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyDict>> {
-        let rank = self.decode_rank(decode_rank)?;
-        let group = self.prefill_group(prefill_dp_group)?;
-        let sources = py
-            .detach(|| self.inner.transfer_fragments(rank, group))
-            .map_err(to_py_err)?;
-        let mut factory = FragmentFactory::new(py)?;
-        let out = PyDict::new(py);
-        for source in &sources {
-            out.set_item(source.prefill_rank, factory.tuple(&source.fragments)?)?;
-        }
-        Ok(out)
-    }
-
-    /// Checks every plan byte by byte against the layouts; raises naming the first problem.
-    fn verify(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| verify::verify(&self.inner)).map_err(to_py_err)
-    }
-
-    /// Fanout of every prefill rank, in rank order.
-    fn source_fanout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let dict = PyDict::new(py);
-        for (rank, fanout) in self.inner.source_fanout() {
-            dict.set_item(rank, fanout)?;
-        }
-        Ok(dict)
-    }
-
-    /// Every (decode rank, prefill rank) pair that moves data, as four int64 arrays: decode
-    /// rank, prefill rank, fragment count, bytes per page. Computed with the GIL released.
-    #[allow(clippy::type_complexity)]
-    fn routing_table<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> (
-        Bound<'py, PyArray1<i64>>,
-        Bound<'py, PyArray1<i64>>,
-        Bound<'py, PyArray1<i64>>,
-        Bound<'py, PyArray1<i64>>,
-    ) {
-        // Every value is below 2^63 (validated sizes, bounded world), so the casts are exact.
-        let signed = |column: Vec<u64>| -> Vec<i64> {
-            column
-                .into_iter()
-                .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
-                .collect()
-        };
-        let table = py.detach(|| {
-            let table = self.inner.routing_table();
-            (
-                signed(table.decode_rank),
-                signed(table.prefill_rank),
-                signed(table.fragment_count),
-                signed(table.bytes_per_page),
-            )
-        });
-        (
-            table.0.into_pyarray(py),
-            table.1.into_pyarray(py),
-            table.2.into_pyarray(py),
-            table.3.into_pyarray(py),
-        )
-    }
-
-    #[getter]
-    fn is_identity(&self) -> bool {
-        self.inner.is_identity()
-    }
-
-    /// Whether either side runs pipeline stages.
-    #[getter]
-    fn is_staged(&self) -> bool {
-        self.inner.is_staged()
-    }
-
-    /// Decode ranks that receive nothing (the runtime must copy inside their replica group).
-    #[getter]
-    fn idle_decode_ranks(&self) -> u64 {
-        self.inner.idle_decode_ranks()
-    }
-}
-
 /// The schema's defaults as a `{name: value}` dict (required fields left out).
 fn fragment_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let defaults = PyDict::new(py);
@@ -390,7 +225,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("MAX_WORLD_SIZE", crate::layout::MAX_WORLD_SIZE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
-    m.add_class::<PyPlanner>()?;
+    m.add_class::<planner::PyPlanner>()?;
     m.add_class::<prepared::PyPrepared>()?;
     m.add_function(wrap_pyfunction!(prepared::frame_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(encode_cache_info, m)?)?;

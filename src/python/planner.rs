@@ -1,0 +1,177 @@
+//! `pdplan._core.Planner`, behind `pdplan.PDTransferPlanner`: converts its arguments, plans
+//! without the GIL, and hands plans back as the reference's objects.
+
+use numpy::{IntoPyArray, PyArray1};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::convert::{buffer_layout, each, int_arg, parallel_layout, string_arg, Converted};
+use super::objects::{rank_plan_object, FragmentFactory};
+use super::to_py_err;
+use crate::planner::Planner;
+use crate::routing::DecodeReplicas;
+use crate::verify;
+
+/// The compiled planner behind `pdplan.PDTransferPlanner`.
+#[pyclass(frozen, module = "pdplan._core", name = "Planner")]
+pub struct PyPlanner {
+    inner: Planner,
+}
+
+impl PyPlanner {
+    /// A router's prefill DP group: `None` (the default mapping) or an int the core checks.
+    fn prefill_group(&self, group: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+        let Some(group) = group.filter(|g| !g.is_none()) else {
+            return Ok(None);
+        };
+        int_arg(group, "prefill_dp_group")
+            .and_then(|value| self.inner.prefill_group(value))
+            .map(Some)
+            .map_err(to_py_err)
+    }
+
+    fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
+        int_arg(decode_rank, "decode_rank")
+            .and_then(|value| self.inner.decode_rank(value))
+            .map_err(to_py_err)
+    }
+}
+
+#[pymethods]
+impl PyPlanner {
+    #[new]
+    #[pyo3(signature = (prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas=None))]
+    fn new(
+        py: Python<'_>,
+        prefill_layout: &Bound<'_, PyAny>,
+        decode_layout: &Bound<'_, PyAny>,
+        prefill_buffers: &Bound<'_, PyAny>,
+        decode_buffers: &Bound<'_, PyAny>,
+        decode_replicas: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let convert = || -> Converted<_> {
+            let replicas = match decode_replicas {
+                None => DecodeReplicas::First.as_str().to_owned(),
+                Some(value) => string_arg(value, "decode_replicas")?,
+            };
+            Ok((
+                parallel_layout(prefill_layout)?,
+                parallel_layout(decode_layout)?,
+                each(prefill_buffers, "prefill_buffers", buffer_layout)?,
+                each(decode_buffers, "decode_buffers", buffer_layout)?,
+                DecodeReplicas::parse(&replicas)?,
+            ))
+        };
+        let (prefill, decode, prefill_buffers, decode_buffers, replicas) =
+            convert().map_err(to_py_err)?;
+        let inner = py
+            .detach(|| {
+                Planner::with_replicas(prefill, decode, &prefill_buffers, &decode_buffers, replicas)
+            })
+            .map_err(to_py_err)?;
+        Ok(Self { inner })
+    }
+
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
+    fn plan_for_decode_rank<'py>(
+        &self,
+        py: Python<'py>,
+        decode_rank: &Bound<'py, PyAny>,
+        prefill_dp_group: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let rank = self.decode_rank(decode_rank)?;
+        let group = self.prefill_group(prefill_dp_group)?;
+        let plan = py
+            .detach(|| self.inner.plan_for_decode_rank(rank, group))
+            .map_err(to_py_err)?;
+        rank_plan_object(py, &plan)
+    }
+
+    /// Fragments by prefill rank for both plan kinds (identity plans: whole items).
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
+    fn transfer_fragments<'py>(
+        &self,
+        py: Python<'py>,
+        decode_rank: &Bound<'py, PyAny>,
+        prefill_dp_group: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let rank = self.decode_rank(decode_rank)?;
+        let group = self.prefill_group(prefill_dp_group)?;
+        let sources = py
+            .detach(|| self.inner.transfer_fragments(rank, group))
+            .map_err(to_py_err)?;
+        let mut factory = FragmentFactory::new(py)?;
+        let out = PyDict::new(py);
+        for source in &sources {
+            out.set_item(source.prefill_rank, factory.tuple(&source.fragments)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Checks every plan byte by byte against the layouts; raises naming the first problem.
+    fn verify(&self, py: Python<'_>) -> PyResult<()> {
+        py.detach(|| verify::verify(&self.inner)).map_err(to_py_err)
+    }
+
+    /// Fanout of every prefill rank, in rank order.
+    fn source_fanout<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let dict = PyDict::new(py);
+        for (rank, fanout) in self.inner.source_fanout() {
+            dict.set_item(rank, fanout)?;
+        }
+        Ok(dict)
+    }
+
+    /// Every (decode rank, prefill rank) pair that moves data, as four int64 arrays: decode
+    /// rank, prefill rank, fragment count, bytes per page. Computed with the GIL released.
+    #[allow(clippy::type_complexity)]
+    fn routing_table<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<i64>>,
+    ) {
+        // Every value is below 2^63 (validated sizes, bounded world), so the casts are exact.
+        let signed = |column: Vec<u64>| -> Vec<i64> {
+            column
+                .into_iter()
+                .map(|v| i64::try_from(v).unwrap_or(i64::MAX))
+                .collect()
+        };
+        let table = py.detach(|| {
+            let table = self.inner.routing_table();
+            (
+                signed(table.decode_rank),
+                signed(table.prefill_rank),
+                signed(table.fragment_count),
+                signed(table.bytes_per_page),
+            )
+        });
+        (
+            table.0.into_pyarray(py),
+            table.1.into_pyarray(py),
+            table.2.into_pyarray(py),
+            table.3.into_pyarray(py),
+        )
+    }
+
+    #[getter]
+    fn is_identity(&self) -> bool {
+        self.inner.is_identity()
+    }
+
+    /// Whether either side runs pipeline stages.
+    #[getter]
+    fn is_staged(&self) -> bool {
+        self.inner.is_staged()
+    }
+
+    /// Decode ranks that receive nothing (the runtime must copy inside their replica group).
+    #[getter]
+    fn idle_decode_ranks(&self) -> u64 {
+        self.inner.idle_decode_ranks()
+    }
+}
