@@ -30,8 +30,6 @@ pub enum FieldValue {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Field {
     pub name: &'static str,
-    /// The JSON key as the wire writes it, quoted, with its colon.
-    pub key: &'static str,
     pub kind: FieldKind,
     /// The first wire version that carries the field: earlier versions neither write nor
     /// accept it, and a list whose fragments all hold its default is written in an earlier one.
@@ -45,12 +43,22 @@ pub trait FieldType: Sized + Default {
     const KIND: FieldKind;
     fn into_value(self) -> FieldValue;
     fn from_value(value: FieldValue) -> Option<Self>;
+    /// The integer the field holds (0 for none), for the one-test range check.
+    fn int_bits(&self) -> u64;
+    /// The field's value as the wire's JSON writes it.
+    fn write_json(&self, out: &mut String, digits: &mut itoa::Buffer);
 }
 
 impl FieldType for u64 {
     const KIND: FieldKind = FieldKind::Int;
     fn into_value(self) -> FieldValue {
         FieldValue::Int(self)
+    }
+    fn int_bits(&self) -> u64 {
+        *self
+    }
+    fn write_json(&self, out: &mut String, digits: &mut itoa::Buffer) {
+        out.push_str(digits.format(*self));
     }
     fn from_value(value: FieldValue) -> Option<Self> {
         match value {
@@ -65,6 +73,15 @@ impl FieldType for Option<u64> {
     fn into_value(self) -> FieldValue {
         FieldValue::OptionalInt(self)
     }
+    fn int_bits(&self) -> u64 {
+        self.unwrap_or(0)
+    }
+    fn write_json(&self, out: &mut String, digits: &mut itoa::Buffer) {
+        match self {
+            Some(value) => out.push_str(digits.format(*value)),
+            None => out.push_str("null"),
+        }
+    }
     fn from_value(value: FieldValue) -> Option<Self> {
         match value {
             FieldValue::OptionalInt(v) => Some(v),
@@ -77,6 +94,14 @@ impl FieldType for BufferKind {
     const KIND: FieldKind = FieldKind::Kind;
     fn into_value(self) -> FieldValue {
         FieldValue::Kind(self)
+    }
+    fn int_bits(&self) -> u64 {
+        0
+    }
+    fn write_json(&self, out: &mut String, _digits: &mut itoa::Buffer) {
+        out.push('"');
+        out.push_str(self.as_str());
+        out.push('"');
     }
     fn from_value(value: FieldValue) -> Option<Self> {
         match value {
@@ -101,11 +126,22 @@ macro_rules! fragment_schema {
         /// The schema, in field order: the struct, the dataclass, the wire keys.
         pub const FIELDS: [Field; FIELD_COUNT] = [$(Field {
             name: stringify!($name),
-            key: concat!("\"", stringify!($name), "\":"),
             kind: <$ty as FieldType>::KIND,
             since: $since,
             default: fragment_schema!(@default $($default)?),
         }),*];
+
+        /// Per field, in schema order: stores a value of the field's kind (false for another
+        /// kind), so a decoder fills a fragment field by field without naming them.
+        pub const SETTERS: [fn(&mut Fragment, FieldValue) -> bool; FIELD_COUNT] = [$(
+            |fragment, value| match <$ty as FieldType>::from_value(value) {
+                Some(v) => {
+                    fragment.$name = v;
+                    true
+                }
+                None => false,
+            }
+        ),*];
 
         impl Fragment {
             /// Every field's value, in schema order.
@@ -113,13 +149,40 @@ macro_rules! fragment_schema {
                 [$(FieldType::into_value(self.$name)),*]
             }
 
-            /// A fragment from values in schema order; `None` if one is of the wrong kind.
-            pub fn from_values(values: [FieldValue; FIELD_COUNT]) -> Option<Self> {
-                let mut values = values.into_iter();
-                // Struct fields are evaluated in the order written: the schema's.
-                Some(Self {
-                    $($name: <$ty as FieldType>::from_value(values.next()?)?,)*
-                })
+            /// Every integer field OR-ed together: below 2^63 exactly when each of them is.
+            fn int_bits(&self) -> u64 {
+                0 $(| FieldType::int_bits(&self.$name))*
+            }
+
+            /// The oldest wire version that carries this fragment: the newest `since` among
+            /// the fields that differ from their defaults.
+            pub fn wire_version(&self) -> u32 {
+                let mut version = 1;
+                $(
+                    let default: Option<FieldValue> = fragment_schema!(@default $($default)?);
+                    if default.is_some_and(|d| d != FieldType::into_value(self.$name)) {
+                        version = version.max($since);
+                    }
+                )*
+                version
+            }
+
+            /// The fragment as one JSON object of a version `version` frame: the fields that
+            /// version carries, in schema order, written by hand (formatting machinery would
+            /// be most of the cost).
+            pub fn write_json(&self, out: &mut String, version: u32, digits: &mut itoa::Buffer) {
+                out.push('{');
+                let mut first = true;
+                $(
+                    if $since <= version {
+                        let key = concat!(",\"", stringify!($name), "\":");
+                        out.push_str(if first { &key[1..] } else { key });
+                        first = false;
+                        FieldType::write_json(&self.$name, out, digits);
+                    }
+                )*
+                let _ = first;
+                out.push('}');
             }
         }
 
@@ -176,7 +239,9 @@ pub const LATEST_VERSION: u32 = {
     latest
 };
 
-// Every field a later version adds has a default, so older frames still decode to fragments.
+// Every field a later version adds has a default, so older frames still decode to fragments;
+// and a decoder's bit set of the fields seen fits one u64.
+const _: () = assert!(FIELD_COUNT <= 64);
 const _: () = {
     let mut i = 0;
     while i < FIELD_COUNT {
@@ -186,17 +251,6 @@ const _: () = {
 };
 
 impl Fragment {
-    /// The oldest wire version that carries this fragment: the newest `since` among the fields
-    /// that differ from their defaults.
-    pub fn wire_version(&self) -> u32 {
-        FIELDS
-            .iter()
-            .zip(self.values())
-            .filter(|(field, value)| field.default.is_some_and(|d| d != *value))
-            .map(|(field, _)| field.since)
-            .fold(1, u32::max)
-    }
-
     /// Whether the fragment moves more than one run a page (and so needs wire format v2).
     pub const fn is_row_fragment(&self) -> bool {
         self.rows_per_page != 1
@@ -233,6 +287,10 @@ impl Fragment {
 
     /// Every integer lies in [0, 2^63), as the wire format requires, and the runs fit.
     pub fn validate(&self) -> PlanResult<()> {
+        if self.int_bits() <= MAX_VALUE {
+            return self.validate_rows();
+        }
+        // Past the one test (every field in range): name the culprit.
         for (field, value) in FIELDS.iter().zip(self.values()) {
             let int = match value {
                 FieldValue::Int(v) | FieldValue::OptionalInt(Some(v)) => v,

@@ -4,8 +4,9 @@
 //!
 //! A rank is a coordinate on axes, slowest first: DP group, pipeline stage, TP rank
 //! (`rank = dp_group * (pp * tp) + stage * tp + tp_rank`, vLLM's and TRT-LLM's order). A new
-//! axis (context parallelism) is one more entry in `RankCoord::digits`, `RankSpace::radices`
-//! and the struct fields; every computation below goes through those two.
+//! axis (context parallelism) is a field of `RankCoord` (and of `Slot`, if it lies inside a DP
+//! group), a size of `RankSpace`, and one term in `rank` and `coord`: every other computation
+//! goes through those two.
 
 use std::ops::Range;
 
@@ -34,19 +35,6 @@ pub struct Slot {
 }
 
 impl RankCoord {
-    /// The coordinates, slowest axis first (the order of `RankSpace::radices`).
-    const fn digits(self) -> [u64; 3] {
-        [self.dp_group, self.stage, self.tp_rank]
-    }
-
-    const fn from_digits([dp_group, stage, tp_rank]: [u64; 3]) -> Self {
-        Self {
-            dp_group,
-            stage,
-            tp_rank,
-        }
-    }
-
     pub const fn slot(self) -> Slot {
         Slot {
             stage: self.stage,
@@ -100,11 +88,6 @@ impl RankSpace {
         })
     }
 
-    /// The size of each axis, slowest first (the order of `RankCoord::digits`).
-    const fn radices(self) -> [u64; 3] {
-        [self.dp_size, self.pp_size, self.tp_size]
-    }
-
     pub const fn dp_size(self) -> u64 {
         self.dp_size
     }
@@ -127,16 +110,13 @@ impl RankSpace {
     }
 
     /// The global rank of a coordinate (products stay below 2^40: every size is bounded).
-    pub fn rank(self, coord: RankCoord) -> u64 {
-        coord
-            .digits()
-            .iter()
-            .zip(self.radices())
-            .fold(0, |rank, (&digit, radix)| rank * radix + digit)
+    #[inline]
+    pub const fn rank(self, coord: RankCoord) -> u64 {
+        (coord.dp_group * self.pp_size + coord.stage) * self.tp_size + coord.tp_rank
     }
 
     /// The global rank of TP rank `tp_rank` of stage `stage` of DP group `dp_group`.
-    pub fn rank_at(self, dp_group: u64, stage: u64, tp_rank: u64) -> u64 {
+    pub const fn rank_at(self, dp_group: u64, stage: u64, tp_rank: u64) -> u64 {
         self.rank(RankCoord {
             dp_group,
             stage,
@@ -145,21 +125,19 @@ impl RankSpace {
     }
 
     /// The global rank at `slot` of DP group `dp_group`.
-    pub fn rank_in_group(self, dp_group: u64, slot: Slot) -> u64 {
+    pub const fn rank_in_group(self, dp_group: u64, slot: Slot) -> u64 {
         self.rank_at(dp_group, slot.stage, slot.tp_rank)
     }
 
-    /// Where global rank `rank` sits.
-    pub fn coord(self, rank: u64) -> RankCoord {
-        let mut digits = [0; 3];
-        let mut rest = rank;
-        for (digit, radix) in digits.iter_mut().zip(self.radices()).rev() {
-            *digit = rest % radix;
-            rest /= radix;
+    /// Where global rank `rank` sits (ranks past the world keep counting DP groups).
+    #[inline]
+    pub const fn coord(self, rank: u64) -> RankCoord {
+        let (rest, tp_rank) = (rank / self.tp_size, rank % self.tp_size);
+        RankCoord {
+            dp_group: rest / self.pp_size,
+            stage: rest % self.pp_size,
+            tp_rank,
         }
-        // Ranks past the world keep counting DP groups.
-        digits[0] += rest * self.dp_size;
-        RankCoord::from_digits(digits)
     }
 
     pub const fn contains(self, rank: u64) -> bool {
@@ -167,12 +145,12 @@ impl RankSpace {
     }
 
     /// A slot's index inside its DP group (`stage * tp + tp_rank`), for per-group tables.
-    pub fn slot_index(self, slot: Slot) -> u64 {
+    pub const fn slot_index(self, slot: Slot) -> u64 {
         self.rank_in_group(0, slot)
     }
 
     /// The slot at index `index` of a DP group (the inverse of `slot_index`).
-    pub fn slot_at(self, index: u64) -> Slot {
+    pub const fn slot_at(self, index: u64) -> Slot {
         self.coord(index % self.group_size()).slot()
     }
 
@@ -182,12 +160,12 @@ impl RankSpace {
     }
 
     /// The first global rank of DP group `dp_group`.
-    pub fn group_start(self, dp_group: u64) -> u64 {
+    pub const fn group_start(self, dp_group: u64) -> u64 {
         self.rank_at(dp_group, 0, 0)
     }
 
     /// The global ranks of one DP group, ascending.
-    pub fn group_ranks(self, dp_group: u64) -> Range<u64> {
+    pub const fn group_ranks(self, dp_group: u64) -> Range<u64> {
         let start = self.group_start(dp_group);
         start..start + self.group_size()
     }

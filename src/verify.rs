@@ -98,24 +98,29 @@ impl Context<'_> {
     ) -> PlanResult<usize> {
         let (prefill_ranks, decode_ranks) =
             (self.planner.prefill_ranks(), self.planner.decode_ranks());
-        let where_ = format!(
-            "decode rank {decode_rank}, fragment from prefill rank {prefill_rank} for buffer {}",
-            f.buffer_index
-        );
+        // Made only for a message: building it for every fragment would be most of the cost.
+        let where_ = || {
+            format!(
+                "decode rank {decode_rank}, fragment from prefill rank {prefill_rank} for \
+                 buffer {}",
+                f.buffer_index
+            )
+        };
         if f.src_rank != prefill_rank || f.dst_rank != decode_rank {
             bail!(
-                "{where_}: names src_rank={} dst_rank={}",
+                "{}: names src_rank={} dst_rank={}",
+                where_(),
                 f.src_rank,
                 f.dst_rank
             );
         }
         let Some(&position) = self.position_of.get(&f.buffer_index) else {
-            bail!("{where_}: no such buffer");
+            bail!("{}: no such buffer", where_());
         };
         let (Some(&(p, d)), Some(&(prefill_stage, decode_stage))) =
             (self.pairs.get(position), self.stages.get(position))
         else {
-            bail!("{where_}: no such buffer");
+            bail!("{}: no such buffer", where_());
         };
         let (src_at, dst_at) = (
             prefill_ranks.coord(prefill_rank),
@@ -123,8 +128,9 @@ impl Context<'_> {
         );
         if src_at.stage != prefill_stage || dst_at.stage != decode_stage {
             bail!(
-                "{where_}: the buffer's layer is held by prefill stage {prefill_stage} and decode \
+                "{}: the buffer's layer is held by prefill stage {prefill_stage} and decode \
                  stage {decode_stage}, but the fragment runs from stage {} to stage {}",
+                where_(),
                 src_at.stage,
                 dst_at.stage
             );
@@ -133,14 +139,18 @@ impl Context<'_> {
             || f.src_page_stride_bytes != p.item_stride_bytes
             || f.dst_page_stride_bytes != d.item_stride_bytes
         {
-            bail!("{where_}: kind or page strides differ from the buffer layouts");
+            bail!(
+                "{}: kind or page strides differ from the buffer layouts",
+                where_()
+            );
         }
         f.validate()?;
         // Every run of the fragment inside both items.
         let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
         if !inside(f.src_runs().reach(), p.item_stride_bytes) {
             bail!(
-                "{where_}: reads bytes {}..+{} past the prefill item of {} bytes",
+                "{}: reads bytes {}..+{} past the prefill item of {} bytes",
+                where_(),
                 f.src_byte_offset,
                 f.bytes_per_page,
                 p.item_stride_bytes
@@ -148,7 +158,8 @@ impl Context<'_> {
         }
         if !inside(f.dst_runs().reach(), d.item_stride_bytes) {
             bail!(
-                "{where_}: writes bytes {}..+{} past the decode item of {} bytes",
+                "{}: writes bytes {}..+{} past the decode item of {} bytes",
+                where_(),
                 f.dst_byte_offset,
                 f.bytes_per_page,
                 d.item_stride_bytes
@@ -177,7 +188,7 @@ impl Context<'_> {
 /// the same row, the same byte of a unit's row and, unit by unit, the same logical units from
 /// what the prefill rank holds into what the decode rank receives.
 fn check_split_runs(
-    where_: &str,
+    where_: &dyn Fn() -> String,
     f: &Fragment,
     (p, held): (&BufferLayout, &[(u64, u64)]),
     (d, wanted): (&BufferLayout, &[(u64, u64)]),
@@ -201,8 +212,9 @@ fn check_split_runs(
                 let piece = left.min(dst_geometry.row_stride - dst_in);
                 if src_in + piece > src_geometry.row_stride {
                     bail!(
-                        "{where_}: copies across a row boundary of the prefill page where the \
-                         decode page has none (row {src_row} byte {src_in}, {piece} bytes)"
+                        "{}: copies across a row boundary of the prefill page where the \
+                         decode page has none (row {src_row} byte {src_in}, {piece} bytes)",
+                        where_()
                     );
                 }
                 // Only the bytes of the decode rank's units matter; padding may be copied over.
@@ -210,7 +222,7 @@ fn check_split_runs(
                 if dst_in < end {
                     let len = end - dst_in;
                     if src_in + len > held_end {
-                        bail!("{where_}: reads past the units the prefill rank holds");
+                        bail!("{}: reads past the units the prefill rank holds", where_());
                     }
                     // Same row, same byte of a unit's row, and unit by unit the same units.
                     let same_units =
@@ -221,9 +233,10 @@ fn check_split_runs(
                         });
                     if src_row != dst_row || src_in % unit_row != dst_in % unit_row || !same_units {
                         bail!(
-                            "{where_}: copies row {src_row} byte {src_in} into row {dst_row} \
-                             byte {dst_in}; the source does not hold the units the decode rank \
-                             needs there"
+                            "{}: copies row {src_row} byte {src_in} into row {dst_row} byte \
+                             {dst_in}; the source does not hold the units the decode rank needs \
+                             there",
+                            where_()
                         );
                     }
                     written.push(Written {
@@ -233,8 +246,9 @@ fn check_split_runs(
                     });
                 } else if dst_in > wanted_end && f.is_row_fragment() {
                     bail!(
-                        "{where_}: writes bytes {dst_in}..{} of row {dst_row}, past the \
+                        "{}: writes bytes {dst_in}..{} of row {dst_row}, past the \
                          {wanted_end} bytes of the units the decode rank holds there",
+                        where_(),
                         dst_in + piece
                     );
                 }
@@ -247,14 +261,17 @@ fn check_split_runs(
 
 /// A replicated buffer moves as whole items: the same bytes on both sides.
 fn check_whole_item(
-    where_: &str,
+    where_: &dyn Fn() -> String,
     f: &Fragment,
     d: &BufferLayout,
     wanted: &[(u64, u64)],
     written: &mut Vec<Written>,
 ) -> PlanResult<()> {
     if f.is_row_fragment() || f.src_byte_offset != f.dst_byte_offset {
-        bail!("{where_}: a replicated buffer must be copied byte for byte, whole");
+        bail!(
+            "{}: a replicated buffer must be copied byte for byte, whole",
+            where_()
+        );
     }
     let shard_end = unit_count(wanted) * d.bytes_per_logical_unit;
     if let Some(inside) = Interval::new(f.dst_byte_offset, f.dst_byte_offset + f.bytes_per_page)

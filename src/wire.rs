@@ -12,7 +12,9 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, LATEST_VERSION};
+use crate::fragment::{
+    FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, LATEST_VERSION, SETTERS,
+};
 use crate::layout::{BufferKind, MAX_VALUE};
 
 /// The version the reference speaks, and what a list of reference-shaped fragments is encoded as.
@@ -71,27 +73,7 @@ pub fn encode(fragments: &[Fragment]) -> (Vec<u8>, Vec<u8>) {
         if position > 0 {
             json.push(',');
         }
-        json.push('{');
-        let carried = FIELDS.iter().zip(fragment.values());
-        for (index, (field, value)) in carried.filter(|(f, _)| f.since <= version).enumerate() {
-            if index > 0 {
-                json.push(',');
-            }
-            // Hand-rolled rather than `write!`: formatting machinery is most of the cost.
-            json.push_str(field.key);
-            match value {
-                FieldValue::Int(v) | FieldValue::OptionalInt(Some(v)) => {
-                    json.push_str(digits.format(v));
-                }
-                FieldValue::OptionalInt(None) => json.push_str("null"),
-                FieldValue::Kind(kind) => {
-                    json.push('"');
-                    json.push_str(kind.as_str());
-                    json.push('"');
-                }
-            }
-        }
-        json.push('}');
+        fragment.write_json(&mut json, version, &mut digits);
     }
     json.push(']');
     (version_frame(version), json.into_bytes())
@@ -222,11 +204,13 @@ impl<'de> Visitor<'de> for FragmentSeed {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Fragment, A::Error> {
-        let mut given: [Option<FieldValue>; FIELD_COUNT] = [None; FIELD_COUNT];
+        // Fields not given keep their defaults; `given` has a bit per field seen.
+        let mut fragment = Fragment::default();
+        let mut given: u64 = 0;
         let mut expected = 0;
         while let Some(index) = map.next_key_seed(FieldKey { expected })? {
             expected = index + 1;
-            let Some(field) = FIELDS.get(index) else {
+            let (Some(field), Some(set)) = (FIELDS.get(index), SETTERS.get(index)) else {
                 return Err(de::Error::custom("no such field"));
             };
             if field.since > self.version {
@@ -236,26 +220,24 @@ impl<'de> Visitor<'de> for FragmentSeed {
                     self.version, field.name, field.since, field.since
                 )));
             }
-            let slot = given.get_mut(index);
-            if slot.as_ref().is_some_and(|v| v.is_some()) {
+            if given & (1 << index) != 0 {
                 return Err(de::Error::duplicate_field(field.name));
             }
+            given |= 1 << index;
             let value = map.next_value_seed(FieldSeed(field.kind))?;
-            if let Some(slot) = slot {
-                *slot = Some(value);
+            if !set(&mut fragment, value) {
+                return Err(de::Error::custom(format_args!(
+                    "{}: a value of the wrong kind",
+                    field.name
+                )));
             }
         }
-        let mut values = [FieldValue::Int(0); FIELD_COUNT];
-        for ((value, given), field) in values.iter_mut().zip(given).zip(&FIELDS) {
-            *value = match (given, field.default) {
-                (Some(v), _) => v,
-                (None, Some(default)) if field.since > self.version => default,
-                (None, _) => return Err(de::Error::missing_field(field.name)),
-            };
+        for (index, field) in FIELDS.iter().enumerate() {
+            if field.since <= self.version && given & (1 << index) == 0 {
+                return Err(de::Error::missing_field(field.name));
+            }
         }
         let position = self.position;
-        let fragment = Fragment::from_values(values)
-            .ok_or_else(|| de::Error::custom(format_args!("fragment {position}: bad value")))?;
         fragment
             .validate()
             .map_err(|e| de::Error::custom(format_args!("fragment {position}: {e}")))?;

@@ -7,7 +7,7 @@ use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 use super::objects::{field_names, ModelTypes};
 use crate::descriptors::Buffers;
 use crate::error::{bail, PlanError};
-use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT};
+use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, LogicalAxis, LogicalParts, ParallelLayout, Role, MAX_VALUE,
 };
@@ -216,34 +216,29 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
 /// `types` enables the identity fast path for `BufferKind` members.
 pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Converted<Fragment> {
     let f = Fields { obj };
-    let mut values = [FieldValue::Int(0); FIELD_COUNT];
-    for ((slot, field), name) in values.iter_mut().zip(&FIELDS).zip(field_names(obj.py())) {
+    // Fields not given (later ones, on objects that predate them) keep their defaults.
+    let mut fragment = Fragment::default();
+    let names = field_names(obj.py());
+    for ((field, set), name) in FIELDS.iter().zip(SETTERS).zip(names) {
         let name = name.bind(obj.py());
-        let value = if field.since == wire::PROTOCOL_VERSION {
-            Some(f.get(name)?)
+        let given = if field.since == wire::PROTOCOL_VERSION {
+            f.get(name)?
         } else {
-            f.optional(name)
-        };
-        *slot = match (value, field.default) {
-            (None, Some(default)) => default,
-            (None, None) => {
-                return Err(f
-                    .get(name)
-                    .err()
-                    .unwrap_or_else(|| not_an_index(obj, field.name)))
+            match f.optional(name) {
+                Some(value) => value,
+                None => continue,
             }
-            (Some(value), _) => match field.kind {
-                FieldKind::Int => FieldValue::Int(to_u64(&value, field.name)?),
-                FieldKind::OptionalInt if value.is_none() => FieldValue::OptionalInt(None),
-                FieldKind::OptionalInt => {
-                    FieldValue::OptionalInt(Some(to_u64(&value, field.name)?))
-                }
-                FieldKind::Kind => FieldValue::Kind(kind_value(&value, types)?),
-            },
         };
+        let value = match field.kind {
+            FieldKind::Int => FieldValue::Int(to_u64(&given, field.name)?),
+            FieldKind::OptionalInt if given.is_none() => FieldValue::OptionalInt(None),
+            FieldKind::OptionalInt => FieldValue::OptionalInt(Some(to_u64(&given, field.name)?)),
+            FieldKind::Kind => FieldValue::Kind(kind_value(&given, types)?),
+        };
+        if !set(&mut fragment, value) {
+            bail!("{}: a value of the wrong kind", field.name);
+        }
     }
-    let fragment = Fragment::from_values(values)
-        .ok_or_else(|| PlanError::new("a fragment field holds a value of the wrong kind"))?;
     fragment.validate()?;
     Ok(fragment)
 }
