@@ -152,7 +152,8 @@ for _ in range(count):
 
 def instructions(way: str, pages: int, count: int, reference: Path | None) -> float:
     """Instructions per call under callgrind: (count calls - no calls) / count."""
-    python = os.path.realpath(sys.executable)
+    # The interpreter itself, not a shim; a venv's python (a link) keeps its venv.
+    python = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "run.py"
         script.write_text(
