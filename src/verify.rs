@@ -86,7 +86,74 @@ struct Context<'a> {
     position_of: HashMap<u64, usize>,
 }
 
-impl Context<'_> {
+impl<'a> Context<'a> {
+    fn of(planner: &'a Planner) -> PlanResult<Self> {
+        let pairs: Vec<_> = planner.buffer_pairs().collect();
+        let mut position_of = HashMap::new();
+        for (position, (p, _)) in pairs.iter().enumerate() {
+            if position_of.insert(p.buffer_index, position).is_some() {
+                bail!(
+                    "buffer_index={} is used by two buffers, so fragments cannot name one of \
+                     them; give every buffer its own index",
+                    p.buffer_index
+                );
+            }
+        }
+        Ok(Self {
+            planner,
+            pairs,
+            stages: planner.buffer_stages().collect(),
+            position_of,
+        })
+    }
+
+    /// Checks every fragment of one source and adds what each writes to its buffer's list.
+    fn add_source(
+        &self,
+        decode_rank: u64,
+        source: &SourcePlan,
+        written: &mut [Vec<Written>],
+    ) -> PlanResult<()> {
+        for f in &source.fragments {
+            let mut runs = Vec::new();
+            let position = self.check_fragment(decode_rank, source.prefill_rank, f, &mut runs)?;
+            if let Some(list) = written.get_mut(position) {
+                list.extend(runs);
+            }
+        }
+        Ok(())
+    }
+
+    /// Every buffer of the decode rank is written exactly once, and nothing arrives for a
+    /// buffer of another decode stage.
+    fn check_rank_coverage(
+        &self,
+        decode_rank: u64,
+        written: &mut [Vec<Written>],
+    ) -> PlanResult<()> {
+        let decode_ranks = self.planner.decode_ranks();
+        let decode_at = decode_ranks.coord(decode_rank);
+        for (position, list) in written.iter_mut().enumerate() {
+            let (Some(&(_, d)), Some(&(_, stage))) =
+                (self.pairs.get(position), self.stages.get(position))
+            else {
+                continue;
+            };
+            let wanted = if stage == decode_at.stage {
+                received_units(
+                    d,
+                    decode_ranks.tp_size(),
+                    decode_at.tp_rank,
+                    self.planner.decode_replicas(),
+                )
+            } else {
+                Vec::new()
+            };
+            check_coverage(decode_rank, d, coverage_shape(d, &wanted), list)?;
+        }
+        Ok(())
+    }
+
     /// Checks one fragment and adds the bytes it writes inside the decode shard to `written`;
     /// returns the buffer position.
     fn check_fragment(
@@ -96,8 +163,6 @@ impl Context<'_> {
         f: &Fragment,
         written: &mut Vec<Written>,
     ) -> PlanResult<usize> {
-        let (prefill_ranks, decode_ranks) =
-            (self.planner.prefill_ranks(), self.planner.decode_ranks());
         // Made only for a message: building it for every fragment would be most of the cost.
         let where_ = || {
             format!(
@@ -106,6 +171,38 @@ impl Context<'_> {
                 f.buffer_index
             )
         };
+        let (position, p, d) = self.locate(decode_rank, prefill_rank, f, &where_)?;
+        check_inside_items(f, p, d, &where_)?;
+        let (prefill_ranks, decode_ranks) =
+            (self.planner.prefill_ranks(), self.planner.decode_ranks());
+        let wanted = received_units(
+            d,
+            decode_ranks.tp_size(),
+            decode_ranks.coord(decode_rank).tp_rank,
+            self.planner.decode_replicas(),
+        );
+        if !p.logical_axis.is_sharded() {
+            return check_whole_item(&where_, f, d, &wanted, written).map(|()| position);
+        }
+        let held = held_units(
+            p,
+            prefill_ranks.tp_size(),
+            prefill_ranks.coord(prefill_rank).tp_rank,
+        );
+        check_split_runs(&where_, f, (p, &held), (d, &wanted), written)?;
+        Ok(position)
+    }
+
+    /// The buffer a fragment names (its position and both layouts), after checking that the
+    /// fragment names its ranks, runs between the stages holding the buffer's layer, and
+    /// matches the buffer's kind and page strides.
+    fn locate(
+        &self,
+        decode_rank: u64,
+        prefill_rank: u64,
+        f: &Fragment,
+        where_: &dyn Fn() -> String,
+    ) -> PlanResult<(usize, &'a BufferLayout, &'a BufferLayout)> {
         if f.src_rank != prefill_rank || f.dst_rank != decode_rank {
             bail!(
                 "{}: names src_rank={} dst_rank={}",
@@ -114,25 +211,24 @@ impl Context<'_> {
                 f.dst_rank
             );
         }
-        let Some(&position) = self.position_of.get(&f.buffer_index) else {
+        let found = self.position_of.get(&f.buffer_index).and_then(|&position| {
+            Some((
+                position,
+                self.pairs.get(position)?,
+                self.stages.get(position)?,
+            ))
+        });
+        let Some((position, &(p, d), &(prefill_stage, decode_stage))) = found else {
             bail!("{}: no such buffer", where_());
         };
-        let (Some(&(p, d)), Some(&(prefill_stage, decode_stage))) =
-            (self.pairs.get(position), self.stages.get(position))
-        else {
-            bail!("{}: no such buffer", where_());
-        };
-        let (src_at, dst_at) = (
-            prefill_ranks.coord(prefill_rank),
-            decode_ranks.coord(decode_rank),
-        );
-        if src_at.stage != prefill_stage || dst_at.stage != decode_stage {
+        let src_stage = self.planner.prefill_ranks().coord(prefill_rank).stage;
+        let dst_stage = self.planner.decode_ranks().coord(decode_rank).stage;
+        if src_stage != prefill_stage || dst_stage != decode_stage {
             bail!(
                 "{}: the buffer's layer is held by prefill stage {prefill_stage} and decode \
-                 stage {decode_stage}, but the fragment runs from stage {} to stage {}",
-                where_(),
-                src_at.stage,
-                dst_at.stage
+                 stage {decode_stage}, but the fragment runs from stage {src_stage} to stage \
+                 {dst_stage}",
+                where_()
             );
         }
         if f.buffer_kind != p.buffer_kind
@@ -144,44 +240,38 @@ impl Context<'_> {
                 where_()
             );
         }
-        f.validate()?;
-        // Every run of the fragment inside both items.
-        let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
-        if !inside(f.src_runs().reach(), p.item_stride_bytes) {
-            bail!(
-                "{}: reads bytes {}..+{} past the prefill item of {} bytes",
-                where_(),
-                f.src_byte_offset,
-                f.bytes_per_page,
-                p.item_stride_bytes
-            );
-        }
-        if !inside(f.dst_runs().reach(), d.item_stride_bytes) {
-            bail!(
-                "{}: writes bytes {}..+{} past the decode item of {} bytes",
-                where_(),
-                f.dst_byte_offset,
-                f.bytes_per_page,
-                d.item_stride_bytes
-            );
-        }
-        let wanted = received_units(
-            d,
-            decode_ranks.tp_size(),
-            decode_ranks.coord(decode_rank).tp_rank,
-            self.planner.decode_replicas(),
-        );
-        let held = held_units(
-            p,
-            prefill_ranks.tp_size(),
-            prefill_ranks.coord(prefill_rank).tp_rank,
-        );
-        if !p.logical_axis.is_sharded() {
-            return check_whole_item(&where_, f, d, &wanted, written).map(|()| position);
-        }
-        check_split_runs(&where_, f, (p, &held), (d, &wanted), written)?;
-        Ok(position)
+        Ok((position, p, d))
     }
+}
+
+/// A valid fragment whose every run lies inside both items.
+fn check_inside_items(
+    f: &Fragment,
+    p: &BufferLayout,
+    d: &BufferLayout,
+    where_: &dyn Fn() -> String,
+) -> PlanResult<()> {
+    f.validate()?;
+    let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
+    if !inside(f.src_runs().reach(), p.item_stride_bytes) {
+        bail!(
+            "{}: reads bytes {}..+{} past the prefill item of {} bytes",
+            where_(),
+            f.src_byte_offset,
+            f.bytes_per_page,
+            p.item_stride_bytes
+        );
+    }
+    if !inside(f.dst_runs().reach(), d.item_stride_bytes) {
+        bail!(
+            "{}: writes bytes {}..+{} past the decode item of {} bytes",
+            where_(),
+            f.dst_byte_offset,
+            f.bytes_per_page,
+            d.item_stride_bytes
+        );
+    }
+    Ok(())
 }
 
 /// A fragment of a split buffer, run by run and row piece by row piece: each piece copies
@@ -365,23 +455,7 @@ pub fn verify_plans(
     planner: &Planner,
     mut plans_for: impl FnMut(u64) -> PlanResult<Vec<SourcePlan>>,
 ) -> PlanResult<()> {
-    let pairs: Vec<_> = planner.buffer_pairs().collect();
-    let mut position_of = HashMap::new();
-    for (position, (p, _)) in pairs.iter().enumerate() {
-        if position_of.insert(p.buffer_index, position).is_some() {
-            bail!(
-                "buffer_index={} is used by two buffers, so fragments cannot name one of them; \
-                 give every buffer its own index",
-                p.buffer_index
-            );
-        }
-    }
-    let context = Context {
-        planner,
-        pairs,
-        stages: planner.buffer_stages().collect(),
-        position_of,
-    };
+    let context = Context::of(planner)?;
     let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     // Decode ranks of the current decode DP group reading each prefill rank (by its slot in
     // the group) of its source.
@@ -390,15 +464,14 @@ pub fn verify_plans(
     for group in 0..decode_ranks.dp_size() {
         let source_group = planner.default_prefill_group(group);
         for decode_rank in decode_ranks.group_ranks(group) {
-            let decode_at = decode_ranks.coord(decode_rank);
             written.iter_mut().for_each(Vec::clear);
             for source in plans_for(decode_rank)? {
-                let prefill_rank = source.prefill_rank;
-                let at = prefill_ranks.coord(prefill_rank);
-                if !prefill_ranks.contains(prefill_rank) || at.dp_group != source_group {
+                let at = prefill_ranks.coord(source.prefill_rank);
+                if !prefill_ranks.contains(source.prefill_rank) || at.dp_group != source_group {
                     bail!(
                         "decode rank {decode_rank} (DP group {group}) reads from prefill rank \
-                         {prefill_rank}, outside prefill DP group {source_group} it maps to"
+                         {}, outside prefill DP group {source_group} it maps to",
+                        source.prefill_rank
                     );
                 }
                 // A source that sends nothing serves nobody.
@@ -409,47 +482,32 @@ pub fn verify_plans(
                 {
                     *count += 1;
                 }
-                for f in &source.fragments {
-                    let mut runs = Vec::new();
-                    let position =
-                        context.check_fragment(decode_rank, prefill_rank, f, &mut runs)?;
-                    if let Some(list) = written.get_mut(position) {
-                        list.extend(runs);
-                    }
-                }
+                context.add_source(decode_rank, &source, &mut written)?;
             }
-            for (position, list) in written.iter_mut().enumerate() {
-                let (Some(&(_, d)), Some(&(_, stage))) =
-                    (context.pairs.get(position), context.stages.get(position))
-                else {
-                    continue;
-                };
-                // A buffer of another decode stage is not this rank's: nothing may arrive.
-                let wanted = if stage == decode_at.stage {
-                    received_units(
-                        d,
-                        decode_ranks.tp_size(),
-                        decode_at.tp_rank,
-                        planner.decode_replicas(),
-                    )
-                } else {
-                    Vec::new()
-                };
-                check_coverage(decode_rank, d, coverage_shape(d, &wanted), list)?;
-            }
+            context.check_rank_coverage(decode_rank, &mut written)?;
         }
-        // One request of this decode group: each source rank waits for its fanout.
-        let first = prefill_ranks.group_ranks(source_group).start;
-        for (rank, count) in (first..).zip(readers.iter_mut()) {
-            let fanout = planner.request_fanout(rank);
-            if *count != fanout {
-                bail!(
-                    "prefill rank {rank} reports a fanout of {fanout} but {count} decode \
-                     ranks of decode DP group {group} read from it"
-                );
-            }
-            *count = 0;
+        check_fanout(planner, (group, source_group), &mut readers)?;
+    }
+    Ok(())
+}
+
+/// One request of decode DP group `group` (reading prefill group `source_group`): each source
+/// rank waits for the decode ranks that read it, by slot in `readers` (cleared for the next).
+fn check_fanout(
+    planner: &Planner,
+    (group, source_group): (u64, u64),
+    readers: &mut [u64],
+) -> PlanResult<()> {
+    let first = planner.prefill_ranks().group_start(source_group);
+    for (rank, count) in (first..).zip(readers.iter_mut()) {
+        let fanout = planner.request_fanout(rank);
+        if *count != fanout {
+            bail!(
+                "prefill rank {rank} reports a fanout of {fanout} but {count} decode ranks of \
+                 decode DP group {group} read from it"
+            );
         }
+        *count = 0;
     }
     Ok(())
 }

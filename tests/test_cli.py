@@ -245,5 +245,8 @@ def test_pipeline_stages(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "1 DP x TP 2" in out, err
     code, _, err = run(capsys, "check", *one, "--prefill-pp-partition", "30", "--decode-pp", "2")
     assert code == 2 and "covers 30 layers, but the buffers name layers 0..32" in err
+    # The core judges the counts (the command only reads them).
+    code, _, err = run(capsys, "check", *staged[:-1], "5,0")
+    assert code == 2 and "every stage must hold at least one layer" in err
     with pytest.raises(SystemExit):
         main(["plan", *staged[:-1], "3,x"])

@@ -283,7 +283,7 @@ def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message:
             "overflow",
         ),
         (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 2**40, 2), "largest world size"),
-        (lambda: buffer_layouts_from_item_lengths([item(1, 1)], 2**62, 2), "at most"),
+        (lambda: buffer_layouts_from_item_lengths([item(1, 1)], 2**62, 2), "between 1 and"),
     ],
 )
 def test_bad_arguments_are_layout_errors(call: object, message: str) -> None:

@@ -20,6 +20,28 @@ pub struct ItemLengths {
     pub rows_per_page: u64,
 }
 
+/// The units of one item on each side (prefill, decode): whole numbers of positive units.
+fn unit_counts(item: &ItemLengths, name: &str) -> PlanResult<[u64; 2]> {
+    if item.unit_bytes == 0 {
+        bail!("{name}: unit_bytes must be positive");
+    }
+    let mut units = [0; 2];
+    let sides = [
+        ("prefill", item.prefill_item_bytes),
+        ("decode", item.decode_item_bytes),
+    ];
+    for (count, (side, bytes)) in units.iter_mut().zip(sides) {
+        if bytes == 0 || bytes % item.unit_bytes != 0 {
+            bail!(
+                "{name}: the {side} item of {bytes} bytes is not a whole number of {}-byte units",
+                item.unit_bytes
+            );
+        }
+        *count = bytes / item.unit_bytes;
+    }
+    Ok(units)
+}
+
 /// Infers both sides' layouts of one buffer from its byte lengths: equal global units means
 /// sharded; equal items on both sides means replicated; more units on one side than the
 /// other means that side's TP runs above the logical size, in replica groups.
@@ -33,26 +55,14 @@ pub fn from_item_lengths(
         item.buffer_index,
         item.buffer_kind.as_str()
     );
-    if item.unit_bytes == 0 || prefill_tp == 0 || decode_tp == 0 {
-        bail!("{name}: unit_bytes and TP sizes must be positive");
+    let [prefill_units, decode_units] = unit_counts(item, &name)?;
+    if prefill_tp == 0
+        || decode_tp == 0
+        || prefill_tp > MAX_WORLD_SIZE
+        || decode_tp > MAX_WORLD_SIZE
+    {
+        bail!("{name}: TP sizes must be between 1 and {MAX_WORLD_SIZE}");
     }
-    if prefill_tp > MAX_WORLD_SIZE || decode_tp > MAX_WORLD_SIZE {
-        bail!("{name}: TP sizes must be at most {MAX_WORLD_SIZE}");
-    }
-    for (side, bytes) in [
-        ("prefill", item.prefill_item_bytes),
-        ("decode", item.decode_item_bytes),
-    ] {
-        if bytes == 0 || bytes % item.unit_bytes != 0 {
-            bail!(
-                "{name}: the {side} item of {bytes} bytes is not a whole number of \
-                 {}-byte units",
-                item.unit_bytes
-            );
-        }
-    }
-    let prefill_units = item.prefill_item_bytes / item.unit_bytes;
-    let decode_units = item.decode_item_bytes / item.unit_bytes;
     let prefill_global = prefill_units.checked_mul(prefill_tp);
     let decode_global = decode_units.checked_mul(decode_tp);
     let (Some(prefill_global), Some(decode_global)) = (prefill_global, decode_global) else {
