@@ -2,7 +2,7 @@
 //! split the layers) and the buffers it caches, each validated on its own at construction.
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::ranks::RankSpace;
+use crate::ranks::{index_below, RankCoord, RankSpace};
 pub use crate::ranks::{MAX_STAGES, MAX_WORLD_SIZE};
 
 /// Most parts a split axis may be made of (Mamba2's conv state has three: x, B, C).
@@ -188,6 +188,18 @@ impl ParallelLayout {
 
     pub const fn pp_size(&self) -> u64 {
         self.ranks.pp_size()
+    }
+
+    /// Where rank `value` (whatever integer a caller gave) sits, or why it is no rank here.
+    pub fn rank_coord(&self, value: i128) -> PlanResult<RankCoord> {
+        let world = self.world_size();
+        let Some(rank) = index_below(value, world) else {
+            bail!(
+                "rank={value} is out of range: the {} side has {world} ranks (0..{world})",
+                self.role.as_str()
+            );
+        };
+        Ok(self.ranks.coord(rank))
     }
 
     /// Each stage's layer count, when one was given.

@@ -12,7 +12,7 @@ use crate::fragment::Fragment;
 use crate::layout::{BufferLayout, ParallelLayout};
 use crate::page::Span;
 use crate::pairs::{validate_alignment, validate_pairs};
-use crate::ranks::{RankSpace, Slot};
+use crate::ranks::{index_below, RankSpace, Slot};
 use crate::routing::{first_holder, route, Class, DecodeReplicas, Route, Sharding};
 use crate::spread::Spread;
 use crate::stages::{buffer_stages, is_staged, layer_count};
@@ -337,25 +337,25 @@ impl Planner {
     /// A decode rank as a caller gave it (any integer), checked against the decode world.
     pub fn decode_rank(&self, value: i128) -> PlanResult<u64> {
         let world = self.decode.world_size();
-        match u64::try_from(value) {
-            Ok(rank) if rank < world => Ok(rank),
-            _ => bail!(
+        let Some(rank) = index_below(value, world) else {
+            bail!(
                 "decode_rank={value} is out of range: the decode world has {world} ranks \
                  (0..{world})"
-            ),
-        }
+            );
+        };
+        Ok(rank)
     }
 
     /// A prefill DP group as a router gave it (any integer), checked against the prefill side.
     pub fn prefill_group(&self, value: i128) -> PlanResult<u64> {
         let groups = self.prefill.dp_size();
-        match u64::try_from(value) {
-            Ok(group) if group < groups => Ok(group),
-            _ => bail!(
+        let Some(group) = index_below(value, groups) else {
+            bail!(
                 "prefill_dp_group={value} is out of range: the prefill side has {groups} DP \
                  groups (0..{groups})"
-            ),
-        }
+            );
+        };
+        Ok(group)
     }
 
     /// The fragments decode rank `decode_rank` receives, by prefill rank, for both plan kinds:

@@ -19,6 +19,11 @@ pub const MAX_WORLD_SIZE: u64 = 1 << 20;
 /// Most pipeline stages a side may have.
 pub const MAX_STAGES: u64 = 1 << 10;
 
+/// `value` as an index below `bound`, if it is one (callers pass whatever integer they got).
+pub fn index_below(value: i128, bound: u64) -> Option<u64> {
+    u64::try_from(value).ok().filter(|&index| index < bound)
+}
+
 /// One rank's place on its side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RankCoord {

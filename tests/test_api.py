@@ -497,3 +497,16 @@ def test_vllm_layer_partition() -> None:
     assert pdplan.vllm_layer_partition(5, 2) == (3, 2)
     with pytest.raises(UnsupportedPDLayoutError, match="cannot split 2 layers over 4"):
         pdplan.vllm_layer_partition(2, 4)
+
+
+def test_ranks_are_placed_by_the_core() -> None:
+    """DP 2 x PP 3 x TP 2: TP fastest, then the stage, then the DP group."""
+    layout = ParallelLayout("prefill", 12, 2, 3)
+    assert layout.tp_size_per_dp == 2
+    placed = [pdplan._core.rank_coordinates(layout, rank) for rank in range(12)]
+    by_hand = [(g, s, t) for g in range(2) for s in range(3) for t in range(2)]
+    assert placed == by_hand
+    with pytest.raises(UnsupportedPDLayoutError, match="rank=12 is out of range"):
+        pdplan._core.rank_coordinates(layout, 12)
+    with pytest.raises(UnsupportedPDLayoutError, match="rank must be an int, got str"):
+        pdplan._core.rank_coordinates(layout, "3")  # type: ignore[arg-type]

@@ -58,19 +58,8 @@ fn rank_coordinates(
     layout: &Bound<'_, PyAny>,
     rank: &Bound<'_, PyAny>,
 ) -> PyResult<(u64, u64, u64)> {
-    let convert = || -> Converted<_> {
-        let layout = parallel_layout(layout)?;
-        let ranks = layout.ranks();
-        let rank = int_arg(rank, "rank")?;
-        match u64::try_from(rank) {
-            Ok(rank) if ranks.contains(rank) => Ok(ranks.coord(rank)),
-            _ => Err(PlanError::new(format!(
-                "rank={rank} is out of range: the {} side has {} ranks",
-                layout.role().as_str(),
-                ranks.world_size()
-            ))),
-        }
-    };
+    let convert =
+        || -> Converted<_> { parallel_layout(layout)?.rank_coord(int_arg(rank, "rank")?) };
     let at = convert().map_err(to_py_err)?;
     Ok((at.dp_group, at.stage, at.tp_rank))
 }
