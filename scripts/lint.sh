@@ -5,6 +5,6 @@
 #   scripts/lint.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q "ruff>=0.5"
+python -m pip install -q --root-user-action=ignore "ruff>=0.5"
 python -m ruff check .
 python -m ruff format --check .
