@@ -281,11 +281,12 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
             return;
         }
         for (page_slots, &page) in out.chunks_exact_mut(rows).zip(pages) {
-            let page_start = start + page * stride;
-            // Only addresses that are written are computed: the address of the row after the
-            // last may lie past 2^64 although every written one was checked to be in bounds.
-            for (row, slot) in (0u64..).zip(page_slots) {
-                slot.write(page_start + row * row_stride);
+            let mut address = start + page * stride;
+            for slot in page_slots {
+                slot.write(address);
+                // Every written address was checked to be in bounds, but the one after the
+                // last row (computed, never written) may pass 2^64: it wraps, unused.
+                address = address.wrapping_add(row_stride);
             }
         }
     }
