@@ -673,6 +673,29 @@ mod tests {
     }
 
     #[test]
+    fn rows_that_end_just_below_2_to_the_64_build() {
+        // Two 8-byte rows 60 apart from a base 100 bytes below 2^64: both rows fit, the row
+        // after them would not (the fuzz-found overflow, which debug builds panicked on).
+        let base = u64::MAX - 100;
+        let rows = Fragment {
+            bytes_per_page: 16,
+            rows_per_page: 2,
+            src_row_stride_bytes: 60,
+            dst_row_stride_bytes: 60,
+            ..fragment(0, 0, 0, 16)
+        };
+        let out = build(
+            &[rows],
+            (&buffers(&[base]), &buffers(&[base])),
+            (&[0], &[0]),
+            false,
+        )
+        .unwrap();
+        assert_eq!(out.src_addrs, vec![base, base + 60]);
+        assert_eq!(out.lengths, vec![8, 8]);
+    }
+
+    #[test]
     fn touching_buffers_never_merge_into_one_descriptor() {
         // Buffer 1 starts where buffer 0 ends, on both sides: the last page of the first
         // fragment and the first page of the second continue each other in memory.
