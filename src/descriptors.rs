@@ -27,6 +27,7 @@ pub struct Buffers {
 
 impl Buffers {
     /// The base and limit of buffer `index`, or the error naming what is missing.
+    #[inline]
     fn base_and_limit(
         &self,
         name: &str,
