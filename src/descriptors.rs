@@ -28,7 +28,7 @@ pub struct Buffers {
 impl Buffers {
     /// The base and limit of buffer `index`, or the error naming what is missing.
     #[inline]
-    fn base_and_limit(
+    pub(crate) fn base_and_limit(
         &self,
         name: &str,
         position: usize,
@@ -93,14 +93,14 @@ fn prefix_max(pages: &[u64]) -> Vec<u64> {
 
 /// Where one side of a fragment's descriptors lie, but for the page: checked once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Placement {
-    base: u64,
-    offset: u64,
-    stride: u64,
-    row_stride: u64,
+pub(crate) struct Placement {
+    pub(crate) base: u64,
+    pub(crate) offset: u64,
+    pub(crate) stride: u64,
+    pub(crate) row_stride: u64,
     /// Bytes from a page's start to the end of its last run.
-    reach: u64,
-    limit: Option<u64>,
+    pub(crate) reach: u64,
+    pub(crate) limit: Option<u64>,
 }
 
 /// A fragment placed in its two buffers: everything about its descriptors that does not
@@ -115,6 +115,8 @@ pub struct Placed {
     run: u64,
     src: Placement,
     dst: Placement,
+    /// Pages of different token counts on the two sides: only slot maps can move it.
+    page_sizes: Option<(u64, u64)>,
 }
 
 impl Placed {
@@ -173,6 +175,9 @@ pub fn place(position: usize, f: &Fragment, src: &Buffers, dst: &Buffers) -> Pla
     };
     Ok(Placed {
         position,
+        page_sizes: f
+            .needs_token_maps()
+            .then_some((f.src_page_size, f.dst_page_size)),
         buffer_index: f.buffer_index,
         page_count: f.page_count,
         rows,
@@ -209,11 +214,31 @@ pub fn place_all<F: Borrow<Fragment>>(
     Ok(placed)
 }
 
+impl Placed {
+    /// Refuses a fragment whose pages cannot be paired one to one.
+    pub fn check_pages_pair(&self) -> PlanResult<()> {
+        if let Some((src, dst)) = self.page_sizes {
+            bail!(
+                "fragment {} (buffer_index={}) moves tokens from pages of {src} tokens into                  pages of {dst}, which do not pair one to one; build its descriptors from slot                  maps with PreparedTransfer.token_descriptors(src_slots, dst_slots)",
+                self.position,
+                self.buffer_index
+            );
+        }
+        Ok(())
+    }
+}
+
 impl Placement {
     /// Every descriptor up to `largest_page` stays inside 64 bits and the buffer's limit;
-    /// since addresses grow with the page, checking the largest checks them all.
-    fn check(&self, name: &str, placed: &Placed, largest_page: u64) -> PlanResult<()> {
-        let (position, index, stride) = (placed.position, placed.buffer_index, self.stride);
+    /// since addresses grow with the page, checking the largest checks them all. `who` is
+    /// the fragment's position, buffer index and run length, for the message.
+    pub(crate) fn check(
+        &self,
+        name: &str,
+        (position, index, run): (usize, u64, u64),
+        largest_page: u64,
+    ) -> PlanResult<()> {
+        let stride = self.stride;
         let end = largest_page
             .checked_mul(stride)
             .and_then(|v| v.checked_add(self.reach))
@@ -230,9 +255,8 @@ impl Placement {
             bail!(
                 "fragment {position} (buffer_index={index}) would reach byte {end} of the {name} \
                  buffer, past its limit of {limit} bytes (page {largest_page}, stride {stride}, \
-                 offset {}, {} bytes); check the page indices and the plan's strides",
+                 offset {}, {run} bytes); check the page indices and the plan's strides",
                 self.offset,
-                placed.run
             );
         }
         Ok(())
@@ -392,6 +416,7 @@ pub fn build_placed<P: Borrow<Placed>>(
     let (src_max, dst_max) = (prefix_max(src_pages), prefix_max(dst_pages));
     let mut total: u64 = 0;
     for p in placed.iter().map(Borrow::borrow) {
+        p.check_pages_pair()?;
         total = total.saturating_add(p.count(pairs));
         let Some(last) = pages_used(p.page_count, pairs).checked_sub(1) else {
             continue;
@@ -399,8 +424,9 @@ pub fn build_placed<P: Borrow<Placed>>(
         let (Some(&src_page), Some(&dst_page)) = (src_max.get(last), dst_max.get(last)) else {
             bail!("page index out of range");
         };
-        p.src.check("src", p, src_page)?;
-        p.dst.check("dst", p, dst_page)?;
+        let who = (p.position, p.buffer_index, p.run);
+        p.src.check("src", who, src_page)?;
+        p.dst.check("dst", who, dst_page)?;
     }
     if total > MAX_DESCRIPTORS {
         bail!(

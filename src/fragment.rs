@@ -4,8 +4,8 @@
 //! keys of each version, the Python objects and validation are all derived from.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::{BufferKind, MAX_ROWS_PER_PAGE, MAX_VALUE};
-use crate::page::RowRuns;
+use crate::layout::{BufferKind, MAX_PAGE_SIZE, MAX_ROWS_PER_PAGE, MAX_VALUE};
+use crate::page::{RowRuns, TokenRuns, TokenSpan};
 
 /// What a field holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -224,6 +224,18 @@ fragment_schema! {
     rows_per_page: u64, since 2, default FieldValue::Int(1);
     src_row_stride_bytes: u64, since 2, default FieldValue::Int(0);
     dst_row_stride_bytes: u64, since 2, default FieldValue::Int(0);
+    /// Token geometry (slot maps): tokens a source page holds; 0, with every token field 0,
+    /// for a fragment without it. Each token moves `token_runs` runs of `token_run_bytes`
+    /// bytes, run `i` of slot `s` at `byte_offset + i * token_run_stride + s * token_stride`.
+    src_page_size: u64, since 3, default FieldValue::Int(0);
+    /// Tokens a destination page holds.
+    dst_page_size: u64, since 3, default FieldValue::Int(0);
+    token_runs: u64, since 3, default FieldValue::Int(0);
+    token_run_bytes: u64, since 3, default FieldValue::Int(0);
+    src_token_stride_bytes: u64, since 3, default FieldValue::Int(0);
+    dst_token_stride_bytes: u64, since 3, default FieldValue::Int(0);
+    src_token_run_stride_bytes: u64, since 3, default FieldValue::Int(0);
+    dst_token_run_stride_bytes: u64, since 3, default FieldValue::Int(0);
 }
 
 /// The newest wire version a field needs.
@@ -285,10 +297,69 @@ impl Fragment {
         }
     }
 
+    /// The fragment's token geometry (`is_present()` false without it).
+    pub const fn token_span(&self) -> TokenSpan {
+        TokenSpan {
+            src_page_size: self.src_page_size,
+            dst_page_size: self.dst_page_size,
+            runs: self.token_runs,
+            run_bytes: self.token_run_bytes,
+            src_token_stride: self.src_token_stride_bytes,
+            dst_token_stride: self.dst_token_stride_bytes,
+            src_run_stride: self.src_token_run_stride_bytes,
+            dst_run_stride: self.dst_token_run_stride_bytes,
+        }
+    }
+
+    /// Sets the token geometry.
+    #[must_use]
+    pub const fn with_token_span(mut self, span: TokenSpan) -> Self {
+        self.src_page_size = span.src_page_size;
+        self.dst_page_size = span.dst_page_size;
+        self.token_runs = span.runs;
+        self.token_run_bytes = span.run_bytes;
+        self.src_token_stride_bytes = span.src_token_stride;
+        self.dst_token_stride_bytes = span.dst_token_stride;
+        self.src_token_run_stride_bytes = span.src_run_stride;
+        self.dst_token_run_stride_bytes = span.dst_run_stride;
+        self
+    }
+
+    /// Whether the fragment can only move by slot maps: its two sides' pages hold different
+    /// token counts, so pages do not pair one to one.
+    pub const fn needs_token_maps(&self) -> bool {
+        self.src_page_size != self.dst_page_size
+    }
+
+    /// The token runs the fragment reads in a source page.
+    pub const fn src_token_runs(&self) -> TokenRuns {
+        TokenRuns {
+            offset: self.src_byte_offset,
+            page_size: self.src_page_size,
+            runs: self.token_runs,
+            run_bytes: self.token_run_bytes,
+            token_stride: self.src_token_stride_bytes,
+            run_stride: self.src_token_run_stride_bytes,
+        }
+    }
+
+    /// The token runs the fragment writes in a destination page.
+    pub const fn dst_token_runs(&self) -> TokenRuns {
+        TokenRuns {
+            offset: self.dst_byte_offset,
+            page_size: self.dst_page_size,
+            runs: self.token_runs,
+            run_bytes: self.token_run_bytes,
+            token_stride: self.dst_token_stride_bytes,
+            run_stride: self.dst_token_run_stride_bytes,
+        }
+    }
+
     /// Every integer lies in [0, 2^63), as the wire format requires, and the runs fit.
     pub fn validate(&self) -> PlanResult<()> {
         if self.int_bits() <= MAX_VALUE {
-            return self.validate_rows();
+            self.validate_rows()?;
+            return self.validate_tokens();
         }
         // Past the one test (every field in range): name the culprit.
         for (field, value) in FIELDS.iter().zip(self.values()) {
@@ -300,7 +371,64 @@ impl Fragment {
                 bail!("{}={int} must be below 2^63", field.name);
             }
         }
-        self.validate_rows()
+        self.validate_rows()?;
+        self.validate_tokens()
+    }
+
+    /// Token geometry is absent (every token field 0) or whole: page sizes and runs in range,
+    /// and one side's pieces never overlap each other.
+    fn validate_tokens(&self) -> PlanResult<()> {
+        let span = self.token_span();
+        if !span.is_present() && span.dst_page_size == 0 {
+            if span != TokenSpan::default() {
+                bail!(
+                    "a fragment without token geometry (src_page_size=0, dst_page_size=0) must                      have every token field 0, got {span:?}"
+                );
+            }
+            return Ok(());
+        }
+        for (name, size) in [
+            ("src_page_size", span.src_page_size),
+            ("dst_page_size", span.dst_page_size),
+        ] {
+            if size == 0 || size > MAX_PAGE_SIZE {
+                bail!("{name}={size} must be between 1 and {MAX_PAGE_SIZE} tokens");
+            }
+        }
+        if span.runs == 0 || span.runs > MAX_ROWS_PER_PAGE || span.run_bytes == 0 {
+            bail!(
+                "token_runs={} must be between 1 and {MAX_ROWS_PER_PAGE}, and token_run_bytes={}                  positive",
+                span.runs,
+                span.run_bytes
+            );
+        }
+        for (side, runs) in [
+            ("src", self.src_token_runs()),
+            ("dst", self.dst_token_runs()),
+        ] {
+            if runs.page_size > 1 && runs.token_stride < runs.run_bytes {
+                bail!(
+                    "{side}_token_stride_bytes={} is below the {}-byte run of a token: the                      tokens of one page would overlap",
+                    runs.token_stride,
+                    runs.run_bytes
+                );
+            }
+            // A run's last token ends before the next run starts.
+            let run_reach = TokenRuns { runs: 1, ..runs }
+                .reach()
+                .map(|r| r - runs.offset);
+            let overlaps = runs.runs > 1 && run_reach.is_none_or(|r| runs.run_stride < r);
+            if overlaps || (runs.runs == 1 && runs.run_stride != 0) {
+                bail!(
+                    "{side}_token_run_stride_bytes={} must be 0 for one run, or for several at                      least the bytes one run spans over the page's tokens",
+                    runs.run_stride
+                );
+            }
+            if runs.reach().is_none() {
+                bail!("the {side} token runs of a page pass 2^64 bytes");
+            }
+        }
+        Ok(())
     }
 
     fn validate_rows(&self) -> PlanResult<()> {

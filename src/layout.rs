@@ -8,6 +8,9 @@ pub use crate::ranks::{MAX_STAGES, MAX_WORLD_SIZE};
 /// Most parts a split axis may be made of (Mamba2's conv state has three: x, B, C).
 pub const MAX_PARTS: usize = 8;
 
+/// Most tokens a page may hold.
+pub const MAX_PAGE_SIZE: u64 = 1 << 20;
+
 /// Most rows a page may have (tokens of a token-major page, twice that for fused K/V pages).
 pub const MAX_ROWS_PER_PAGE: u64 = 1 << 20;
 
@@ -70,6 +73,12 @@ impl LogicalAxis {
 
     pub const fn is_sharded(self) -> bool {
         !matches!(self, Self::Replicated)
+    }
+
+    /// Whether a page holds the buffer token by token (KV caches), so slot maps apply; state
+    /// is one value per request.
+    pub const fn is_token_indexed(self) -> bool {
+        !matches!(self, Self::StateChannel)
     }
 }
 

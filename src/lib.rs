@@ -17,6 +17,7 @@ pub mod ranks;
 pub mod routing;
 pub mod spread;
 pub mod stages;
+pub mod tokens;
 pub mod verify;
 pub mod wire;
 

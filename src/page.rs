@@ -1,8 +1,11 @@
 //! Page geometry: where a rank's units sit in the bytes of one page of its item, and the byte
 //! runs one fragment moves in each page. Head-major pages hold a rank's units one after another
 //! (one row); token-major pages hold them row by row (a row per token, or per token and plane).
+//! Token geometry says where each token's bytes sit, so that slot maps can move tokens between
+//! pages of different sizes.
 
-use crate::layout::BufferLayout;
+use crate::error::{bail, PlanResult};
+use crate::layout::{BufferLayout, LogicalAxis, MAX_PAGE_SIZE};
 use crate::routing::UnitOverlap;
 
 /// How a rank's units lie in one page of its item: `rows` rows `row_stride` bytes apart, each
@@ -40,6 +43,8 @@ pub struct Span {
     pub rows: u64,
     pub src_row_stride: u64,
     pub dst_row_stride: u64,
+    /// The same bytes token by token, when the plan carries token geometry.
+    pub tokens: TokenSpan,
 }
 
 impl Span {
@@ -52,6 +57,27 @@ impl Span {
             rows: 1,
             src_row_stride: 0,
             dst_row_stride: 0,
+            tokens: TokenSpan::NONE,
+        }
+    }
+
+    /// This span with the token runs of local units `units` (`(src first, dst first, count)`)
+    /// between the two token geometries. Where the page sizes differ pages do not pair, so
+    /// the page fields only say where the runs start and what a source page moves.
+    #[must_use]
+    pub fn with_tokens(
+        self,
+        units: (u64, u64, u64),
+        (src, dst): (&TokenGeometry, &TokenGeometry),
+    ) -> Self {
+        let (tokens, src_offset, dst_offset) = TokenSpan::of_units(units, src, dst);
+        if !tokens.page_sizes_differ() {
+            return Self { tokens, ..self };
+        }
+        let source_page_bytes = src.page_size * tokens.runs * tokens.run_bytes;
+        Self {
+            tokens,
+            ..Self::contiguous(src_offset, dst_offset, source_page_bytes)
         }
     }
 
@@ -75,6 +101,7 @@ impl Span {
             rows: src.rows,
             src_row_stride: src.row_stride,
             dst_row_stride: dst.row_stride,
+            tokens: TokenSpan::NONE,
         }
     }
 }
@@ -97,6 +124,280 @@ impl RowRuns {
             .checked_mul(self.row_stride)?
             .checked_add(self.offset)?
             .checked_add(self.run)
+    }
+}
+
+/// Where each token's bytes lie in one page of a token-indexed buffer (`kv_head`,
+/// `replicated`): a layout with strides, as `CuTe` writes them. Byte `x` of local unit `u` of
+/// slot `s` in plane `q` sits at `q * plane_stride + u * unit_stride + s * token_stride + x`, for
+/// `x < unit_bytes`. Head-major, token-major, fused K/V pages and any page size are values of
+/// these fields, not branches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenGeometry {
+    /// Tokens a page holds.
+    pub page_size: u64,
+    /// Planes a page holds each token in (2 for `FlashInfer`'s fused K/V page, else 1).
+    pub planes: u64,
+    /// Bytes of one unit of one token in one plane (a replicated buffer is one unit).
+    pub unit_bytes: u64,
+    pub unit_stride: u64,
+    pub token_stride: u64,
+    pub plane_stride: u64,
+    /// Local units one plane of one slot has room for.
+    pub units: u64,
+}
+
+impl TokenGeometry {
+    /// The token geometry of a validated buffer, or why it has none.
+    pub fn of(buffer: &BufferLayout) -> PlanResult<Self> {
+        let (size, rows, unit) = (
+            buffer.page_size,
+            buffer.rows_per_page,
+            buffer.bytes_per_logical_unit,
+        );
+        let name = || {
+            format!(
+                "buffer {} ({}, {})",
+                buffer.buffer_index,
+                buffer.buffer_kind.as_str(),
+                buffer.logical_axis.as_str()
+            )
+        };
+        if buffer.logical_axis == LogicalAxis::StateChannel {
+            bail!(
+                "{} is not indexed by token: state moves whole, with descriptors(..., \
+                 buffers=...)",
+                name()
+            );
+        }
+        if size > MAX_PAGE_SIZE {
+            bail!(
+                "{}: page_size={size} must be at most {MAX_PAGE_SIZE}",
+                name()
+            );
+        }
+        // Bytes one token takes of the whole item's units (a replicated item is one unit).
+        let replicated = buffer.logical_axis == LogicalAxis::Replicated;
+        let token_unit = if replicated {
+            buffer.logical_size * unit
+        } else {
+            unit
+        };
+        if rows == 1 {
+            if token_unit % size != 0 {
+                bail!(
+                    "{}: a head-major page of {size} tokens needs {} bytes a unit divisible by \
+                     page_size, so that each token has a slice of its own; check page_size and \
+                     bytes_per_logical_unit",
+                    name(),
+                    token_unit
+                );
+            }
+            let unit_bytes = token_unit / size;
+            return Ok(if replicated {
+                Self {
+                    page_size: size,
+                    planes: 1,
+                    unit_bytes,
+                    unit_stride: unit_bytes,
+                    token_stride: unit_bytes,
+                    plane_stride: 0,
+                    units: 1,
+                }
+            } else {
+                Self {
+                    page_size: size,
+                    planes: 1,
+                    unit_bytes,
+                    unit_stride: unit,
+                    token_stride: unit_bytes,
+                    plane_stride: 0,
+                    units: buffer.item_stride_bytes / unit,
+                }
+            });
+        }
+        if rows % size != 0 {
+            bail!(
+                "{}: rows_per_page={rows} is neither 1 (head-major) nor a multiple of \
+                 page_size={size} (token-major, one row per token and plane), so a token's \
+                 place in the page is not known; use one of those layouts",
+                name()
+            );
+        }
+        let row_stride = buffer.item_stride_bytes / rows;
+        // rows divides bytes_per_logical_unit (validated), so a unit's row share is whole.
+        let unit_bytes = token_unit / rows;
+        Ok(Self {
+            page_size: size,
+            planes: rows / size,
+            unit_bytes,
+            unit_stride: unit_bytes,
+            token_stride: row_stride,
+            plane_stride: size * row_stride,
+            units: if replicated {
+                1
+            } else {
+                row_stride / unit_bytes
+            },
+        })
+    }
+
+    /// Bytes one token of one unit takes in all its planes: what both sides must agree on.
+    pub const fn token_bytes(&self) -> u64 {
+        self.planes * self.unit_bytes
+    }
+
+    /// Whether a token's units lie one after another in each plane (token-major rows).
+    pub const fn units_contiguous(&self) -> bool {
+        self.unit_stride == self.unit_bytes
+    }
+
+    /// The element at byte `offset` of a page, or `None` for a byte no element owns.
+    pub fn locate(&self, offset: u64) -> Option<TokenCoord> {
+        // Modes from the widest stride in: each index is the quotient by its stride.
+        let mut modes = [
+            (self.plane_stride, self.planes, 0),
+            (self.unit_stride, self.units, 1),
+            (self.token_stride, self.page_size, 2),
+        ];
+        modes.sort_by_key(|&(stride, _, _)| std::cmp::Reverse(stride));
+        let mut index = [0u64; 3];
+        let mut rest = offset;
+        for (stride, extent, which) in modes {
+            if extent <= 1 {
+                continue;
+            }
+            let at = rest.checked_div(stride)?;
+            if at >= extent {
+                return None;
+            }
+            index[which] = at;
+            rest %= stride;
+        }
+        if rest >= self.unit_bytes {
+            return None;
+        }
+        Some(TokenCoord {
+            plane: index[0],
+            unit: index[1],
+            slot: index[2],
+            byte: rest,
+        })
+    }
+}
+
+/// Where a byte of a page sits: plane, local unit, slot and byte of that unit's token slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCoord {
+    pub plane: u64,
+    pub unit: u64,
+    pub slot: u64,
+    pub byte: u64,
+}
+
+/// The bytes one fragment moves of each token: `runs` runs of `run_bytes` bytes, run `i` of
+/// slot `s` at `offset + i * run_stride + s * token_stride` in that side's page of
+/// `page_size` tokens. `page_size == 0`: the fragment carries no token geometry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TokenSpan {
+    pub src_page_size: u64,
+    pub dst_page_size: u64,
+    pub runs: u64,
+    pub run_bytes: u64,
+    pub src_token_stride: u64,
+    pub dst_token_stride: u64,
+    pub src_run_stride: u64,
+    pub dst_run_stride: u64,
+}
+
+impl TokenSpan {
+    /// No token geometry.
+    pub const NONE: Self = Self {
+        src_page_size: 0,
+        dst_page_size: 0,
+        runs: 0,
+        run_bytes: 0,
+        src_token_stride: 0,
+        dst_token_stride: 0,
+        src_run_stride: 0,
+        dst_run_stride: 0,
+    };
+
+    /// The token runs of local units `src_local..+len` of a prefill page into `dst_local..+len`
+    /// of a decode page, with the page offsets of their first run; both geometries have the
+    /// same planes and unit bytes (checked by `pairs`).
+    pub fn of_units(
+        (src_local, dst_local, len): (u64, u64, u64),
+        src: &TokenGeometry,
+        dst: &TokenGeometry,
+    ) -> (Self, u64, u64) {
+        let offsets = (src_local * src.unit_stride, dst_local * dst.unit_stride);
+        let mut span = Self {
+            src_page_size: src.page_size,
+            dst_page_size: dst.page_size,
+            ..Self::default()
+        };
+        if src.units_contiguous() && dst.units_contiguous() {
+            // One run of the units a plane, a run per plane.
+            (span.runs, span.run_bytes) = (src.planes, len * src.unit_bytes);
+            (span.src_run_stride, span.dst_run_stride) = (src.plane_stride, dst.plane_stride);
+        } else {
+            // Head-major (one plane): a run per unit.
+            (span.runs, span.run_bytes) = (len, src.unit_bytes);
+            (span.src_run_stride, span.dst_run_stride) = (src.unit_stride, dst.unit_stride);
+        }
+        (span.src_token_stride, span.dst_token_stride) = (src.token_stride, dst.token_stride);
+        let runs_touch =
+            span.src_run_stride == span.run_bytes && span.dst_run_stride == span.run_bytes;
+        if span.runs > 1 && runs_touch {
+            (span.run_bytes, span.runs) = (span.runs * span.run_bytes, 1);
+        }
+        if span.runs <= 1 {
+            (span.src_run_stride, span.dst_run_stride) = (0, 0);
+        }
+        (span, offsets.0, offsets.1)
+    }
+
+    pub const fn is_present(&self) -> bool {
+        self.src_page_size != 0
+    }
+
+    /// Whether the two sides' pages hold different token counts (no page-to-page copy).
+    pub const fn page_sizes_differ(&self) -> bool {
+        self.src_page_size != self.dst_page_size
+    }
+}
+
+/// One side of a fragment's token runs in a page: `runs` runs `run_stride` apart, each
+/// `page_size` token pieces of `run_bytes` bytes `token_stride` apart, from `offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRuns {
+    pub offset: u64,
+    pub page_size: u64,
+    pub runs: u64,
+    pub run_bytes: u64,
+    pub token_stride: u64,
+    pub run_stride: u64,
+}
+
+impl TokenRuns {
+    /// Bytes from a page's start to the end of its last token's last run, `None` past 2^64
+    /// (or for no runs).
+    pub fn reach(self) -> Option<u64> {
+        let last_run = self.runs.checked_sub(1)?.checked_mul(self.run_stride)?;
+        let last_token = self
+            .page_size
+            .checked_sub(1)?
+            .checked_mul(self.token_stride)?;
+        last_run
+            .checked_add(last_token)?
+            .checked_add(self.offset)?
+            .checked_add(self.run_bytes)
+    }
+
+    /// Whether a run's token pieces lie one after another (one descriptor per run of slots).
+    pub const fn tokens_contiguous(self) -> bool {
+        self.token_stride == self.run_bytes || self.page_size == 1
     }
 }
 
@@ -136,6 +437,7 @@ mod tests {
                 rows: 16,
                 src_row_stride: 256,
                 dst_row_stride: 1024,
+                tokens: TokenSpan::NONE,
             }
         );
         let whole = UnitOverlap {

@@ -3,6 +3,7 @@
 
 use crate::error::{bail, PlanResult};
 use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
+use crate::page::TokenGeometry;
 
 /// One buffer position of a pair, whose fields must agree on both sides.
 struct Same {
@@ -27,8 +28,49 @@ impl Same {
     }
 }
 
-/// Both sides list the same buffers, in the same order, stored the same way.
-pub fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> PlanResult<()> {
+/// Whether a pair must be planned by token: a token-indexed buffer whose two sides' pages
+/// hold different token counts cannot be copied page to page.
+pub fn page_sizes_differ(prefill: &[BufferLayout], decode: &[BufferLayout]) -> bool {
+    prefill
+        .iter()
+        .zip(decode)
+        .any(|(p, d)| p.logical_axis.is_token_indexed() && p.page_size != d.page_size)
+}
+
+/// With token maps, a token-indexed buffer has a token geometry on both sides, and one token
+/// of one unit takes the same bytes, in the same planes, on both (page sizes may differ).
+fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> PlanResult<()> {
+    let (src, dst) = (TokenGeometry::of(p)?, TokenGeometry::of(d)?);
+    if (p.rows_per_page == 1) != (d.rows_per_page == 1) || src.planes != dst.planes {
+        bail!(
+            "prefill/decode pages are stored differently at buffer position {position}: prefill              rows_per_page={} page_size={}, decode rows_per_page={} page_size={}; both sides              must be head-major (rows_per_page=1) or token-major with the same planes              (rows_per_page = planes x page_size)",
+            p.rows_per_page,
+            p.page_size,
+            d.rows_per_page,
+            d.page_size
+        );
+    }
+    if src.unit_bytes != dst.unit_bytes {
+        bail!(
+            "prefill/decode bytes of one token differ at buffer position {position}: prefill              {} bytes a unit and token ({} bytes a unit over {} tokens), decode {} ({} over              {}); pages of different sizes must hold tokens of the same size",
+            src.token_bytes(),
+            p.bytes_per_logical_unit,
+            p.page_size,
+            dst.token_bytes(),
+            d.bytes_per_logical_unit,
+            d.page_size
+        );
+    }
+    Ok(())
+}
+
+/// Both sides list the same buffers, in the same order, stored the same way; with
+/// `token_maps`, token by token (page sizes may differ).
+pub fn validate_pairs(
+    prefill: &[BufferLayout],
+    decode: &[BufferLayout],
+    token_maps: bool,
+) -> PlanResult<()> {
     if prefill.len() != decode.len() {
         bail!(
             "prefill/decode buffer counts differ: {} prefill buffers, {} decode buffers; pass \
@@ -52,6 +94,18 @@ pub fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> Plan
         )?;
         same.check("logical sizes", p.logical_size, d.logical_size)?;
         same.check(
+            "logical parts",
+            p.logical_parts.given(),
+            d.logical_parts.given(),
+        )?;
+        if token_maps && p.logical_axis.is_token_indexed() {
+            check_token_geometry(position, p, d)?;
+            if p.page_size != d.page_size {
+                // Token by token: whole units, rows and items need not agree.
+                continue;
+            }
+        }
+        same.check(
             "logical unit sizes",
             p.bytes_per_logical_unit,
             d.bytes_per_logical_unit,
@@ -65,11 +119,6 @@ pub fn validate_pairs(prefill: &[BufferLayout], decode: &[BufferLayout]) -> Plan
                 d.rows_per_page
             );
         }
-        same.check(
-            "logical parts",
-            p.logical_parts.given(),
-            d.logical_parts.given(),
-        )?;
         let replicated = p.logical_axis == LogicalAxis::Replicated;
         if replicated && p.rows_per_page > 1 && p.item_stride_bytes != d.item_stride_bytes {
             bail!(

@@ -10,8 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::layout::{BufferLayout, ParallelLayout};
-use crate::page::Span;
-use crate::pairs::{validate_alignment, validate_pairs};
+use crate::page::{Span, TokenGeometry};
+use crate::pairs::{page_sizes_differ, validate_alignment, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
 use crate::routing::{first_holder, route, Class, DecodeReplicas, Route, Sharding};
 use crate::spread::Spread;
@@ -70,6 +70,27 @@ struct BufferPair {
     decode: BufferLayout,
     /// Index into `Planner::classes`.
     class: usize,
+    /// Where tokens sit on each side, when the plan maps tokens.
+    tokens: Option<(TokenGeometry, TokenGeometry)>,
+}
+
+impl BufferPair {
+    /// `span` with the token runs of local units `units`, when the plan maps tokens.
+    fn tokenized(&self, span: Span, units: (u64, u64, u64)) -> Span {
+        match &self.tokens {
+            Some((src, dst)) => span.with_tokens(units, (src, dst)),
+            None => span,
+        }
+    }
+}
+
+/// Choices a planner is built with, beyond the two sides' layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanOptions {
+    pub replicas: DecodeReplicas,
+    /// Give fragments of token-indexed buffers token geometry, so requests can move tokens by
+    /// slot maps. On by itself where a token-indexed buffer's page sizes differ.
+    pub token_maps: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -82,6 +103,7 @@ pub struct Planner {
     /// Which replica serves whom under `DecodeReplicas::All`.
     spread: Spread,
     identity: bool,
+    token_maps: bool,
     /// Fanout of each prefill rank of a DP group that decode ranks read from, by its slot
     /// index in the group; groups beyond the decode side's DP count serve nobody.
     fanout_per_slot: Vec<u64>,
@@ -112,7 +134,24 @@ impl Planner {
         decode_buffers: &[BufferLayout],
         replicas: DecodeReplicas,
     ) -> PlanResult<Self> {
-        validate_pairs(prefill_buffers, decode_buffers)?;
+        let options = PlanOptions {
+            replicas,
+            token_maps: false,
+        };
+        Self::with_options(prefill, decode, prefill_buffers, decode_buffers, options)
+    }
+
+    /// A planner built with `options`.
+    pub fn with_options(
+        prefill: ParallelLayout,
+        decode: ParallelLayout,
+        prefill_buffers: &[BufferLayout],
+        decode_buffers: &[BufferLayout],
+        options: PlanOptions,
+    ) -> PlanResult<Self> {
+        let replicas = options.replicas;
+        let token_maps = options.token_maps || page_sizes_differ(prefill_buffers, decode_buffers);
+        validate_pairs(prefill_buffers, decode_buffers, token_maps)?;
         for (layout, buffers) in [(&prefill, prefill_buffers), (&decode, decode_buffers)] {
             for buffer in buffers {
                 validate_alignment(layout, buffer)?;
@@ -137,13 +176,19 @@ impl Planner {
                     classes.push(class);
                     classes.len() - 1
                 });
-                BufferPair {
+                let tokens = if token_maps && p.logical_axis.is_token_indexed() {
+                    Some((TokenGeometry::of(p)?, TokenGeometry::of(d)?))
+                } else {
+                    None
+                };
+                Ok(BufferPair {
                     prefill: *p,
                     decode: *d,
                     class: id,
-                }
+                    tokens,
+                })
             })
-            .collect();
+            .collect::<PlanResult<Vec<_>>>()?;
         // Whole items copy rank to rank when both sides hold the same units the same way: same
         // TP and stages, no replica groups, and token-major items of one size (else rows
         // would shift).
@@ -153,6 +198,7 @@ impl Planner {
             && prefill_buffers.iter().zip(decode_buffers).all(|(p, d)| {
                 p.tp_replica_group_size == 1
                     && d.tp_replica_group_size == 1
+                    && (!p.logical_axis.is_token_indexed() || p.page_size == d.page_size)
                     && (p.rows_per_page == 1 || p.item_stride_bytes == d.item_stride_bytes)
             });
         let spread = match replicas {
@@ -167,6 +213,7 @@ impl Planner {
             replicas,
             spread,
             identity,
+            token_maps,
             fanout_per_slot: Vec::new(),
         };
         planner.fanout_per_slot = planner.count_fanout();
@@ -217,6 +264,11 @@ impl Planner {
     }
 
     /// Whether either side runs pipeline stages.
+    /// Whether fragments of token-indexed buffers carry token geometry.
+    pub const fn token_maps(&self) -> bool {
+        self.token_maps
+    }
+
     pub const fn is_staged(&self) -> bool {
         is_staged(self.prefill.pp_size()) || is_staged(self.decode.pp_size())
     }
@@ -410,7 +462,14 @@ impl Planner {
                     .prefill
                     .item_stride_bytes
                     .min(pair.decode.item_stride_bytes);
-                visit(at, pair, Span::contiguous(0, 0, len));
+                // Token by token: every unit the rank holds (no replica groups here).
+                let units = if pair.prefill.logical_axis.is_sharded() {
+                    pair.prefill.logical_size / self.prefill_ranks().tp_size()
+                } else {
+                    1
+                };
+                let span = pair.tokenized(Span::contiguous(0, 0, len), (0, 0, units));
+                visit(at, pair, span);
             }
             return;
         }
@@ -427,6 +486,7 @@ impl Planner {
                 Some(Some(Route::WholeItem { prefill_tp_rank })) => {
                     // The decode item, whole (validated to be at most the prefill item).
                     let span = Span::contiguous(0, 0, pair.decode.item_stride_bytes);
+                    let span = pair.tokenized(span, (0, 0, 1));
                     let source = Slot {
                         stage,
                         tp_rank: *prefill_tp_rank,
@@ -436,6 +496,8 @@ impl Planner {
                 Some(Some(Route::Units(overlaps))) => {
                     for overlap in overlaps {
                         let span = Span::of_units(overlap, &pair.prefill, &pair.decode);
+                        let units = (overlap.src_local, overlap.dst_local, overlap.len);
+                        let span = pair.tokenized(span, units);
                         let source = Slot {
                             stage,
                             tp_rank: overlap.prefill_tp_rank,
@@ -532,21 +594,24 @@ impl Planner {
                 }
             };
             if let Some(source) = sources.get_mut(at) {
-                source.fragments.push(Fragment {
-                    buffer_index: pair.prefill.buffer_index,
-                    buffer_kind: pair.prefill.buffer_kind,
-                    src_rank: prefill_rank,
-                    dst_rank: decode_rank,
-                    src_page_stride_bytes: pair.prefill.item_stride_bytes,
-                    dst_page_stride_bytes: pair.decode.item_stride_bytes,
-                    src_byte_offset: span.src_offset,
-                    dst_byte_offset: span.dst_offset,
-                    bytes_per_page: span.bytes_per_page,
-                    rows_per_page: span.rows,
-                    src_row_stride_bytes: span.src_row_stride,
-                    dst_row_stride_bytes: span.dst_row_stride,
-                    ..Fragment::default()
-                });
+                source.fragments.push(
+                    Fragment {
+                        buffer_index: pair.prefill.buffer_index,
+                        buffer_kind: pair.prefill.buffer_kind,
+                        src_rank: prefill_rank,
+                        dst_rank: decode_rank,
+                        src_page_stride_bytes: pair.prefill.item_stride_bytes,
+                        dst_page_stride_bytes: pair.decode.item_stride_bytes,
+                        src_byte_offset: span.src_offset,
+                        dst_byte_offset: span.dst_offset,
+                        bytes_per_page: span.bytes_per_page,
+                        rows_per_page: span.rows,
+                        src_row_stride_bytes: span.src_row_stride,
+                        dst_row_stride_bytes: span.dst_row_stride,
+                        ..Fragment::default()
+                    }
+                    .with_token_span(span.tokens),
+                );
             }
         });
         Ok(sources)

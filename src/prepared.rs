@@ -9,6 +9,7 @@ pub use crate::descriptors::Buffers;
 use crate::descriptors::{self, place_all, validate_all, Descriptors, Placed};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::tokens::{build_tokens, place_tokens, untokenized, TokenPlaced};
 
 /// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub struct PreppedLists {
 pub struct Prepared {
     fragments: Arc<[Fragment]>,
     placed: Vec<Placed>,
+    /// Per fragment, placed for slot maps when it carries token geometry.
+    tokens: Vec<Option<TokenPlaced>>,
 }
 
 impl Prepared {
@@ -72,7 +75,43 @@ impl Prepared {
         dst: &Buffers,
     ) -> PlanResult<Self> {
         let placed = place_all(&fragments, src, dst)?;
-        Ok(Self { fragments, placed })
+        let tokens = fragments
+            .iter()
+            .enumerate()
+            .map(|(position, f)| {
+                f.token_span()
+                    .is_present()
+                    .then(|| place_tokens(position, f, (src, dst), true))
+                    .transpose()
+            })
+            .collect::<PlanResult<_>>()?;
+        Ok(Self {
+            fragments,
+            placed,
+            tokens,
+        })
+    }
+
+    /// One request's descriptors from its slot maps (`tokens` module), over the selected
+    /// fragments; every one of them must carry token geometry.
+    pub fn token_descriptors(
+        &self,
+        src_slots: &[i64],
+        dst_slots: &[i64],
+        selection: &Selection,
+        coalesce: bool,
+    ) -> PlanResult<Descriptors> {
+        let any_tokenized = self.tokens.iter().any(Option::is_some);
+        let mut chosen = Vec::with_capacity(self.tokens.len());
+        for (position, _) in self.selected(selection) {
+            if let Some(Some(placed)) = self.tokens.get(position) {
+                chosen.push(placed);
+            } else {
+                let f = self.fragments.get(position).copied().unwrap_or_default();
+                return untokenized(position, &f, any_tokenized);
+            }
+        }
+        build_tokens(&chosen, src_slots, dst_slots, coalesce)
     }
 
     pub fn fragments(&self) -> &[Fragment] {
@@ -167,6 +206,9 @@ impl Prepared {
         (src_capacity, dst_capacity): (u64, u64),
     ) -> PlanResult<(Vec<i32>, Vec<i32>)> {
         descriptors::check_paired(src_pages, dst_pages)?;
+        for (_, placed) in self.selected(selection) {
+            placed.check_pages_pair()?;
+        }
         for (name, pages, capacity) in [
             ("src", src_pages, src_capacity),
             ("dst", dst_pages, dst_capacity),

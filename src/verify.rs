@@ -9,11 +9,11 @@
 
 use std::collections::HashMap;
 
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
 use crate::interval::Interval;
 use crate::layout::{BufferLayout, LogicalAxis};
-use crate::page::PageGeometry;
+use crate::page::{PageGeometry, TokenGeometry};
 use crate::planner::{Planner, SourcePlan};
 use crate::routing::DecodeReplicas;
 
@@ -107,21 +107,37 @@ impl<'a> Context<'a> {
         })
     }
 
-    /// Checks every fragment of one source and adds what each writes to its buffer's list.
+    /// Checks every fragment of one source and adds what each writes to its buffer's lists
+    /// (bytes of each page, and with token maps (plane, bytes of each token)).
     fn add_source(
         &self,
         decode_rank: u64,
         source: &SourcePlan,
-        written: &mut [Vec<Written>],
+        written: &mut [BufferWrites],
     ) -> PlanResult<()> {
         for f in &source.fragments {
-            let mut runs = Vec::new();
-            let position = self.check_fragment(decode_rank, source.prefill_rank, f, &mut runs)?;
-            if let Some(list) = written.get_mut(position) {
-                list.extend(runs);
+            let (mut runs, mut token_runs) = (Vec::new(), Vec::new());
+            let position = self.check_fragment(
+                decode_rank,
+                source.prefill_rank,
+                f,
+                (&mut runs, &mut token_runs),
+            )?;
+            if let Some(lists) = written.get_mut(position) {
+                lists.pages.extend(runs);
+                lists.tokens.extend(token_runs);
             }
         }
         Ok(())
+    }
+
+    /// Whether the buffer at `position` moves token by token, and whether also page by page.
+    fn token_mapped(&self, position: usize) -> (bool, bool) {
+        let Some(&(p, d)) = self.pairs.get(position) else {
+            return (false, true);
+        };
+        let tokens = self.planner.token_maps() && p.logical_axis.is_token_indexed();
+        (tokens, !tokens || p.page_size == d.page_size)
     }
 
     /// Every buffer of the decode rank is written exactly once, and nothing arrives for a
@@ -129,11 +145,11 @@ impl<'a> Context<'a> {
     fn check_rank_coverage(
         &self,
         decode_rank: u64,
-        written: &mut [Vec<Written>],
+        written: &mut [BufferWrites],
     ) -> PlanResult<()> {
         let decode_ranks = self.planner.decode_ranks();
         let decode_at = decode_ranks.coord(decode_rank);
-        for (position, list) in written.iter_mut().enumerate() {
+        for (position, lists) in written.iter_mut().enumerate() {
             let (Some(&(_, d)), Some(&(_, stage))) =
                 (self.pairs.get(position), self.stages.get(position))
             else {
@@ -149,7 +165,21 @@ impl<'a> Context<'a> {
             } else {
                 Vec::new()
             };
-            check_coverage(decode_rank, d, coverage_shape(d, &wanted), list)?;
+            let (tokens, pages) = self.token_mapped(position);
+            if pages {
+                check_coverage(decode_rank, d, coverage_shape(d, &wanted), &mut lists.pages)?;
+            }
+            if tokens {
+                let geometry = TokenGeometry::of(d)?;
+                let units = if d.logical_axis.is_sharded() {
+                    unit_count(&wanted)
+                } else {
+                    u64::from(!wanted.is_empty())
+                };
+                let shape = (geometry.planes, units * geometry.unit_bytes);
+                check_coverage(decode_rank, d, shape, &mut lists.tokens)
+                    .map_err(|e| PlanError::new(format!("{e} (token slices: rows are planes)")))?;
+            }
         }
         Ok(())
     }
@@ -161,7 +191,7 @@ impl<'a> Context<'a> {
         decode_rank: u64,
         prefill_rank: u64,
         f: &Fragment,
-        written: &mut Vec<Written>,
+        (written, token_written): (&mut Vec<Written>, &mut Vec<Written>),
     ) -> PlanResult<usize> {
         // Made only for a message: building it for every fragment would be most of the cost.
         let where_ = || {
@@ -172,7 +202,7 @@ impl<'a> Context<'a> {
             )
         };
         let (position, p, d) = self.locate(decode_rank, prefill_rank, f, &where_)?;
-        check_inside_items(f, p, d, &where_)?;
+        f.validate()?;
         let (prefill_ranks, decode_ranks) =
             (self.planner.prefill_ranks(), self.planner.decode_ranks());
         let wanted = received_units(
@@ -181,14 +211,30 @@ impl<'a> Context<'a> {
             decode_ranks.coord(decode_rank).tp_rank,
             self.planner.decode_replicas(),
         );
-        if !p.logical_axis.is_sharded() {
-            return check_whole_item(&where_, f, d, &wanted, written).map(|()| position);
-        }
         let held = held_units(
             p,
             prefill_ranks.tp_size(),
             prefill_ranks.coord(prefill_rank).tp_rank,
         );
+        let (tokens, pages) = self.token_mapped(position);
+        if tokens != f.token_span().is_present() {
+            bail!(
+                "{}: {} token geometry, but the plan {} tokens for this buffer",
+                where_(),
+                if tokens { "lacks" } else { "carries" },
+                if tokens { "maps" } else { "does not map" }
+            );
+        }
+        if tokens {
+            check_token_runs(&where_, f, (p, &held), (d, &wanted), token_written)?;
+        }
+        if !pages {
+            return Ok(position);
+        }
+        check_inside_items(f, p, d, &where_)?;
+        if !p.logical_axis.is_sharded() {
+            return check_whole_item(&where_, f, d, &wanted, written).map(|()| position);
+        }
         check_split_runs(&where_, f, (p, &held), (d, &wanted), written)?;
         Ok(position)
     }
@@ -242,6 +288,116 @@ impl<'a> Context<'a> {
         }
         Ok((position, p, d))
     }
+}
+
+/// What one decode rank's fragments write into one buffer: bytes of each page, and (token
+/// maps) bytes of each token slice, by plane.
+#[derive(Debug, Clone, Default)]
+struct BufferWrites {
+    pages: Vec<Written>,
+    tokens: Vec<Written>,
+}
+
+/// A fragment's token runs: its page sizes and token strides are the buffers' own, its runs
+/// lie inside both items, and piece by piece the run of slot 0 copies the same plane, the
+/// same byte of a token slice and the same logical unit from what the prefill rank holds into
+/// what the decode rank receives. Strides equal to the buffers' make slot `s` follow.
+fn check_token_runs(
+    where_: &dyn Fn() -> String,
+    fragment: &Fragment,
+    (prefill, held): (&BufferLayout, &[(u64, u64)]),
+    (decode, wanted): (&BufferLayout, &[(u64, u64)]),
+    written: &mut Vec<Written>,
+) -> PlanResult<()> {
+    let (src, dst) = (TokenGeometry::of(prefill)?, TokenGeometry::of(decode)?);
+    let span = fragment.token_span();
+    if span.src_page_size != src.page_size
+        || span.dst_page_size != dst.page_size
+        || span.src_token_stride != src.token_stride
+        || span.dst_token_stride != dst.token_stride
+    {
+        bail!(
+            "{}: token geometry (page sizes {} -> {}, token strides {} -> {}) differs from the \
+             buffers' ({} -> {}, {} -> {})",
+            where_(),
+            span.src_page_size,
+            span.dst_page_size,
+            span.src_token_stride,
+            span.dst_token_stride,
+            src.page_size,
+            dst.page_size,
+            src.token_stride,
+            dst.token_stride
+        );
+    }
+    let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
+    if !inside(fragment.src_token_runs().reach(), prefill.item_stride_bytes)
+        || !inside(fragment.dst_token_runs().reach(), decode.item_stride_bytes)
+    {
+        bail!("{}: token runs reach past an item", where_());
+    }
+    // A replicated item is one unit of token slices.
+    let whole = [(0, 1)];
+    let (held, wanted) = if prefill.logical_axis.is_sharded() {
+        (held, wanted)
+    } else {
+        (
+            &whole[..],
+            if wanted.is_empty() {
+                &[][..]
+            } else {
+                &whole[..]
+            },
+        )
+    };
+    for run in 0..span.runs {
+        let mut src_at = fragment.src_byte_offset + run * span.src_run_stride;
+        let mut dst_at = fragment.dst_byte_offset + run * span.dst_run_stride;
+        let mut left = span.run_bytes;
+        while left > 0 {
+            let (Some(from), Some(to)) = (src.locate(src_at), dst.locate(dst_at)) else {
+                bail!(
+                    "{}: token run {run} starts outside the token slices of a page (bytes \
+                     {src_at} -> {dst_at})",
+                    where_()
+                );
+            };
+            let piece = left
+                .min(src.unit_bytes - from.byte)
+                .min(dst.unit_bytes - to.byte);
+            let same_unit =
+                unit_at(wanted, to.unit).is_some_and(|u| unit_at(held, from.unit) == Some(u));
+            if from.slot != 0
+                || to.slot != 0
+                || from.plane != to.plane
+                || from.byte != to.byte
+                || !same_unit
+            {
+                bail!(
+                    "{}: token run {run} copies plane {} unit {} slot {} byte {} into plane {} \
+                     unit {} slot {} byte {}; the source does not hold what the decode rank \
+                     needs there",
+                    where_(),
+                    from.plane,
+                    from.unit,
+                    from.slot,
+                    from.byte,
+                    to.plane,
+                    to.unit,
+                    to.slot,
+                    to.byte
+                );
+            }
+            let start = to.unit * dst.unit_bytes + to.byte;
+            written.push(Written {
+                row: to.plane,
+                start,
+                end: start + piece,
+            });
+            (src_at, dst_at, left) = (src_at + piece, dst_at + piece, left - piece);
+        }
+    }
+    Ok(())
 }
 
 /// A valid fragment whose every run lies inside both items.
@@ -460,11 +616,14 @@ pub fn verify_plans(
     // Decode ranks of the current decode DP group reading each prefill rank (by its slot in
     // the group) of its source.
     let mut readers = vec![0u64; usize::try_from(prefill_ranks.group_size()).unwrap_or(0)];
-    let mut written: Vec<Vec<Written>> = vec![Vec::new(); context.pairs.len()];
+    let mut written: Vec<BufferWrites> = vec![BufferWrites::default(); context.pairs.len()];
     for group in 0..decode_ranks.dp_size() {
         let source_group = planner.default_prefill_group(group);
         for decode_rank in decode_ranks.group_ranks(group) {
-            written.iter_mut().for_each(Vec::clear);
+            for lists in &mut written {
+                lists.pages.clear();
+                lists.tokens.clear();
+            }
             for source in plans_for(decode_rank)? {
                 let at = prefill_ranks.coord(source.prefill_rank);
                 if !prefill_ranks.contains(source.prefill_rank) || at.dp_group != source_group {
@@ -662,5 +821,65 @@ mod tests {
         let err = verify(&planner).unwrap_err();
         assert!(err.message().contains("100..256"), "{err}");
         assert!(err.message().contains("gap"), "{err}");
+    }
+
+    /// A KV buffer of `heads` heads (`dim` bytes of each token) in pages of `page_size`
+    /// tokens, `planes` planes token-major (0: head-major).
+    fn token_buffer(heads: u64, tp: u64, page_size: u64, planes: u64) -> BufferLayout {
+        let unit = page_size * planes.max(1) * 8;
+        BufferLayout {
+            page_size,
+            bytes_per_logical_unit: unit,
+            item_stride_bytes: heads / tp * unit,
+            rows_per_page: if planes == 0 { 1 } else { planes * page_size },
+            ..buffer(LogicalAxis::KvHead, heads, tp, 1)
+        }
+    }
+
+    #[test]
+    fn token_mapped_plans_verify_for_any_page_sizes() {
+        use crate::planner::PlanOptions;
+        for (ptp, dtp, heads) in [(8, 2, 8), (2, 8, 8), (4, 8, 2)] {
+            for (ps, ds) in [(16, 64), (64, 16), (12, 20), (16, 16)] {
+                for planes in [0, 1, 2] {
+                    let (pr, dr) = (ptp / heads.min(ptp), dtp / heads.min(dtp));
+                    let p = BufferLayout {
+                        tp_replica_group_size: pr.max(1),
+                        item_stride_bytes: heads / (ptp / pr.max(1)) * ps * planes.max(1) * 8,
+                        ..token_buffer(heads, ptp, ps, planes)
+                    };
+                    let d = BufferLayout {
+                        tp_replica_group_size: dr.max(1),
+                        item_stride_bytes: heads / (dtp / dr.max(1)) * ds * planes.max(1) * 8,
+                        ..token_buffer(heads, dtp, ds, planes)
+                    };
+                    let options = PlanOptions {
+                        token_maps: true,
+                        ..PlanOptions::default()
+                    };
+                    let planner = Planner::with_options(
+                        ParallelLayout::new(Role::Prefill, ptp, 1).unwrap(),
+                        ParallelLayout::new(Role::Decode, dtp, 1).unwrap(),
+                        &[p],
+                        &[d],
+                        options,
+                    )
+                    .unwrap();
+                    verify(&planner).unwrap();
+                    // A token run moved one slot on is caught.
+                    let shifted = |rank: u64| {
+                        let mut plans = planner.transfer_fragments(rank, None)?;
+                        if let Some(f) = plans.iter_mut().flat_map(|s| &mut s.fragments).next() {
+                            f.dst_byte_offset += f.token_run_bytes;
+                        }
+                        Ok(plans)
+                    };
+                    assert!(
+                        verify_plans(&planner, shifted).is_err(),
+                        "{ptp}->{dtp} {ps}->{ds} planes {planes}"
+                    );
+                }
+            }
+        }
     }
 }

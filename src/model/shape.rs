@@ -182,8 +182,7 @@ fn check_page_size(page_size: u64) -> PlanResult<()> {
     Ok(())
 }
 
-/// Most tokens a page may hold.
-pub const MAX_PAGE_SIZE: u64 = 1 << 20;
+pub use crate::layout::MAX_PAGE_SIZE;
 
 /// The shape of exactly one of a `config.json` text and a preset name.
 pub fn shape_from(

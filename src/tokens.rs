@@ -1,0 +1,634 @@
+//! Per-request descriptors by token: fragments with token geometry x a request's slot maps ->
+//! (src address, dst address, length), bounds-checked before anything is written.
+//!
+//! A slot map gives, for each token of the request in order, its slot on one rank
+//! (`page * page_size + position in page`) or -1 where that rank holds no slot for it. Token
+//! `t` moves iff both its slots are >= 0. The tokens that move split into *segments*: runs of
+//! consecutive tokens whose slots both advance by one inside one page on each side.
+//!
+//! Order: fragments as given, then segments in token order, then a fragment's runs (a unit,
+//! or a plane), then tokens. Within one (fragment, segment) neighbours that continue each
+//! other on both sides always merge (a unit's slots inside a page, rows that are whole on both
+//! sides); with `coalesce`, neighbours across segments and fragments of one buffer merge too.
+
+use std::borrow::Borrow;
+use std::mem::MaybeUninit;
+
+use crate::descriptors::{Buffers, Descriptors, Placement, MAX_DESCRIPTORS};
+use crate::error::{bail, PlanResult};
+use crate::fragment::Fragment;
+
+/// Most tokens one slot map may name (a slot map of 2^28 tokens is 2 GiB of int64).
+pub const MAX_TOKENS: u64 = 1 << 28;
+
+/// Consecutive tokens whose slots advance together inside one page on each side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub src_page: u64,
+    pub src_position: u64,
+    pub dst_page: u64,
+    pub dst_position: u64,
+    pub tokens: u64,
+}
+
+/// A request's segments for one pair of page sizes, and what bounds-checking needs of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Segments {
+    list: Vec<Segment>,
+    tokens: u64,
+    largest_src_page: u64,
+    largest_dst_page: u64,
+}
+
+/// Two slot maps of one request: as long as each other, every entry -1 or a slot.
+pub fn check_slot_maps(src: &[i64], dst: &[i64]) -> PlanResult<()> {
+    if src.len() != dst.len() {
+        bail!(
+            "src_slots has {} entries and dst_slots {}; entry t of each is token t's slot on \
+             that rank, so give both the request's length",
+            src.len(),
+            dst.len()
+        );
+    }
+    if src.len() as u64 > MAX_TOKENS {
+        bail!(
+            "{} tokens exceed the limit of {MAX_TOKENS} for one call",
+            src.len()
+        );
+    }
+    for (name, slots) in [("src_slots", src), ("dst_slots", dst)] {
+        if let Some(t) = slots.iter().position(|&slot| slot < -1) {
+            bail!(
+                "{name}[{t}] is {}: a slot is page * page_size + position, or -1 for a token \
+                 the rank holds no slot for",
+                slots[t]
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The segments of checked slot maps, for pages of `src_size` and `dst_size` tokens.
+fn segments(src: &[i64], dst: &[i64], (src_size, dst_size): (u64, u64)) -> Segments {
+    let mut out = Segments::default();
+    let mut open: Option<Segment> = None;
+    for (&s, &d) in src.iter().zip(dst) {
+        let (Ok(s), Ok(d)) = (u64::try_from(s), u64::try_from(d)) else {
+            out.list.extend(open.take());
+            continue;
+        };
+        let (src_page, src_position) = (s / src_size, s % src_size);
+        let (dst_page, dst_position) = (d / dst_size, d % dst_size);
+        out.tokens += 1;
+        out.largest_src_page = out.largest_src_page.max(src_page);
+        out.largest_dst_page = out.largest_dst_page.max(dst_page);
+        if let Some(seg) = open.as_mut() {
+            if seg.src_page == src_page
+                && seg.dst_page == dst_page
+                && seg.src_position + seg.tokens == src_position
+                && seg.dst_position + seg.tokens == dst_position
+            {
+                seg.tokens += 1;
+                continue;
+            }
+            out.list.push(*seg);
+        }
+        open = Some(Segment {
+            src_page,
+            src_position,
+            dst_page,
+            dst_position,
+            tokens: 1,
+        });
+    }
+    out.list.extend(open);
+    out
+}
+
+/// One side of a placed token fragment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TokenSide {
+    placement: Placement,
+    token_stride: u64,
+    run_stride: u64,
+}
+
+/// A fragment with token geometry placed in its two buffers, checked once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenPlaced {
+    position: usize,
+    buffer_index: u64,
+    page_sizes: (u64, u64),
+    runs: u64,
+    run_bytes: u64,
+    /// A run's tokens lie one after another on both sides: one descriptor per segment.
+    contiguous: bool,
+    src: TokenSide,
+    dst: TokenSide,
+}
+
+impl TokenPlaced {
+    pub const fn buffer_index(&self) -> u64 {
+        self.buffer_index
+    }
+
+    /// Descriptors before merging for `segments` segments of `tokens` tokens in all.
+    fn count(&self, segments: &Segments) -> u64 {
+        let per_run = if self.contiguous {
+            segments.list.len() as u64
+        } else {
+            segments.tokens
+        };
+        per_run.saturating_mul(self.runs)
+    }
+}
+
+/// What a fragment without token geometry is, for the refusal.
+pub fn untokenized<T>(position: usize, f: &Fragment, any_tokenized: bool) -> PlanResult<T> {
+    if any_tokenized {
+        bail!(
+            "fragment {position} (buffer_index={}) carries no token geometry: it is a state \
+             buffer, which is not indexed by token; leave it out with buffers= and move it with \
+             descriptors(src_pages, dst_pages, buffers=...)",
+            f.buffer_index
+        );
+    }
+    bail!(
+        "fragment {position} (buffer_index={}) carries no token geometry; plan with \
+         PDTransferPlanner(..., token_maps=True) to move tokens by slot maps",
+        f.buffer_index
+    );
+}
+
+/// Places a validated fragment for slot maps (`any_tokenized`: whether its list has token
+/// geometry at all, for the message when this one has none).
+pub fn place_tokens(
+    position: usize,
+    f: &Fragment,
+    (src, dst): (&Buffers, &Buffers),
+    any_tokenized: bool,
+) -> PlanResult<TokenPlaced> {
+    if !f.token_span().is_present() {
+        return untokenized(position, f, any_tokenized);
+    }
+    if f.page_count.is_some() {
+        bail!(
+            "fragment {position} limits itself to page_count={:?} pages, which slot maps do \
+             not use; select tokens with -1 slots instead",
+            f.page_count
+        );
+    }
+    let (src_runs, dst_runs) = (f.src_token_runs(), f.dst_token_runs());
+    let side = |buffers: &Buffers, name: &str, runs: crate::page::TokenRuns, stride| {
+        let (base, limit) = buffers.base_and_limit(name, position, f.buffer_index)?;
+        let Some(reach) = runs.reach().filter(|r| base.checked_add(*r).is_some()) else {
+            bail!("fragment {position}: base + the token runs of a page overflow 64 bits on the {name} side");
+        };
+        Ok(TokenSide {
+            placement: Placement {
+                base,
+                offset: runs.offset,
+                stride,
+                row_stride: 0,
+                reach,
+                limit,
+            },
+            token_stride: runs.token_stride,
+            run_stride: runs.run_stride,
+        })
+    };
+    Ok(TokenPlaced {
+        position,
+        buffer_index: f.buffer_index,
+        page_sizes: (f.src_page_size, f.dst_page_size),
+        runs: f.token_runs,
+        run_bytes: f.token_run_bytes,
+        contiguous: src_runs.tokens_contiguous() && dst_runs.tokens_contiguous(),
+        src: side(src, "src", src_runs, f.src_page_stride_bytes)?,
+        dst: side(dst, "dst", dst_runs, f.dst_page_stride_bytes)?,
+    })
+}
+
+/// Places every fragment of a validated list for slot maps.
+pub fn place_all_tokens<F: Borrow<Fragment>>(
+    fragments: &[F],
+    src: &Buffers,
+    dst: &Buffers,
+) -> PlanResult<Vec<TokenPlaced>> {
+    let any = fragments
+        .iter()
+        .any(|f| f.borrow().token_span().is_present());
+    fragments
+        .iter()
+        .enumerate()
+        .map(|(position, f)| place_tokens(position, f.borrow(), (src, dst), any))
+        .collect()
+}
+
+/// Writes descriptors into three columns, merging each into the one before it where allowed
+/// and it continues it on both sides; the open descriptor waits in registers.
+struct Emitter<'a> {
+    src: &'a mut [MaybeUninit<u64>],
+    dst: &'a mut [MaybeUninit<u64>],
+    len: &'a mut [MaybeUninit<u64>],
+    written: usize,
+    open: Option<(u64, u64, u64)>,
+    /// The buffer of the open descriptor, and of the first one written.
+    last_buffer: Option<u64>,
+    first_buffer: Option<u64>,
+}
+
+impl<'a> Emitter<'a> {
+    fn new(
+        src: &'a mut [MaybeUninit<u64>],
+        dst: &'a mut [MaybeUninit<u64>],
+        len: &'a mut [MaybeUninit<u64>],
+    ) -> Self {
+        Self {
+            src,
+            dst,
+            len,
+            written: 0,
+            open: None,
+            last_buffer: None,
+            first_buffer: None,
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, src: u64, dst: u64, len: u64, may_join: bool) {
+        if let Some((open_src, open_dst, open_len)) = self.open.as_mut() {
+            // Both ends were bounds-checked inside 64 bits, so the sums cannot wrap.
+            if may_join && *open_src + *open_len == src && *open_dst + *open_len == dst {
+                *open_len += len;
+                return;
+            }
+        }
+        self.flush();
+        self.open = Some((src, dst, len));
+    }
+
+    #[inline]
+    fn flush(&mut self) {
+        if let Some((src, dst, len)) = self.open.take() {
+            // The columns hold as many slots as descriptors before merging (counted), so
+            // every index is inside them.
+            let at = self.written;
+            if let (Some(s), Some(d), Some(l)) = (
+                self.src.get_mut(at),
+                self.dst.get_mut(at),
+                self.len.get_mut(at),
+            ) {
+                s.write(src);
+                d.write(dst);
+                l.write(len);
+                self.written += 1;
+            }
+        }
+    }
+
+    /// One fragment's descriptors over `segments`.
+    fn fragment(&mut self, f: &TokenPlaced, segments: &[Segment], coalesce: bool) {
+        if segments.is_empty() {
+            return;
+        }
+        let joins_previous = coalesce && self.last_buffer == Some(f.buffer_index);
+        let (src, dst) = (&f.src, &f.dst);
+        // Every address below was bounds-checked: pages up to the largest, positions below
+        // the page size, runs below `runs`.
+        let src_start = src.placement.base + src.placement.offset;
+        let dst_start = dst.placement.base + dst.placement.offset;
+        for (k, seg) in segments.iter().enumerate() {
+            let s0 = src_start
+                + seg.src_page * src.placement.stride
+                + seg.src_position * src.token_stride;
+            let d0 = dst_start
+                + seg.dst_page * dst.placement.stride
+                + seg.dst_position * dst.token_stride;
+            let join_segment = if k == 0 { joins_previous } else { coalesce };
+            for run in 0..f.runs {
+                let (s, d) = (s0 + run * src.run_stride, d0 + run * dst.run_stride);
+                let may_join = run > 0 || join_segment;
+                if f.contiguous {
+                    self.push(s, d, seg.tokens * f.run_bytes, may_join);
+                } else {
+                    self.push(s, d, f.run_bytes, may_join);
+                    let (mut s, mut d) = (s, d);
+                    for _ in 1..seg.tokens {
+                        s += src.token_stride;
+                        d += dst.token_stride;
+                        self.push(s, d, f.run_bytes, true);
+                    }
+                }
+            }
+        }
+        self.first_buffer = self.first_buffer.or(Some(f.buffer_index));
+        self.last_buffer = Some(f.buffer_index);
+    }
+
+    /// Flushes and returns the open descriptor's buffer and how many were written.
+    fn finish(mut self) -> (usize, Option<u64>, Option<u64>) {
+        self.flush();
+        (self.written, self.first_buffer, self.last_buffer)
+    }
+}
+
+/// Below this many descriptors one thread writes them; above it, two.
+const PARALLEL_FROM: u64 = 1 << 16;
+
+/// Builds the descriptors of placed token fragments for one request's slot maps, or refuses
+/// before producing any.
+pub fn build_tokens<P: Borrow<TokenPlaced>>(
+    placed: &[P],
+    src_slots: &[i64],
+    dst_slots: &[i64],
+    coalesce: bool,
+) -> PlanResult<Descriptors> {
+    check_slot_maps(src_slots, dst_slots)?;
+    // Segments per pair of page sizes (one pair in most plans).
+    let mut by_sizes: Vec<((u64, u64), Segments)> = Vec::new();
+    let mut which = Vec::with_capacity(placed.len());
+    let mut counts = Vec::with_capacity(placed.len());
+    let mut total: u64 = 0;
+    for p in placed.iter().map(Borrow::borrow) {
+        let found = by_sizes
+            .iter()
+            .position(|(sizes, _)| *sizes == p.page_sizes);
+        let at = found.unwrap_or_else(|| {
+            by_sizes.push((p.page_sizes, segments(src_slots, dst_slots, p.page_sizes)));
+            by_sizes.len() - 1
+        });
+        let segs = &by_sizes[at].1;
+        if !segs.list.is_empty() {
+            let who = (p.position, p.buffer_index, p.run_bytes);
+            p.src.placement.check("src", who, segs.largest_src_page)?;
+            p.dst.placement.check("dst", who, segs.largest_dst_page)?;
+        }
+        let count = p.count(segs);
+        total = total.saturating_add(count);
+        which.push(at);
+        counts.push(count);
+    }
+    if total > MAX_DESCRIPTORS {
+        bail!(
+            "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split the \
+             request's tokens or fragments"
+        );
+    }
+    let capacity = usize::try_from(total).unwrap_or(0);
+    let mut out = Descriptors {
+        src_addrs: Vec::with_capacity(capacity),
+        dst_addrs: Vec::with_capacity(capacity),
+        lengths: Vec::with_capacity(capacity),
+    };
+    let jobs: Vec<(&TokenPlaced, &[Segment])> = placed
+        .iter()
+        .map(Borrow::borrow)
+        .zip(&which)
+        .map(|(p, &at)| (p, by_sizes[at].1.list.as_slice()))
+        .collect();
+    let write = |jobs: &[(&TokenPlaced, &[Segment])], mut emitter: Emitter<'_>| {
+        for (p, segs) in jobs {
+            emitter.fragment(p, segs, coalesce);
+        }
+        emitter.finish()
+    };
+    let src = &mut out.src_addrs.spare_capacity_mut()[..capacity];
+    let dst = &mut out.dst_addrs.spare_capacity_mut()[..capacity];
+    let len = &mut out.lengths.spare_capacity_mut()[..capacity];
+    let kept = if total < PARALLEL_FROM || jobs.len() < 2 {
+        write(&jobs, Emitter::new(src, dst, len)).0
+    } else {
+        // Split the fragments where the running count passes half; each half merges inside
+        // itself, then the halves join (the second moves down over what the first merged).
+        let mut running = 0;
+        let split = counts
+            .iter()
+            .position(|&c| {
+                running += c;
+                running >= total / 2
+            })
+            .map_or(jobs.len(), |i| i + 1);
+        let first = usize::try_from(counts[..split].iter().sum::<u64>()).unwrap_or(0);
+        let (jobs_a, jobs_b) = jobs.split_at(split);
+        let ((src_a, src_b), (dst_a, dst_b), (len_a, len_b)) = (
+            src.split_at_mut(first),
+            dst.split_at_mut(first),
+            len.split_at_mut(first),
+        );
+        let ((kept_a, _, last_a), (kept_b, first_b, _)) = std::thread::scope(|scope| {
+            let b = scope.spawn(|| write(jobs_b, Emitter::new(src_b, dst_b, len_b)));
+            let a = write(jobs_a, Emitter::new(src_a, dst_a, len_a));
+            (a, b.join().unwrap_or_default())
+        });
+        join_halves(
+            (src, dst, len),
+            (first, kept_a, kept_b),
+            coalesce && kept_a > 0 && kept_b > 0 && last_a == first_b,
+        )
+    };
+    // SAFETY: the emitters wrote the first `written` slots of their regions, each exactly
+    // once, and `join_halves` moved the second region's written slots to follow the first's,
+    // so the first `kept` slots of each column are initialised.
+    unsafe {
+        out.src_addrs.set_len(kept);
+        out.dst_addrs.set_len(kept);
+        out.lengths.set_len(kept);
+    }
+    Ok(out)
+}
+
+type Columns<'a> = (
+    &'a mut [MaybeUninit<u64>],
+    &'a mut [MaybeUninit<u64>],
+    &'a mut [MaybeUninit<u64>],
+);
+
+/// Moves the second half's `kept_b` descriptors (from slot `first`) to follow the first
+/// half's `kept_a`, merging the first of them into the last of the first half where it
+/// continues it and `may_join`; returns how many descriptors there are in all.
+fn join_halves(
+    (src, dst, len): Columns<'_>,
+    (first, kept_a, kept_b): (usize, usize, usize),
+    may_join: bool,
+) -> usize {
+    // SAFETY (reads): slots `kept_a - 1` and `first` were written by the two emitters
+    // (`may_join` requires both halves to have written something).
+    let read = |column: &[MaybeUninit<u64>], at: usize| unsafe { column[at].assume_init() };
+    let mut from = first;
+    let mut to = kept_a;
+    if may_join {
+        let (a, b) = (kept_a - 1, first);
+        let a_len = read(len, a);
+        if read(src, a) + a_len == read(src, b) && read(dst, a) + a_len == read(dst, b) {
+            len[a].write(a_len + read(len, b));
+            from += 1;
+        }
+    }
+    let moved = first + kept_b - from;
+    if from != to {
+        src.copy_within(from..from + moved, to);
+        dst.copy_within(from..from + moved, to);
+        len.copy_within(from..from + moved, to);
+    }
+    to += moved;
+    to
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layout::BufferKind;
+    use crate::page::TokenSpan;
+
+    fn buffers(bases: &[u64]) -> Buffers {
+        Buffers {
+            bases: bases.to_vec(),
+            limits: None,
+        }
+    }
+
+    /// Head-major: 2 units of 4 tokens x 8 bytes (32-byte units) at the source, pages of 8
+    /// tokens (64-byte units) at the destination.
+    fn head_major(buffer_index: u64) -> Fragment {
+        Fragment {
+            buffer_index,
+            buffer_kind: BufferKind::TargetK,
+            src_page_stride_bytes: 64,
+            dst_page_stride_bytes: 256,
+            src_byte_offset: 0,
+            dst_byte_offset: 64,
+            bytes_per_page: 64,
+            ..Fragment::default()
+        }
+        .with_token_span(TokenSpan {
+            src_page_size: 4,
+            dst_page_size: 8,
+            runs: 2,
+            run_bytes: 8,
+            src_token_stride: 8,
+            dst_token_stride: 8,
+            src_run_stride: 32,
+            dst_run_stride: 64,
+        })
+    }
+
+    fn build(fragments: &[Fragment], src: &[i64], dst: &[i64], coalesce: bool) -> Descriptors {
+        let (s, d) = (buffers(&[0, 1 << 20]), buffers(&[1 << 30, 1 << 31]));
+        for f in fragments {
+            f.validate().unwrap();
+        }
+        let placed = place_all_tokens(fragments, &s, &d).unwrap();
+        build_tokens(&placed, src, dst, coalesce).unwrap()
+    }
+
+    /// The descriptors written out token by token, one byte range per (token, run), merged
+    /// only where the rules say: the oracle the builder is held to.
+    fn brute_force(f: &Fragment, src: &[i64], dst: &[i64]) -> Vec<(u64, u64, u64)> {
+        let mut out = Vec::new();
+        for (&s, &d) in src.iter().zip(dst) {
+            if s < 0 || d < 0 {
+                continue;
+            }
+            let (s, d) = (s.unsigned_abs(), d.unsigned_abs());
+            for run in 0..f.token_runs {
+                let sa = (s / f.src_page_size) * f.src_page_stride_bytes
+                    + f.src_byte_offset
+                    + run * f.src_token_run_stride_bytes
+                    + (s % f.src_page_size) * f.src_token_stride_bytes;
+                let da = (1 << 30)
+                    + (d / f.dst_page_size) * f.dst_page_stride_bytes
+                    + f.dst_byte_offset
+                    + run * f.dst_token_run_stride_bytes
+                    + (d % f.dst_page_size) * f.dst_token_stride_bytes;
+                out.push((sa, da, f.token_run_bytes));
+            }
+        }
+        out
+    }
+
+    fn bytes(d: &Descriptors) -> Vec<(u64, u64)> {
+        let mut pairs: Vec<(u64, u64)> = (0..d.len())
+            .flat_map(|i| (0..d.lengths[i]).map(move |b| (d.src_addrs[i] + b, d.dst_addrs[i] + b)))
+            .collect();
+        pairs.sort_unstable();
+        pairs
+    }
+
+    #[test]
+    fn head_major_slots_merge_inside_pages_on_both_sides() {
+        // Tokens 2..10 of a request, source pages [5, 1, 7], destination pages [3, 0].
+        let (src_table, dst_table) = ([5i64, 1, 7], [3i64, 0]);
+        let src: Vec<i64> = (0..10)
+            .map(|t| {
+                if t < 2 {
+                    -1
+                } else {
+                    src_table[t / 4] * 4 + i64::try_from(t % 4).unwrap()
+                }
+            })
+            .collect();
+        let dst: Vec<i64> = (0..10)
+            .map(|t| dst_table[t / 8] * 8 + i64::try_from(t % 8).unwrap())
+            .collect();
+        let f = head_major(0);
+        let out = build(&[f], &src, &dst, false);
+        // Segments: tokens 2-3 (src page 5), 4-7 (page 1), 8-9 (page 7 / dst page 0): 3 x 2 runs.
+        assert_eq!(out.len(), 6);
+        assert_eq!(out.lengths, vec![16, 16, 32, 32, 16, 16]);
+        assert_eq!(out.src_addrs[0], 5 * 64 + 2 * 8);
+        assert_eq!(out.dst_addrs[0], (1 << 30) + 3 * 256 + 64 + 2 * 8);
+        let expected: Vec<(u64, u64, u64)> = brute_force(&f, &src, &dst);
+        let mut want: Vec<(u64, u64)> = expected
+            .iter()
+            .flat_map(|&(s, d, l)| (0..l).map(move |b| (s + b, d + b)))
+            .collect();
+        want.sort_unstable();
+        assert_eq!(bytes(&out), want);
+    }
+
+    #[test]
+    fn two_threads_and_coalescing_give_the_one_thread_bytes() {
+        let src: Vec<i64> = (0..4000).collect();
+        let dst: Vec<i64> = (0..4000)
+            .map(|t| if t % 97 == 0 { -1 } else { 4000 - t })
+            .collect();
+        let fragments: Vec<Fragment> = (0..40).map(|i| head_major(i % 2)).collect();
+        let split = build(&fragments, &src, &dst, true);
+        let mut one = Descriptors::default();
+        for f in &fragments {
+            let part = build(std::slice::from_ref(f), &src, &dst, false);
+            one.src_addrs.extend(part.src_addrs);
+            one.dst_addrs.extend(part.dst_addrs);
+            one.lengths.extend(part.lengths);
+        }
+        let total: u64 = split.lengths.iter().sum();
+        assert_eq!(total, one.lengths.iter().sum::<u64>());
+        assert!(split.len() <= one.len());
+        let unmerged = build(&fragments, &src, &dst, false);
+        assert_eq!(unmerged, one);
+    }
+
+    #[test]
+    fn refusals_name_the_fix() {
+        let f = head_major(0);
+        let placed = place_all_tokens(&[f], &buffers(&[0]), &buffers(&[0])).unwrap();
+        let err = build_tokens(&placed, &[0, 1], &[0], true).unwrap_err();
+        assert!(err.message().contains("request's length"), "{err}");
+        let err = build_tokens(&placed, &[0, -2], &[0, 1], true).unwrap_err();
+        assert!(err.message().contains("src_slots[1] is -2"), "{err}");
+        let limited = Buffers {
+            bases: vec![0],
+            limits: Some(vec![64 * 3]),
+        };
+        let placed = place_all_tokens(&[f], &limited, &buffers(&[0])).unwrap();
+        assert!(build_tokens(&placed, &[11], &[0], true).is_ok());
+        let err = build_tokens(&placed, &[12], &[0], true).unwrap_err();
+        assert!(err.message().contains("past its limit"), "{err}");
+        let plain = Fragment::default();
+        let err = place_all_tokens(&[plain], &buffers(&[0]), &buffers(&[0])).unwrap_err();
+        assert!(err.message().contains("token_maps=True"), "{err}");
+        let err = place_all_tokens(&[f, plain], &buffers(&[0]), &buffers(&[0])).unwrap_err();
+        assert!(err.message().contains("state buffer"), "{err}");
+    }
+}
