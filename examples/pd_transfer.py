@@ -43,7 +43,11 @@ GUARD = 0x5A  # every decode byte starts as this; bytes no fragment should touch
 @dataclass(frozen=True)
 class Buffer:
     """One buffer of both sides: ``axis``, logical units, bytes per unit, per-side replicas;
-    ``rows`` a page (token-major pages: a row per token) and the parts of a split axis."""
+    ``rows`` a page (token-major pages: a row per token) and the parts of a split axis.
+
+    With ``page_sizes`` (prefill, decode tokens a page) the sides' pages may differ in size:
+    ``unit_bytes`` is then one unit of one token (all planes), and ``planes`` > 0 makes pages
+    token-major with ``planes x page_size`` rows (0: head-major)."""
 
     index: int
     kind: BufferKind
@@ -56,23 +60,42 @@ class Buffer:
     rows: int = 1
     parts: tuple[int, ...] | None = None
     layer: int | None = None
+    page_sizes: tuple[int, int] | None = None
+    planes: int = 0
 
-    def layout(self, tp: int, replica: int) -> BufferLayout:
+    def layout(self, tp: int, replica: int, side: int = 0) -> BufferLayout:
         shards = 1 if self.axis == "replicated" else tp // replica
-        row = self.logical_size // shards * self.unit_bytes // self.rows + self.padding
+        page_size, unit, rows = 16, self.unit_bytes, self.rows
+        if self.page_sizes is not None:
+            page_size = self.page_sizes[side]
+            unit = self.unit_bytes * page_size
+            rows = self.planes * page_size if self.planes else 1
+        row = self.logical_size // shards * unit // rows + self.padding
         return BufferLayout(
             self.index,
             self.kind,
             self.axis,  # type: ignore[arg-type]
             self.logical_size,
-            16,
-            self.unit_bytes,
-            row * self.rows,
+            page_size,
+            unit,
+            row * rows,
             replica,
-            self.rows,
+            rows,
             self.parts,
             self.layer,
         )
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """A request moved by slot maps: ``num_tokens`` tokens, each side's page table (page
+    indices of the request's pages in order; -1 for a page the rank does not hold), and the
+    tokens ``moved`` (a range's start and stop)."""
+
+    num_tokens: int
+    src_table: tuple[int, ...]
+    dst_table: tuple[int, ...]
+    moved: tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -89,6 +112,7 @@ class Scenario:
     decode_replicas: str = "first"
     prefill_pp: tuple[int, ...] = (1,)  # pipeline stages as per-stage layer counts
     decode_pp: tuple[int, ...] = (1,)
+    tokens: Tokens | None = None  # move token-indexed buffers by slot maps
 
     @property
     def prefill(self) -> ParallelLayout:
@@ -122,8 +146,8 @@ class Scenario:
 
     def buffers_of(self, role: str) -> tuple[BufferLayout, ...]:
         if role == "prefill":
-            return tuple(b.layout(self.prefill_tp, b.prefill_replica) for b in self.buffers)
-        return tuple(b.layout(self.decode_tp, b.decode_replica) for b in self.buffers)
+            return tuple(b.layout(self.prefill_tp, b.prefill_replica, 0) for b in self.buffers)
+        return tuple(b.layout(self.decode_tp, b.decode_replica, 1) for b in self.buffers)
 
     def planner(self) -> PDTransferPlanner:
         return PDTransferPlanner(
@@ -132,6 +156,24 @@ class Scenario:
             prefill_buffers=self.buffers_of("prefill"),
             decode_buffers=self.buffers_of("decode"),
             decode_replicas=self.decode_replicas,  # type: ignore[arg-type]
+            token_maps=self.tokens is not None,
+        )
+
+    def by_token(self, buffer: Buffer) -> bool:
+        """Whether the request moves this buffer by slot maps (state moves by pages)."""
+        return self.tokens is not None and buffer.axis != "state_channel"
+
+    def slot_maps(self) -> tuple[np.ndarray, np.ndarray]:
+        """Both sides' slot maps of the request, from their page tables."""
+        t = self.tokens
+        assert t is not None
+        sizes = {b.page_sizes for b in self.buffers if self.by_token(b)}
+        assert len(sizes) == 1, "one pair of page sizes a scenario"
+        src_size, dst_size = sizes.pop() or (16, 16)
+        moved = range(*t.moved)
+        return (
+            pdplan.token_slots(t.src_table, src_size, t.num_tokens, tokens=moved),
+            pdplan.token_slots(t.dst_table, dst_size, t.num_tokens, tokens=moved),
         )
 
 
@@ -199,6 +241,76 @@ def filled_prefill_cache(buffer: BufferLayout, tp: int, tp_rank: int, capacity: 
     return image.reshape(capacity, buffer.item_stride_bytes)
 
 
+def token_view(cache: np.ndarray, buffer: BufferLayout, units: int) -> np.ndarray:
+    """A writable view of a (pages, item bytes) cache as [page, plane, slot, unit, byte], as
+    the README describes token geometry: head-major pages hold each unit as ``page_size``
+    token slices in slot order; token-major pages a row per (plane, slot), each row the
+    rank's units in order; a replicated item is one unit of token slices."""
+    pages, size = cache.shape[0], buffer.page_size
+    unit = buffer.bytes_per_logical_unit
+    if buffer.logical_axis == "replicated":
+        units, unit = 1, buffer.logical_size * unit
+    if buffer.rows_per_page == 1:
+        slice_bytes = unit // size
+        view = cache[:, : units * unit].reshape(pages, units, size, slice_bytes)
+        view = view.transpose(0, 2, 1, 3)[:, None]
+    else:
+        planes = buffer.rows_per_page // size
+        rows = cache.reshape(pages, planes, size, buffer.item_stride_bytes // buffer.rows_per_page)
+        slice_bytes = unit // buffer.rows_per_page
+        view = rows[..., : units * slice_bytes].reshape(pages, planes, size, units, slice_bytes)
+    assert np.shares_memory(view, cache)
+    return view
+
+
+def token_content(buffer_index: int, tokens: np.ndarray, units: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The known value of every byte of every token: [token, plane, unit, byte] for the given
+    logical units, the same wherever (and in whatever page size) the token is stored."""
+    _, _, _, _, width = shape
+    t = tokens.astype(np.int64)[:, None, None, None]
+    q = np.arange(shape[1])[None, :, None, None]
+    u = units.astype(np.int64)[None, None, :, None]
+    x = np.arange(width)[None, None, None, :]
+    return ((buffer_index * 131 + t * 31 + q * 17 + u * 7 + x * 3 + (x >> 8) * 5) % 251).astype(np.uint8)
+
+
+def token_units(buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:
+    """The logical units of a rank's item in token geometry (a replicated item is one)."""
+    if buffer.logical_axis == "replicated":
+        return np.zeros(1, dtype=np.int64)
+    return held_units(buffer, tp, tp_rank)
+
+
+def filled_token_cache(s: Scenario, buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:
+    """A prefill cache holding the request's tokens in the pages of its page table."""
+    assert s.tokens is not None
+    cache = np.full((s.capacity_pages, buffer.item_stride_bytes), 0xEE, dtype=np.uint8)
+    units = token_units(buffer, tp, tp_rank)
+    view = token_view(cache, buffer, len(units))
+    size = buffer.page_size
+    for i, page in enumerate(s.tokens.src_table):
+        tokens = np.arange(i * size, (i + 1) * size)
+        values = token_content(buffer.buffer_index, tokens, units, view.shape)
+        view[page] = values.transpose(1, 0, 2, 3)  # [plane, slot, unit, byte]
+    return cache
+
+
+def expected_token_cache(s: Scenario, b: BufferLayout, receives: bool, tp_rank: int) -> np.ndarray:
+    """A decode cache after the request: the moved tokens' bytes of the units the rank
+    receives at their slots, guard bytes everywhere else."""
+    assert s.tokens is not None
+    cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
+    if not receives:
+        return cache
+    units = token_units(b, s.decode_tp, tp_rank)
+    view = token_view(cache, b, len(units))
+    tokens = np.arange(*s.tokens.moved)
+    pages = np.array(s.tokens.dst_table)[tokens // b.page_size]
+    assert (pages >= 0).all(), "a moved token on a page the decode rank does not hold"
+    view[pages, :, tokens % b.page_size] = token_content(b.buffer_index, tokens, units, view.shape)
+    return cache
+
+
 def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.ndarray | None:
     """What a decode rank's cache must hold after the request, computed from the layouts
     (None: the rank's stage does not hold the buffer)."""
@@ -212,6 +324,8 @@ def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.
     receives = b.logical_axis == "replicated" or s.decode_replicas == "all" or first_of_group
     if not receives:
         return cache
+    if s.by_token(s.buffers[buffer_pos]):
+        return expected_token_cache(s, b, receives, tp_rank)
     src, dst = np.array(s.src_pages), np.array(s.dst_pages)
     identity = s.planner().plan_for_decode_rank(decode_rank).plan_kind == "identity"
     if identity:  # whole items move, the prefill item's padding with them
@@ -362,7 +476,9 @@ class RankServer:
             if not s.holds(self.role, self.rank, buffer):
                 self.caches.append(None)
                 continue
-            if self.role == "prefill":
+            if self.role == "prefill" and s.by_token(buffer):
+                cache = filled_token_cache(s, b, tp, tp_rank)
+            elif self.role == "prefill":
                 cache = filled_prefill_cache(b, tp, tp_rank, s.capacity_pages)
             else:
                 cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
@@ -377,6 +493,20 @@ class RankServer:
     @property
     def limits(self) -> list[int]:
         return [0 if c is None else c.nbytes for c in self.caches]
+
+    def descriptors(self, prepared: PreparedTransfer, pages: tuple[Any, Any]) -> Any:
+        """The request's descriptors: by pages, or by slot maps for the token-indexed buffers
+        and by pages for the state buffers beside them (one list, tokens first)."""
+        s = self.scenario
+        if s.tokens is None:
+            return prepared.descriptors(*pages)
+        by_token = [b.index for b in s.buffers if s.by_token(b)]
+        state = [b.index for b in s.buffers if not s.by_token(b)]
+        d = prepared.token_descriptors(*s.slot_maps(), buffers=by_token)
+        if not state:
+            return d
+        rest = prepared.descriptors(*pages, buffers=state)
+        return type(d)(*(np.concatenate((a, b)) for a, b in zip(d, rest)))
 
     def handle(self, message: tuple[Any, ...]) -> Any:
         kind = message[0]
@@ -405,7 +535,7 @@ class RankServer:
                 np.array(self.scenario.src_pages, dtype=np.int32),
                 np.array(self.scenario.dst_pages, dtype=np.int64),
             )
-            d = prepared.descriptors(*pages)
+            d = self.descriptors(prepared, pages)
             built = time.perf_counter() - started
             if getattr(self.engine, "prepped", False):
                 caps = (self.scenario.capacity_pages, self.scenario.capacity_pages)

@@ -219,7 +219,9 @@ impl Placed {
     pub fn check_pages_pair(&self) -> PlanResult<()> {
         if let Some((src, dst)) = self.page_sizes {
             bail!(
-                "fragment {} (buffer_index={}) moves tokens from pages of {src} tokens into                  pages of {dst}, which do not pair one to one; build its descriptors from slot                  maps with PreparedTransfer.token_descriptors(src_slots, dst_slots)",
+                "fragment {} (buffer_index={}) moves tokens from pages of {src} tokens into \
+                 pages of {dst}, which do not pair one to one; build its descriptors from slot \
+                 maps with PreparedTransfer.token_descriptors(src_slots, dst_slots)",
                 self.position,
                 self.buffer_index
             );

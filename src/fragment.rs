@@ -382,7 +382,8 @@ impl Fragment {
         if !span.is_present() && span.dst_page_size == 0 {
             if span != TokenSpan::default() {
                 bail!(
-                    "a fragment without token geometry (src_page_size=0, dst_page_size=0) must                      have every token field 0, got {span:?}"
+                    "a fragment without token geometry (src_page_size=0, dst_page_size=0) must \
+                     have every token field 0, got {span:?}"
                 );
             }
             return Ok(());
@@ -397,7 +398,8 @@ impl Fragment {
         }
         if span.runs == 0 || span.runs > MAX_ROWS_PER_PAGE || span.run_bytes == 0 {
             bail!(
-                "token_runs={} must be between 1 and {MAX_ROWS_PER_PAGE}, and token_run_bytes={}                  positive",
+                "token_runs={} must be between 1 and {MAX_ROWS_PER_PAGE}, and token_run_bytes={} \
+                 positive",
                 span.runs,
                 span.run_bytes
             );
@@ -408,7 +410,8 @@ impl Fragment {
         ] {
             if runs.page_size > 1 && runs.token_stride < runs.run_bytes {
                 bail!(
-                    "{side}_token_stride_bytes={} is below the {}-byte run of a token: the                      tokens of one page would overlap",
+                    "{side}_token_stride_bytes={} is below the {}-byte run of a token: the \
+                     tokens of one page would overlap",
                     runs.token_stride,
                     runs.run_bytes
                 );
@@ -420,7 +423,8 @@ impl Fragment {
             let overlaps = runs.runs > 1 && run_reach.is_none_or(|r| runs.run_stride < r);
             if overlaps || (runs.runs == 1 && runs.run_stride != 0) {
                 bail!(
-                    "{side}_token_run_stride_bytes={} must be 0 for one run, or for several at                      least the bytes one run spans over the page's tokens",
+                    "{side}_token_run_stride_bytes={} must be 0 for one run, or for several at \
+                     least the bytes one run spans over the page's tokens",
                     runs.run_stride
                 );
             }

@@ -43,7 +43,10 @@ fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> 
     let (src, dst) = (TokenGeometry::of(p)?, TokenGeometry::of(d)?);
     if (p.rows_per_page == 1) != (d.rows_per_page == 1) || src.planes != dst.planes {
         bail!(
-            "prefill/decode pages are stored differently at buffer position {position}: prefill              rows_per_page={} page_size={}, decode rows_per_page={} page_size={}; both sides              must be head-major (rows_per_page=1) or token-major with the same planes              (rows_per_page = planes x page_size)",
+            "prefill/decode pages are stored differently at buffer position {position}: prefill \
+             rows_per_page={} page_size={}, decode rows_per_page={} page_size={}; both sides \
+             must be head-major (rows_per_page=1) or token-major with the same planes \
+             (rows_per_page = planes x page_size)",
             p.rows_per_page,
             p.page_size,
             d.rows_per_page,
@@ -52,7 +55,9 @@ fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> 
     }
     if src.unit_bytes != dst.unit_bytes {
         bail!(
-            "prefill/decode bytes of one token differ at buffer position {position}: prefill              {} bytes a unit and token ({} bytes a unit over {} tokens), decode {} ({} over              {}); pages of different sizes must hold tokens of the same size",
+            "prefill/decode bytes of one token differ at buffer position {position}: prefill \
+             {} bytes a unit and token ({} bytes a unit over {} tokens), decode {} ({} over \
+             {}); pages of different sizes must hold tokens of the same size",
             src.token_bytes(),
             p.bytes_per_logical_unit,
             p.page_size,

@@ -14,8 +14,14 @@ from pdplan import (
     TransferFragment,
 )
 
-#: Fields pdplan's fragments have beyond the reference's.
-ROW_FIELDS = ("rows_per_page", "src_row_stride_bytes", "dst_row_stride_bytes")
+from pdplan import _core
+
+#: Fields pdplan's fragments have beyond the reference's (wire format v2 on), with defaults.
+EXTRA_FIELDS = {
+    name: _core.TRANSFER_FRAGMENT_DEFAULTS[name]
+    for name, since in _core.TRANSFER_FRAGMENT_SINCE
+    if since > 1
+}
 
 
 def buffers(rows: list[list[Any]]) -> tuple[BufferLayout, ...]:
@@ -35,8 +41,8 @@ def fragment_to_dict(fragment: TransferFragment) -> dict[str, Any]:
     """The reference's fields: a head-major plan's fragments carry the row defaults only."""
     assert isinstance(fragment.buffer_kind, BufferKind)
     fields = {**asdict(fragment), "buffer_kind": fragment.buffer_kind.value}
-    rows = [fields.pop(name) for name in ROW_FIELDS]
-    assert rows == [1, 0, 0], f"a reference-compatible fragment with rows: {fragment}"
+    extra = {name: fields.pop(name) for name in EXTRA_FIELDS}
+    assert extra == EXTRA_FIELDS, f"a reference-compatible fragment with more: {fragment}"
     return fields
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -21,6 +22,7 @@ from pd_transfer import (
     Buffer,
     Outcome,
     Scenario,
+    Tokens,
     kv_cache,
     run_in_memory,
     run_in_processes,
@@ -134,6 +136,113 @@ CASES = [
 ]
 
 
+TOKEN = 8 * 2  # one head of one token: head dim 8, bf16
+
+
+def token_kv(layers: int, heads: int, sizes: tuple[int, int], planes: int = 0, **replicas: int) -> tuple[Buffer, ...]:
+    """K and V of each layer in pages of `sizes` (prefill, decode) tokens."""
+    kinds = (BufferKind.TARGET_K, BufferKind.TARGET_V)
+    return tuple(
+        Buffer(2 * layer + i, kind, "kv_head", heads, TOKEN, padding=8, page_sizes=sizes, planes=planes, **replicas)
+        for layer in range(layers)
+        for i, kind in enumerate(kinds)
+    )
+
+
+def token_case(
+    name: str,
+    prefill_tp: int,
+    decode_tp: int,
+    buffers: tuple[Buffer, ...],
+    num_tokens: int = 150,
+    moved: tuple[int, int] | None = None,
+    window: bool = False,
+    **kwargs: object,
+) -> Scenario:
+    """A request of `num_tokens` tokens in random, different page tables on the two sides;
+    `moved` tokens only (default all); with `window`, the decode table holds only the pages
+    of the moved tokens (-1 elsewhere), as a sliding-window layer's does."""
+    sizes = next(b.page_sizes for b in buffers if b.page_sizes)
+    assert sizes is not None
+    rng = np.random.default_rng(sum(map(ord, name)))
+    src_pages, dst_pages = (-(-num_tokens // size) for size in sizes)
+    capacity = max(src_pages, dst_pages) + 3
+    src_table = rng.permutation(capacity)[:src_pages]
+    dst_table = rng.permutation(capacity)[:dst_pages]
+    first, stop = moved or (0, num_tokens)
+    if window:
+        held = np.arange(dst_pages) >= first // sizes[1]
+        dst_table = np.where(held, dst_table, -1)
+    tokens = Tokens(num_tokens, tuple(src_table.tolist()), tuple(dst_table.tolist()), (first, stop))
+    return Scenario(name, prefill_tp, decode_tp, buffers, capacity_pages=capacity, tokens=tokens, **kwargs)  # type: ignore[arg-type]
+
+
+TOKEN_CASES = [
+    token_case("tokens_head_major_16_to_64_tp8_to_tp2", 8, 2, token_kv(2, 8, (16, 64))),
+    token_case("tokens_head_major_64_to_16_tp2_to_tp8", 2, 8, token_kv(2, 8, (64, 16))),
+    token_case("tokens_head_major_12_to_20_tp8_to_tp2", 8, 2, token_kv(1, 8, (12, 20))),
+    token_case("tokens_nhd_16_to_64_tp2_to_tp8", 2, 8, token_kv(1, 8, (16, 64), planes=1)),
+    token_case("tokens_nhd_64_to_16_tp8_to_tp2", 8, 2, token_kv(2, 8, (64, 16), planes=1)),
+    token_case("tokens_nhd_12_to_20_tp2_to_tp8", 2, 8, token_kv(1, 8, (12, 20), planes=1)),
+    token_case(
+        "tokens_gqa_head_major_16_to_64_tp4_2heads_to_tp1",
+        4,
+        1,
+        token_kv(1, 2, (16, 64), prefill_replica=2),
+    ),
+    token_case(
+        "tokens_gqa_nhd_20_to_12_tp4_to_tp8_every_decode_rank",
+        4,
+        8,
+        token_kv(1, 2, (20, 12), planes=1, prefill_replica=2, decode_replica=4),
+        decode_replicas="all",
+    ),
+    token_case(
+        "tokens_prefix_hit_37_of_150_head_major_16_to_64", 8, 2, token_kv(1, 8, (16, 64)), moved=(37, 150)
+    ),
+    token_case("tokens_prefix_hit_37_of_150_nhd_16_to_16", 2, 8, token_kv(1, 8, (16, 16), planes=1), moved=(37, 150)),
+    token_case(
+        "tokens_window_last_50_of_200_nhd_16_to_64",
+        8,
+        2,
+        token_kv(1, 8, (16, 64), planes=1),
+        num_tokens=200,
+        moved=(150, 200),
+        window=True,
+    ),
+    token_case(
+        "tokens_window_last_50_of_200_head_major_64_to_16",
+        2,
+        8,
+        token_kv(1, 8, (64, 16)),
+        num_tokens=200,
+        moved=(150, 200),
+        window=True,
+    ),
+    token_case("tokens_fused_kv_pages_16_to_32_tp4_to_tp2", 4, 2, token_kv(1, 8, (16, 32), planes=2)),
+    token_case(
+        "tokens_mla_replicated_16_to_64_tp4_to_tp2",
+        4,
+        2,
+        tuple(
+            Buffer(i, kind, "replicated", 1, 576 * 2, page_sizes=(16, 64), planes=planes)
+            for i, (kind, planes) in enumerate(((BufferKind.TARGET_K, 0), (BufferKind.DRAFT_K, 1)))
+        ),
+    ),
+    token_case(
+        "tokens_hybrid_kv_16_to_64_with_mamba_state_tp4_to_tp2",
+        4,
+        2,
+        (
+            *token_kv(1, 4, (16, 64)),
+            Buffer(2, BufferKind.MAMBA_STATE, "state_channel", 16, 64, padding=32),
+        ),
+        src_pages=(3, 1),
+        dst_pages=(0, 2),
+    ),
+]
+
+
 def check(scenario: Scenario, outcome: Outcome) -> None:
     assert outcome.mismatches == []
     assert outcome.descriptors > 0 and outcome.bytes > 0
@@ -144,7 +253,7 @@ def check(scenario: Scenario, outcome: Outcome) -> None:
     assert outcome.writes_per_prefill_rank == scenario.planner().source_fanout
 
 
-@pytest.mark.parametrize("scenario", CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", CASES + TOKEN_CASES, ids=lambda s: s.name)
 def test_in_memory(scenario: Scenario) -> None:
     check(scenario, run_in_memory(scenario))
 
@@ -168,15 +277,35 @@ def test_a_wrong_plan_is_caught_by_the_byte_comparison() -> None:
     assert outcome.mismatches
 
 
+def test_a_wrong_slot_is_caught_by_the_byte_comparison() -> None:
+    """Token scenarios too: one destination slot off by one shows up as a mismatch."""
+    import pd_transfer
+
+    original = pd_transfer.Scenario.slot_maps
+
+    def off_by_one(self: Scenario) -> tuple[np.ndarray, np.ndarray]:
+        src, dst = original(self)
+        dst = dst.copy()
+        dst[np.flatnonzero(dst >= 0)[5]] ^= 1
+        return src, dst
+
+    pd_transfer.Scenario.slot_maps = off_by_one  # type: ignore[method-assign]
+    try:
+        outcome = run_in_memory(TOKEN_CASES[0])
+    finally:
+        pd_transfer.Scenario.slot_maps = original  # type: ignore[method-assign]
+    assert outcome.mismatches
+
+
 @pytest.mark.mooncake
-@pytest.mark.parametrize("scenario", CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", CASES + TOKEN_CASES, ids=lambda s: s.name)
 def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
     check(scenario, run_in_processes(scenario))
 
 
 NIXL_CASES = [
     case
-    for case in CASES
+    for case in CASES + TOKEN_CASES
     if case.name
     in {
         "tp8_to_tp2",
@@ -184,6 +313,11 @@ NIXL_CASES = [
         "gqa_tp4_2heads_to_tp1",
         "gqa_tp4_to_tp2_replicated_both_sides",
         "nhd_tp8_to_tp2",
+        "tokens_head_major_16_to_64_tp8_to_tp2",
+        "tokens_nhd_12_to_20_tp2_to_tp8",
+        "tokens_window_last_50_of_200_nhd_16_to_64",
+        "tokens_mla_replicated_16_to_64_tp4_to_tp2",
+        "tokens_hybrid_kv_16_to_64_with_mamba_state_tp4_to_tp2",
     }
 ]
 
@@ -195,6 +329,8 @@ def test_through_nixl(scenario: Scenario, nixl_engine: None) -> None:
 
 
 @pytest.mark.nixl
-@pytest.mark.parametrize("scenario", NIXL_CASES[:2] + NIXL_CASES[-1:], ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "scenario", NIXL_CASES[:2] + NIXL_CASES[4:5], ids=lambda s: s.name
+)
 def test_through_nixl_prepped_lists(scenario: Scenario, nixl_engine: None) -> None:
     check(scenario, run_in_processes(scenario, engine="nixl-prepped"))

@@ -205,9 +205,9 @@ def test_largest_integer_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    "version", [b"3", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
+    "version", [b"4", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
 )
-def test_version_other_than_1_or_2(version: bytes) -> None:
+def test_unknown_versions(version: bytes) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="version"):
         decode_transfer_fragments(version, b"[]")
 
@@ -371,4 +371,4 @@ def test_v1_frames_carry_no_row_keys_and_v2_frames_carry_all() -> None:
         "dst_row_stride_bytes": 0,
     }
     assert decode_transfer_fragments(b"2", json.dumps([plain]).encode()) == (GOOD,)
-    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2)
+    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3)

@@ -16,6 +16,7 @@ from pdplan._core import (
     __version__,
     decode_transfer_fragments,
     encode_transfer_fragments,
+    token_slots,
 )
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._layouts import (
@@ -58,6 +59,7 @@ __all__ = [
     "decode_transfer_fragments",
     "encode_transfer_fragments",
     "model_buffer_layouts",
+    "token_slots",
     "transfer_descriptors",
     "vllm_layer_partition",
 ]

@@ -23,6 +23,7 @@ __all__ = [
     "FRAME_CACHE_BYTES",
     "FRAME_CACHE_ENTRIES",
     "MAX_DESCRIPTORS",
+    "MAX_TOKENS",
     "MAX_WORLD_SIZE",
     "MODEL_PRESETS",
     "RANK_TRANSFER_PLAN_FIELDS",
@@ -47,6 +48,7 @@ __all__ = [
     "model_buffers",
     "model_shape_fields",
     "rank_coordinates",
+    "token_slots",
     "transfer_descriptors",
     "vllm_layer_partition",
 ]
@@ -54,6 +56,7 @@ __all__ = [
 __version__: str
 MODEL_PRESETS: list[str]
 MAX_DESCRIPTORS: int
+MAX_TOKENS: int
 DEFAULT_MAX_PAYLOAD_BYTES: int
 DEFAULT_MAX_FRAGMENTS: int
 TRANSFER_PLAN_PROTOCOL_VERSION: int
@@ -94,6 +97,13 @@ def transfer_descriptors(
     src_limits: npt.ArrayLike | None = None,
     dst_limits: npt.ArrayLike | None = None,
 ) -> TransferDescriptors: ...
+def token_slots(
+    page_table: npt.NDArray[np.integer] | Sequence[int],
+    page_size: int,
+    num_tokens: int,
+    *,
+    tokens: range | None = None,
+) -> npt.NDArray[np.int64]: ...
 def model_buffers(
     shape: ModelShape,
     prefill_tp: int,
@@ -120,6 +130,7 @@ class Planner:
         prefill_buffers: Iterable[BufferLayout],
         decode_buffers: Iterable[BufferLayout],
         decode_replicas: str | None = None,
+        token_maps: bool = False,
     ) -> Planner: ...
     def plan_for_decode_rank(
         self, decode_rank: int, prefill_dp_group: int | None = None
@@ -141,6 +152,8 @@ class Planner:
     def is_identity(self) -> bool: ...
     @property
     def is_staged(self) -> bool: ...
+    @property
+    def token_maps(self) -> bool: ...
     @property
     def idle_decode_ranks(self) -> int: ...
 
@@ -178,6 +191,14 @@ class PreparedTransfer:
         self,
         src_pages: _Ints,
         dst_pages: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        coalesce: bool = True,
+    ) -> TransferDescriptors: ...
+    def token_descriptors(
+        self,
+        src_slots: _Ints,
+        dst_slots: _Ints,
         *,
         buffers: range | _Ints | None = None,
         coalesce: bool = True,

@@ -106,7 +106,8 @@ class BufferLayout:
 @dataclass(frozen=True, slots=True)
 class TransferFragment:
     """Bytes ``[offset, offset + bytes_per_page)`` of every page of one buffer, one rank pair;
-    for token-major pages, one run per row (a row fragment, wire format v2).
+    for token-major pages, one run per row (a row fragment, wire format v2); with token maps,
+    where each token's bytes lie on both sides (wire format v3).
 
     Slotted (no ``__dict__``): a plan holds hundreds of thousands of these.
     """
@@ -126,6 +127,17 @@ class TransferFragment:
     rows_per_page: int = 1
     src_row_stride_bytes: int = 0
     dst_row_stride_bytes: int = 0
+    #: Token geometry (wire format v3; all 0 without it): each token moves ``token_runs`` runs
+    #: of ``token_run_bytes`` bytes, run ``i`` of slot ``s`` at ``byte_offset + i *
+    #: token_run_stride + s * token_stride`` in that side's page of ``page_size`` tokens.
+    src_page_size: int = 0
+    dst_page_size: int = 0
+    token_runs: int = 0
+    token_run_bytes: int = 0
+    src_token_stride_bytes: int = 0
+    dst_token_stride_bytes: int = 0
+    src_token_run_stride_bytes: int = 0
+    dst_token_run_stride_bytes: int = 0
 
     def __post_init__(self) -> None:
         _core.check_transfer_fragment(self)

@@ -40,19 +40,31 @@ class PDTransferPlanner:
         prefill_buffers: Sequence[BufferLayout],
         decode_buffers: Sequence[BufferLayout],
         decode_replicas: Literal["first", "all"] = "first",
+        token_maps: bool = False,
     ) -> None:
         """``decode_replicas`` says which decode ranks of a replica group (decode TP above the
         KV-head count) receive a sharded buffer: ``"first"`` (the reference's semantics) only
         the group's first rank, and the runtime copies inside the group; ``"all"`` every decode
         rank, directly, spread over the prefill ranks that hold the same heads so that the
-        largest fanout is as small as it can be."""
+        largest fanout is as small as it can be.
+
+        ``token_maps=True`` gives the fragments of token-indexed buffers (``kv_head``,
+        ``replicated``) the token geometry of both sides, so a request can move tokens by slot
+        maps (``PreparedTransfer.token_descriptors``); it is on by itself where a
+        token-indexed buffer's page sizes differ between the sides, which only slot maps can
+        move. Such fragment lists encode as wire format v3."""
         self.prefill_layout = prefill_layout
         self.decode_layout = decode_layout
         self.prefill_buffers = prefill_buffers
         self.decode_buffers = decode_buffers
         self.decode_replicas = decode_replicas
         self._core = _core.Planner(
-            prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas
+            prefill_layout,
+            decode_layout,
+            prefill_buffers,
+            decode_buffers,
+            decode_replicas,
+            token_maps,
         )
 
     def plan_for_decode_rank(
@@ -98,6 +110,11 @@ class PDTransferPlanner:
     def routing_table(self) -> RoutingTable:
         """Who talks to whom across the whole cluster, computed in Rust without the GIL."""
         return RoutingTable(*self._core.routing_table())
+
+    @property
+    def token_maps(self) -> bool:
+        """Whether fragments carry token geometry (asked for, or page sizes differ)."""
+        return self._core.token_maps
 
     @property
     def idle_decode_ranks(self) -> int:

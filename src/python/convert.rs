@@ -408,3 +408,65 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
     }
     Ok(out)
 }
+
+/// A 1-D integer array (any integer dtype) or a sequence of ints, as signed 64-bit values:
+/// slot maps and page tables, where -1 marks what a rank does not hold.
+pub fn i64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<i64>> {
+    macro_rules! from_array {
+        ($($t:ty),*) => {$(
+            if let Ok(array) = obj.cast::<PyArray1<$t>>() {
+                let readonly = array.try_readonly().map_err(|e| {
+                    PlanError::new(format!("{name} cannot be read: {e}"))
+                })?;
+                let too_large = |(i, v): (usize, $t)| {
+                    PlanError::new(format!("{name}[{i}] = {v} does not fit a signed 64-bit slot"))
+                };
+                if let Ok(slice) = readonly.as_slice() {
+                    #[allow(clippy::unnecessary_fallible_conversions)]
+                    return slice
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &v)| i64::try_from(v).map_err(|_| too_large((i, v))))
+                        .collect();
+                }
+                #[allow(clippy::unnecessary_fallible_conversions)]
+                return readonly
+                    .as_array()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| i64::try_from(v).map_err(|_| too_large((i, v))))
+                    .collect();
+            }
+        )*};
+    }
+    from_array!(i64, i32, i16, i8, u64, u32, u16, u8);
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        bail!(
+            "{name} must be a 1-D integer array, got a {}-D array of {}",
+            array.ndim(),
+            array.dtype()
+        );
+    }
+    let iter = obj.try_iter().map_err(|_| {
+        PlanError::new(format!(
+            "{name} must be a 1-D integer numpy array or a sequence of ints, got {}",
+            type_name(obj)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for (i, item) in iter.enumerate() {
+        let item = item.map_err(|e| PlanError::new(format!("{name}: {e}")))?;
+        let value = if item.is_instance_of::<PyBool>() {
+            None
+        } else {
+            item.extract::<i64>().ok()
+        };
+        out.push(value.ok_or_else(|| {
+            PlanError::new(format!(
+                "{name}[{i}] must be an integer that fits 64 bits, got {}",
+                repr(&item)
+            ))
+        })?);
+    }
+    Ok(out)
+}

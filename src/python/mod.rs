@@ -11,18 +11,19 @@ mod objects;
 mod planner;
 mod prepared;
 
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyRange, PyTuple};
 
 use crate::descriptors;
-use crate::error::PlanError;
+use crate::error::{bail, PlanError};
 use crate::fragment::FieldValue;
-use crate::wire;
+use crate::{tokens, wire};
 use convert::{
-    buffer_layout, buffers, each, fragment_with, frame, int_arg, parallel_layout, to_u64,
-    u64_column, Converted,
+    buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, parallel_layout,
+    to_u64, u64_column, Converted,
 };
 use objects::{descriptors_object, model_types, FragmentFactory};
 
@@ -181,6 +182,60 @@ fn transfer_descriptors<'py>(
     descriptors_object(py, built)
 }
 
+/// One rank's slot map for a request: `page_table[t // page_size] * page_size + t %
+/// page_size` for each token `t` of `tokens` (a `range`, default all), -1 elsewhere.
+#[pyfunction]
+#[pyo3(signature = (page_table, page_size, num_tokens, *, tokens=None))]
+fn token_slots<'py>(
+    py: Python<'py>,
+    page_table: &Bound<'py, PyAny>,
+    page_size: &Bound<'py, PyAny>,
+    num_tokens: &Bound<'py, PyAny>,
+    tokens: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let convert = || -> Converted<_> {
+        let range = match tokens.filter(|t| !t.is_none()) {
+            None => None,
+            Some(value) => Some(token_range(value)?),
+        };
+        Ok((
+            i64_column(page_table, "page_table")?,
+            to_u64(page_size, "page_size")?,
+            to_u64(num_tokens, "num_tokens")?,
+            range,
+        ))
+    };
+    let (table, size, count, range) = convert().map_err(to_py_err)?;
+    let slots = py
+        .detach(|| tokens::token_slots(&table, size, count, range))
+        .map_err(to_py_err)?;
+    Ok(slots.into_pyarray(py))
+}
+
+/// A Python `range` of tokens.
+fn token_range(value: &Bound<'_, PyAny>) -> Converted<tokens::TokenRange> {
+    let Ok(range) = value.cast::<PyRange>() else {
+        bail!(
+            "tokens must be a range of token positions (range(start, stop)), got {}",
+            value
+                .get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+        );
+    };
+    let field = |name: &str| -> Converted<i64> {
+        range
+            .getattr(name)
+            .and_then(|v| v.extract::<i64>())
+            .map_err(|_| PlanError::new(format!("tokens: range {name} must fit 64 bits")))
+    };
+    Ok(tokens::TokenRange {
+        start: field("start")?,
+        stop: field("stop")?,
+        step: field("step")?,
+    })
+}
+
 /// The schema's defaults as a `{name: value}` dict (required fields left out).
 fn fragment_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     let defaults = PyDict::new(py);
@@ -228,6 +283,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
+    m.add_function(wrap_pyfunction!(token_slots, m)?)?;
+    m.add("MAX_TOKENS", tokens::MAX_TOKENS)?;
     model::register(m)?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
     m.add(

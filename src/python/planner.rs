@@ -8,7 +8,7 @@ use pyo3::types::PyDict;
 use super::convert::{buffer_layout, each, int_arg, parallel_layout, string_arg, Converted};
 use super::objects::{rank_plan_object, FragmentFactory};
 use super::to_py_err;
-use crate::planner::Planner;
+use crate::planner::{PlanOptions, Planner};
 use crate::routing::DecodeReplicas;
 use crate::verify;
 
@@ -40,7 +40,7 @@ impl PyPlanner {
 #[pymethods]
 impl PyPlanner {
     #[new]
-    #[pyo3(signature = (prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas=None))]
+    #[pyo3(signature = (prefill_layout, decode_layout, prefill_buffers, decode_buffers, decode_replicas=None, token_maps=false))]
     fn new(
         py: Python<'_>,
         prefill_layout: &Bound<'_, PyAny>,
@@ -48,6 +48,7 @@ impl PyPlanner {
         prefill_buffers: &Bound<'_, PyAny>,
         decode_buffers: &Bound<'_, PyAny>,
         decode_replicas: Option<&Bound<'_, PyAny>>,
+        token_maps: bool,
     ) -> PyResult<Self> {
         let convert = || -> Converted<_> {
             let replicas = match decode_replicas {
@@ -64,9 +65,13 @@ impl PyPlanner {
         };
         let (prefill, decode, prefill_buffers, decode_buffers, replicas) =
             convert().map_err(to_py_err)?;
+        let options = PlanOptions {
+            replicas,
+            token_maps,
+        };
         let inner = py
             .detach(|| {
-                Planner::with_replicas(prefill, decode, &prefill_buffers, &decode_buffers, replicas)
+                Planner::with_options(prefill, decode, &prefill_buffers, &decode_buffers, options)
             })
             .map_err(to_py_err)?;
         Ok(Self { inner })
@@ -106,6 +111,13 @@ impl PyPlanner {
             out.set_item(source.prefill_rank, factory.tuple(&source.fragments)?)?;
         }
         Ok(out)
+    }
+
+    /// Whether fragments of token-indexed buffers carry token geometry (asked for, or because
+    /// their page sizes differ).
+    #[getter]
+    fn token_maps(&self) -> bool {
+        self.inner.token_maps()
     }
 
     /// Checks every plan byte by byte against the layouts; raises naming the first problem.

@@ -6,7 +6,9 @@ use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyRange, PyTuple};
 
-use super::convert::{buffers, each, fragment_with, frame, to_u64, u64_column, Converted};
+use super::convert::{
+    buffers, each, fragment_with, frame, i64_column, to_u64, u64_column, Converted,
+};
 use super::objects::{descriptors_object, model_types, FragmentFactory};
 use super::{frame_limits, to_py_err};
 use crate::error::PlanError;
@@ -136,6 +138,34 @@ impl PyPrepared {
         let (src, dst, chosen) = convert().map_err(to_py_err)?;
         let request = || self.inner.descriptors(&src, &dst, &chosen, coalesce);
         let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
+            py.detach(request)
+        } else {
+            request()
+        };
+        descriptors_object(py, made.map_err(to_py_err)?)
+    }
+
+    /// One request's descriptors from its slot maps: entry `t` of each is token `t`'s slot on
+    /// that rank (`page * page_size + position`) or -1; a token moves where both are set.
+    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, coalesce=true))]
+    fn token_descriptors<'py>(
+        &self,
+        py: Python<'py>,
+        src_slots: &Bound<'py, PyAny>,
+        dst_slots: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+        coalesce: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let convert = || -> Converted<_> {
+            Ok((
+                i64_column(src_slots, "src_slots")?,
+                i64_column(dst_slots, "dst_slots")?,
+                selection(buffers)?,
+            ))
+        };
+        let (src, dst, chosen) = convert().map_err(to_py_err)?;
+        let request = || self.inner.token_descriptors(&src, &dst, &chosen, coalesce);
+        let made = if src.len() as u64 * self.inner.fragments().len() as u64 > DETACH_FROM {
             py.detach(request)
         } else {
             request()
