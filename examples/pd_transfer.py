@@ -62,6 +62,7 @@ class Buffer:
     layer: int | None = None
     page_sizes: tuple[int, int] | None = None
     planes: int = 0
+    decode_planes: int | None = None  # None: as `planes`
 
     def layout(self, tp: int, replica: int, side: int = 0) -> BufferLayout:
         shards = 1 if self.axis == "replicated" else tp // replica
@@ -69,7 +70,8 @@ class Buffer:
         if self.page_sizes is not None:
             page_size = self.page_sizes[side]
             unit = self.unit_bytes * page_size
-            rows = self.planes * page_size if self.planes else 1
+            planes = self.planes if side == 0 or self.decode_planes is None else self.decode_planes
+            rows = planes * page_size if planes else 1
         row = self.logical_size // shards * unit // rows + self.padding
         return BufferLayout(
             self.index,

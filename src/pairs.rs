@@ -41,12 +41,14 @@ pub fn page_sizes_differ(prefill: &[BufferLayout], decode: &[BufferLayout]) -> b
 /// of one unit takes the same bytes, in the same planes, on both (page sizes may differ).
 fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> PlanResult<()> {
     let (src, dst) = (TokenGeometry::of(p)?, TokenGeometry::of(d)?);
-    if (p.rows_per_page == 1) != (d.rows_per_page == 1) || src.planes != dst.planes {
+    // Token runs need the same planes; with one plane, head-major and token-major pages may
+    // even face each other (a run per unit and token).
+    if src.planes != dst.planes {
         bail!(
             "prefill/decode pages are stored differently at buffer position {position}: prefill \
              rows_per_page={} page_size={}, decode rows_per_page={} page_size={}; both sides \
-             must be head-major (rows_per_page=1) or token-major with the same planes \
-             (rows_per_page = planes x page_size)",
+             must hold each token in the same number of planes (rows_per_page = planes x \
+             page_size; head-major pages, rows_per_page=1, have one)",
             p.rows_per_page,
             p.page_size,
             d.rows_per_page,

@@ -250,3 +250,24 @@ def test_pipeline_stages(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "every stage must hold at least one layer" in err
     with pytest.raises(SystemExit):
         main(["plan", *staged[:-1], "3,x"])
+
+
+def test_page_sizes_that_differ_plan_by_token_and_count_a_request(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sizes = ["--prefill-page-size", "16", "--decode-page-size", "64"]
+    code, out, _ = run(capsys, *PLAN, *sizes)
+    assert code == 0
+    assert "16-token prefill pages, 64-token decode pages (token maps)" in out
+    # Each 16-token source page lands inside one 64-token decode page: one descriptor per
+    # fragment and source page, 160 fragments x 2048 pages x 8 rank pairs.
+    assert "by slot maps): 2,621,440 descriptors moving 10.00 GiB over 8 rank pairs" in out
+    check = ["check", "--prefill-tp", "8", "--decode-tp", "2", "--model", "llama-3-70b"]
+    code, out, _ = run(capsys, *check, "--kv-layout", "NHD", "--prefill-page-size", "64")
+    assert code == 0 and "supported" in out
+    # Token-major rows of one head into rows of four: a descriptor per token, 32,768 x 160 x 8.
+    assert "41,943,040 descriptors" in out
+    code, out, _ = run(capsys, *check)
+    assert code == 0 and "by pages): 2,621,440 descriptors" in out
+    code, _, err = run(capsys, *check, "--decode-page-size", "2097152")
+    assert code == 2 and "page_size=2097152 must be at most 1048576" in err

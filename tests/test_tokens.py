@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import pdplan
@@ -139,7 +139,9 @@ def test_pairs_that_cannot_move_by_token_are_refused_with_the_reason() -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="bytes of one token differ"):
         PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=wrong)  # type: ignore[arg-type]
     with pytest.raises(UnsupportedPDLayoutError, match="stored differently"):
-        PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=kv(2, 64, rows=64))  # type: ignore[arg-type]
+        PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=kv(2, 64, rows=128))  # type: ignore[arg-type]
+    # One plane each: head-major prefill pages into token-major decode pages move by token.
+    PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=kv(2, 64, rows=64)).verify()  # type: ignore[arg-type]
     odd_rows = kv(8, 16, rows=8)
     with pytest.raises(UnsupportedPDLayoutError, match="neither 1"):
         PDTransferPlanner(**layouts, prefill_buffers=odd_rows, decode_buffers=kv(2, 16, rows=8), token_maps=True)  # type: ignore[arg-type]
@@ -265,11 +267,11 @@ def test_from_frames_prepares_token_plans() -> None:
 # Any layout: real bytes of labelled numpy caches, each side its own page size and page table
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from([(1, 8, 8), (8, 1, 8), (2, 4, 4), (4, 2, 2), (4, 8, 2), (8, 2, 8)]),
     st.sampled_from([(16, 64), (64, 16), (12, 20), (16, 16), (1, 7), (5, 5)]),
-    st.sampled_from([0, 1, 2]),
+    st.sampled_from([(0, 0), (1, 1), (2, 2), (0, 1), (1, 0)]),
     st.sampled_from(["kv_head", "replicated"]),
     st.integers(1, 90),
     st.data(),
@@ -277,16 +279,18 @@ def test_from_frames_prepares_token_plans() -> None:
 def test_any_layout_moves_exactly_the_tokens_asked_for(
     tps: tuple[int, int, int],
     sizes: tuple[int, int],
-    planes: int,
+    planes: tuple[int, int],
     axis: str,
     num_tokens: int,
     data: st.DataObject,
 ) -> None:
+    # Pages of one size pair page to page, so they must be stored alike (else refused).
+    assume(sizes[0] != sizes[1] or planes[0] == planes[1])
     ptp, dtp, heads = tps
     replicas = dict(prefill_replica=max(1, ptp // heads), decode_replica=max(1, dtp // heads))
     if axis == "replicated":
         heads, replicas = 1, {}
-    buffer = Buffer(0, BufferKind.TARGET_K, axis, heads, 4, padding=4, page_sizes=sizes, planes=planes, **replicas)
+    buffer = Buffer(0, BufferKind.TARGET_K, axis, heads, 4, padding=4, page_sizes=sizes, planes=planes[0], decode_planes=planes[1], **replicas)
     pages = [-(-num_tokens // size) for size in sizes]
     capacity = max(pages) + 2
     src_table = data.draw(st.permutations(range(capacity)))[: pages[0]]

@@ -19,16 +19,18 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal, TextIO
 
 from pdplan import _core
-from pdplan._core import encode_transfer_fragments
+from pdplan._core import PreparedTransfer, encode_transfer_fragments
 from pdplan._descriptors import transfer_descriptors
 from pdplan._layouts import MODEL_PRESETS, ModelShape, model_buffer_layouts
-from pdplan._model import ParallelLayout, UnsupportedPDLayoutError
+from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
 
 EXIT_UNSUPPORTED = 2
 DEMO_MODEL = "llama-3-70b"
 #: Runs of the demo's descriptor build: one cold, the rest warm.
 DEMO_RUNS = 4
+#: The request `plan` and `check` count descriptors for.
+REQUEST_TOKENS = 32768
 
 
 class UserError(Exception):
@@ -90,6 +92,15 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--head-dim", type=_positive)
     model.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, fp8")
     model.add_argument("--page-size", type=_positive, default=16, help="tokens a page (16)")
+    model.add_argument(
+        "--prefill-page-size",
+        type=_positive,
+        help="tokens a prefill page (default: --page-size); sides whose page sizes differ move "
+        "by slot maps (token_maps)",
+    )
+    model.add_argument(
+        "--decode-page-size", type=_positive, help="tokens a decode page (default: --page-size)"
+    )
     pages = parser.add_argument_group("pages and receivers")
     pages.add_argument(
         "--kv-layout",
@@ -182,6 +193,9 @@ class Deployment:
     decode_pp: int = 1
     prefill_partition: tuple[int, ...] | None = None
     decode_partition: tuple[int, ...] | None = None
+    #: Tokens a page on each side; None: the model's page size.
+    prefill_page_size: int | None = None
+    decode_page_size: int | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Deployment:
@@ -196,17 +210,25 @@ class Deployment:
             args.decode_pp,
             args.prefill_pp_partition,
             args.decode_pp_partition,
+            args.prefill_page_size,
+            args.decode_page_size,
         )
 
     def planner(self, shape: ModelShape) -> PDTransferPlanner:
-        prefill_buffers, decode_buffers = model_buffer_layouts(
-            shape,
-            self.prefill_tp,
-            self.decode_tp,
-            self.kv_layout,
-            prefill_pp=self.prefill_pp,
-            decode_pp=self.decode_pp,
-        )
+        def buffers(page_size: int | None) -> tuple[tuple[BufferLayout, ...], ...]:
+            sized = shape if page_size is None else replace(shape, page_size=page_size)
+            return model_buffer_layouts(
+                sized,
+                self.prefill_tp,
+                self.decode_tp,
+                self.kv_layout,
+                prefill_pp=self.prefill_pp,
+                decode_pp=self.decode_pp,
+            )
+
+        # Each side's buffers in its own page size (a planner maps tokens where they differ).
+        prefill_buffers = buffers(self.prefill_page_size)[0]
+        decode_buffers = buffers(self.decode_page_size)[1]
         return PDTransferPlanner(
             prefill_layout=ParallelLayout(
                 "prefill",
@@ -338,14 +360,20 @@ def _print_table(
         stages = f" x PP {layout.pp_size}" if layout.pp_size > 1 else ""
         return f"{layout.dp_size} DP{stages} x TP {layout.tp_size_per_dp}"
 
+    pages = _page_sizes(planner)
+    if pages[0] == pages[1]:
+        page_text = f"{pages[0]}-token pages"
+    else:
+        page_text = f"{pages[0]}-token prefill pages, {pages[1]}-token decode pages (token maps)"
     print(
         f"prefill {p.world_size} ranks ({sizes(p)}) -> decode {d.world_size} ranks "
-        f"({sizes(d)}); {len(planner.prefill_buffers)} buffers, {shape.page_size}-token pages"
+        f"({sizes(d)}); {len(planner.prefill_buffers)} buffers, {page_text}"
     )
     kind = planner.plan_for_decode_rank(0).plan_kind
     print(f"plan kind: {kind}" + (" (whole items, rank to rank)" if kind == "identity" else ""))
     if note := _idle_note(planner):
         print(f"note: {note}")
+    print(_request_line(planner))
     print()
     staged: bool = planner._core.is_staged
 
@@ -369,6 +397,65 @@ def _print_table(
     fanout = planner.source_fanout
     print("fanout (decode ranks each prefill rank waits for, per request):")
     print("  " + ", ".join(f"{rank}: {n}" for rank, n in fanout.items()))
+
+
+def _page_sizes(planner: PDTransferPlanner) -> tuple[int, int]:
+    """Tokens a page on each side (of the token-indexed buffers; models use one size a side)."""
+    kv = [i for i, b in enumerate(planner.prefill_buffers) if b.logical_axis != "state_channel"]
+    first = kv[0] if kv else 0
+    return planner.prefill_buffers[first].page_size, planner.decode_buffers[first].page_size
+
+
+def request_descriptors(
+    planner: PDTransferPlanner, tokens: int = REQUEST_TOKENS
+) -> tuple[int, int, int]:
+    """(descriptors, bytes, rank pairs) of one request of `tokens` tokens landing on decode
+    DP group 0, its pages scattered on both sides (so no two pages happen to be neighbours):
+    what the layout costs a request. Token-indexed buffers move by slot maps when the plan
+    maps tokens, else by pages; state moves as one page."""
+    import numpy as np
+
+    sizes = _page_sizes(planner)
+    counts = [-(-tokens // size) for size in sizes]
+    # Every other page, backwards: neighbours in the request are never neighbours in memory.
+    tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
+    capacity = 2 * max(counts)
+    by_token = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis != "state_channel"]
+    state = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis == "state_channel"]
+    src_limits = [b.item_stride_bytes * capacity for b in planner.prefill_buffers]
+    dst_limits = [b.item_stride_bytes * capacity for b in planner.decode_buffers]
+    bases = [1 << 40] * len(src_limits)
+    slots = [_core.token_slots(table, size, tokens) for table, size in zip(tables, sizes)]
+    total = total_bytes = pairs = 0
+    for rank in range(planner.decode_layout.world_size):
+        if _core.rank_coordinates(planner.decode_layout, rank)[0] != 0:
+            continue
+        for fragments in planner.transfer_fragments(rank).values():
+            prepared = PreparedTransfer(
+                fragments, bases, bases, src_limits=src_limits, dst_limits=dst_limits
+            )
+            built = []
+            if planner.token_maps:
+                built.append(prepared.token_descriptors(*slots, buffers=by_token))
+            else:
+                built.append(prepared.descriptors(*tables, buffers=by_token))
+            if state:
+                built.append(prepared.descriptors([0], [0], buffers=state))
+            pairs += 1
+            for d in built:
+                total += d.num_descriptors
+                total_bytes += d.total_bytes
+    return total, total_bytes, pairs
+
+
+def _request_line(planner: PDTransferPlanner) -> str:
+    total, total_bytes, pairs = request_descriptors(planner)
+    way = "slot maps" if planner.token_maps else "pages"
+    return (
+        f"a {REQUEST_TOKENS // 1024}k-token request to decode DP group 0 (scattered pages, by "
+        f"{way}): {total:,} descriptors moving {total_bytes / 2**30:.2f} GiB over {pairs} rank "
+        "pairs"
+    )
 
 
 def _print_dot(planner: PDTransferPlanner, ranks: Sequence[int]) -> None:
@@ -487,6 +574,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return EXIT_UNSUPPORTED
             kind = planner.plan_for_decode_rank(0).plan_kind
             print(f"supported: {kind} plan, {len(planner.prefill_buffers)} buffers, verified")
+            print(_request_line(planner))
             if note := _idle_note(planner):
                 print(f"note: {note}")
             return 0
