@@ -85,3 +85,22 @@ def test_descriptors_nhd_pdplan(benchmark: Any) -> None:
 def test_descriptors_nhd_numpy(benchmark: Any) -> None:
     src, _, lengths = benchmark(pure_python.descriptors_numpy, *NHD_ARGS)
     assert len(src) == 160 * 2048 * 16 and set(lengths.tolist()) == {256}
+
+
+@pytest.mark.benchmark(group="token descriptors 70B 32k tokens, 16 -> 64")
+def test_token_descriptors_pdplan(benchmark: Any) -> None:
+    from tokens import Case
+
+    case = Case(16, 64)
+    out = benchmark(case.tokens, coalesce=False)
+    # Each 16-token source page lies inside one 64-token decode page: one descriptor each.
+    assert out.num_descriptors == 160 * 2048
+    assert out.total_bytes == 160 * 32768 * 256
+
+
+@pytest.mark.benchmark(group="token descriptors 70B 32k tokens, 16 -> 64")
+def test_token_descriptors_numpy(benchmark: Any) -> None:
+    from tokens import Case
+
+    case = Case(16, 64)
+    assert benchmark(case.numpy_per_token) == 160 * 32768

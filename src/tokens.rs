@@ -73,32 +73,36 @@ pub fn check_slot_maps(src: &[i64], dst: &[i64]) -> PlanResult<()> {
 fn segments(src: &[i64], dst: &[i64], (src_size, dst_size): (u64, u64)) -> Segments {
     let mut out = Segments::default();
     let mut open: Option<Segment> = None;
+    // The previous token's slots: a token continues the open segment when both slots advance
+    // by one and stay inside their pages, which needs no division.
+    let (mut last_src, mut last_dst) = (-2i64, -2i64);
     for (&s, &d) in src.iter().zip(dst) {
-        let (Ok(s), Ok(d)) = (u64::try_from(s), u64::try_from(d)) else {
+        if s < 0 || d < 0 {
             out.list.extend(open.take());
             continue;
-        };
-        let (src_page, src_position) = (s / src_size, s % src_size);
-        let (dst_page, dst_position) = (d / dst_size, d % dst_size);
+        }
         out.tokens += 1;
-        out.largest_src_page = out.largest_src_page.max(src_page);
-        out.largest_dst_page = out.largest_dst_page.max(dst_page);
+        let follows = s == last_src.wrapping_add(1) && d == last_dst.wrapping_add(1);
+        (last_src, last_dst) = (s, d);
         if let Some(seg) = open.as_mut() {
-            if seg.src_page == src_page
-                && seg.dst_page == dst_page
-                && seg.src_position + seg.tokens == src_position
-                && seg.dst_position + seg.tokens == dst_position
+            if follows
+                && seg.src_position + seg.tokens < src_size
+                && seg.dst_position + seg.tokens < dst_size
             {
                 seg.tokens += 1;
                 continue;
             }
             out.list.push(*seg);
         }
+        let (s, d) = (s.unsigned_abs(), d.unsigned_abs());
+        let (src_page, dst_page) = (s / src_size, d / dst_size);
+        out.largest_src_page = out.largest_src_page.max(src_page);
+        out.largest_dst_page = out.largest_dst_page.max(dst_page);
         open = Some(Segment {
             src_page,
-            src_position,
+            src_position: s % src_size,
             dst_page,
-            dst_position,
+            dst_position: d % dst_size,
             tokens: 1,
         });
     }
@@ -131,16 +135,6 @@ pub struct TokenPlaced {
 impl TokenPlaced {
     pub const fn buffer_index(&self) -> u64 {
         self.buffer_index
-    }
-
-    /// Descriptors before merging for `segments` segments of `tokens` tokens in all.
-    fn count(&self, segments: &Segments) -> u64 {
-        let per_run = if self.contiguous {
-            segments.list.len() as u64
-        } else {
-            segments.tokens
-        };
-        per_run.saturating_mul(self.runs)
     }
 }
 
@@ -226,15 +220,106 @@ pub fn place_all_tokens<F: Borrow<Fragment>>(
         .collect()
 }
 
-/// Writes descriptors into three columns, merging each into the one before it where allowed
-/// and it continues it on both sides; the open descriptor waits in registers.
+/// What a fragment's descriptors look like apart from where its bytes start: its page sizes,
+/// runs and strides. Fragments of one shape (K and V of every layer, as a rule) share one
+/// template per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    page_sizes: (u64, u64),
+    runs: u64,
+    run_bytes: u64,
+    contiguous: bool,
+    /// Per side: page stride, token stride, run stride.
+    src: (u64, u64, u64),
+    dst: (u64, u64, u64),
+}
+
+impl TokenPlaced {
+    fn shape(&self) -> Shape {
+        let side = |s: &TokenSide| (s.placement.stride, s.token_stride, s.run_stride);
+        Shape {
+            page_sizes: self.page_sizes,
+            runs: self.runs,
+            run_bytes: self.run_bytes,
+            contiguous: self.contiguous,
+            src: side(&self.src),
+            dst: side(&self.dst),
+        }
+    }
+
+    /// Where the fragment's bytes start on each side: added to a template's offsets.
+    const fn starts(&self) -> (u64, u64) {
+        (
+            self.src.placement.base + self.src.placement.offset,
+            self.dst.placement.base + self.dst.placement.offset,
+        )
+    }
+}
+
+/// One shape's descriptors for one request, as offsets from where a fragment's bytes start,
+/// merged inside segments (and across them with `coalesce`): a fragment's descriptors are the
+/// template plus its starts, because adding one start to both ends keeps every continuation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Template {
+    src: Vec<u64>,
+    dst: Vec<u64>,
+    len: Vec<u64>,
+}
+
+impl Template {
+    fn push(&mut self, (src, dst, len): (u64, u64, u64), may_join: bool) {
+        if let (Some(s), Some(d), Some(l)) = (self.src.last(), self.dst.last(), self.len.last_mut())
+        {
+            // Offsets stay inside one page's reach, checked against 64 bits when placed.
+            if may_join && s + *l == src && d + *l == dst {
+                *l += len;
+                return;
+            }
+        }
+        self.src.push(src);
+        self.dst.push(dst);
+        self.len.push(len);
+    }
+
+    /// The descriptors of `shape` over a request's segments, in order: segments, then runs,
+    /// then tokens.
+    fn of(shape: &Shape, segments: &[Segment], coalesce: bool) -> Self {
+        let mut out = Self::default();
+        let (src, dst) = (shape.src, shape.dst);
+        for (k, seg) in segments.iter().enumerate() {
+            let s0 = seg.src_page * src.0 + seg.src_position * src.1;
+            let d0 = seg.dst_page * dst.0 + seg.dst_position * dst.1;
+            for run in 0..shape.runs {
+                let (s, d) = (s0 + run * src.2, d0 + run * dst.2);
+                // Inside a segment neighbours always merge; across segments with `coalesce`.
+                let may_join = run > 0 || (k > 0 && coalesce);
+                if shape.contiguous {
+                    out.push((s, d, seg.tokens * shape.run_bytes), may_join);
+                    continue;
+                }
+                for token in 0..seg.tokens {
+                    let at = (s + token * src.1, d + token * dst.1, shape.run_bytes);
+                    out.push(at, may_join || token > 0);
+                }
+            }
+        }
+        out
+    }
+
+    fn count(&self) -> usize {
+        self.len.len()
+    }
+}
+
+/// Writes descriptors into three columns: each fragment's template plus its starts, its first
+/// descriptor merged into the one before it where allowed and it continues it.
 struct Emitter<'a> {
     src: &'a mut [MaybeUninit<u64>],
     dst: &'a mut [MaybeUninit<u64>],
     len: &'a mut [MaybeUninit<u64>],
     written: usize,
-    open: Option<(u64, u64, u64)>,
-    /// The buffer of the open descriptor, and of the first one written.
+    /// The last descriptor written, its buffer, and the first one's buffer.
+    last: Option<(u64, u64, u64)>,
     last_buffer: Option<u64>,
     first_buffer: Option<u64>,
 }
@@ -250,86 +335,81 @@ impl<'a> Emitter<'a> {
             dst,
             len,
             written: 0,
-            open: None,
+            last: None,
             last_buffer: None,
             first_buffer: None,
         }
     }
 
-    #[inline]
-    fn push(&mut self, src: u64, dst: u64, len: u64, may_join: bool) {
-        if let Some((open_src, open_dst, open_len)) = self.open.as_mut() {
-            // Both ends were bounds-checked inside 64 bits, so the sums cannot wrap.
-            if may_join && *open_src + *open_len == src && *open_dst + *open_len == dst {
-                *open_len += len;
-                return;
-            }
-        }
-        self.flush();
-        self.open = Some((src, dst, len));
-    }
-
-    #[inline]
-    fn flush(&mut self) {
-        if let Some((src, dst, len)) = self.open.take() {
-            // The columns hold as many slots as descriptors before merging (counted), so
-            // every index is inside them.
-            let at = self.written;
-            if let (Some(s), Some(d), Some(l)) = (
-                self.src.get_mut(at),
-                self.dst.get_mut(at),
-                self.len.get_mut(at),
-            ) {
-                s.write(src);
-                d.write(dst);
-                l.write(len);
-                self.written += 1;
-            }
-        }
-    }
-
-    /// One fragment's descriptors over `segments`.
-    fn fragment(&mut self, f: &TokenPlaced, segments: &[Segment], coalesce: bool) {
-        if segments.is_empty() {
+    /// One fragment's descriptors: `template` plus the fragment's starts.
+    fn fragment(&mut self, f: &TokenPlaced, template: &Template, coalesce: bool) {
+        let (src_start, dst_start) = f.starts();
+        let (Some(&s), Some(&d), Some(&l)) = (
+            template.src.first(),
+            template.dst.first(),
+            template.len.first(),
+        ) else {
             return;
+        };
+        let (s, d) = (src_start + s, dst_start + d);
+        let mut at = self.written;
+        let joins = coalesce && self.last_buffer == Some(f.buffer_index);
+        match self.last {
+            // Both ends were bounds-checked inside 64 bits, so the sums cannot wrap.
+            Some((ls, ld, ll)) if joins && ls + ll == s && ld + ll == d && at > 0 => {
+                if let Some(slot) = self.len.get_mut(at - 1) {
+                    slot.write(ll + l);
+                }
+                self.last = Some((ls, ld, ll + l));
+            }
+            _ => {
+                if let (Some(a), Some(b), Some(c)) = (
+                    self.src.get_mut(at),
+                    self.dst.get_mut(at),
+                    self.len.get_mut(at),
+                ) {
+                    a.write(s);
+                    b.write(d);
+                    c.write(l);
+                    at += 1;
+                }
+                self.last = Some((s, d, l));
+            }
         }
-        let joins_previous = coalesce && self.last_buffer == Some(f.buffer_index);
-        let (src, dst) = (&f.src, &f.dst);
-        // Every address below was bounds-checked: pages up to the largest, positions below
-        // the page size, runs below `runs`.
-        let src_start = src.placement.base + src.placement.offset;
-        let dst_start = dst.placement.base + dst.placement.offset;
-        for (k, seg) in segments.iter().enumerate() {
-            let s0 = src_start
-                + seg.src_page * src.placement.stride
-                + seg.src_position * src.token_stride;
-            let d0 = dst_start
-                + seg.dst_page * dst.placement.stride
-                + seg.dst_position * dst.token_stride;
-            let join_segment = if k == 0 { joins_previous } else { coalesce };
-            for run in 0..f.runs {
-                let (s, d) = (s0 + run * src.run_stride, d0 + run * dst.run_stride);
-                let may_join = run > 0 || join_segment;
-                if f.contiguous {
-                    self.push(s, d, seg.tokens * f.run_bytes, may_join);
-                } else {
-                    self.push(s, d, f.run_bytes, may_join);
-                    let (mut s, mut d) = (s, d);
-                    for _ in 1..seg.tokens {
-                        s += src.token_stride;
-                        d += dst.token_stride;
-                        self.push(s, d, f.run_bytes, true);
-                    }
+        let end = at + (template.count() - 1);
+        if let (Some(src), Some(dst), Some(len)) = (
+            self.src.get_mut(at..end),
+            self.dst.get_mut(at..end),
+            self.len.get_mut(at..end),
+        ) {
+            // Column by column, as the page path fills them: one stream at a time.
+            for (out, &offset) in src.iter_mut().zip(&template.src[1..]) {
+                out.write(src_start + offset);
+            }
+            for (out, &offset) in dst.iter_mut().zip(&template.dst[1..]) {
+                out.write(dst_start + offset);
+            }
+            for (out, &length) in len.iter_mut().zip(&template.len[1..]) {
+                out.write(length);
+            }
+            if let (Some(&os), Some(&od), Some(&ol)) = (
+                template.src.last(),
+                template.dst.last(),
+                template.len.last(),
+            ) {
+                if end > at {
+                    self.last = Some((src_start + os, dst_start + od, ol));
                 }
             }
+            at = end;
         }
+        self.written = at;
         self.first_buffer = self.first_buffer.or(Some(f.buffer_index));
         self.last_buffer = Some(f.buffer_index);
     }
 
-    /// Flushes and returns the open descriptor's buffer and how many were written.
-    fn finish(mut self) -> (usize, Option<u64>, Option<u64>) {
-        self.flush();
+    /// How many were written, and the buffers of the first and the last.
+    const fn finish(self) -> (usize, Option<u64>, Option<u64>) {
         (self.written, self.first_buffer, self.last_buffer)
     }
 }
@@ -346,8 +426,9 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
     coalesce: bool,
 ) -> PlanResult<Descriptors> {
     check_slot_maps(src_slots, dst_slots)?;
-    // Segments per pair of page sizes (one pair in most plans).
+    // Segments per pair of page sizes, templates per shape (one of each in most plans).
     let mut by_sizes: Vec<((u64, u64), Segments)> = Vec::new();
+    let mut templates: Vec<(Shape, Template)> = Vec::new();
     let mut which = Vec::with_capacity(placed.len());
     let mut counts = Vec::with_capacity(placed.len());
     let mut total: u64 = 0;
@@ -365,16 +446,37 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
             p.src.placement.check("src", who, segs.largest_src_page)?;
             p.dst.placement.check("dst", who, segs.largest_dst_page)?;
         }
-        let count = p.count(segs);
+        let shape = p.shape();
+        let template = match templates.iter().position(|(s, _)| *s == shape) {
+            Some(template) => template,
+            None => {
+                // Bounded before it is built: one fragment's share of the limit.
+                let unmerged = if shape.contiguous {
+                    segs.list.len() as u64
+                } else {
+                    segs.tokens
+                };
+                if unmerged.saturating_mul(shape.runs) > MAX_DESCRIPTORS {
+                    bail!(
+                        "fragment {} alone would make more than {MAX_DESCRIPTORS} descriptors; \
+                         split the request's tokens",
+                        p.position
+                    );
+                }
+                templates.push((shape, Template::of(&shape, &segs.list, coalesce)));
+                templates.len() - 1
+            }
+        };
+        let count = templates[template].1.count() as u64;
         total = total.saturating_add(count);
-        which.push(at);
+        if total > MAX_DESCRIPTORS {
+            bail!(
+                "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split \
+                 the request's tokens or fragments"
+            );
+        }
+        which.push(template);
         counts.push(count);
-    }
-    if total > MAX_DESCRIPTORS {
-        bail!(
-            "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split the \
-             request's tokens or fragments"
-        );
     }
     let capacity = usize::try_from(total).unwrap_or(0);
     let mut out = Descriptors {
@@ -382,15 +484,15 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
         dst_addrs: Vec::with_capacity(capacity),
         lengths: Vec::with_capacity(capacity),
     };
-    let jobs: Vec<(&TokenPlaced, &[Segment])> = placed
+    let jobs: Vec<(&TokenPlaced, &Template)> = placed
         .iter()
         .map(Borrow::borrow)
         .zip(&which)
-        .map(|(p, &at)| (p, by_sizes[at].1.list.as_slice()))
+        .map(|(p, &at)| (p, &templates[at].1))
         .collect();
-    let write = |jobs: &[(&TokenPlaced, &[Segment])], mut emitter: Emitter<'_>| {
-        for (p, segs) in jobs {
-            emitter.fragment(p, segs, coalesce);
+    let write = |jobs: &[(&TokenPlaced, &Template)], mut emitter: Emitter<'_>| {
+        for (p, template) in jobs {
+            emitter.fragment(p, template, coalesce);
         }
         emitter.finish()
     };
