@@ -417,39 +417,47 @@ impl<'a> Emitter<'a> {
 /// Below this many descriptors one thread writes them; above it, two.
 const PARALLEL_FROM: u64 = 1 << 16;
 
-/// Builds the descriptors of placed token fragments for one request's slot maps, or refuses
-/// before producing any.
-pub fn build_tokens<P: Borrow<TokenPlaced>>(
-    placed: &[P],
-    src_slots: &[i64],
-    dst_slots: &[i64],
-    coalesce: bool,
-) -> PlanResult<Descriptors> {
-    check_slot_maps(src_slots, dst_slots)?;
-    // Segments per pair of page sizes, templates per shape (one of each in most plans).
-    let mut by_sizes: Vec<((u64, u64), Segments)> = Vec::new();
-    let mut templates: Vec<(Shape, Template)> = Vec::new();
-    let mut which = Vec::with_capacity(placed.len());
-    let mut counts = Vec::with_capacity(placed.len());
-    let mut total: u64 = 0;
-    for p in placed.iter().map(Borrow::borrow) {
-        let found = by_sizes
-            .iter()
-            .position(|(sizes, _)| *sizes == p.page_sizes);
-        let at = found.unwrap_or_else(|| {
-            by_sizes.push((p.page_sizes, segments(src_slots, dst_slots, p.page_sizes)));
-            by_sizes.len() - 1
-        });
-        let segs = &by_sizes[at].1;
-        if !segs.list.is_empty() {
-            let who = (p.position, p.buffer_index, p.run_bytes);
-            p.src.placement.check("src", who, segs.largest_src_page)?;
-            p.dst.placement.check("dst", who, segs.largest_dst_page)?;
-        }
-        let shape = p.shape();
-        let template = match templates.iter().position(|(s, _)| *s == shape) {
-            Some(template) => template,
-            None => {
+/// One request's templates, which template each fragment uses, and the descriptor counts.
+struct Request {
+    templates: Vec<(Shape, Template)>,
+    which: Vec<usize>,
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl Request {
+    /// Checks every fragment against the request's largest pages and the descriptor limit,
+    /// and builds the templates.
+    fn of<P: Borrow<TokenPlaced>>(
+        placed: &[P],
+        (src_slots, dst_slots): (&[i64], &[i64]),
+        coalesce: bool,
+    ) -> PlanResult<Self> {
+        // Segments per pair of page sizes, templates per shape (one of each in most plans).
+        let mut by_sizes: Vec<((u64, u64), Segments)> = Vec::new();
+        let mut templates: Vec<(Shape, Template)> = Vec::new();
+        let mut which = Vec::with_capacity(placed.len());
+        let mut counts = Vec::with_capacity(placed.len());
+        let mut total: u64 = 0;
+        for p in placed.iter().map(Borrow::borrow) {
+            let found = by_sizes
+                .iter()
+                .position(|(sizes, _)| *sizes == p.page_sizes);
+            let at = found.unwrap_or_else(|| {
+                by_sizes.push((p.page_sizes, segments(src_slots, dst_slots, p.page_sizes)));
+                by_sizes.len() - 1
+            });
+            let segs = &by_sizes[at].1;
+            if !segs.list.is_empty() {
+                let who = (p.position, p.buffer_index, p.run_bytes);
+                p.src.placement.check("src", who, segs.largest_src_page)?;
+                p.dst.placement.check("dst", who, segs.largest_dst_page)?;
+            }
+            let shape = p.shape();
+            let known = templates.iter().position(|(s, _)| *s == shape);
+            let template = if let Some(template) = known {
+                template
+            } else {
                 // Bounded before it is built: one fragment's share of the limit.
                 let unmerged = if shape.contiguous {
                     segs.list.len() as u64
@@ -465,19 +473,42 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
                 }
                 templates.push((shape, Template::of(&shape, &segs.list, coalesce)));
                 templates.len() - 1
-            }
-        };
-        let count = templates[template].1.count() as u64;
-        total = total.saturating_add(count);
-        if total > MAX_DESCRIPTORS {
-            bail!(
+            };
+            let count = templates[template].1.count() as u64;
+            total = total.saturating_add(count);
+            if total > MAX_DESCRIPTORS {
+                bail!(
                 "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split \
                  the request's tokens or fragments"
             );
+            }
+            which.push(template);
+            counts.push(count);
         }
-        which.push(template);
-        counts.push(count);
+        Ok(Self {
+            templates,
+            which,
+            counts,
+            total,
+        })
     }
+}
+
+/// Builds the descriptors of placed token fragments for one request's slot maps, or refuses
+/// before producing any.
+pub fn build_tokens<P: Borrow<TokenPlaced>>(
+    placed: &[P],
+    src_slots: &[i64],
+    dst_slots: &[i64],
+    coalesce: bool,
+) -> PlanResult<Descriptors> {
+    check_slot_maps(src_slots, dst_slots)?;
+    let Request {
+        templates,
+        which,
+        counts,
+        total,
+    } = Request::of(placed, (src_slots, dst_slots), coalesce)?;
     let capacity = usize::try_from(total).unwrap_or(0);
     let mut out = Descriptors {
         src_addrs: Vec::with_capacity(capacity),
