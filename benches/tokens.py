@@ -12,8 +12,8 @@ TP 8 -> decode TP 2, prefill rank 5's 160 fragments to decode rank 1:
 (c) building the two slot maps with `token_slots`, against the numpy expression.
 
 Each case shows its descriptor count beside head-major page pairing's (327,680): what a layout
-costs a request. --callgrind adds instruction counts for (a) and (b) (valgrind, the stable measure on
-this shared machine). Writes benches/results/tokens.md.
+costs a request. --callgrind adds instruction counts for (a) and (b) (valgrind, the stable
+measure on this shared machine). Writes benches/results/tokens.md.
 """
 
 from __future__ import annotations
@@ -72,18 +72,27 @@ class Case:
         self.src_bases = [0x7F00_0000_0000 + i * n for i, n in enumerate(src_limits)]
         self.dst_bases = [0x7E00_0000_0000 + i * n for i, n in enumerate(dst_limits)]
         self.prepared = PreparedTransfer(
-            self.fragments, self.src_bases, self.dst_bases, src_limits=src_limits, dst_limits=dst_limits
+            self.fragments,
+            self.src_bases,
+            self.dst_bases,
+            src_limits=src_limits,
+            dst_limits=dst_limits,
         )
         # A paged allocator's pages: two contiguous runs on each side, as benches/scenarios.py.
         self.sizes = (prefill_page, decode_page)
-        self.tables = [self.table(TOKENS // size, offset) for size, offset in zip(self.sizes, (100, 7))]
+        self.tables = [
+            self.table(TOKENS // size, offset) for size, offset in zip(self.sizes, (100, 7))
+        ]
         self.slots = [token_slots(t, size, TOKENS) for t, size in zip(self.tables, self.sizes)]
 
     @staticmethod
     def table(pages: int, offset: int) -> np.ndarray:
         half = pages // 2
         return np.concatenate(
-            [np.arange(offset, offset + half), np.arange(3000 + offset, 3000 + offset + pages - half)]
+            [
+                np.arange(offset, offset + half),
+                np.arange(3000 + offset, 3000 + offset + pages - half),
+            ]
         ).astype(np.int32)
 
     def pages(self, coalesce: bool = True) -> Any:
@@ -142,7 +151,15 @@ def instructions(way: str, count: int = 3) -> float:
         for n in (0, count):
             out = Path(tmp) / f"cg.{n}"
             done = subprocess.run(
-                ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, str(script), way, str(n)],
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    f"--callgrind-out-file={out}",
+                    sys.executable,
+                    str(script),
+                    way,
+                    str(n),
+                ],
                 capture_output=True,
                 text=True,
                 env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
@@ -193,18 +210,23 @@ def tables(repeat: int, callgrind: bool) -> str:
         "",
         "| case | way | descriptors | time | descriptors / s | ratio | target |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-        f"| (a) NHD 16 -> 16, every token | page path `descriptors` | {by_pages.num_descriptors:,} | "
+        "| (a) NHD 16 -> 16, every token | page path `descriptors` | "
+        f"{by_pages.num_descriptors:,} | "
         f"{fmt(t_pages)} | {by_pages.num_descriptors / t_pages:,.0f} | — | — |",
         f"| (a) | `token_descriptors` (identical output) | {n_a:,} | {fmt(t_tokens)} | "
         f"{n_a / t_tokens:,.0f} | {t_tokens / t_pages:.2f}× the page path | ≤ 1.5× |",
-        f"| (b) head-major 16 -> 64 | `token_descriptors(coalesce=False)` | {n_b:,} | {fmt(t_b)} | "
+        f"| (b) head-major 16 -> 64 | `token_descriptors(coalesce=False)` | {n_b:,} | "
+        f"{fmt(t_b)} | "
         f"{n_b / t_b:,.0f} | {t_b / t_hm_pages:.2f}× the page path's {pairing:,} (16 -> 16) | "
         "≥ 300 M/s, ≤ 2× |",
-        f"| (b) | `token_descriptors()` (coalesced) | {merged.num_descriptors:,} | {fmt(t_b_merged)} | "
+        f"| (b) | `token_descriptors()` (coalesced) | {merged.num_descriptors:,} | "
+        f"{fmt(t_b_merged)} | "
         f"{n_b / t_b_merged:,.0f} | — | — |",
         f"| (b) | numpy, a descriptor per token and run (no merging, no checks) | {per_token:,} | "
-        f"{fmt(t_b_numpy)} | {per_token / t_b_numpy:,.0f} | pdplan {t_b_numpy / t_b:,.0f}× faster | — |",
-        f"| (c) two slot maps of {TOKENS:,} tokens | `token_slots` x 2 | — | {fmt(t_c)} | — | — | — |",
+        f"{fmt(t_b_numpy)} | {per_token / t_b_numpy:,.0f} | "
+        f"pdplan {t_b_numpy / t_b:,.0f}× faster | — |",
+        f"| (c) two slot maps of {TOKENS:,} tokens | `token_slots` x 2 | — | {fmt(t_c)} | "
+        "— | — | — |",
         f"| (c) | numpy `table[t // size] * size + t % size` x 2 | — | {fmt(t_c_numpy)} | — | "
         f"pdplan {t_c_numpy / t_c:.1f}× faster | — |",
         "",
@@ -219,7 +241,8 @@ def tables(repeat: int, callgrind: bool) -> str:
         lines += [
             "",
             "Instructions per request (valgrind --tool=callgrind, the stable measure): (a) page "
-            f"path {a_pages:,.0f}, `token_descriptors` {a_tokens:,.0f} ({a_tokens / a_pages:.2f}×); "
+            f"path {a_pages:,.0f}, `token_descriptors` {a_tokens:,.0f} "
+            f"({a_tokens / a_pages:.2f}×); "
             f"(b) `token_descriptors(coalesce=False)` {b_tokens:,.0f} against the page path's "
             f"{b_pages:,.0f} for the same count ({b_tokens / b_pages:.2f}×).",
         ]
@@ -231,7 +254,9 @@ def tables(repeat: int, callgrind: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--callgrind", action="store_true", help="add instruction counts for (a) and (b)")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="add instruction counts for (a) and (b)"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "tokens.md").write_text(tables(args.repeat, args.callgrind) + "\n")

@@ -265,7 +265,9 @@ def token_view(cache: np.ndarray, buffer: BufferLayout, units: int) -> np.ndarra
     return view
 
 
-def token_content(buffer_index: int, tokens: np.ndarray, units: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def token_content(
+    buffer_index: int, tokens: np.ndarray, units: np.ndarray, shape: tuple[int, ...]
+) -> np.ndarray:
     """The known value of every byte of every token: [token, plane, unit, byte] for the given
     logical units, the same wherever (and in whatever page size) the token is stored."""
     _, _, _, _, width = shape
@@ -273,7 +275,9 @@ def token_content(buffer_index: int, tokens: np.ndarray, units: np.ndarray, shap
     q = np.arange(shape[1])[None, :, None, None]
     u = units.astype(np.int64)[None, None, :, None]
     x = np.arange(width)[None, None, None, :]
-    return ((buffer_index * 131 + t * 31 + q * 17 + u * 7 + x * 3 + (x >> 8) * 5) % 251).astype(np.uint8)
+    return ((buffer_index * 131 + t * 31 + q * 17 + u * 7 + x * 3 + (x >> 8) * 5) % 251).astype(
+        np.uint8
+    )
 
 
 def token_units(buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:

@@ -12,9 +12,8 @@ from pdplan import (
     PDTransferPlanner,
     RankTransferPlan,
     TransferFragment,
+    _core,
 )
-
-from pdplan import _core
 
 #: Fields pdplan's fragments have beyond the reference's (wire format v2 on), with defaults.
 EXTRA_FIELDS = {

@@ -139,11 +139,23 @@ CASES = [
 TOKEN = 8 * 2  # one head of one token: head dim 8, bf16
 
 
-def token_kv(layers: int, heads: int, sizes: tuple[int, int], planes: int = 0, **replicas: int) -> tuple[Buffer, ...]:
+def token_kv(
+    layers: int, heads: int, sizes: tuple[int, int], planes: int = 0, **replicas: int
+) -> tuple[Buffer, ...]:
     """K and V of each layer in pages of `sizes` (prefill, decode) tokens."""
     kinds = (BufferKind.TARGET_K, BufferKind.TARGET_V)
     return tuple(
-        Buffer(2 * layer + i, kind, "kv_head", heads, TOKEN, padding=8, page_sizes=sizes, planes=planes, **replicas)
+        Buffer(
+            2 * layer + i,
+            kind,
+            "kv_head",
+            heads,
+            TOKEN,
+            padding=8,
+            page_sizes=sizes,
+            planes=planes,
+            **replicas,
+        )
         for layer in range(layers)
         for i, kind in enumerate(kinds)
     )
@@ -174,7 +186,9 @@ def token_case(
         held = np.arange(dst_pages) >= first // sizes[1]
         dst_table = np.where(held, dst_table, -1)
     tokens = Tokens(num_tokens, tuple(src_table.tolist()), tuple(dst_table.tolist()), (first, stop))
-    return Scenario(name, prefill_tp, decode_tp, buffers, capacity_pages=capacity, tokens=tokens, **kwargs)  # type: ignore[arg-type]
+    return Scenario(
+        name, prefill_tp, decode_tp, buffers, capacity_pages=capacity, tokens=tokens, **kwargs
+    )  # type: ignore[arg-type]
 
 
 TOKEN_CASES = [
@@ -198,9 +212,19 @@ TOKEN_CASES = [
         decode_replicas="all",
     ),
     token_case(
-        "tokens_prefix_hit_37_of_150_head_major_16_to_64", 8, 2, token_kv(1, 8, (16, 64)), moved=(37, 150)
+        "tokens_prefix_hit_37_of_150_head_major_16_to_64",
+        8,
+        2,
+        token_kv(1, 8, (16, 64)),
+        moved=(37, 150),
     ),
-    token_case("tokens_prefix_hit_37_of_150_nhd_16_to_16", 2, 8, token_kv(1, 8, (16, 16), planes=1), moved=(37, 150)),
+    token_case(
+        "tokens_prefix_hit_37_of_150_nhd_16_to_16",
+        2,
+        8,
+        token_kv(1, 8, (16, 16), planes=1),
+        moved=(37, 150),
+    ),
     token_case(
         "tokens_window_last_50_of_200_nhd_16_to_64",
         8,
@@ -219,7 +243,9 @@ TOKEN_CASES = [
         moved=(150, 200),
         window=True,
     ),
-    token_case("tokens_fused_kv_pages_16_to_32_tp4_to_tp2", 4, 2, token_kv(1, 8, (16, 32), planes=2)),
+    token_case(
+        "tokens_fused_kv_pages_16_to_32_tp4_to_tp2", 4, 2, token_kv(1, 8, (16, 32), planes=2)
+    ),
     token_case(
         "tokens_mla_replicated_16_to_64_tp4_to_tp2",
         4,
@@ -329,8 +355,6 @@ def test_through_nixl(scenario: Scenario, nixl_engine: None) -> None:
 
 
 @pytest.mark.nixl
-@pytest.mark.parametrize(
-    "scenario", NIXL_CASES[:2] + NIXL_CASES[4:5], ids=lambda s: s.name
-)
+@pytest.mark.parametrize("scenario", NIXL_CASES[:2] + NIXL_CASES[4:5], ids=lambda s: s.name)
 def test_through_nixl_prepped_lists(scenario: Scenario, nixl_engine: None) -> None:
     check(scenario, run_in_processes(scenario, engine="nixl-prepped"))

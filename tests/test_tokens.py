@@ -30,7 +30,7 @@ from pdplan import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from pd_transfer import Buffer, Scenario, Tokens, run_in_memory  # noqa: E402
+from pd_transfer import Buffer, Scenario, Tokens, run_in_memory
 
 # ---------------------------------------------------------------------------------------------
 # token_slots
@@ -83,10 +83,22 @@ def test_token_slots_refuse_what_cannot_be_a_slot_map() -> None:
 # Plans with token geometry
 
 
-def kv(tp: int, size: int, rows: int = 1, heads: int = 8, token_bytes: int = 256) -> tuple[BufferLayout, ...]:
+def kv(
+    tp: int, size: int, rows: int = 1, heads: int = 8, token_bytes: int = 256
+) -> tuple[BufferLayout, ...]:
     unit = token_bytes * size
     return tuple(
-        BufferLayout(i, kind, "kv_head", heads, size, unit, heads // min(tp, heads) * unit, max(1, tp // heads), rows)
+        BufferLayout(
+            i,
+            kind,
+            "kv_head",
+            heads,
+            size,
+            unit,
+            heads // min(tp, heads) * unit,
+            max(1, tp // heads),
+            rows,
+        )
         for i, kind in enumerate((BufferKind.TARGET_K, BufferKind.TARGET_V))
     )
 
@@ -130,27 +142,40 @@ def test_page_sizes_that_differ_turn_token_maps_on_and_encode_as_v3() -> None:
 
 
 def test_pairs_that_cannot_move_by_token_are_refused_with_the_reason() -> None:
-    layouts = dict(prefill_layout=ParallelLayout("prefill", 8), decode_layout=ParallelLayout("decode", 2))
+    layouts = dict(
+        prefill_layout=ParallelLayout("prefill", 8), decode_layout=ParallelLayout("decode", 2)
+    )
     # Equal unit bytes over different page sizes: tokens of different sizes (the reference pairs
     # these page to page, which is wrong).
     wrong = tuple(
-        BufferLayout(b.buffer_index, b.buffer_kind, "kv_head", 8, 64, 4096, 4 * 4096) for b in kv(2, 16)
+        BufferLayout(b.buffer_index, b.buffer_kind, "kv_head", 8, 64, 4096, 4 * 4096)
+        for b in kv(2, 16)
     )
     with pytest.raises(UnsupportedPDLayoutError, match="bytes of one token differ"):
         PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=wrong)  # type: ignore[arg-type]
     with pytest.raises(UnsupportedPDLayoutError, match="stored differently"):
         PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=kv(2, 64, rows=128))  # type: ignore[arg-type]
     # One plane each: head-major prefill pages into token-major decode pages move by token.
-    PDTransferPlanner(**layouts, prefill_buffers=kv(8, 16), decode_buffers=kv(2, 64, rows=64)).verify()  # type: ignore[arg-type]
+    PDTransferPlanner(
+        **layouts, prefill_buffers=kv(8, 16), decode_buffers=kv(2, 64, rows=64)
+    ).verify()  # type: ignore[arg-type]
     odd_rows = kv(8, 16, rows=8)
     with pytest.raises(UnsupportedPDLayoutError, match="neither 1"):
-        PDTransferPlanner(**layouts, prefill_buffers=odd_rows, decode_buffers=kv(2, 16, rows=8), token_maps=True)  # type: ignore[arg-type]
+        PDTransferPlanner(
+            **layouts, prefill_buffers=odd_rows, decode_buffers=kv(2, 16, rows=8), token_maps=True
+        )  # type: ignore[arg-type]
+
     def uneven(tp: int) -> tuple[BufferLayout, ...]:  # 1000-byte units: no 16-token slices
         return (BufferLayout(0, BufferKind.TARGET_K, "kv_head", 8, 16, 1000, 8 // tp * 1000),)
 
     with pytest.raises(UnsupportedPDLayoutError, match="divisible by page_size"):
-        PDTransferPlanner(**layouts, prefill_buffers=uneven(8), decode_buffers=uneven(2), token_maps=True)  # type: ignore[arg-type]
-    assert PDTransferPlanner(**layouts, prefill_buffers=uneven(8), decode_buffers=uneven(2)).verify() is None  # type: ignore[arg-type, func-returns-value]
+        PDTransferPlanner(
+            **layouts, prefill_buffers=uneven(8), decode_buffers=uneven(2), token_maps=True
+        )  # type: ignore[arg-type]
+    assert (
+        PDTransferPlanner(**layouts, prefill_buffers=uneven(8), decode_buffers=uneven(2)).verify()
+        is None
+    )  # type: ignore[arg-type, func-returns-value]
 
 
 def test_wire_v3_is_strict() -> None:
@@ -174,7 +199,9 @@ def test_wire_v3_is_strict() -> None:
 # token_descriptors
 
 
-def prepared_for(p: PDTransferPlanner, decode_rank: int, prefill_rank: int, pages: int = 64) -> tuple[PreparedTransfer, tuple[Any, ...]]:
+def prepared_for(
+    p: PDTransferPlanner, decode_rank: int, prefill_rank: int, pages: int = 64
+) -> tuple[PreparedTransfer, tuple[Any, ...]]:
     fragments = p.transfer_fragments(decode_rank)[prefill_rank]
     src = [b.item_stride_bytes * pages for b in p.prefill_buffers]
     dst = [b.item_stride_bytes * pages for b in p.decode_buffers]
@@ -192,7 +219,9 @@ def test_equal_page_sizes_give_the_page_path_descriptors(token_major: bool) -> N
     src_pages, dst_pages = rng.permutation(64)[:20], rng.permutation(64)[:20]
     n = 20 * 16
     by_pages = prepared.descriptors(src_pages, dst_pages)
-    by_tokens = prepared.token_descriptors(token_slots(src_pages, 16, n), token_slots(dst_pages, 16, n))
+    by_tokens = prepared.token_descriptors(
+        token_slots(src_pages, 16, n), token_slots(dst_pages, 16, n)
+    )
     for got, want in zip(by_tokens, by_pages):
         assert np.array_equal(got, want)
     # Contiguous pages merge the same way too.
@@ -205,7 +234,7 @@ def test_equal_page_sizes_give_the_page_path_descriptors(token_major: bool) -> N
 
 def test_token_descriptors_refuse_bad_requests_and_the_page_path_refuses_token_plans() -> None:
     p = planner(8, 2, (16, 64))
-    prepared, (fragments, src_bases, dst_bases, src, dst) = prepared_for(p, 1, 5)
+    prepared, (fragments, src_bases, dst_bases, _src, _dst) = prepared_for(p, 1, 5)
     slots = np.arange(100)
     cases: list[tuple[tuple[Any, Any], str]] = [
         ((slots, slots[:-1]), "request's length"),
@@ -256,10 +285,15 @@ def test_from_frames_prepares_token_plans() -> None:
     p = planner(2, 8, (64, 16))
     prepared, (fragments, src_bases, dst_bases, src, dst) = prepared_for(p, 5, 1)
     version, payload = encode_transfer_fragments(fragments)
-    framed = PreparedTransfer.from_frames(version, payload, src_bases, dst_bases, src_limits=src, dst_limits=dst)
+    framed = PreparedTransfer.from_frames(
+        version, payload, src_bases, dst_bases, src_limits=src, dst_limits=dst
+    )
     src_slots = token_slots([5, 2], 64, 100)
     dst_slots = token_slots(list(range(20, 27)), 16, 100)
-    for a, b in zip(framed.token_descriptors(src_slots, dst_slots), prepared.token_descriptors(src_slots, dst_slots)):
+    for a, b in zip(
+        framed.token_descriptors(src_slots, dst_slots),
+        prepared.token_descriptors(src_slots, dst_slots),
+    ):
         assert np.array_equal(a, b)
 
 
@@ -290,7 +324,18 @@ def test_any_layout_moves_exactly_the_tokens_asked_for(
     replicas = dict(prefill_replica=max(1, ptp // heads), decode_replica=max(1, dtp // heads))
     if axis == "replicated":
         heads, replicas = 1, {}
-    buffer = Buffer(0, BufferKind.TARGET_K, axis, heads, 4, padding=4, page_sizes=sizes, planes=planes[0], decode_planes=planes[1], **replicas)
+    buffer = Buffer(
+        0,
+        BufferKind.TARGET_K,
+        axis,
+        heads,
+        4,
+        padding=4,
+        page_sizes=sizes,
+        planes=planes[0],
+        decode_planes=planes[1],
+        **replicas,
+    )
     pages = [-(-num_tokens // size) for size in sizes]
     capacity = max(pages) + 2
     src_table = data.draw(st.permutations(range(capacity)))[: pages[0]]

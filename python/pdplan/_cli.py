@@ -420,7 +420,9 @@ def request_descriptors(
     # Every other page, backwards: neighbours in the request are never neighbours in memory.
     tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
     capacity = 2 * max(counts)
-    by_token = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis != "state_channel"]
+    by_token = [
+        b.buffer_index for b in planner.prefill_buffers if b.logical_axis != "state_channel"
+    ]
     state = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis == "state_channel"]
     src_limits = [b.item_stride_bytes * capacity for b in planner.prefill_buffers]
     dst_limits = [b.item_stride_bytes * capacity for b in planner.decode_buffers]
