@@ -412,6 +412,14 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
 /// A 1-D integer array (any integer dtype) or a sequence of ints, as signed 64-bit values:
 /// slot maps and page tables, where -1 marks what a rank does not hold.
 pub fn i64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<i64>> {
+    // The common case, a contiguous int64 array (what `token_slots` returns): one copy.
+    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
+        if let Ok(readonly) = array.try_readonly() {
+            if let Ok(slice) = readonly.as_slice() {
+                return Ok(slice.to_vec());
+            }
+        }
+    }
     macro_rules! from_array {
         ($($t:ty),*) => {$(
             if let Ok(array) = obj.cast::<PyArray1<$t>>() {
