@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,6 +32,7 @@ import numpy as np
 import pdplan
 from pdplan import PreparedTransfer, decode_transfer_fragments, encode_transfer_fragments
 
+import callgrind
 import pure_python
 from scenarios import llama70b_request
 
@@ -151,39 +150,12 @@ for _ in range(count):
 
 
 def instructions(way: str, pages: int, count: int, reference: Path | None) -> float:
-    """Instructions per call under callgrind: (count calls - no calls) / count."""
-    # The interpreter itself, not a shim; a venv's python (a link) keeps its venv.
-    python = sys.executable
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "run.py"
-        script.write_text(
-            CALLGRIND_SCRIPT.format(
-                benches=str(Path(__file__).resolve().parent),
-                reference=str(reference) if reference else None,
-            )
-        )
-        totals = []
-        for n in (0, count):
-            out = Path(tmp) / f"cg.{n}"
-            done = subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    python,
-                    str(script),
-                    way,
-                    str(pages),
-                    str(n),
-                ],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
-                check=True,
-            )
-            line = next(x for x in done.stderr.splitlines() if "Collected" in x)
-            totals.append(int(line.split(":")[-1].strip()))
-    return (totals[1] - totals[0]) / count
+    """Instructions per call of one way under callgrind."""
+    script = CALLGRIND_SCRIPT.format(
+        benches=str(Path(__file__).resolve().parent),
+        reference=str(reference) if reference else None,
+    )
+    return callgrind.instructions(script, [way, str(pages)], count)
 
 
 def nixl_handoff(setup: Setup, n: int) -> tuple[float, float]:

@@ -19,10 +19,6 @@ measure on this shared machine). Writes benches/results/tokens.md.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +28,7 @@ import numpy as np
 
 from pdplan import PDTransferPlanner, PreparedTransfer, token_slots
 
+import callgrind
 from scenarios import cluster
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -143,31 +140,9 @@ for _ in range(count):
 
 
 def instructions(way: str, count: int = 3) -> float:
-    """Instructions per call under callgrind: (count calls - no calls) / count."""
-    with tempfile.TemporaryDirectory() as tmp:
-        script = Path(tmp) / "run.py"
-        script.write_text(CALLGRIND_SCRIPT.format(benches=str(Path(__file__).resolve().parent)))
-        totals = []
-        for n in (0, count):
-            out = Path(tmp) / f"cg.{n}"
-            done = subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    sys.executable,
-                    str(script),
-                    way,
-                    str(n),
-                ],
-                capture_output=True,
-                text=True,
-                env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
-                check=True,
-            )
-            line = next(x for x in done.stderr.splitlines() if "Collected" in x)
-            totals.append(int(line.split(":")[-1].strip()))
-    return (totals[1] - totals[0]) / count
+    """Instructions per call of one way under callgrind."""
+    script = CALLGRIND_SCRIPT.format(benches=str(Path(__file__).resolve().parent))
+    return callgrind.instructions(script, [way], count)
 
 
 def tables(repeat: int, callgrind: bool) -> str:

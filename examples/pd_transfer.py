@@ -180,9 +180,17 @@ class Scenario:
 
 
 def kv_cache(
-    layers: int, heads: int, unit_bytes: int, rows: int = 1, staged: bool = False, **replicas: int
+    layers: int,
+    heads: int,
+    unit_bytes: int,
+    rows: int = 1,
+    staged: bool = False,
+    page_sizes: tuple[int, int] | None = None,
+    planes: int = 0,
+    **replicas: int,
 ) -> tuple[Buffer, ...]:
-    """K and V of each layer; `staged` tags each with its layer (for pipeline stages)."""
+    """K and V of each layer; `staged` tags each with its layer (for pipeline stages); with
+    `page_sizes`, in pages of those (prefill, decode) tokens, `unit_bytes` a unit of a token."""
     kinds = (BufferKind.TARGET_K, BufferKind.TARGET_V)
     return tuple(
         Buffer(
@@ -194,6 +202,8 @@ def kv_cache(
             padding=8,
             rows=rows,
             layer=layer if staged else None,
+            page_sizes=page_sizes,
+            planes=planes,
             **replicas,
         )
         for layer in range(layers)

@@ -291,6 +291,21 @@ impl Job<'_> {
 /// memory-bound, and a second core's bandwidth roughly halves the time).
 const PARALLEL_FROM: usize = 1 << 16;
 
+/// Where to split jobs of these descriptor counts between two threads: the first job index
+/// of the second half (where the running count passes half) and the first half's count.
+pub(crate) fn split_in_half(counts: impl Iterator<Item = usize> + Clone) -> (usize, usize) {
+    let total: usize = counts.clone().sum();
+    let (mut running, mut split) = (0, 0);
+    for count in counts {
+        running += count;
+        split += 1;
+        if running >= total / 2 {
+            break;
+        }
+    }
+    (split, running)
+}
+
 /// Writes every job's descriptors, in job order, into the (empty) columns of `out`.
 fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
     type Slots<'s> = &'s mut [MaybeUninit<u64>];
@@ -339,16 +354,7 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
     if total < PARALLEL_FROM || jobs.len() < 2 {
         fill(jobs, src, dst, len);
     } else {
-        // Split the jobs where the running descriptor count passes half.
-        let mut running = 0;
-        let split = jobs
-            .iter()
-            .position(|job| {
-                running += job.count();
-                running >= total / 2
-            })
-            .map_or(jobs.len(), |i| i + 1);
-        let first: usize = jobs[..split].iter().map(Job::count).sum();
+        let (split, first) = split_in_half(jobs.iter().map(Job::count));
         let (jobs_a, jobs_b) = jobs.split_at(split);
         let (src_a, src_b) = src.split_at_mut(first);
         let (dst_a, dst_b) = dst.split_at_mut(first);

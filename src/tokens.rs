@@ -14,7 +14,7 @@
 use std::borrow::Borrow;
 use std::mem::MaybeUninit;
 
-use crate::descriptors::{Buffers, Descriptors, Placement, MAX_DESCRIPTORS};
+use crate::descriptors::{split_in_half, Buffers, Descriptors, Placement, MAX_DESCRIPTORS};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::layout::MAX_PAGE_SIZE;
@@ -128,6 +128,9 @@ pub struct TokenPlaced {
     run_bytes: u64,
     /// A run's tokens lie one after another on both sides: one descriptor per segment.
     contiguous: bool,
+    /// Refused per request (slot maps select tokens), not when placed, so that the page path
+    /// of the same prepared transfer keeps working.
+    page_count: Option<u64>,
     src: TokenSide,
     dst: TokenSide,
 }
@@ -166,13 +169,6 @@ pub fn place_tokens(
     if !f.token_span().is_present() {
         return untokenized(position, f, any_tokenized);
     }
-    if f.page_count.is_some() {
-        bail!(
-            "fragment {position} limits itself to page_count={:?} pages, which slot maps do \
-             not use; select tokens with -1 slots instead",
-            f.page_count
-        );
-    }
     let (src_runs, dst_runs) = (f.src_token_runs(), f.dst_token_runs());
     let side = |buffers: &Buffers, name: &str, runs: crate::page::TokenRuns, stride| {
         let (base, limit) = buffers.base_and_limit(name, position, f.buffer_index)?;
@@ -199,6 +195,7 @@ pub fn place_tokens(
         runs: f.token_runs,
         run_bytes: f.token_run_bytes,
         contiguous: src_runs.tokens_contiguous() && dst_runs.tokens_contiguous(),
+        page_count: f.page_count,
         src: side(src, "src", src_runs, f.src_page_stride_bytes)?,
         dst: side(dst, "dst", dst_runs, f.dst_page_stride_bytes)?,
     })
@@ -440,6 +437,13 @@ impl Request {
         let mut counts = Vec::with_capacity(placed.len());
         let mut total: u64 = 0;
         for p in placed.iter().map(Borrow::borrow) {
+            if let Some(count) = p.page_count {
+                bail!(
+                    "fragment {} limits itself to page_count={count} pages, which slot maps do \
+                     not use; select tokens with -1 slots instead",
+                    p.position
+                );
+            }
             let found = by_sizes
                 .iter()
                 .position(|(sizes, _)| *sizes == p.page_sizes);
@@ -535,15 +539,8 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
     } else {
         // Split the fragments where the running count passes half; each half merges inside
         // itself, then the halves join (the second moves down over what the first merged).
-        let mut running = 0;
-        let split = counts
-            .iter()
-            .position(|&c| {
-                running += c;
-                running >= total / 2
-            })
-            .map_or(jobs.len(), |i| i + 1);
-        let first = usize::try_from(counts[..split].iter().sum::<u64>()).unwrap_or(0);
+        // Counts add up to `capacity`, which fits usize.
+        let (split, first) = split_in_half(counts.iter().map(|&c| usize::try_from(c).unwrap_or(0)));
         let (jobs_a, jobs_b) = jobs.split_at(split);
         let ((src_a, src_b), (dst_a, dst_b), (len_a, len_b)) = (
             src.split_at_mut(first),
@@ -834,6 +831,14 @@ mod tests {
         assert!(build_tokens(&placed, &[11], &[0], true).is_ok());
         let err = build_tokens(&placed, &[12], &[0], true).unwrap_err();
         assert!(err.message().contains("past its limit"), "{err}");
+        // page_count limits page pairs: refused per request, not when placed.
+        let counted = Fragment {
+            page_count: Some(1),
+            ..f
+        };
+        let placed = place_all_tokens(&[counted], &buffers(&[0]), &buffers(&[0])).unwrap();
+        let err = build_tokens(&placed, &[0], &[0], true).unwrap_err();
+        assert!(err.message().contains("page_count=1"), "{err}");
         let plain = Fragment::default();
         let err = place_all_tokens(&[plain], &buffers(&[0]), &buffers(&[0])).unwrap_err();
         assert!(err.message().contains("token_maps=True"), "{err}");

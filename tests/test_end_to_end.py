@@ -18,6 +18,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
+from pdplan import BufferKind
+
 from pd_transfer import (
     Buffer,
     Outcome,
@@ -27,8 +29,6 @@ from pd_transfer import (
     run_in_memory,
     run_in_processes,
 )
-
-from pdplan import BufferKind
 
 UNIT = 16 * 8 * 2  # 16 tokens x head dim 8 x bf16
 NHD = 16  # token-major pages: a row per token
@@ -143,22 +143,7 @@ def token_kv(
     layers: int, heads: int, sizes: tuple[int, int], planes: int = 0, **replicas: int
 ) -> tuple[Buffer, ...]:
     """K and V of each layer in pages of `sizes` (prefill, decode) tokens."""
-    kinds = (BufferKind.TARGET_K, BufferKind.TARGET_V)
-    return tuple(
-        Buffer(
-            2 * layer + i,
-            kind,
-            "kv_head",
-            heads,
-            TOKEN,
-            padding=8,
-            page_sizes=sizes,
-            planes=planes,
-            **replicas,
-        )
-        for layer in range(layers)
-        for i, kind in enumerate(kinds)
-    )
+    return kv_cache(layers, heads, TOKEN, page_sizes=sizes, planes=planes, **replicas)
 
 
 def token_case(

@@ -3,21 +3,13 @@
 //! the memory it was given (`[base, base + limit)` of the buffer its fragment names).
 #![no_main]
 
+mod common;
+
+use common::{assert_inside, Input};
 use libfuzzer_sys::fuzz_target;
 use pdplan::descriptors::Buffers;
 use pdplan::tokens::{build_tokens, place_all_tokens};
 use pdplan::{BufferKind, Fragment};
-
-/// Reads little-endian integers off the input, zero once it runs out.
-struct Input<'a>(&'a [u8]);
-
-impl Input<'_> {
-    fn int(&mut self, bytes: usize) -> u64 {
-        let (head, rest) = self.0.split_at(self.0.len().min(bytes));
-        self.0 = rest;
-        head.iter().rev().fold(0, |acc, &b| (acc << 8) | u64::from(b))
-    }
-}
 
 fuzz_target!(|data: &[u8]| {
     let mut input = Input(data);
@@ -81,14 +73,5 @@ fuzz_target!(|data: &[u8]| {
     let Ok(built) = build_tokens(&placed, &src_slots, &dst_slots, coalesce) else {
         return;
     };
-    for i in 0..built.len() {
-        let (s, d, len) = (built.src_addrs[i], built.dst_addrs[i], built.lengths[i]);
-        let inside = |addr: u64| {
-            bases.iter().zip(&limits).any(|(&base, &limit)| {
-                addr >= base && (addr - base).checked_add(len).is_some_and(|end| end <= limit)
-            })
-        };
-        assert!(inside(s), "src descriptor {i} outside every buffer");
-        assert!(inside(d), "dst descriptor {i} outside every buffer");
-    }
+    assert_inside(&built, &bases, &limits);
 });

@@ -345,35 +345,51 @@ pub fn frame<'a>(value: &'a Bound<'_, PyAny>, name: &str) -> Converted<Option<&'
         })
 }
 
-/// Non-negative integers from a 1-D numpy integer array (any width, signed or not) or from a
-/// sequence of Python ints: page indices, base addresses, limits.
-pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
+/// The integers a column may hold: what a value must be, for the messages.
+pub trait ColumnInt: numpy::Element + Copy + TryFrom<i128> {
+    /// What every entry must be.
+    const WHAT: &'static str;
+    /// Why an integer of a numpy array does not fit.
+    const MISFIT: &'static str;
+}
+
+impl ColumnInt for u64 {
+    const WHAT: &'static str = "a non-negative integer below 2^64";
+    const MISFIT: &'static str = "is negative";
+}
+
+impl ColumnInt for i64 {
+    const WHAT: &'static str = "an integer that fits 64 bits";
+    const MISFIT: &'static str = "does not fit a signed 64-bit slot";
+}
+
+/// Integers from a 1-D numpy integer array (any width, signed or not) or from a sequence of
+/// Python ints, each checked to fit `T`.
+fn int_column<T: ColumnInt>(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<T>> {
+    // An array of `T` itself, contiguous (what `token_slots` returns): one copy.
+    let same_type = obj.cast::<PyArray1<T>>().ok();
+    if let Some(readonly) = same_type.and_then(|a| a.try_readonly().ok()) {
+        if let Ok(slice) = readonly.as_slice() {
+            return Ok(slice.to_vec());
+        }
+    }
     macro_rules! from_array {
         ($($t:ty),*) => {$(
             if let Ok(array) = obj.cast::<PyArray1<$t>>() {
                 let readonly = array.try_readonly().map_err(|e| {
                     PlanError::new(format!("{name} cannot be read: {e}"))
                 })?;
-                let negative = |(i, v): (usize, $t)| {
-                    PlanError::new(format!("{name}[{i}] = {v} is negative"))
+                let misfit = |(i, v): (usize, $t)| {
+                    PlanError::new(format!("{name}[{i}] = {v} {}", T::MISFIT))
+                };
+                let convert = |(i, &v): (usize, &$t)| {
+                    T::try_from(i128::from(v)).map_err(|_| misfit((i, v)))
                 };
                 // Contiguous arrays (the common case) convert as a plain slice.
                 if let Ok(slice) = readonly.as_slice() {
-                    return slice
-                        .iter()
-                        .map(|&v| u64::try_from(v).ok())
-                        .collect::<Option<Vec<u64>>>()
-                        .ok_or_else(|| {
-                            let bad = slice.iter().copied().enumerate().find(|(_, v)| u64::try_from(*v).is_err());
-                            bad.map_or_else(|| PlanError::new(format!("{name} is negative")), negative)
-                        });
+                    return slice.iter().enumerate().map(convert).collect();
                 }
-                let view = readonly.as_array();
-                return view
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| u64::try_from(v).map_err(|_| negative((i, v))))
-                    .collect();
+                return readonly.as_array().iter().enumerate().map(convert).collect();
             }
         )*};
     }
@@ -397,11 +413,14 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
         let value = if item.is_instance_of::<PyBool>() {
             None
         } else {
-            item.extract::<u64>().ok()
+            item.extract::<i128>()
+                .ok()
+                .and_then(|v| T::try_from(v).ok())
         };
         out.push(value.ok_or_else(|| {
             PlanError::new(format!(
-                "{name}[{i}] must be a non-negative integer below 2^64, got {}",
+                "{name}[{i}] must be {}, got {}",
+                T::WHAT,
                 repr(&item)
             ))
         })?);
@@ -409,72 +428,12 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
     Ok(out)
 }
 
-/// A 1-D integer array (any integer dtype) or a sequence of ints, as signed 64-bit values:
-/// slot maps and page tables, where -1 marks what a rank does not hold.
+/// Non-negative integers: page indices, base addresses, limits.
+pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
+    int_column(obj, name)
+}
+
+/// Signed integers: slot maps and page tables, where -1 marks what a rank does not hold.
 pub fn i64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<i64>> {
-    // The common case, a contiguous int64 array (what `token_slots` returns): one copy.
-    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
-        if let Ok(readonly) = array.try_readonly() {
-            if let Ok(slice) = readonly.as_slice() {
-                return Ok(slice.to_vec());
-            }
-        }
-    }
-    macro_rules! from_array {
-        ($($t:ty),*) => {$(
-            if let Ok(array) = obj.cast::<PyArray1<$t>>() {
-                let readonly = array.try_readonly().map_err(|e| {
-                    PlanError::new(format!("{name} cannot be read: {e}"))
-                })?;
-                let too_large = |(i, v): (usize, $t)| {
-                    PlanError::new(format!("{name}[{i}] = {v} does not fit a signed 64-bit slot"))
-                };
-                if let Ok(slice) = readonly.as_slice() {
-                    #[allow(clippy::unnecessary_fallible_conversions)]
-                    return slice
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &v)| i64::try_from(v).map_err(|_| too_large((i, v))))
-                        .collect();
-                }
-                #[allow(clippy::unnecessary_fallible_conversions)]
-                return readonly
-                    .as_array()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| i64::try_from(v).map_err(|_| too_large((i, v))))
-                    .collect();
-            }
-        )*};
-    }
-    from_array!(i64, i32, i16, i8, u64, u32, u16, u8);
-    if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        bail!(
-            "{name} must be a 1-D integer array, got a {}-D array of {}",
-            array.ndim(),
-            array.dtype()
-        );
-    }
-    let iter = obj.try_iter().map_err(|_| {
-        PlanError::new(format!(
-            "{name} must be a 1-D integer numpy array or a sequence of ints, got {}",
-            type_name(obj)
-        ))
-    })?;
-    let mut out = Vec::new();
-    for (i, item) in iter.enumerate() {
-        let item = item.map_err(|e| PlanError::new(format!("{name}: {e}")))?;
-        let value = if item.is_instance_of::<PyBool>() {
-            None
-        } else {
-            item.extract::<i64>().ok()
-        };
-        out.push(value.ok_or_else(|| {
-            PlanError::new(format!(
-                "{name}[{i}] must be an integer that fits 64 bits, got {}",
-                repr(&item)
-            ))
-        })?);
-    }
-    Ok(out)
+    int_column(obj, name)
 }
