@@ -408,24 +408,22 @@ impl Fragment {
             ("src", self.src_token_runs()),
             ("dst", self.dst_token_runs()),
         ] {
-            if runs.page_size > 1 && runs.token_stride < runs.run_bytes {
+            if runs.runs == 1 && runs.run_stride != 0 {
                 bail!(
-                    "{side}_token_stride_bytes={} is below the {}-byte run of a token: the \
-                     tokens of one page would overlap",
-                    runs.token_stride,
-                    runs.run_bytes
+                    "{side}_token_run_stride_bytes={} must be 0 for a fragment of one run a token",
+                    runs.run_stride
                 );
             }
-            // A run's last token ends before the next run starts.
-            let run_reach = TokenRuns { runs: 1, ..runs }
-                .reach()
-                .map(|r| r - runs.offset);
-            let overlaps = runs.runs > 1 && run_reach.is_none_or(|r| runs.run_stride < r);
-            if overlaps || (runs.runs == 1 && runs.run_stride != 0) {
+            if !runs.pieces_disjoint() {
                 bail!(
-                    "{side}_token_run_stride_bytes={} must be 0 for one run, or for several at \
-                     least the bytes one run spans over the page's tokens",
-                    runs.run_stride
+                    "the {side} side's token pieces overlap: {} runs {} bytes apart of {} tokens \
+                     {} bytes apart, {} bytes each, must nest (runs apart by at least a run's \
+                     tokens, or tokens apart by at least a token's runs)",
+                    runs.runs,
+                    runs.run_stride,
+                    runs.page_size,
+                    runs.token_stride,
+                    runs.run_bytes
                 );
             }
             if runs.reach().is_none() {

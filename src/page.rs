@@ -395,6 +395,28 @@ impl TokenRuns {
             .checked_add(self.run_bytes)
     }
 
+    /// Whether no two of a page's pieces (run `i`, slot `s`) overlap: the pieces nest one way
+    /// or the other, runs outside tokens (head-major units, token-major planes) or tokens
+    /// outside runs (a head-major side facing a token-major one, unit by unit).
+    pub fn pieces_disjoint(self) -> bool {
+        // Bytes `count` pieces `stride` apart span, when they are each `inner` long.
+        let span = |count: u64, stride: u64, inner: u64| {
+            count
+                .checked_sub(1)
+                .and_then(|n| n.checked_mul(stride))
+                .and_then(|n| n.checked_add(inner))
+        };
+        let fits = |count: u64, stride: u64, inner: Option<u64>| {
+            count <= 1 || inner.is_some_and(|inner| stride >= inner)
+        };
+        let (b, runs, tokens) = (self.run_bytes, self.runs, self.page_size);
+        let runs_outside = fits(tokens, self.token_stride, Some(b))
+            && fits(runs, self.run_stride, span(tokens, self.token_stride, b));
+        let tokens_outside = fits(runs, self.run_stride, Some(b))
+            && fits(tokens, self.token_stride, span(runs, self.run_stride, b));
+        runs_outside || tokens_outside
+    }
+
     /// Whether a run's token pieces lie one after another (one descriptor per run of slots).
     pub const fn tokens_contiguous(self) -> bool {
         self.token_stride == self.run_bytes || self.page_size == 1
@@ -449,6 +471,49 @@ mod tests {
             Span::of_units(&whole, &buffer(4), &buffer(4)),
             Span::contiguous(0, 0, 4 * 16 * 256)
         );
+    }
+
+    #[test]
+    fn token_pieces_must_nest_one_way_or_the_other() {
+        // Two 8-byte units of 4 tokens: head-major (units outside tokens), token-major rows
+        // (tokens outside units), and strides that interleave them.
+        let runs = |run_stride, token_stride| TokenRuns {
+            offset: 0,
+            page_size: 4,
+            runs: 2,
+            run_bytes: 8,
+            token_stride,
+            run_stride,
+        };
+        // Byte-level brute force: does any byte belong to two pieces?
+        let overlap = |r: TokenRuns| {
+            let mut seen = std::collections::HashSet::new();
+            (0..r.runs).any(|i| {
+                (0..r.page_size).any(|s| {
+                    let start = i * r.run_stride + s * r.token_stride;
+                    (start..start + r.run_bytes).any(|byte| !seen.insert(byte))
+                })
+            })
+        };
+        for (run_stride, token_stride) in [
+            (32, 8),
+            (8, 16),
+            (8, 24),
+            (16, 8),
+            (24, 8),
+            (12, 24),
+            (32, 4),
+        ] {
+            let r = runs(run_stride, token_stride);
+            if r.pieces_disjoint() {
+                assert!(
+                    !overlap(r),
+                    "{run_stride} {token_stride} accepted but overlaps"
+                );
+            }
+        }
+        assert!(runs(32, 8).pieces_disjoint() && runs(8, 16).pieces_disjoint());
+        assert!(!runs(16, 8).pieces_disjoint() && !runs(32, 4).pieces_disjoint());
     }
 
     #[test]

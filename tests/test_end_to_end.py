@@ -229,6 +229,15 @@ TOKEN_CASES = [
         window=True,
     ),
     token_case(
+        "tokens_head_major_16_into_nhd_64_tp2_to_tp1",
+        2,
+        1,
+        tuple(
+            Buffer(i, kind, "kv_head", 8, TOKEN, padding=8, page_sizes=(16, 64), decode_planes=1)
+            for i, kind in enumerate((BufferKind.TARGET_K, BufferKind.TARGET_V))
+        ),
+    ),
+    token_case(
         "tokens_fused_kv_pages_16_to_32_tp4_to_tp2", 4, 2, token_kv(1, 8, (16, 32), planes=2)
     ),
     token_case(

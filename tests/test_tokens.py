@@ -303,7 +303,9 @@ def test_from_frames_prepares_token_plans() -> None:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    st.sampled_from([(1, 8, 8), (8, 1, 8), (2, 4, 4), (4, 2, 2), (4, 8, 2), (8, 2, 8)]),
+    st.sampled_from(
+        [(1, 8, 8), (8, 1, 8), (2, 4, 4), (4, 2, 2), (4, 8, 2), (8, 2, 8), (2, 1, 8), (1, 2, 8)]
+    ),
     st.sampled_from([(16, 64), (64, 16), (12, 20), (16, 16), (1, 7), (5, 5)]),
     st.sampled_from([(0, 0), (1, 1), (2, 2), (0, 1), (1, 0)]),
     st.sampled_from(["kv_head", "replicated"]),
