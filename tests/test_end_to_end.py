@@ -228,6 +228,14 @@ TOKEN_CASES = [
         moved=(150, 200),
         window=True,
     ),
+    # Same TP and page size: an identity plan, whose whole-item fragments carry token runs.
+    token_case(
+        "tokens_identity_tp2_nhd_16_to_16_from_token_5",
+        2,
+        2,
+        token_kv(1, 8, (16, 16), planes=1),
+        moved=(5, 150),
+    ),
     token_case(
         "tokens_head_major_16_into_nhd_64_tp2_to_tp1",
         2,
