@@ -71,7 +71,9 @@ def transfer_descriptors(
     int sequences).
     Anything that would point past a limit, negative pages, unequal page lengths, a buffer
     without a base pointer and 64-bit overflow raise ``UnsupportedPDLayoutError`` before any
-    descriptor is returned. Safe on fragments decoded from the wire.
+    descriptor is returned. Safe on fragments decoded from the wire. Fragments between pages of
+    different token counts do not pair page to page and are refused: build those from slot
+    maps with ``PreparedTransfer.token_descriptors``.
     """
     return _core.transfer_descriptors(
         fragments,
