@@ -305,6 +305,17 @@ def test_a_wrong_plan_is_caught_by_the_byte_comparison() -> None:
     assert outcome.mismatches
 
 
+#: Token scenarios that vary what the others already cover through an engine (a second
+#: prefix, a second window, identity, mixed layouts): in memory only, to keep CI short.
+IN_MEMORY_ONLY = {
+    "tokens_prefix_hit_37_of_150_nhd_16_to_16",
+    "tokens_window_last_50_of_200_head_major_64_to_16",
+    "tokens_identity_tp2_nhd_16_to_16_from_token_5",
+    "tokens_head_major_16_into_nhd_64_tp2_to_tp1",
+}
+MOONCAKE_TOKEN_CASES = [c for c in TOKEN_CASES if c.name not in IN_MEMORY_ONLY]
+
+
 def test_a_wrong_slot_is_caught_by_the_byte_comparison() -> None:
     """Token scenarios too: one destination slot off by one shows up as a mismatch."""
     import pd_transfer
@@ -326,7 +337,7 @@ def test_a_wrong_slot_is_caught_by_the_byte_comparison() -> None:
 
 
 @pytest.mark.mooncake
-@pytest.mark.parametrize("scenario", CASES + TOKEN_CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", CASES + MOONCAKE_TOKEN_CASES, ids=lambda s: s.name)
 def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
     check(scenario, run_in_processes(scenario))
 
