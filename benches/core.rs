@@ -32,6 +32,7 @@ fn kv_buffers(tp: u64) -> Vec<BufferLayout> {
             layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
+            sliding_window: None,
         })
         .collect()
 }

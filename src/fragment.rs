@@ -236,6 +236,9 @@ fragment_schema! {
     dst_token_stride_bytes: u64, since 3, default FieldValue::Int(0);
     src_token_run_stride_bytes: u64, since 3, default FieldValue::Int(0);
     dst_token_run_stride_bytes: u64, since 3, default FieldValue::Int(0);
+    /// A sliding-window buffer's window (tokens): a request of `n` tokens moves only tokens
+    /// `t >= n - sliding_window`. Needs token geometry; `None` moves every token.
+    sliding_window: Option<u64>, since 4, default FieldValue::OptionalInt(None);
 }
 
 /// The newest wire version a field needs.
@@ -325,6 +328,13 @@ impl Fragment {
         self
     }
 
+    /// Sets the sliding window (tokens), for a fragment with token geometry.
+    #[must_use]
+    pub const fn with_window(mut self, window: Option<u64>) -> Self {
+        self.sliding_window = window;
+        self
+    }
+
     /// Whether the fragment can only move by slot maps: its two sides' pages hold different
     /// token counts, so pages do not pair one to one.
     pub const fn needs_token_maps(&self) -> bool {
@@ -379,6 +389,14 @@ impl Fragment {
     /// and one side's pieces never overlap each other.
     fn validate_tokens(&self) -> PlanResult<()> {
         let span = self.token_span();
+        if let Some(window) = self.sliding_window {
+            if window == 0 || span.src_page_size == 0 {
+                bail!(
+                    "sliding_window={window} needs token geometry (src_page_size > 0) and a \
+                     positive window; leave it None to move every token"
+                );
+            }
+        }
         if !span.is_present() && span.dst_page_size == 0 {
             if span != TokenSpan::default() {
                 bail!(

@@ -285,6 +285,9 @@ pub struct BufferLayout {
     /// rows_per_page` apart. 1 is head-major; `page_size` is token-major (NHD).
     pub rows_per_page: u64,
     pub logical_parts: LogicalParts,
+    /// Tokens a sliding-window attention layer keeps: with token maps a request of `n` tokens
+    /// moves only its tokens `t >= n - sliding_window`. `None`: every token.
+    pub sliding_window: Option<u64>,
 }
 
 impl BufferLayout {
@@ -324,6 +327,18 @@ impl BufferLayout {
                 self.logical_size,
                 self.bytes_per_logical_unit
             ),
+        }
+        if let Some(window) = self.sliding_window {
+            if window == 0 || window > MAX_VALUE {
+                bail!("sliding_window={window} must be a positive token count below 2^63");
+            }
+            if !self.logical_axis.is_token_indexed() {
+                bail!(
+                    "sliding_window applies to buffers indexed by token, not to a {} buffer; \
+                     leave it None",
+                    self.logical_axis.as_str()
+                );
+            }
         }
         self.validate_rows()?;
         self.validate_parts()
@@ -390,6 +405,7 @@ pub(crate) mod tests {
             layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
+            sliding_window: None,
         }
     }
 
@@ -427,6 +443,7 @@ pub(crate) mod tests {
         let nhd = BufferLayout {
             rows_per_page: 16,
             logical_parts: LogicalParts::new(&[4, 2, 2]).unwrap(),
+            sliding_window: None,
             ..buffer()
         };
         assert!(nhd.validate().is_ok());
@@ -473,11 +490,13 @@ pub(crate) mod tests {
             },
             BufferLayout {
                 logical_parts: LogicalParts::new(&[4, 3]).unwrap(),
+                sliding_window: None,
                 ..buffer()
             },
             BufferLayout {
                 logical_axis: LogicalAxis::Replicated,
                 logical_parts: LogicalParts::new(&[4, 4]).unwrap(),
+                sliding_window: None,
                 ..buffer()
             },
         ] {

@@ -442,6 +442,7 @@ mod tests {
             layer: None,
             rows_per_page: 16,
             logical_parts: LogicalParts::WHOLE,
+            sliding_window: None,
         };
         let one_head = UnitOverlap {
             prefill_tp_rank: 5,

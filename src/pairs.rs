@@ -29,12 +29,13 @@ impl Same {
 }
 
 /// Whether a pair must be planned by token: a token-indexed buffer whose two sides' pages
-/// hold different token counts cannot be copied page to page.
-pub fn page_sizes_differ(prefill: &[BufferLayout], decode: &[BufferLayout]) -> bool {
-    prefill
-        .iter()
-        .zip(decode)
-        .any(|(p, d)| p.logical_axis.is_token_indexed() && p.page_size != d.page_size)
+/// hold different token counts cannot be copied page to page, and a sliding window is a
+/// selection of tokens.
+pub fn needs_token_maps(prefill: &[BufferLayout], decode: &[BufferLayout]) -> bool {
+    prefill.iter().zip(decode).any(|(p, d)| {
+        p.logical_axis.is_token_indexed()
+            && (p.page_size != d.page_size || p.sliding_window.is_some())
+    })
 }
 
 /// With token maps, a token-indexed buffer has a token geometry on both sides, and one token
@@ -105,6 +106,7 @@ pub fn validate_pairs(
             p.logical_parts.given(),
             d.logical_parts.given(),
         )?;
+        same.check("sliding windows", p.sliding_window, d.sliding_window)?;
         if token_maps && p.logical_axis.is_token_indexed() {
             check_token_geometry(position, p, d)?;
             if p.page_size != d.page_size {

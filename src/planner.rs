@@ -11,7 +11,7 @@ use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::layout::{BufferLayout, ParallelLayout};
 use crate::page::{Span, TokenGeometry};
-use crate::pairs::{page_sizes_differ, validate_alignment, validate_pairs};
+use crate::pairs::{needs_token_maps, validate_alignment, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
 use crate::routing::{first_holder, route, Class, DecodeReplicas, Route, Sharding};
 use crate::spread::Spread;
@@ -150,7 +150,7 @@ impl Planner {
         options: PlanOptions,
     ) -> PlanResult<Self> {
         let replicas = options.replicas;
-        let token_maps = options.token_maps || page_sizes_differ(prefill_buffers, decode_buffers);
+        let token_maps = options.token_maps || needs_token_maps(prefill_buffers, decode_buffers);
         validate_pairs(prefill_buffers, decode_buffers, token_maps)?;
         for (layout, buffers) in [(&prefill, prefill_buffers), (&decode, decode_buffers)] {
             for buffer in buffers {
@@ -610,7 +610,8 @@ impl Planner {
                         dst_row_stride_bytes: span.dst_row_stride,
                         ..Fragment::default()
                     }
-                    .with_token_span(span.tokens),
+                    .with_token_span(span.tokens)
+                    .with_window(pair.tokens.and(pair.prefill.sliding_window)),
                 );
             }
         });
@@ -668,6 +669,7 @@ mod tests {
             layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
+            sliding_window: None,
         }
     }
 

@@ -49,11 +49,13 @@ impl Stages {
         let partition = if let Some(partition) = layout.pp_layer_partition() {
             // Each entry is below 2^63 and their sum was checked with the layout.
             let total: u64 = partition.iter().sum();
-            if total != layers {
+            // Layers past the last buffer's keep no cache (an MLP layer ends Nemotron-H), so
+            // a partition may cover more layers than the buffers name, never fewer.
+            if total < layers {
                 bail!(
                     "the {role} side's pp_layer_partition {partition:?} covers {total} layers, \
                      but the buffers name layers 0..{layers}; give a partition that adds up to \
-                     {layers}"
+                     the model's layer count (at least {layers})"
                 );
             }
             partition.to_vec()
@@ -158,6 +160,9 @@ mod tests {
         assert_eq!(of, vec![0, 0, 1, 1, 1]);
         let err = Stages::of(&layout, 6).unwrap_err();
         assert!(err.message().contains("covers 5 layers"), "{err}");
+        // Trailing layers without a cache: the buffers name fewer layers than the partition.
+        let fewer = Stages::of(&layout, 4).unwrap();
+        assert_eq!((fewer.stage_of(1), fewer.stage_of(2), fewer.stage_of(3)), (0, 1, 1));
         let even = ParallelLayout::with_stages(Role::Decode, 8, 1, 4, None).unwrap();
         assert!(Stages::of(&even, 3).is_err());
         let stages = Stages::of(&even, 10).unwrap();

@@ -140,6 +140,8 @@ pub struct TokenPlaced {
     /// Refused per request (slot maps select tokens), not when placed, so that the page path
     /// of the same prepared transfer keeps working.
     page_count: Option<u64>,
+    /// A sliding-window buffer's window: only a request's last `window` tokens move.
+    window: Option<u64>,
     src: TokenSide,
     dst: TokenSide,
 }
@@ -205,6 +207,7 @@ pub fn place_tokens(
         run_bytes: f.token_run_bytes,
         contiguous: src_runs.tokens_contiguous() && dst_runs.tokens_contiguous(),
         page_count: f.page_count,
+        window: f.sliding_window,
         src: side(src, "src", src_runs, f.src_page_stride_bytes)?,
         dst: side(dst, "dst", dst_runs, f.dst_page_stride_bytes)?,
     })
@@ -425,7 +428,7 @@ const PARALLEL_FROM: u64 = 1 << 16;
 
 /// One request's templates, which template each fragment uses, and the descriptor counts.
 struct Request {
-    templates: Vec<(Shape, Template)>,
+    templates: Vec<((Shape, usize), Template)>,
     which: Vec<usize>,
     counts: Vec<u64>,
     total: u64,
@@ -439,9 +442,10 @@ impl Request {
         (src_slots, dst_slots): (&[i64], &[i64]),
         coalesce: bool,
     ) -> PlanResult<Self> {
-        // Segments per pair of page sizes, templates per shape (one of each in most plans).
-        let mut by_sizes: Vec<((u64, u64), Segments)> = Vec::new();
-        let mut templates: Vec<(Shape, Template)> = Vec::new();
+        // Segments per pair of page sizes and first token (windows start late), templates per
+        // shape and first token (one of each in most plans).
+        let mut by_sizes: Vec<(((u64, u64), usize), Segments)> = Vec::new();
+        let mut templates: Vec<((Shape, usize), Template)> = Vec::new();
         let mut which = Vec::with_capacity(placed.len());
         let mut counts = Vec::with_capacity(placed.len());
         let mut total: u64 = 0;
@@ -453,11 +457,17 @@ impl Request {
                     p.position
                 );
             }
-            let found = by_sizes
-                .iter()
-                .position(|(sizes, _)| *sizes == p.page_sizes);
+            // A window keeps tokens `t >= n - window` of a request of `n` tokens.
+            let first = p.window.map_or(0, |w| {
+                src_slots
+                    .len()
+                    .saturating_sub(usize::try_from(w).unwrap_or(usize::MAX))
+            });
+            let key = (p.page_sizes, first);
+            let found = by_sizes.iter().position(|(k, _)| *k == key);
             let at = found.unwrap_or_else(|| {
-                by_sizes.push((p.page_sizes, segments(src_slots, dst_slots, p.page_sizes)));
+                let (src, dst) = (&src_slots[first..], &dst_slots[first..]);
+                by_sizes.push((key, segments(src, dst, p.page_sizes)));
                 by_sizes.len() - 1
             });
             let segs = &by_sizes[at].1;
@@ -466,25 +476,25 @@ impl Request {
                 p.src.placement.check("src", who, segs.largest_src_page)?;
                 p.dst.placement.check("dst", who, segs.largest_dst_page)?;
             }
-            let shape = p.shape();
+            let shape = (p.shape(), first);
             let known = templates.iter().position(|(s, _)| *s == shape);
             let template = if let Some(template) = known {
                 template
             } else {
                 // Bounded before it is built: one fragment's share of the limit.
-                let unmerged = if shape.contiguous {
+                let unmerged = if shape.0.contiguous {
                     segs.list.len() as u64
                 } else {
                     segs.tokens
                 };
-                if unmerged.saturating_mul(shape.runs) > MAX_DESCRIPTORS {
+                if unmerged.saturating_mul(shape.0.runs) > MAX_DESCRIPTORS {
                     bail!(
                         "fragment {} alone would make more than {MAX_DESCRIPTORS} descriptors; \
                          split the request's tokens",
                         p.position
                     );
                 }
-                templates.push((shape, Template::of(&shape, &segs.list, coalesce)));
+                templates.push((shape, Template::of(&shape.0, &segs.list, coalesce)));
                 templates.len() - 1
             };
             let count = templates[template].1.count() as u64;

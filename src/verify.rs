@@ -693,6 +693,7 @@ mod tests {
             layer: None,
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
+            sliding_window: None,
         }
     }
 

@@ -35,7 +35,9 @@ def stage_of_layer(layout: ParallelLayout, layers: int) -> list[int] | None:
     pp = layout.pp_size
     if layout.pp_layer_partition is not None:
         counts = list(layout.pp_layer_partition)
-        if sum(counts) != layers:
+        # Layers past the buffers' keep no cache (an MLP layer may end a model): a partition
+        # may cover more layers than the buffers name, not fewer.
+        if sum(counts) < layers:
             return None
     else:
         if layers < pp:

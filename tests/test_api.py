@@ -48,6 +48,15 @@ def planner(prefill_tp: int = 8, decode_tp: int = 2, **kwargs: Any) -> PDTransfe
 
 def test_public_names() -> None:
     assert set(pdplan.__all__) == {
+        "AttentionLayer",
+        "AttentionMamba2Layer",
+        "GatedDeltaNetLayer",
+        "LayerKindSummary",
+        "Mamba1Layer",
+        "Mamba2Layer",
+        "MlaLayer",
+        "MlpLayer",
+        "ModelLayer",
         "BufferKind",
         "ParallelLayout",
         "BufferLayout",
@@ -108,6 +117,7 @@ def test_public_names() -> None:
                 ("rows_per_page", 1),
                 ("logical_parts", None),
                 ("layer", None),
+                ("sliding_window", None),
             ],
         ),
         (
@@ -134,6 +144,7 @@ def test_public_names() -> None:
                 ("dst_token_stride_bytes", 0),
                 ("src_token_run_stride_bytes", 0),
                 ("dst_token_run_stride_bytes", 0),
+                ("sliding_window", None),
             ],
         ),
         (
@@ -473,7 +484,9 @@ def test_pipeline_stages_need_layers_that_add_up() -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="names no layer"):
         build(staged, (*layered[:2], kv(2, 2)))
     with pytest.raises(UnsupportedPDLayoutError, match="covers 3 layers"):
-        build(staged, layered[:2])
+        build(staged, (*layered, kv(3, 2, layer=3)))
+    # Layers past the last buffer's keep no cache (an MLP layer): the partition may cover them.
+    build(staged, layered[:2]).verify()
     # Without stages the layer is ignored: the same plans as the reference's.
     plain = build(ParallelLayout("prefill", 2), layered)
     unlayered = build(ParallelLayout("prefill", 2), tuple(kv(i, 2) for i in range(3)))
@@ -498,7 +511,7 @@ def test_a_one_stage_partition_is_checked_against_the_layers_the_buffers_name() 
     unnamed.verify()
     build(tuple(kv(i, 2, layer=i) for i in range(3)), decode_pp=3).verify()
     with pytest.raises(UnsupportedPDLayoutError, match=r"partition \[3\] covers 3 layers, but"):
-        build(tuple(kv(i, 2, layer=i) for i in range(2)), decode_pp=2)
+        build(tuple(kv(i, 2, layer=i) for i in range(4)), decode_pp=2)
 
 
 def test_vllm_layer_partition() -> None:

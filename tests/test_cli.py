@@ -237,8 +237,8 @@ def test_pipeline_stages(capsys: pytest.CaptureFixture[str]) -> None:
     # Layers 0-2 come from stage 0 (6 buffers), layers 3-4 from stage 1 (4 buffers).
     assert "0 (stage 0)         0 (stage 0)          6" in out
     assert "0 (stage 0)         2 (stage 1)          4" in out
-    code, _, err = run(capsys, "check", *staged[:-1], "3,3")
-    assert code == 2 and "covers 6 layers" in err
+    code, _, err = run(capsys, "check", *staged[:-1], "2,2")
+    assert code == 2 and "covers 4 layers" in err
     # A one-stage partition of the model's layers is no stage at all: planned as without one.
     one = ["--prefill-tp", "2", "--decode-tp", "1", "--model", "llama-3-8b"]
     code, out, err = run(capsys, "plan", *one, "--prefill-pp-partition", "32")

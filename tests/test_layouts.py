@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -10,19 +11,34 @@ import pytest
 
 from pdplan import (
     MODEL_PRESETS,
+    AttentionLayer,
     BufferKind,
     ItemLengths,
+    MlaLayer,
     ModelShape,
     ParallelLayout,
     PDTransferPlanner,
     UnsupportedPDLayoutError,
     buffer_layouts_from_item_lengths,
     model_buffer_layouts,
+    vllm_layer_partition,
 )
 
 
-@pytest.mark.parametrize("name", MODEL_PRESETS)
-@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(8, 2), (2, 8), (4, 4)])
+#: Presets whose Mamba2 layers have one group (n_groups=1), which runtimes replicate at TP > 1
+#: and pdplan does not plan yet: they plan at TP 1 (and their refusal is tested below).
+ONE_GROUP = {"falcon-h1-7b"}
+
+
+def preset_tps(pairs: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
+    return [
+        (name, *tps)
+        for name in MODEL_PRESETS
+        for tps in (pairs if name not in ONE_GROUP else [(1, 1)])
+    ]
+
+
+@pytest.mark.parametrize(("name", "prefill_tp", "decode_tp"), preset_tps([(8, 2), (2, 8), (4, 4)]))
 @pytest.mark.parametrize("kv_layout", ["HND", "NHD"])
 def test_every_preset_plans_and_verifies(
     name: str, prefill_tp: int, decode_tp: int, kv_layout: Literal["HND", "NHD"]
@@ -74,7 +90,7 @@ def test_mla_mamba_and_draft_presets() -> None:
     mla, _ = model_buffer_layouts(ModelShape.preset("deepseek-v3", page_size=64), 8, 4)
     assert {b.logical_axis for b in mla} == {"replicated"}
     assert mla[0].item_stride_bytes == 64 * (512 + 64) * 2
-    hybrid, _ = model_buffer_layouts(ModelShape.preset("mamba2-hybrid-8b"), 4, 2)
+    hybrid, _ = model_buffer_layouts(ModelShape.preset("nemotron-h-8b"), 4, 2)
     states = [b for b in hybrid if b.buffer_kind == BufferKind.MAMBA_STATE]
     # Each Mamba layer: its SSM state, then its conv state (x | B | C, each part sharded).
     assert len(states) == 48 and states[0].logical_axis == "state_channel"
@@ -123,7 +139,8 @@ def test_hf_config_reader(tmp_path: Path) -> None:
         "torch_dtype": "float16",
     }
     shape = ModelShape.from_hf_config(write(tmp_path, qwen), page_size=32)
-    assert (shape.layers, shape.kv_heads, shape.head_dim, shape.page_size) == (28, 4, 128, 32)
+    assert shape.model_layers == (AttentionLayer(kv_heads=4, head_dim=128),) * 28
+    assert shape.page_size == 32
     assert shape.dtype == "float16"  # the dtype the config names, not a size class
     deepseek = {
         "num_hidden_layers": 61,
@@ -134,11 +151,12 @@ def test_hf_config_reader(tmp_path: Path) -> None:
         "torch_dtype": "bfloat16",
     }
     shape = ModelShape.from_hf_config(write(tmp_path, deepseek))
-    assert (shape.mla_kv_lora_rank, shape.mla_rope_head_dim) == (512, 64)
+    assert shape.model_layers == (MlaLayer(kv_lora_rank=512, rope_head_dim=64),) * 61
     mha = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
-    assert ModelShape.from_hf_config(write(tmp_path, mha)).kv_heads == 4
+    (layer, _) = ModelShape.from_hf_config(write(tmp_path, mha)).model_layers
+    assert layer == AttentionLayer(kv_heads=4, head_dim=64)
     nested = {"text_config": llama, "vision_config": {}}
-    assert ModelShape.from_hf_config(write(tmp_path, nested)).layers == 80
+    assert ModelShape.from_hf_config(write(tmp_path, nested)).num_layers == 80
 
 
 @pytest.mark.parametrize(
@@ -291,27 +309,51 @@ def test_bad_arguments_are_layout_errors(call: object, message: str) -> None:
         call()  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("name", MODEL_PRESETS)
+@pytest.mark.parametrize(("name", "prefill_tp", "decode_tp"), preset_tps([(2, 4)]))
 @pytest.mark.parametrize(("prefill_pp", "decode_pp"), [(2, 1), (1, 2), (2, 4)])
 def test_every_preset_plans_with_pipeline_stages(
-    name: str, prefill_pp: int, decode_pp: int
+    name: str, prefill_tp: int, decode_tp: int, prefill_pp: int, decode_pp: int
 ) -> None:
     shape = ModelShape.preset(name)
-    prefill, decode = model_buffer_layouts(shape, 2, 4, prefill_pp=prefill_pp, decode_pp=decode_pp)
-    layers = {b.layer for b in prefill}
-    assert None not in layers and max(layers) + 1 == len(layers)  # type: ignore[operator]
+    prefill, decode = model_buffer_layouts(
+        shape, prefill_tp, decode_tp, prefill_pp=prefill_pp, decode_pp=decode_pp
+    )
+    # Every buffer names its layer; the layers named are exactly those with a cache.
+    with_cache = {i for i, layer in enumerate(shape.model_layers) if layer.kind != "mlp"}
+    assert {b.layer for b in prefill} == with_cache
     if shape.draft_layers:  # draft buffers sit on the last layer, so the last stage
-        assert prefill[-1].layer == max(layers)  # type: ignore[type-var]
+        assert prefill[-1].layer == shape.num_layers - 1
+
+    def layout(role: Literal["prefill", "decode"], tp: int, pp: int) -> ParallelLayout:
+        # Stages split the model's layers, MLP-only ones too (vLLM's default split).
+        partition = vllm_layer_partition(shape.num_layers, pp) if pp > 1 else None
+        return ParallelLayout(role, tp * pp, pp_size=pp, pp_layer_partition=partition)
+
     planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 2 * prefill_pp, pp_size=prefill_pp),
-        decode_layout=ParallelLayout("decode", 4 * decode_pp, pp_size=decode_pp),
+        prefill_layout=layout("prefill", prefill_tp, prefill_pp),
+        decode_layout=layout("decode", decode_tp, decode_pp),
         prefill_buffers=prefill,
         decode_buffers=decode,
     )
     planner.verify()
-    # Without stages the same shape names no layers: plans exactly as before.
-    plain, _ = model_buffer_layouts(shape, 2, 4)
-    assert {b.layer for b in plain} == {None}
+    # Without stages the layers are ignored: the same plans as buffers that name none.
+    plain, plain_decode = model_buffer_layouts(shape, prefill_tp, decode_tp)
+    unnamed = [tuple(replace(b, layer=None) for b in side) for side in (plain, plain_decode)]
+    plans = [
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", prefill_tp),
+            decode_layout=ParallelLayout("decode", decode_tp),
+            prefill_buffers=p,
+            decode_buffers=d,
+        ).plan_for_decode_rank(decode_tp - 1)
+        for p, d in ((plain, plain_decode), unnamed)
+    ]
+    assert plans[0] == plans[1]
+
+
+def test_one_group_mamba2_at_tp_above_one_is_refused_by_name() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=r"layer 0 .*1 groups \(n_groups\)"):
+        model_buffer_layouts(ModelShape.preset("falcon-h1-7b"), 2, 1)
 
 
 @pytest.mark.parametrize(

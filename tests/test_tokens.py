@@ -125,7 +125,7 @@ def test_page_sizes_that_differ_turn_token_maps_on_and_encode_as_v3() -> None:
     version, payload = encode_transfer_fragments(fragments)
     assert version == b"3"
     assert decode_transfer_fragments(version, payload) == fragments
-    assert pdplan.TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3)
+    assert pdplan.TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4)
     # Equal page sizes keep token maps off by default, and v1 frames.
     default = planner(8, 2, (16, 16))
     assert not default.token_maps
@@ -260,7 +260,7 @@ def test_token_descriptors_refuse_bad_requests_and_the_page_path_refuses_token_p
 
 
 def test_state_buffers_must_be_left_out_of_token_descriptors() -> None:
-    shape = ModelShape.preset("mamba2-hybrid-8b")
+    shape = ModelShape.preset("nemotron-h-8b")
     prefill, decode = model_buffer_layouts(shape, 4, 2)
     p = PDTransferPlanner(
         prefill_layout=ParallelLayout("prefill", 4),

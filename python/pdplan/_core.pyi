@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pdplan._descriptors import TransferDescriptors
-from pdplan._layouts import ItemLengths, ModelShape
+from pdplan._layouts import ItemLengths, ModelLayer, ModelShape
 from pdplan._model import (
     BufferLayout,
     ParallelLayout,
@@ -46,7 +46,9 @@ __all__ = [
     "encode_transfer_fragments",
     "frame_cache_info",
     "model_buffers",
-    "model_shape_fields",
+    "model_layers",
+    "model_shape_parts",
+    "model_summary",
     "rank_coordinates",
     "token_slots",
     "transfer_descriptors",
@@ -116,9 +118,13 @@ def vllm_layer_partition(layers: int, pp_size: int) -> list[int]: ...
 def buffers_from_item_lengths(
     items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...
-def model_shape_fields(
+def model_shape_parts(
     config_text: str | None = None, preset: str | None = None, page_size: int | None = None
-) -> tuple[str, list[tuple[str, int]]]: ...
+) -> tuple[str, tuple[ModelLayer, ...], tuple[int, int, int]]: ...
+def model_layers(shape: ModelShape) -> tuple[ModelLayer, ...]: ...
+def model_summary(
+    shape: ModelShape,
+) -> list[tuple[str, list[int], int, int, int | None]]: ...
 def dtype_bytes(name: str) -> int: ...
 
 @final

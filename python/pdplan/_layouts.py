@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pdplan import _core
 from pdplan._core import UnsupportedPDLayoutError
@@ -15,7 +15,16 @@ from pdplan._model import BufferKind, BufferLayout
 
 __all__ = [
     "MODEL_PRESETS",
+    "AttentionLayer",
+    "AttentionMamba2Layer",
+    "GatedDeltaNetLayer",
     "ItemLengths",
+    "LayerKindSummary",
+    "Mamba1Layer",
+    "Mamba2Layer",
+    "MlaLayer",
+    "MlpLayer",
+    "ModelLayer",
     "ModelShape",
     "buffer_layouts_from_item_lengths",
     "model_buffer_layouts",
@@ -26,60 +35,204 @@ MODEL_PRESETS: tuple[str, ...] = tuple(_core.MODEL_PRESETS)
 
 
 @dataclass(frozen=True)
-class ModelShape:
-    """What decides a model's cache buffers. Zero leaves an optional part out.
+class AttentionLayer:
+    """Attention with a paged KV cache: K and V of ``kv_heads`` x ``head_dim`` a token (GQA
+    replica groups where TP exceeds the heads); a sliding-window layer keeps ``sliding_window``
+    tokens."""
 
-    Buffers, in order: per layer its K and V (``kv_head``, GQA replica groups where TP exceeds
-    ``kv_heads``), or one replicated MLA latent buffer when ``mla_kv_lora_rank`` is set; then
-    per Mamba layer its SSM state (``state_channel``: ``mamba_channels`` of
-    ``mamba_bytes_per_channel`` bytes) and, when ``mamba_conv_x_channels`` is set, its conv
-    state (channels ``x | B | C`` = ``mamba_conv_x_channels``, ``mamba_conv_bc_channels`` twice,
-    each part sharded by TP on its own, ``mamba_conv_width`` inputs a channel); then
-    ``draft_layers`` of draft K and V.
-    """
-
-    layers: int
+    kind: ClassVar[str] = "attention"
     kv_heads: int
     head_dim: int
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True)
+class MlaLayer:
+    """Multi-head latent attention: one replicated latent of ``kv_lora_rank + rope_head_dim``
+    values a token; with ``index_head_dim`` also the indexer's key cache (DeepSeek-V3.2)."""
+
+    kind: ClassVar[str] = "mla"
+    kv_lora_rank: int
+    rope_head_dim: int = 0
+    index_head_dim: int = 0
+
+
+@dataclass(frozen=True)
+class Mamba2Layer:
+    """Mamba2: SSM state ``[heads, head_dim, state_size]`` (sharded by heads) and the conv
+    state over ``x | B | C`` (``heads * head_dim``, ``groups * state_size`` twice)."""
+
+    kind: ClassVar[str] = "mamba2"
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int = 1
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
+class Mamba1Layer:
+    """Mamba (Jamba's): SSM state ``[inner_size, state_size]`` and the conv state
+    ``[inner_size, conv_kernel - 1]``, both sharded over ``inner_size``."""
+
+    kind: ClassVar[str] = "mamba1"
+    inner_size: int
+    state_size: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetLayer:
+    """Gated DeltaNet linear attention (Qwen3-Next): recurrent state ``[value_heads,
+    key_head_dim, value_head_dim]`` (sharded by value heads) and the conv state over
+    ``q | k | v``."""
+
+    kind: ClassVar[str] = "gated_deltanet"
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
+class AttentionMamba2Layer:
+    """Attention and Mamba2 side by side in one layer (Falcon-H1)."""
+
+    kind: ClassVar[str] = "attention_mamba2"
+    attention: AttentionLayer
+    mamba: Mamba2Layer
+
+
+@dataclass(frozen=True)
+class MlpLayer:
+    """A layer without a cache (MLP or MoE); it still counts for pipeline stages."""
+
+    kind: ClassVar[str] = "mlp"
+
+
+ModelLayer = (
+    AttentionLayer
+    | MlaLayer
+    | Mamba2Layer
+    | Mamba1Layer
+    | GatedDeltaNetLayer
+    | AttentionMamba2Layer
+    | MlpLayer
+)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What decides a model's cache buffers: its layers in order, dtypes and page size.
+
+    Configs and presets give ``layer_kinds``, one layer object per model layer. The flat
+    fields are a shorthand for a uniform stack: ``layers`` attention layers of ``kv_heads`` x
+    ``head_dim`` (MLA when ``mla_kv_lora_rank`` is set); give one form or the other.
+    ``model_layers`` is the list either way.
+
+    ``kv_cache_dtype`` (default: ``dtype``) is the KV cache's element type: a float8 variant,
+    or ``"nvfp4"`` (4-bit values; one fp8 scale per 16 values, kept as their own K and V scale
+    buffers). ``state_dtype`` (default: ``dtype``) is the SSM and recurrent states' (vLLM's
+    ``mamba_ssm_cache_dtype``, often float32); conv states keep ``dtype``. ``draft_layers`` of
+    draft K and V follow the model's buffers, on its last layer.
+    """
+
+    layers: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
     dtype: str = "bfloat16"
     page_size: int = 16
     mla_kv_lora_rank: int = 0
     mla_rope_head_dim: int = 0
-    mamba_layers: int = 0
-    mamba_channels: int = 0
-    mamba_bytes_per_channel: int = 0
-    mamba_conv_x_channels: int = 0
-    mamba_conv_bc_channels: int = 0
-    mamba_conv_width: int = 0
     draft_layers: int = 0
     draft_kv_heads: int = 0
     draft_head_dim: int = 0
+    kv_cache_dtype: str | None = None
+    state_dtype: str | None = None
+    layer_kinds: tuple[ModelLayer, ...] = ()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.layer_kinds, list):
+            object.__setattr__(self, "layer_kinds", tuple(self.layer_kinds))
 
     @classmethod
     def preset(cls, name: str, page_size: int = 16) -> ModelShape:
-        """A named shape (see ``MODEL_PRESETS``)."""
-        return cls._from_fields(_core.model_shape_fields(preset=name, page_size=page_size))
+        """A named model (see ``MODEL_PRESETS``), read from its published ``config.json``
+        values."""
+        return cls._from_parts(_core.model_shape_parts(preset=name, page_size=page_size), page_size)
 
     @classmethod
     def from_hf_config(cls, path: str | Path, page_size: int = 16) -> ModelShape:
-        """Layers, KV heads, head dim, dtype and MLA ranks from a local ``config.json``.
+        """The model a local Hugging Face ``config.json`` describes, layer by layer (README:
+        "Reading configs" lists the keys read for each family).
 
-        The dtype is the one the config names (``dtype`` or ``torch_dtype``: bfloat16, float16,
-        float32, the float8 variants, int8), bfloat16 when it names none; an unknown one is
-        refused."""
+        The dtype is the one the config names (``dtype`` or ``torch_dtype``), bfloat16 when it
+        names none. A layer pattern or layer kind pdplan does not read is refused by name.
+        Pass ``kv_cache_dtype``/``state_dtype`` with ``dataclasses.replace``."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UnsupportedPDLayoutError(f"cannot read {path}: {exc}") from None
-        return cls._from_fields(_core.model_shape_fields(config_text=text, page_size=page_size))
+        parts = _core.model_shape_parts(config_text=text, page_size=page_size)
+        return cls._from_parts(parts, page_size)
 
     @classmethod
-    def _from_fields(cls, fields: tuple[str, list[tuple[str, int]]]) -> ModelShape:
-        dtype, pairs = fields
-        return cls(dtype=dtype, **dict(pairs))
+    def _from_parts(
+        cls, parts: tuple[str, tuple[ModelLayer, ...], tuple[int, int, int]], page_size: int
+    ) -> ModelShape:
+        dtype, layers, (draft_layers, draft_kv_heads, draft_head_dim) = parts
+        return cls(
+            dtype=dtype,
+            page_size=page_size,
+            layer_kinds=layers,
+            draft_layers=draft_layers,
+            draft_kv_heads=draft_kv_heads,
+            draft_head_dim=draft_head_dim,
+        )
+
+    @property
+    def model_layers(self) -> tuple[ModelLayer, ...]:
+        """Every model layer in order (the uniform shorthand expanded)."""
+        return self.layer_kinds or _core.model_layers(self)
+
+    @property
+    def num_layers(self) -> int:
+        """Model layers, MLP-only ones included: what pipeline stages split."""
+        return len(self.model_layers)
+
+    def summary(self) -> tuple[LayerKindSummary, ...]:
+        """The model per layer kind, in order of first appearance (then its draft model)."""
+        return tuple(
+            LayerKindSummary(label, tuple(layers), token, state, window)
+            for label, layers, token, state, window in _core.model_summary(self)
+        )
 
     def to_json(self) -> str:
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)})
+        return json.dumps(asdict(self))
+
+
+@dataclass(frozen=True)
+class LayerKindSummary:
+    """One kind of layer in a model: where it is and what one such layer keeps."""
+
+    label: str
+    layers: tuple[int, ...]
+    #: Bytes one token takes in one such layer, over all TP ranks.
+    token_bytes: int
+    #: Bytes of state one request keeps in one such layer, over all TP ranks.
+    state_bytes: int
+    sliding_window: int | None
+
+    def where(self) -> str:
+        """The layers as ranges: ``3, 7-9, 12``."""
+        spans: list[list[int]] = []
+        for layer in self.layers:
+            if spans and spans[-1][1] + 1 == layer:
+                spans[-1][1] = layer
+            else:
+                spans.append([layer, layer])
+        return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 @dataclass(frozen=True)
@@ -109,10 +262,11 @@ def model_buffer_layouts(
 
     ``kv_layout`` is how KV pages store tokens: ``"HND"`` (``[heads][page_size][head_dim]``,
     head-major, one row a page) or ``"NHD"`` (``[page_size][heads][head_dim]``, a row per token,
-    as SGLang and vLLM keep them). With pipeline stages on either side (``prefill_pp`` or
-    ``decode_pp`` above 1) every buffer names its layer: attention layer ``i`` is layer ``i``,
-    Mamba layers follow the attention layers, and draft-model buffers sit on the last layer
-    (the last stage)."""
+    as SGLang and vLLM keep them). Buffers follow the model's layers in order, each naming its
+    layer (``BufferLayout.layer``); draft-model buffers sit on the last layer (the last stage).
+    Pipeline stages split ``shape.num_layers`` layers: when the model's last layers keep no
+    cache (an MLP layer ends Nemotron-H), give the layouts a ``pp_layer_partition`` of that
+    many layers (``vllm_layer_partition(shape.num_layers, pp)`` for vLLM's)."""
     return _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout, prefill_pp, decode_pp)
 
 

@@ -95,6 +95,9 @@ class BufferLayout:
     #: The model layer the buffer belongs to: required when either side has pipeline stages
     #: (which hold layers in order), ignored otherwise.
     layer: int | None = None
+    #: A sliding-window attention layer's window (tokens): with token maps (turned on by a
+    #: window) a request of ``n`` tokens moves only its tokens ``t >= n - sliding_window``.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.logical_parts, list):
@@ -138,6 +141,9 @@ class TransferFragment:
     dst_token_stride_bytes: int = 0
     src_token_run_stride_bytes: int = 0
     dst_token_run_stride_bytes: int = 0
+    #: A sliding-window buffer's window (wire format v4): a request of ``n`` tokens moves only
+    #: tokens ``t >= n - sliding_window``. Needs token geometry.
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         _core.check_transfer_fragment(self)

@@ -80,6 +80,7 @@ pub fn from_item_lengths(
         layer: None,
         rows_per_page: item.rows_per_page,
         logical_parts: LogicalParts::WHOLE,
+        sliding_window: None,
     };
     let axis = if item.buffer_kind == BufferKind::MambaState {
         LogicalAxis::StateChannel

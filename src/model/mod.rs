@@ -1,15 +1,22 @@
-//! Buffer layouts derived from a model (its shape, a preset, a local `config.json`) or from the
+//! Buffer layouts derived from a model (its layers, a preset, a local `config.json`) or from the
 //! byte lengths a runtime knows, so runtimes and the command line do not hand-build them.
 
 mod buffers;
 mod dtype;
+mod hf_config;
 mod item_lengths;
+mod layers;
 mod shape;
+mod summary;
 
-pub use buffers::{model_buffers, pair_buffers, tag_layers};
+pub use buffers::{model_buffers, pair_buffers};
 pub use dtype::{dtype_bytes, Dtype};
+pub use hf_config::shape_from_hf_config;
 pub use item_lengths::{from_item_lengths, ItemLengths};
-pub use shape::{
-    preset, shape_from, shape_from_hf_config, ConvShape, DraftShape, KvLayout, MambaShape,
-    MlaShape, ModelShape, MAX_PAGE_SIZE, PRESET_NAMES,
+pub use layers::{
+    AttentionShape, GatedDeltaNetShape, Layer, Mamba1Shape, Mamba2Shape, MlaShape,
 };
+pub use shape::{
+    preset, shape_from, DraftShape, KvLayout, ModelShape, MAX_LAYERS, MAX_PAGE_SIZE, PRESET_NAMES,
+};
+pub use summary::{summarize, KindSummary};

@@ -1,39 +1,10 @@
-//! What decides a model's cache buffers (`ModelShape`), from a Hugging Face `config.json` or a
-//! named preset, each validated where it is made.
-
-use serde_json::Value;
+//! What decides a model's cache buffers (`ModelShape`): its layers in order, its dtypes and
+//! page size; from a Hugging Face `config.json` (`hf_config`), a named preset, or fields.
 
 use super::dtype::Dtype;
-use crate::error::{bail, PlanError, PlanResult};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MlaShape {
-    pub kv_lora_rank: u64,
-    pub rope_head_dim: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct MambaShape {
-    pub layers: u64,
-    /// SSM state channels across all TP ranks (sharded by TP).
-    pub channels: u64,
-    /// Bytes of one channel's SSM state.
-    pub bytes_per_channel: u64,
-    /// The conv state, when the model keeps one (Mamba2 does).
-    pub conv: Option<ConvShape>,
-}
-
-/// Mamba2's conv state: channels `x | B | C` (each sharded by TP on its own), each holding the
-/// last `width` inputs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ConvShape {
-    /// Channels of `x` (the SSM's inner size).
-    pub x_channels: u64,
-    /// Channels of `B`, and again of `C` (groups x state size).
-    pub bc_channels: u64,
-    /// Inputs kept per channel (the conv kernel size minus one).
-    pub width: u64,
-}
+use super::hf_config::shape_from_hf_config;
+use super::layers::{AttentionShape, Layer, MlaShape};
+use crate::error::{bail, PlanResult};
 
 /// How a KV page stores its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -63,6 +34,8 @@ impl KvLayout {
     }
 }
 
+/// A speculative-decoding draft model's attention layers, kept after the target model's and
+/// run on its last layer's stage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DraftShape {
     pub layers: u64,
@@ -70,112 +43,68 @@ pub struct DraftShape {
     pub head_dim: u64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Most layers a model may have: buffers are listed one by one.
+pub const MAX_LAYERS: u64 = 1 << 16;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelShape {
-    /// Attention layers with a KV cache (0 for a pure state-space model).
-    pub layers: u64,
-    pub kv_heads: u64,
-    pub head_dim: u64,
+    /// Every model layer in order (MLP-only layers too: they count for pipeline stages).
+    pub layers: Vec<Layer>,
     pub dtype: Dtype,
+    /// The KV cache's element type; `None`: the model's dtype.
+    pub kv_cache_dtype: Option<Dtype>,
+    /// SSM and recurrent states' element type; `None`: the model's dtype.
+    pub state_dtype: Option<Dtype>,
     pub page_size: u64,
-    pub mla: Option<MlaShape>,
-    pub mamba: Option<MambaShape>,
     pub draft: Option<DraftShape>,
 }
 
-fn config_u64(config: &Value, keys: &[&str]) -> PlanResult<Option<u64>> {
-    for key in keys {
-        match config.get(*key) {
-            None | Some(Value::Null) => {}
-            Some(value) => {
-                return value.as_u64().map(Some).ok_or_else(|| {
-                    PlanError::new(format!(
-                        "config.json: {key} must be a non-negative integer, got {value}"
-                    ))
-                })
-            }
-        }
+impl ModelShape {
+    /// `layers` uniform layers: attention of `kv_heads` x `head_dim`, or MLA when `mla` is set.
+    pub fn uniform(
+        layers: u64,
+        (kv_heads, head_dim): (u64, u64),
+        mla: Option<MlaShape>,
+        dtype: Dtype,
+        page_size: u64,
+    ) -> PlanResult<Self> {
+        check_layer_count(layers)?;
+        let layer = mla.map_or(
+            Layer::Attention(AttentionShape {
+                kv_heads,
+                head_dim,
+                sliding_window: None,
+            }),
+            Layer::Mla,
+        );
+        Ok(Self {
+            layers: (0..layers).map(|_| layer).collect(),
+            dtype,
+            kv_cache_dtype: None,
+            state_dtype: None,
+            page_size,
+            draft: None,
+        })
     }
-    Ok(None)
+
+    pub fn kv_dtype(&self) -> Dtype {
+        self.kv_cache_dtype.unwrap_or(self.dtype)
+    }
+
+    pub fn state_dtype(&self) -> Dtype {
+        self.state_dtype.unwrap_or(self.dtype)
+    }
 }
 
-/// A model shape from a Hugging Face `config.json` (read locally; nothing is fetched).
-pub fn shape_from_hf_config(text: &str, page_size: u64) -> PlanResult<ModelShape> {
-    check_page_size(page_size)?;
-    let parsed: Value = serde_json::from_str(text)
-        .map_err(|e| PlanError::new(format!("config.json is not valid JSON: {e}")))?;
-    // Multimodal configs nest the language model.
-    let config = parsed
-        .get("text_config")
-        .filter(|v| v.is_object())
-        .unwrap_or(&parsed);
-    if !config.is_object() {
-        bail!("config.json must hold a JSON object");
+pub fn check_layer_count(layers: u64) -> PlanResult<()> {
+    if layers > MAX_LAYERS {
+        bail!("{layers} layers is implausibly large; at most {MAX_LAYERS}");
     }
-    let require = |keys: &[&str]| -> PlanResult<u64> {
-        config_u64(config, keys)?.ok_or_else(|| {
-            PlanError::new(format!(
-                "config.json has no {}; is it a decoder model's config?",
-                keys.join(" or ")
-            ))
-        })
-    };
-    let layers = require(&["num_hidden_layers", "n_layer", "num_layers"])?;
-    let attention_heads = require(&["num_attention_heads", "n_head"])?;
-    let kv_heads = config_u64(config, &["num_key_value_heads", "multi_query_group_num"])?
-        .unwrap_or(attention_heads);
-    let head_dim = if let Some(dim) = config_u64(config, &["head_dim"])? {
-        dim
-    } else {
-        let hidden = require(&["hidden_size", "n_embd"])?;
-        if attention_heads == 0 || hidden % attention_heads != 0 {
-            bail!(
-                "config.json: hidden_size={hidden} is not a multiple of \
-                 num_attention_heads={attention_heads}"
-            );
-        }
-        hidden / attention_heads
-    };
-    // Newer configs say `dtype`, older ones `torch_dtype`; multimodal ones may keep it outside
-    // `text_config`. A config that names none is taken as bfloat16, the common cache type.
-    let named = ["dtype", "torch_dtype"]
-        .iter()
-        .find_map(|k| config.get(*k).filter(|v| !v.is_null()))
-        .or_else(|| {
-            ["dtype", "torch_dtype"]
-                .iter()
-                .find_map(|k| parsed.get(*k).filter(|v| !v.is_null()))
-        });
-    let dtype = match named {
-        None => Dtype::BFloat16,
-        Some(Value::String(name)) => {
-            Dtype::parse(name).map_err(|e| PlanError::new(format!("config.json: {e}")))?
-        }
-        Some(other) => {
-            bail!("config.json: dtype must be a string such as \"bfloat16\", got {other}")
-        }
-    };
-    let mla = match config_u64(config, &["kv_lora_rank"])? {
-        Some(rank) if rank > 0 => Some(MlaShape {
-            kv_lora_rank: rank,
-            rope_head_dim: config_u64(config, &["qk_rope_head_dim"])?.unwrap_or(0),
-        }),
-        _ => None,
-    };
-    Ok(ModelShape {
-        layers,
-        kv_heads,
-        head_dim,
-        dtype,
-        page_size,
-        mla,
-        mamba: None,
-        draft: None,
-    })
+    Ok(())
 }
 
 /// Tokens a page: positive, and small enough that a page's bytes stay countable.
-fn check_page_size(page_size: u64) -> PlanResult<()> {
+pub fn check_page_size(page_size: u64) -> PlanResult<()> {
     if page_size == 0 || page_size > MAX_PAGE_SIZE {
         bail!("page_size={page_size} must be between 1 and {MAX_PAGE_SIZE} tokens");
     }
@@ -197,106 +126,55 @@ pub fn shape_from(
     }
 }
 
-/// Named shapes for the command line and examples.
-pub const PRESET_NAMES: [&str; 6] = [
-    "llama-3-8b",
-    "llama-3-70b",
-    "llama-3-70b-eagle",
-    "qwen2.5-32b",
-    "deepseek-v3",
-    "mamba2-hybrid-8b",
+/// Named models: each the published `config.json` values its shape is read from
+/// (`src/model/presets/`), and a draft model for the EAGLE preset.
+const PRESETS: [(&str, &str, Option<DraftShape>); 16] = [
+    ("llama-3-8b", include_str!("presets/llama-3-8b.json"), None),
+    ("llama-3-70b", include_str!("presets/llama-3-70b.json"), None),
+    (
+        "llama-3-70b-eagle",
+        include_str!("presets/llama-3-70b.json"),
+        Some(DraftShape {
+            layers: 1,
+            kv_heads: 8,
+            head_dim: 128,
+        }),
+    ),
+    ("qwen2.5-32b", include_str!("presets/qwen2.5-32b.json"), None),
+    ("qwen3-235b-a22b", include_str!("presets/qwen3-235b-a22b.json"), None),
+    ("qwen3-next-80b-a3b", include_str!("presets/qwen3-next-80b-a3b.json"), None),
+    ("deepseek-v3", include_str!("presets/deepseek-v3.json"), None),
+    ("deepseek-v3.2", include_str!("presets/deepseek-v3.2.json"), None),
+    ("nemotron-h-8b", include_str!("presets/nemotron-h-8b.json"), None),
+    ("nemotron-h-56b", include_str!("presets/nemotron-h-56b.json"), None),
+    ("jamba-1.5-mini", include_str!("presets/jamba-1.5-mini.json"), None),
+    ("gpt-oss-20b", include_str!("presets/gpt-oss-20b.json"), None),
+    ("gpt-oss-120b", include_str!("presets/gpt-oss-120b.json"), None),
+    ("gemma-3-27b", include_str!("presets/gemma-3-27b.json"), None),
+    ("falcon-h1-7b", include_str!("presets/falcon-h1-7b.json"), None),
+    ("mamba-codestral-7b", include_str!("presets/mamba-codestral-7b.json"), None),
 ];
 
-pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
-    check_page_size(page_size)?;
-    let base = ModelShape {
-        layers: 32,
-        kv_heads: 8,
-        head_dim: 128,
-        dtype: Dtype::BFloat16,
-        page_size,
-        mla: None,
-        mamba: None,
-        draft: None,
-    };
-    Ok(match name {
-        "llama-3-8b" => base,
-        "llama-3-70b" => ModelShape { layers: 80, ..base },
-        "llama-3-70b-eagle" => ModelShape {
-            layers: 80,
-            draft: Some(DraftShape {
-                layers: 1,
-                kv_heads: 8,
-                head_dim: 128,
-            }),
-            ..base
-        },
-        "qwen2.5-32b" => ModelShape { layers: 64, ..base },
-        "deepseek-v3" => ModelShape {
-            layers: 61,
-            kv_heads: 1,
-            head_dim: 576,
-            mla: Some(MlaShape {
-                kv_lora_rank: 512,
-                rope_head_dim: 64,
-            }),
-            ..base
-        },
-        "mamba2-hybrid-8b" => ModelShape {
-            layers: 4,
-            mamba: Some(MambaShape {
-                layers: 24,
-                channels: 8192,
-                bytes_per_channel: 128 * 2,
-                // d_inner 8192, 8 groups x 128 state, kernel 4.
-                conv: Some(ConvShape {
-                    x_channels: 8192,
-                    bc_channels: 1024,
-                    width: 3,
-                }),
-            }),
-            ..base
-        },
-        other => bail!(
-            "unknown model preset {other:?}; choose one of {}",
-            PRESET_NAMES.join(", ")
-        ),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn hf_config() {
-        let llama = r#"{"num_hidden_layers": 80, "num_attention_heads": 64,
-            "num_key_value_heads": 8, "hidden_size": 8192, "torch_dtype": "bfloat16"}"#;
-        let shape = shape_from_hf_config(llama, 16).unwrap();
-        assert_eq!(
-            (
-                shape.layers,
-                shape.kv_heads,
-                shape.head_dim,
-                shape.dtype.bytes()
-            ),
-            (80, 8, 128, 2)
-        );
-        let ds = r#"{"num_hidden_layers": 61, "num_attention_heads": 128, "hidden_size": 7168,
-            "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}"#;
-        assert_eq!(
-            shape_from_hf_config(ds, 64)
-                .unwrap()
-                .mla
-                .unwrap()
-                .kv_lora_rank,
-            512
-        );
-        assert!(shape_from_hf_config("{}", 16)
-            .unwrap_err()
-            .message()
-            .contains("num_hidden_layers"));
-        assert!(shape_from_hf_config("[", 16).is_err());
-        assert!(shape_from_hf_config(r#"{"num_hidden_layers": "80"}"#, 16).is_err());
+/// The preset names, in the order `PRESETS` lists them.
+pub const PRESET_NAMES: [&str; PRESETS.len()] = {
+    let mut names = [""; PRESETS.len()];
+    let mut i = 0;
+    while i < PRESETS.len() {
+        names[i] = PRESETS[i].0;
+        i += 1;
     }
+    names
+};
+
+pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
+    let Some((_, config, draft)) = PRESETS.iter().find(|(n, _, _)| *n == name) else {
+        bail!(
+            "unknown model preset {name:?}; choose one of {}",
+            PRESET_NAMES.join(", ")
+        );
+    };
+    Ok(ModelShape {
+        draft: *draft,
+        ..shape_from_hf_config(config, page_size)?
+    })
 }

@@ -11,7 +11,10 @@ use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, LogicalAxis, LogicalParts, ParallelLayout, Role, MAX_VALUE,
 };
-use crate::model::{ConvShape, DraftShape, Dtype, ItemLengths, MambaShape, MlaShape, ModelShape};
+use crate::model::{
+    AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, Layer, Mamba1Shape,
+    Mamba2Shape, MlaShape, ModelShape,
+};
 use crate::wire;
 
 pub type Converted<T> = Result<T, PlanError>;
@@ -205,6 +208,10 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
             .transpose()?,
         rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
         logical_parts: f.parts(name!(f, "logical_parts"))?,
+        sliding_window: f
+            .optional(name!(f, "sliding_window"))
+            .map(|v| to_u64(&v, "sliding_window"))
+            .transpose()?,
     };
     buffer.validate()?;
     Ok(buffer)
@@ -243,7 +250,8 @@ pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Conv
     Ok(fragment)
 }
 
-/// A `ModelShape` (flat fields; zero means "absent" for the optional parts).
+/// A `ModelShape`: its layers (`layer_kinds`) or the uniform stack its flat fields describe,
+/// its dtypes and its draft model (zero layers: none).
 pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
     let f = Fields { obj };
     let field = |name: &str| -> Converted<u64> {
@@ -255,36 +263,128 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
         })?;
         to_u64(&value, name)
     };
-    let dtype = f.string(name!(f, "dtype"))?;
-    let mla = MlaShape {
-        kv_lora_rank: field("mla_kv_lora_rank")?,
-        rope_head_dim: field("mla_rope_head_dim")?,
+    let dtype = Dtype::parse(&f.string(name!(f, "dtype"))?)?;
+    let page_size = field("page_size")?;
+    let kinds = match f.optional(name!(f, "layer_kinds")) {
+        Some(list) => each(&list, "layer_kinds", layer)?,
+        None => Vec::new(),
     };
-    let conv = ConvShape {
-        x_channels: field("mamba_conv_x_channels")?,
-        bc_channels: field("mamba_conv_bc_channels")?,
-        width: field("mamba_conv_width")?,
+    let uniform = field("layers")?;
+    let mut shape = if kinds.is_empty() {
+        let mla = MlaShape {
+            kv_lora_rank: field("mla_kv_lora_rank")?,
+            rope_head_dim: field("mla_rope_head_dim")?,
+            index_head_dim: 0,
+        };
+        let dims = (field("kv_heads")?, field("head_dim")?);
+        ModelShape::uniform(uniform, dims, (mla.kv_lora_rank > 0).then_some(mla), dtype, page_size)?
+    } else {
+        if uniform > 0 {
+            bail!(
+                "give the model either as layers=N (a uniform stack) or as layer_kinds, not \
+                 both (layers={uniform}, {} layer_kinds)",
+                kinds.len()
+            );
+        }
+        ModelShape {
+            layers: kinds,
+            dtype,
+            kv_cache_dtype: None,
+            state_dtype: None,
+            page_size,
+            draft: None,
+        }
     };
-    let mamba = MambaShape {
-        layers: field("mamba_layers")?,
-        channels: field("mamba_channels")?,
-        bytes_per_channel: field("mamba_bytes_per_channel")?,
-        conv: (conv.x_channels > 0).then_some(conv),
+    let optional_dtype = |name: &str| -> Converted<Option<Dtype>> {
+        match obj.getattr(name).ok().filter(|v| !v.is_none()) {
+            None => Ok(None),
+            Some(value) => {
+                let text = string_arg(&value, name)?;
+                // vLLM's "auto": the model's dtype.
+                if text == "auto" {
+                    return Ok(None);
+                }
+                Dtype::parse(&text)
+                    .map(Some)
+                    .map_err(|e| PlanError::new(format!("{name}: {e}")))
+            }
+        }
     };
+    shape.kv_cache_dtype = optional_dtype("kv_cache_dtype")?;
+    shape.state_dtype = optional_dtype("state_dtype")?;
     let draft = DraftShape {
         layers: field("draft_layers")?,
         kv_heads: field("draft_kv_heads")?,
         head_dim: field("draft_head_dim")?,
     };
-    Ok(ModelShape {
-        layers: field("layers")?,
-        kv_heads: field("kv_heads")?,
-        head_dim: field("head_dim")?,
-        dtype: Dtype::parse(&dtype)?,
-        page_size: field("page_size")?,
-        mla: (mla.kv_lora_rank > 0).then_some(mla),
-        mamba: (mamba.layers > 0).then_some(mamba),
-        draft: (draft.layers > 0).then_some(draft),
+    shape.draft = (draft.layers > 0).then_some(draft);
+    Ok(shape)
+}
+
+/// One layer object (`AttentionLayer`, `Mamba2Layer`, ...), by its `kind`.
+pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
+    let f = Fields { obj };
+    let kind = f.string(name!(f, "kind"))?;
+    let int = |name: &str| -> Converted<u64> {
+        let value = obj.getattr(name).map_err(|_| {
+            PlanError::new(format!("a {kind} layer needs a {name:?} field, got {}", repr(obj)))
+        })?;
+        to_u64(&value, name)
+    };
+    let attention = |obj: &Bound<'_, PyAny>| -> Converted<AttentionShape> {
+        let Layer::Attention(a) = layer(obj)? else {
+            bail!("expected an AttentionLayer, got {}", repr(obj));
+        };
+        Ok(a)
+    };
+    let mamba2 = |obj: &Bound<'_, PyAny>| -> Converted<Mamba2Shape> {
+        let Layer::Mamba2(m) = layer(obj)? else {
+            bail!("expected a Mamba2Layer, got {}", repr(obj));
+        };
+        Ok(m)
+    };
+    Ok(match kind.as_str() {
+        "attention" => Layer::Attention(AttentionShape {
+            kv_heads: int("kv_heads")?,
+            head_dim: int("head_dim")?,
+            sliding_window: f
+                .optional(name!(f, "sliding_window"))
+                .map(|v| to_u64(&v, "sliding_window"))
+                .transpose()?,
+        }),
+        "mla" => Layer::Mla(MlaShape {
+            kv_lora_rank: int("kv_lora_rank")?,
+            rope_head_dim: int("rope_head_dim")?,
+            index_head_dim: int("index_head_dim")?,
+        }),
+        "mamba2" => Layer::Mamba2(Mamba2Shape {
+            heads: int("heads")?,
+            head_dim: int("head_dim")?,
+            state_size: int("state_size")?,
+            groups: int("groups")?,
+            conv_kernel: int("conv_kernel")?,
+        }),
+        "mamba1" => Layer::Mamba1(Mamba1Shape {
+            inner_size: int("inner_size")?,
+            state_size: int("state_size")?,
+            conv_kernel: int("conv_kernel")?,
+        }),
+        "gated_deltanet" => Layer::GatedDeltaNet(GatedDeltaNetShape {
+            key_heads: int("key_heads")?,
+            value_heads: int("value_heads")?,
+            key_head_dim: int("key_head_dim")?,
+            value_head_dim: int("value_head_dim")?,
+            conv_kernel: int("conv_kernel")?,
+        }),
+        "attention_mamba2" => Layer::AttentionMamba2(
+            attention(&f.get(name!(f, "attention"))?)?,
+            mamba2(&f.get(name!(f, "mamba"))?)?,
+        ),
+        "mlp" => Layer::Mlp,
+        other => bail!(
+            "unknown layer kind {other:?}: use attention, mla, mamba2, mamba1, gated_deltanet, \
+             attention_mamba2 or mlp"
+        ),
     })
 }
 

@@ -3,7 +3,7 @@
 //! types here; every rule is the core's (`crate::model`, `crate::stages`).
 
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
 use super::convert::{each, item_lengths, model_shape, string_arg, to_u64, Converted};
 use super::objects::buffer_layout_object;
@@ -89,15 +89,81 @@ fn buffers_from_item_lengths<'py>(
     layout_tuples(py, pairs.into_iter().unzip())
 }
 
-/// The dtype name and the integer shape fields of a Hugging Face `config.json` text, or of a
-/// preset.
+/// A layer as its Python class (`pdplan._layouts`), built with keywords.
+fn layer_object<'py>(py: Python<'py>, layer: &model::Layer) -> PyResult<Bound<'py, PyAny>> {
+    let module = py.import("pdplan._layouts")?;
+    let kwargs = PyDict::new(py);
+    let class = match layer {
+        model::Layer::Attention(a) => {
+            kwargs.set_item("kv_heads", a.kv_heads)?;
+            kwargs.set_item("head_dim", a.head_dim)?;
+            kwargs.set_item("sliding_window", a.sliding_window)?;
+            "AttentionLayer"
+        }
+        model::Layer::Mla(m) => {
+            kwargs.set_item("kv_lora_rank", m.kv_lora_rank)?;
+            kwargs.set_item("rope_head_dim", m.rope_head_dim)?;
+            kwargs.set_item("index_head_dim", m.index_head_dim)?;
+            "MlaLayer"
+        }
+        model::Layer::Mamba2(m) => {
+            kwargs.set_item("heads", m.heads)?;
+            kwargs.set_item("head_dim", m.head_dim)?;
+            kwargs.set_item("state_size", m.state_size)?;
+            kwargs.set_item("groups", m.groups)?;
+            kwargs.set_item("conv_kernel", m.conv_kernel)?;
+            "Mamba2Layer"
+        }
+        model::Layer::Mamba1(m) => {
+            kwargs.set_item("inner_size", m.inner_size)?;
+            kwargs.set_item("state_size", m.state_size)?;
+            kwargs.set_item("conv_kernel", m.conv_kernel)?;
+            "Mamba1Layer"
+        }
+        model::Layer::GatedDeltaNet(g) => {
+            kwargs.set_item("key_heads", g.key_heads)?;
+            kwargs.set_item("value_heads", g.value_heads)?;
+            kwargs.set_item("key_head_dim", g.key_head_dim)?;
+            kwargs.set_item("value_head_dim", g.value_head_dim)?;
+            kwargs.set_item("conv_kernel", g.conv_kernel)?;
+            "GatedDeltaNetLayer"
+        }
+        model::Layer::AttentionMamba2(a, m) => {
+            kwargs.set_item("attention", layer_object(py, &model::Layer::Attention(*a))?)?;
+            kwargs.set_item("mamba", layer_object(py, &model::Layer::Mamba2(*m))?)?;
+            "AttentionMamba2Layer"
+        }
+        model::Layer::Mlp => "MlpLayer",
+    };
+    module.getattr(class)?.call((), Some(&kwargs))
+}
+
+/// The layers of a shape as layer objects; kinds repeat as the same object.
+fn layer_objects<'py>(py: Python<'py>, layers: &[model::Layer]) -> PyResult<Bound<'py, PyTuple>> {
+    let mut made: Vec<(model::Layer, Bound<'py, PyAny>)> = Vec::new();
+    let mut out = Vec::with_capacity(layers.len());
+    for layer in layers {
+        if let Some((_, object)) = made.iter().find(|(l, _)| l == layer) {
+            out.push(object.clone());
+            continue;
+        }
+        let object = layer_object(py, layer)?;
+        made.push((*layer, object.clone()));
+        out.push(object);
+    }
+    PyTuple::new(py, out)
+}
+
+/// A config's or a preset's shape, as the parts `ModelShape` is built of: its dtype, its
+/// layers and its draft model (layers, KV heads, head dim).
 #[pyfunction]
 #[pyo3(signature = (config_text=None, preset=None, page_size=None))]
-fn model_shape_fields(
-    config_text: Option<&Bound<'_, PyAny>>,
-    preset: Option<&Bound<'_, PyAny>>,
-    page_size: Option<&Bound<'_, PyAny>>,
-) -> PyResult<(&'static str, Vec<(&'static str, u64)>)> {
+fn model_shape_parts<'py>(
+    py: Python<'py>,
+    config_text: Option<&Bound<'py, PyAny>>,
+    preset: Option<&Bound<'py, PyAny>>,
+    page_size: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(&'static str, Bound<'py, PyTuple>, (u64, u64, u64))> {
     let shape = || -> Converted<model::ModelShape> {
         let page_size = page_size.map_or(Ok(16), |v| to_u64(v, "page_size"))?;
         let config = config_text
@@ -107,31 +173,33 @@ fn model_shape_fields(
         model::shape_from(config.as_deref(), name.as_deref(), page_size)
     };
     let shape = shape().map_err(to_py_err)?;
-    Ok((shape.dtype.as_str(), shape_fields(&shape)))
+    let draft = shape.draft.unwrap_or_default();
+    Ok((
+        shape.dtype.as_str(),
+        layer_objects(py, &shape.layers)?,
+        (draft.layers, draft.kv_heads, draft.head_dim),
+    ))
 }
 
-fn shape_fields(s: &model::ModelShape) -> Vec<(&'static str, u64)> {
-    let mla = s.mla.unwrap_or_default();
-    let mamba = s.mamba.unwrap_or_default();
-    let conv = mamba.conv.unwrap_or_default();
-    let draft = s.draft.unwrap_or_default();
-    vec![
-        ("layers", s.layers),
-        ("kv_heads", s.kv_heads),
-        ("head_dim", s.head_dim),
-        ("page_size", s.page_size),
-        ("mla_kv_lora_rank", mla.kv_lora_rank),
-        ("mla_rope_head_dim", mla.rope_head_dim),
-        ("mamba_layers", mamba.layers),
-        ("mamba_channels", mamba.channels),
-        ("mamba_bytes_per_channel", mamba.bytes_per_channel),
-        ("mamba_conv_x_channels", conv.x_channels),
-        ("mamba_conv_bc_channels", conv.bc_channels),
-        ("mamba_conv_width", conv.width),
-        ("draft_layers", draft.layers),
-        ("draft_kv_heads", draft.kv_heads),
-        ("draft_head_dim", draft.head_dim),
-    ]
+/// A shape's layers, one object each (a uniform shape's expanded).
+#[pyfunction]
+fn model_layers<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyTuple>> {
+    let shape = model_shape(shape).map_err(to_py_err)?;
+    layer_objects(py, &shape.layers)
+}
+
+/// One row per layer kind: (label, layers, bytes a token, bytes of state a request, window).
+type SummaryRow = (String, Vec<u64>, u64, u64, Option<u64>);
+
+/// The shape per layer kind, in order of first appearance (then the draft model).
+#[pyfunction]
+fn model_summary(shape: &Bound<'_, PyAny>) -> PyResult<Vec<SummaryRow>> {
+    let convert = || -> Converted<_> { model::summarize(&model_shape(shape)?) };
+    let kinds = convert().map_err(to_py_err)?;
+    Ok(kinds
+        .into_iter()
+        .map(|k| (k.label, k.layers, k.token_bytes, k.state_bytes, k.sliding_window))
+        .collect())
 }
 
 /// vLLM's default layer partition over pipeline stages.
@@ -157,7 +225,9 @@ fn dtype_bytes(name: &Bound<'_, PyAny>) -> PyResult<u64> {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(buffers_from_item_lengths, m)?)?;
-    m.add_function(wrap_pyfunction!(model_shape_fields, m)?)?;
+    m.add_function(wrap_pyfunction!(model_shape_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(model_layers, m)?)?;
+    m.add_function(wrap_pyfunction!(model_summary, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(vllm_layer_partition, m)?)?;
     m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;

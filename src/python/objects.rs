@@ -242,7 +242,7 @@ where
 }
 
 /// `BufferLayout` fields in dataclass order (a test holds this to `dataclasses.fields`).
-pub const BUFFER_LAYOUT_FIELDS: [&str; 11] = [
+pub const BUFFER_LAYOUT_FIELDS: [&str; 12] = [
     "buffer_index",
     "buffer_kind",
     "logical_axis",
@@ -254,6 +254,7 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 11] = [
     "rows_per_page",
     "logical_parts",
     "layer",
+    "sliding_window",
 ];
 
 /// A `BufferLayout` the core made and validated: built without running `__post_init__`, which
@@ -261,7 +262,7 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 11] = [
 pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<Bound<'py, PyAny>> {
     let types = model_types(py)?;
     let parts = b.logical_parts.given();
-    let values: [Bound<'py, PyAny>; 11] = [
+    let values: [Bound<'py, PyAny>; 12] = [
         b.buffer_index.into_pyobject(py)?.into_any(),
         types.kind_object(py, b.buffer_kind)?,
         PyString::new(py, b.logical_axis.as_str()).into_any(),
@@ -277,6 +278,7 @@ pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<
             PyTuple::new(py, parts)?.into_any()
         },
         b.layer.into_pyobject(py)?.into_any(),
+        b.sliding_window.into_pyobject(py)?.into_any(),
     ];
     let names = BUFFER_LAYOUT_FIELDS.map(|name| PyString::intern(py, name));
     frozen_instance(

@@ -1,0 +1,397 @@
+//! One model layer: its kind, its dimensions, and the cache buffers it keeps on one TP rank.
+//!
+//! Each kind's buffers, in order (sizes per token for token-indexed buffers):
+//! - attention: K and V (`kv_head`, `head_dim` values a head); with NVFP4 also K's and V's
+//!   block scales (one fp8 byte per 16 values), sharded like the heads. A sliding-window layer
+//!   names its window on every buffer.
+//! - MLA: the latent (`replicated`, `kv_lora_rank + rope_head_dim` values; FP8 caches use
+//!   FlashMLA's layout), then with an indexer its key cache (`index_head_dim` fp8 values and
+//!   one fp32 scale, `replicated`).
+//! - Mamba2: SSM state `[heads, head_dim, state_size]` sharded by heads, then the conv state
+//!   `x | B | C` (`heads * head_dim`, `groups * state_size` twice) of `conv_kernel - 1` inputs.
+//! - Mamba1: SSM state `[inner, state_size]`, then the conv state `[inner, conv_kernel - 1]`.
+//! - Gated `DeltaNet`: recurrent state `[value_heads, key_head_dim, value_head_dim]` sharded by
+//!   value heads, then the conv state over `q | k | v` (key heads x key dim twice, value
+//!   heads x value dim).
+//! - attention + Mamba2 in one layer (Falcon-H1): the attention buffers, then the Mamba2 ones.
+//! - MLP only: none.
+//!
+//! States use the state dtype; conv states the model's dtype (vLLM's `mamba_ssm_cache_dtype`
+//! covers the SSM state only).
+
+use super::dtype::Dtype;
+use crate::error::{bail, PlanError, PlanResult};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, MAX_VALUE};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttentionShape {
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    /// Tokens the layer attends back over; `None` for full attention.
+    pub sliding_window: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MlaShape {
+    pub kv_lora_rank: u64,
+    pub rope_head_dim: u64,
+    /// The indexer's key dimension (`DeepSeek`-V3.2's sparse attention); 0 without one.
+    pub index_head_dim: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mamba2Shape {
+    pub heads: u64,
+    pub head_dim: u64,
+    pub state_size: u64,
+    pub groups: u64,
+    pub conv_kernel: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Mamba1Shape {
+    pub inner_size: u64,
+    pub state_size: u64,
+    pub conv_kernel: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GatedDeltaNetShape {
+    pub key_heads: u64,
+    pub value_heads: u64,
+    pub key_head_dim: u64,
+    pub value_head_dim: u64,
+    pub conv_kernel: u64,
+}
+
+/// A model layer as its cache sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Layer {
+    Attention(AttentionShape),
+    Mla(MlaShape),
+    Mamba2(Mamba2Shape),
+    Mamba1(Mamba1Shape),
+    GatedDeltaNet(GatedDeltaNetShape),
+    /// Attention and Mamba2 side by side in one layer (Falcon-H1).
+    AttentionMamba2(AttentionShape, Mamba2Shape),
+    /// A layer without a cache (an MLP or MoE block).
+    Mlp,
+}
+
+impl Layer {
+    /// The kind's name, as the Python layer classes give it.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            Self::Attention(_) => "attention",
+            Self::Mla(_) => "mla",
+            Self::Mamba2(_) => "mamba2",
+            Self::Mamba1(_) => "mamba1",
+            Self::GatedDeltaNet(_) => "gated_deltanet",
+            Self::AttentionMamba2(..) => "attention_mamba2",
+            Self::Mlp => "mlp",
+        }
+    }
+
+    /// What a reader calls the layer: its kind, with a window or an indexer when it has one.
+    pub fn label(&self) -> String {
+        match self {
+            Self::Attention(a) => match a.sliding_window {
+                Some(w) => format!("sliding-window attention (window {w})"),
+                None => "full attention".to_owned(),
+            },
+            Self::Mla(m) if m.index_head_dim > 0 => "MLA + indexer".to_owned(),
+            Self::Mla(_) => "MLA".to_owned(),
+            Self::Mamba2(_) => "Mamba2".to_owned(),
+            Self::Mamba1(_) => "Mamba1".to_owned(),
+            Self::GatedDeltaNet(_) => "Gated DeltaNet".to_owned(),
+            Self::AttentionMamba2(a, _) => match a.sliding_window {
+                Some(w) => format!("sliding-window attention (window {w}) + Mamba2"),
+                None => "attention + Mamba2".to_owned(),
+            },
+            Self::Mlp => "MLP only (no cache)".to_owned(),
+        }
+    }
+
+    /// Appends the layer's buffers on one rank (index 0, no layer: the caller numbers them).
+    pub fn buffers(&self, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
+        match self {
+            Self::Attention(a) => attention(a, cache, KV_KINDS, out),
+            Self::Mla(m) => mla(m, cache, out),
+            Self::Mamba2(m) => mamba2(m, cache, out),
+            Self::Mamba1(m) => mamba1(m, cache, out),
+            Self::GatedDeltaNet(g) => gated_deltanet(g, cache, out),
+            Self::AttentionMamba2(a, m) => {
+                attention(a, cache, KV_KINDS, out)?;
+                mamba2(m, cache, out)
+            }
+            Self::Mlp => Ok(()),
+        }
+    }
+}
+
+/// How one side stores its cache: element types, page size, rows a page, TP size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cache {
+    /// The model's dtype (conv states, MLA's rope part in FP8 caches is bf16 regardless).
+    pub dtype: Dtype,
+    pub kv: Dtype,
+    pub state: Dtype,
+    pub page_size: u64,
+    /// Rows of a KV page (1 head-major, `page_size` token-major).
+    pub rows: u64,
+    pub tp: u64,
+}
+
+pub const KV_KINDS: (BufferKind, BufferKind) = (BufferKind::TargetK, BufferKind::TargetV);
+
+fn product(values: &[u64], what: &str) -> PlanResult<u64> {
+    values
+        .iter()
+        .try_fold(1u64, |acc, &v| acc.checked_mul(v))
+        .filter(|&v| v <= MAX_VALUE)
+        .ok_or_else(|| PlanError::new(format!("{what} overflows 2^63 bytes")))
+}
+
+fn positive(values: &[(&str, u64)], what: &str) -> PlanResult<()> {
+    for (name, value) in values {
+        if *value == 0 {
+            bail!("{what}: {name} must be positive");
+        }
+    }
+    Ok(())
+}
+
+/// (replica group, heads a rank holds) for `heads` KV heads over `tp` ranks.
+fn head_split(heads: u64, tp: u64, what: &str) -> PlanResult<(u64, u64)> {
+    if tp > heads {
+        if tp % heads != 0 {
+            bail!(
+                "{what}: TP {tp} is above the {heads} KV heads but not a multiple of them, so \
+                 heads cannot be replicated evenly; use a TP size that is a multiple of {heads}"
+            );
+        }
+        return Ok((tp / heads, 1));
+    }
+    if heads % tp != 0 {
+        bail!(
+            "{what}: {heads} KV heads do not split evenly over TP {tp}; use a TP size that \
+             divides {heads} or is a multiple of it"
+        );
+    }
+    Ok((1, heads / tp))
+}
+
+/// A token-indexed buffer of `token_bytes` bytes a unit and token.
+fn token_buffer(cache: &Cache, kind: BufferKind, token_bytes: u64, what: &str) -> PlanResult<BufferLayout> {
+    let unit = product(&[cache.page_size, token_bytes], what)?;
+    Ok(BufferLayout {
+        buffer_index: 0,
+        buffer_kind: kind,
+        logical_axis: LogicalAxis::Replicated,
+        logical_size: 1,
+        page_size: cache.page_size,
+        bytes_per_logical_unit: unit,
+        item_stride_bytes: unit,
+        tp_replica_group_size: 1,
+        layer: None,
+        rows_per_page: cache.rows,
+        logical_parts: LogicalParts::WHOLE,
+        sliding_window: None,
+    })
+}
+
+/// K and V of `a` (and their block scales for block-scaled dtypes), as `kinds`.
+pub fn attention(
+    a: &AttentionShape,
+    cache: &Cache,
+    kinds: (BufferKind, BufferKind),
+    out: &mut Vec<BufferLayout>,
+) -> PlanResult<()> {
+    let what = "the KV cache";
+    positive(&[("kv_heads", a.kv_heads), ("head_dim", a.head_dim)], what)?;
+    let (replica, local) = head_split(a.kv_heads, cache.tp, what)?;
+    let values = cache.kv.bytes_of(a.head_dim, "a KV head of one token")?;
+    let mut sizes = vec![values, values];
+    if let Some(block) = cache.kv.scale_block() {
+        if a.head_dim % block != 0 {
+            bail!(
+                "{what}: head_dim={} is not a multiple of {}'s {block}-value scale blocks; \
+                 use another kv_cache_dtype",
+                a.head_dim,
+                cache.kv.as_str()
+            );
+        }
+        // One fp8 scale byte per block, kept as its own buffer per K and V.
+        sizes.extend([a.head_dim / block; 2]);
+    }
+    for (i, token_bytes) in sizes.into_iter().enumerate() {
+        let kind = if i % 2 == 0 { kinds.0 } else { kinds.1 };
+        let buffer = token_buffer(cache, kind, token_bytes, what)?;
+        let item = product(&[local, buffer.bytes_per_logical_unit], what)?;
+        out.push(BufferLayout {
+            logical_axis: LogicalAxis::KvHead,
+            logical_size: a.kv_heads,
+            item_stride_bytes: item,
+            tp_replica_group_size: replica,
+            sliding_window: a.sliding_window,
+            ..buffer
+        });
+    }
+    Ok(())
+}
+
+/// FlashMLA's FP8 latent: fp8 values with one fp32 scale per 128, and the rope part in bf16.
+const FLASH_MLA_TILE: u64 = 128;
+
+fn mla(m: &MlaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
+    let what = "the MLA latent cache";
+    positive(&[("kv_lora_rank", m.kv_lora_rank)], what)?;
+    let token_bytes = if cache.kv.is_fp8() {
+        if m.kv_lora_rank % FLASH_MLA_TILE != 0 {
+            bail!(
+                "{what}: FP8 MLA caches (FlashMLA) scale the latent in tiles of \
+                 {FLASH_MLA_TILE}, and kv_lora_rank={} is not a multiple of it",
+                m.kv_lora_rank
+            );
+        }
+        let scales = m.kv_lora_rank / FLASH_MLA_TILE * 4;
+        let rope = product(&[m.rope_head_dim, 2], what)?;
+        m.kv_lora_rank + scales + rope
+    } else if cache.kv.scale_block().is_some() {
+        bail!(
+            "{what}: MLA has no {} cache layout; use the model's dtype or an fp8 kv_cache_dtype",
+            cache.kv.as_str()
+        );
+    } else {
+        let values = m
+            .kv_lora_rank
+            .checked_add(m.rope_head_dim)
+            .ok_or_else(|| PlanError::new(format!("{what} overflows")))?;
+        cache.kv.bytes_of(values, what)?
+    };
+    out.push(token_buffer(cache, BufferKind::TargetK, token_bytes, what)?);
+    if m.index_head_dim > 0 {
+        // The indexer keeps fp8 keys and one fp32 scale a token, whatever the KV dtype.
+        let keys = m
+            .index_head_dim
+            .checked_add(4)
+            .ok_or_else(|| PlanError::new("the indexer's key cache overflows"))?;
+        out.push(token_buffer(cache, BufferKind::TargetK, keys, "the indexer's key cache")?);
+    }
+    Ok(())
+}
+
+/// A state buffer of `parts` channels (each split evenly over TP) of `unit` bytes each.
+fn state(parts: &[u64], unit: u64, cache: &Cache, what: &str) -> PlanResult<BufferLayout> {
+    for &part in parts {
+        if part % cache.tp != 0 {
+            bail!(
+                "{what}: {part} channels do not split evenly over TP {}; use a TP size that \
+                 divides {part}",
+                cache.tp
+            );
+        }
+    }
+    let channels = parts
+        .iter()
+        .try_fold(0u64, |sum, &p| sum.checked_add(p))
+        .filter(|&v| v <= MAX_VALUE)
+        .ok_or_else(|| PlanError::new(format!("{what}: channels overflow")))?;
+    Ok(BufferLayout {
+        buffer_index: 0,
+        buffer_kind: BufferKind::MambaState,
+        logical_axis: LogicalAxis::StateChannel,
+        logical_size: channels,
+        page_size: 1,
+        bytes_per_logical_unit: unit,
+        item_stride_bytes: product(&[channels / cache.tp, unit], what)?,
+        tp_replica_group_size: 1,
+        layer: None,
+        rows_per_page: 1,
+        logical_parts: if parts.len() > 1 {
+            LogicalParts::new(parts)?
+        } else {
+            LogicalParts::WHOLE
+        },
+        sliding_window: None,
+    })
+}
+
+/// Heads that every rank must hold a whole share of.
+fn split_heads(heads: u64, name: &str, cache: &Cache, what: &str) -> PlanResult<()> {
+    if heads % cache.tp != 0 {
+        bail!(
+            "{what}: {heads} {name} do not split evenly over TP {}; use a TP size that divides \
+             {heads} (runtimes that replicate them at higher TP are not planned yet)",
+            cache.tp
+        );
+    }
+    Ok(())
+}
+
+/// The conv state: `parts` channels, each holding `conv_kernel - 1` inputs of the model's dtype.
+fn conv(parts: &[u64], conv_kernel: u64, cache: &Cache) -> PlanResult<BufferLayout> {
+    let what = "the conv state";
+    if conv_kernel < 2 {
+        bail!("{what}: conv_kernel={conv_kernel} keeps no inputs; it must be at least 2");
+    }
+    let unit = cache.dtype.bytes_of(conv_kernel - 1, what)?;
+    state(parts, unit, cache, what)
+}
+
+fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
+    let what = "the Mamba2 state";
+    positive(
+        &[
+            ("heads", m.heads),
+            ("head_dim", m.head_dim),
+            ("state_size", m.state_size),
+            ("groups", m.groups),
+        ],
+        what,
+    )?;
+    split_heads(m.heads, "heads", cache, what)?;
+    split_heads(m.groups, "groups (n_groups)", cache, what)?;
+    let ssm = cache.state.bytes_of(product(&[m.head_dim, m.state_size], what)?, what)?;
+    out.push(state(&[m.heads], ssm, cache, what)?);
+    let inner = product(&[m.heads, m.head_dim], what)?;
+    let bc = product(&[m.groups, m.state_size], what)?;
+    out.push(conv(&[inner, bc, bc], m.conv_kernel, cache)?);
+    Ok(())
+}
+
+fn mamba1(m: &Mamba1Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
+    let what = "the Mamba1 state";
+    positive(&[("inner_size", m.inner_size), ("state_size", m.state_size)], what)?;
+    let ssm = cache.state.bytes_of(m.state_size, what)?;
+    out.push(state(&[m.inner_size], ssm, cache, what)?);
+    out.push(conv(&[m.inner_size], m.conv_kernel, cache)?);
+    Ok(())
+}
+
+fn gated_deltanet(
+    g: &GatedDeltaNetShape,
+    cache: &Cache,
+    out: &mut Vec<BufferLayout>,
+) -> PlanResult<()> {
+    let what = "the Gated DeltaNet state";
+    positive(
+        &[
+            ("key_heads", g.key_heads),
+            ("value_heads", g.value_heads),
+            ("key_head_dim", g.key_head_dim),
+            ("value_head_dim", g.value_head_dim),
+        ],
+        what,
+    )?;
+    split_heads(g.key_heads, "key heads", cache, what)?;
+    split_heads(g.value_heads, "value heads", cache, what)?;
+    let recurrent = cache
+        .state
+        .bytes_of(product(&[g.key_head_dim, g.value_head_dim], what)?, what)?;
+    out.push(state(&[g.value_heads], recurrent, cache, what)?);
+    let qk = product(&[g.key_heads, g.key_head_dim], what)?;
+    let v = product(&[g.value_heads, g.value_head_dim], what)?;
+    out.push(conv(&[qk, qk, v], g.conv_kernel, cache)?);
+    Ok(())
+}
