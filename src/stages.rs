@@ -162,7 +162,10 @@ mod tests {
         assert!(err.message().contains("covers 5 layers"), "{err}");
         // Trailing layers without a cache: the buffers name fewer layers than the partition.
         let fewer = Stages::of(&layout, 4).unwrap();
-        assert_eq!((fewer.stage_of(1), fewer.stage_of(2), fewer.stage_of(3)), (0, 1, 1));
+        assert_eq!(
+            (fewer.stage_of(1), fewer.stage_of(2), fewer.stage_of(3)),
+            (0, 1, 1)
+        );
         let even = ParallelLayout::with_stages(Role::Decode, 8, 1, 4, None).unwrap();
         assert!(Stages::of(&even, 3).is_err());
         let stages = Stages::of(&even, 10).unwrap();
@@ -186,7 +189,7 @@ mod tests {
             buffer_stages(&one, &[named(0), named(31)], 32).unwrap(),
             vec![0, 0]
         );
-        let err = buffer_stages(&one, &[named(0), named(9)], 10).unwrap_err();
+        let err = buffer_stages(&one, &[named(0), named(39)], 40).unwrap_err();
         assert!(err.message().contains("covers 32 layers"), "{err}");
         assert!(!is_staged(1) && is_staged(2));
     }

@@ -3,7 +3,8 @@
 //!
 //! A slot map gives, for each token of the request in order, its slot on one rank
 //! (`page * page_size + position in page`) or -1 where that rank holds no slot for it. Token
-//! `t` moves iff both its slots are >= 0. The tokens that move split into *segments*: runs of
+//! `t` moves iff both its slots are >= 0 and, for a fragment with a sliding window `w` of a
+//! request of `n` tokens, `t >= n - w`. The tokens that move split into *segments*: runs of
 //! consecutive tokens whose slots both advance by one inside one page on each side.
 //!
 //! Order: fragments as given, then segments in token order, then a fragment's runs (a unit,
@@ -426,6 +427,9 @@ impl<'a> Emitter<'a> {
 /// Below this many descriptors one thread writes them; above it, two.
 const PARALLEL_FROM: u64 = 1 << 16;
 
+/// Page sizes on each side and the first token moved: what a request's segments depend on.
+type SegmentsKey = ((u64, u64), usize);
+
 /// One request's templates, which template each fragment uses, and the descriptor counts.
 struct Request {
     templates: Vec<((Shape, usize), Template)>,
@@ -444,7 +448,7 @@ impl Request {
     ) -> PlanResult<Self> {
         // Segments per pair of page sizes and first token (windows start late), templates per
         // shape and first token (one of each in most plans).
-        let mut by_sizes: Vec<(((u64, u64), usize), Segments)> = Vec::new();
+        let mut by_sizes: Vec<(SegmentsKey, Segments)> = Vec::new();
         let mut templates: Vec<((Shape, usize), Template)> = Vec::new();
         let mut which = Vec::with_capacity(placed.len());
         let mut counts = Vec::with_capacity(placed.len());
@@ -778,6 +782,58 @@ mod tests {
             .collect();
         pairs.sort_unstable();
         pairs
+    }
+
+    #[test]
+    fn a_window_moves_only_the_last_tokens_of_the_request() {
+        // 20 tokens on consecutive slots; a window of 6 keeps tokens 14..20, whatever the slots.
+        let slots: Vec<i64> = (0..20).collect();
+        let windowed = head_major(0).with_window(Some(6));
+        let got = build(&[windowed], &slots, &slots, true);
+        let mut outside: Vec<i64> = slots.clone();
+        for slot in &mut outside[..14] {
+            *slot = -1;
+        }
+        let want = brute_force(&head_major(0), &outside, &outside);
+        let want = Descriptors {
+            src_addrs: want.iter().map(|d| d.0).collect(),
+            dst_addrs: want.iter().map(|d| d.1).collect(),
+            lengths: want.iter().map(|d| d.2).collect(),
+        };
+        assert_eq!(bytes(&got), bytes(&want));
+        // A window longer than the request moves all of it; windows of two lengths in one
+        // request each keep their own tokens.
+        let all = build(&[head_major(0).with_window(Some(64))], &slots, &slots, true);
+        assert_eq!(
+            bytes(&all),
+            bytes(&build(&[head_major(0)], &slots, &slots, true))
+        );
+        let both = build(
+            &[
+                head_major(0).with_window(Some(6)),
+                head_major(1).with_window(Some(2)),
+            ],
+            &slots,
+            &slots,
+            false,
+        );
+        let moved: u64 = both.lengths.iter().sum();
+        assert_eq!(moved, (6 + 2) * 2 * 8);
+        // A window needs token geometry.
+        let plain = Fragment {
+            sliding_window: Some(4),
+            ..Fragment {
+                bytes_per_page: 64,
+                src_page_stride_bytes: 64,
+                dst_page_stride_bytes: 64,
+                ..Fragment::default()
+            }
+        };
+        assert!(plain
+            .validate()
+            .unwrap_err()
+            .message()
+            .contains("token geometry"));
     }
 
     #[test]

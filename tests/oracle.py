@@ -39,6 +39,8 @@ def stage_of_layer(layout: ParallelLayout, layers: int) -> list[int] | None:
         # may cover more layers than the buffers name, not fewer.
         if sum(counts) < layers:
             return None
+    elif pp == 1:
+        return [0] * layers  # one stage holds every layer, however few
     else:
         if layers < pp:
             return None

@@ -5,6 +5,8 @@
 //! model's sit on the last layer (so the last stage), where speculative decoding runs them.
 //! KV pages are head-major (HND) or token-major (NHD: a row per token).
 
+#[cfg(test)]
+use super::layers::Layer;
 use super::layers::{attention, AttentionShape, Cache};
 use super::shape::{check_layer_count, KvLayout, ModelShape};
 use crate::error::{bail, PlanError, PlanResult};
@@ -71,10 +73,19 @@ pub fn model_buffers(
             sliding_window: None,
         };
         for _ in 0..draft.layers {
-            attention(&layer, &cache, (BufferKind::DraftK, BufferKind::DraftV), &mut out)
-                .map_err(|e| PlanError::new(format!("the draft model: {e}")))?;
+            attention(
+                &layer,
+                &cache,
+                (BufferKind::DraftK, BufferKind::DraftV),
+                &mut out,
+            )
+            .map_err(|e| PlanError::new(format!("the draft model: {e}")))?;
         }
-        named(&mut out, from, (shape.layers.len() as u64).saturating_sub(1));
+        named(
+            &mut out,
+            from,
+            (shape.layers.len() as u64).saturating_sub(1),
+        );
     }
     for (index, buffer) in (0u64..).zip(&mut out) {
         buffer.buffer_index = index;
@@ -86,6 +97,8 @@ pub fn model_buffers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::LogicalAxis;
+    use crate::model::dtype::Dtype;
     use crate::model::shape::preset;
 
     #[test]
@@ -95,6 +108,7 @@ mod tests {
         assert_eq!(tp8.len(), 160);
         assert_eq!(tp8[0].item_stride_bytes, 16 * 128 * 2);
         assert_eq!(tp8[1].buffer_kind, BufferKind::TargetV);
+        assert_eq!((tp8[2].layer, tp8[159].layer), (Some(1), Some(79)));
         let tp16 = model_buffers(&shape, 16, KvLayout::Hnd).unwrap();
         assert_eq!(tp16[0].tp_replica_group_size, 2);
         assert!(model_buffers(&shape, 3, KvLayout::Hnd).is_err());
@@ -105,27 +119,62 @@ mod tests {
     }
 
     #[test]
-    fn mla_mamba_and_draft_buffers() {
+    fn hybrid_buffers_follow_the_layers_in_order() {
         let mla = model_buffers(&preset("deepseek-v3", 64).unwrap(), 8, KvLayout::Hnd).unwrap();
         assert_eq!(mla.len(), 61);
         assert_eq!(mla[0].logical_axis, LogicalAxis::Replicated);
         assert_eq!(mla[0].item_stride_bytes, 64 * 576 * 2);
+        // Nemotron-H 8B: M - M - M - M * ...: layer 0 Mamba2 (SSM, conv), layer 7 attention.
         let hybrid =
-            model_buffers(&preset("mamba2-hybrid-8b", 16).unwrap(), 4, KvLayout::Hnd).unwrap();
-        let states: Vec<&BufferLayout> = hybrid
+            model_buffers(&preset("nemotron-h-8b", 16).unwrap(), 4, KvLayout::Hnd).unwrap();
+        assert_eq!(
+            (hybrid[0].layer, hybrid[1].layer, hybrid[2].layer),
+            (Some(0), Some(0), Some(2))
+        );
+        assert_eq!(hybrid[1].logical_parts.given(), &[8192, 1024, 1024]);
+        assert_eq!(hybrid[1].item_stride_bytes, (8192 + 2048) / 4 * 3 * 2);
+        let attention: Vec<u64> = hybrid
             .iter()
-            .filter(|b| b.buffer_kind == BufferKind::MambaState)
+            .filter(|b| b.buffer_kind == BufferKind::TargetK)
+            .filter_map(|b| b.layer)
             .collect();
-        assert_eq!(states.len(), 48);
-        // SSM state, then conv state (x | B | C over TP 4, 3 inputs of bf16 a channel).
-        assert_eq!(states[1].logical_parts.given(), &[8192, 1024, 1024]);
-        assert_eq!(states[1].item_stride_bytes, (8192 + 2048) / 4 * 3 * 2);
-        assert_eq!(states[1].buffer_index, states[0].buffer_index + 1);
+        assert_eq!(attention, vec![7, 18, 29, 40]);
         let eagle =
             model_buffers(&preset("llama-3-70b-eagle", 16).unwrap(), 2, KvLayout::Nhd).unwrap();
         assert_eq!(eagle[0].rows_per_page, 16);
-        assert_eq!(eagle.last().unwrap().rows_per_page, 16);
-        assert_eq!(eagle.last().unwrap().buffer_kind, BufferKind::DraftV);
-        assert_eq!(eagle.len(), 162);
+        let last = eagle.last().unwrap();
+        assert_eq!(
+            (last.buffer_kind, last.layer, eagle.len()),
+            (BufferKind::DraftV, Some(79), 162)
+        );
+    }
+
+    #[test]
+    fn cache_dtypes_size_values_in_bits() {
+        let mut shape = preset("llama-3-8b", 16).unwrap();
+        shape.kv_cache_dtype = Some(Dtype::Nvfp4);
+        let buffers = model_buffers(&shape, 2, KvLayout::Hnd).unwrap();
+        // K, V (64 bytes a head and token), then their scales (8 a head and token).
+        assert_eq!(buffers.len(), 4 * 32);
+        let units: Vec<u64> = buffers[..4]
+            .iter()
+            .map(|b| b.bytes_per_logical_unit)
+            .collect();
+        assert_eq!(units, vec![16 * 64, 16 * 64, 16 * 8, 16 * 8]);
+        shape.layers[0] = Layer::Attention(AttentionShape {
+            kv_heads: 8,
+            head_dim: 24,
+            sliding_window: None,
+        });
+        let err = model_buffers(&shape, 2, KvLayout::Hnd).unwrap_err();
+        assert!(
+            err.message().contains("layer 0") && err.message().contains("scale blocks"),
+            "{err}"
+        );
+        let mut ds = preset("deepseek-v3.2", 64).unwrap();
+        ds.kv_cache_dtype = Some(Dtype::Float8E4M3Fn);
+        let buffers = model_buffers(&ds, 8, KvLayout::Hnd).unwrap();
+        assert_eq!(buffers[0].bytes_per_logical_unit, 64 * 656);
+        assert_eq!(buffers[1].bytes_per_logical_unit, 64 * 132);
     }
 }

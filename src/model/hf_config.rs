@@ -10,7 +10,9 @@
 use serde_json::Value;
 
 use super::dtype::Dtype;
-use super::layers::{AttentionShape, GatedDeltaNetShape, Layer, Mamba1Shape, Mamba2Shape, MlaShape};
+use super::layers::{
+    AttentionShape, GatedDeltaNetShape, Layer, Mamba1Shape, Mamba2Shape, MlaShape,
+};
 use super::shape::{check_layer_count, check_page_size, ModelShape};
 use crate::error::{bail, PlanError, PlanResult};
 
@@ -95,13 +97,7 @@ impl Config<'_> {
     fn u64(&self, keys: &[&str]) -> PlanResult<Option<u64>> {
         for key in keys {
             if let Some(value) = self.get(key) {
-                // Integral floats (`2.0`) are read as integers; anything else is refused.
-                let int = value.as_u64().or_else(|| {
-                    value
-                        .as_f64()
-                        .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 9.0e15)
-                        .map(|f| f as u64)
-                });
+                let int = value.as_u64();
                 return int.map(Some).ok_or_else(|| {
                     PlanError::new(format!(
                         "config.json: {key} must be a non-negative integer, got {value}"
@@ -215,7 +211,9 @@ impl Config<'_> {
             Ok(None) | Err(_) if self.model_type() == "falcon_h1" => {
                 let ssm = self.require(&["mamba_d_ssm"], what)?;
                 if heads == 0 || ssm % heads != 0 {
-                    bail!("config.json: mamba_d_ssm={ssm} is not a multiple of mamba_n_heads={heads}");
+                    bail!(
+                        "config.json: mamba_d_ssm={ssm} is not a multiple of mamba_n_heads={heads}"
+                    );
                 }
                 ssm / heads
             }
@@ -234,9 +232,10 @@ impl Config<'_> {
     /// Jamba's Mamba1 keys (`mamba_d_state`, `mamba_d_conv`, `mamba_expand`), or HF `mamba`'s.
     fn mamba1(&self) -> PlanResult<Mamba1Shape> {
         let what = "a Mamba layer";
-        let inner = if let Some(inner) = self.u64(&["intermediate_size"])?.filter(|_| {
-            self.model_type() == "mamba"
-        }) {
+        let inner = if let Some(inner) = self
+            .u64(&["intermediate_size"])?
+            .filter(|_| self.model_type() == "mamba")
+        {
             inner
         } else {
             let expand = self.require(&["mamba_expand", "expand"], what)?;
@@ -298,7 +297,13 @@ impl Config<'_> {
         }
         if let Some(interval) = self.pattern_u64("full_attention_interval")? {
             let (full, linear) = (self.attention()?, self.gated_deltanet()?);
-            return each(&|i| Ok(if (i + 1) % interval == 0 { full } else { linear }));
+            return each(&|i| {
+                Ok(if (i + 1) % interval == 0 {
+                    full
+                } else {
+                    linear
+                })
+            });
         }
         if let Some(period) = self.pattern_u64("attn_layer_period")? {
             let offset = self.u64(&["attn_layer_offset"])?.unwrap_or(0);
@@ -306,7 +311,13 @@ impl Config<'_> {
                 bail!("config.json: attn_layer_offset={offset} must be below attn_layer_period={period}");
             }
             let (attention, mamba) = (self.attention()?, Layer::Mamba1(self.mamba1()?));
-            return each(&|i| Ok(if i % period == offset { attention } else { mamba }));
+            return each(&|i| {
+                Ok(if i % period == offset {
+                    attention
+                } else {
+                    mamba
+                })
+            });
         }
         if model_type == "falcon_h1" {
             let layer = Layer::AttentionMamba2(self.attention_shape(None)?, self.mamba2()?);
@@ -315,7 +326,9 @@ impl Config<'_> {
         if model_type.starts_with("gemma3") || model_type == "gemma2" {
             // Gemma 2 alternates; Gemma 3 keeps every sixth layer global unless it says.
             let default = if model_type == "gemma2" { 2 } else { 6 };
-            let period = self.pattern_u64("sliding_window_pattern")?.unwrap_or(default);
+            let period = self
+                .pattern_u64("sliding_window_pattern")?
+                .unwrap_or(default);
             let (sliding, full) = (self.sliding(model_type)?, self.attention()?);
             return each(&|i| Ok(if (i + 1) % period == 0 { full } else { sliding }));
         }
@@ -390,10 +403,10 @@ impl Config<'_> {
 }
 
 /// A layer read once from the config and reused for every layer of its kind.
-fn cached<'a>(
-    slot: &'a mut Option<Layer>,
+fn cached(
+    slot: &mut Option<Layer>,
     read: impl FnOnce() -> PlanResult<Layer>,
-) -> PlanResult<&'a Layer> {
+) -> PlanResult<&Layer> {
     if slot.is_none() {
         *slot = Some(read()?);
     }
@@ -412,7 +425,10 @@ pub fn shape_from_hf_config(text: &str, page_size: u64) -> PlanResult<ModelShape
     if !text.is_object() {
         bail!("config.json must hold a JSON object");
     }
-    let config = Config { text, root: &parsed };
+    let config = Config {
+        text,
+        root: &parsed,
+    };
     let count = config.require(
         &["num_hidden_layers", "n_layer", "num_layers"],
         "a decoder model",
@@ -434,8 +450,8 @@ mod tests {
 
     #[test]
     fn bare_infinity_and_nan_outside_strings_read_as_null() {
-        let value = lenient_json(r#"{"a": [0.0, Infinity, -Infinity, NaN], "b": "NaN Infinity"}"#)
-            .unwrap();
+        let value =
+            lenient_json(r#"{"a": [0.0, Infinity, -Infinity, NaN], "b": "NaN Infinity"}"#).unwrap();
         assert_eq!(value["a"], serde_json::json!([0.0, null, null, null]));
         assert_eq!(value["b"], "NaN Infinity");
         assert!(lenient_json("[").is_err());
@@ -460,7 +476,10 @@ mod tests {
             "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}"#;
         assert!(matches!(
             shape_from_hf_config(ds, 64).unwrap().layers[0],
-            Layer::Mla(MlaShape { kv_lora_rank: 512, .. })
+            Layer::Mla(MlaShape {
+                kv_lora_rank: 512,
+                ..
+            })
         ));
         assert!(shape_from_hf_config("{}", 16)
             .unwrap_err()

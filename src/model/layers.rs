@@ -5,7 +5,7 @@
 //!   block scales (one fp8 byte per 16 values), sharded like the heads. A sliding-window layer
 //!   names its window on every buffer.
 //! - MLA: the latent (`replicated`, `kv_lora_rank + rope_head_dim` values; FP8 caches use
-//!   FlashMLA's layout), then with an indexer its key cache (`index_head_dim` fp8 values and
+//!   `FlashMLA`'s layout), then with an indexer its key cache (`index_head_dim` fp8 values and
 //!   one fp32 scale, `replicated`).
 //! - Mamba2: SSM state `[heads, head_dim, state_size]` sharded by heads, then the conv state
 //!   `x | B | C` (`heads * head_dim`, `groups * state_size` twice) of `conv_kernel - 1` inputs.
@@ -74,7 +74,7 @@ pub enum Layer {
     GatedDeltaNet(GatedDeltaNetShape),
     /// Attention and Mamba2 side by side in one layer (Falcon-H1).
     AttentionMamba2(AttentionShape, Mamba2Shape),
-    /// A layer without a cache (an MLP or MoE block).
+    /// A layer without a cache (an MLP or `MoE` block).
     Mlp,
 }
 
@@ -182,7 +182,12 @@ fn head_split(heads: u64, tp: u64, what: &str) -> PlanResult<(u64, u64)> {
 }
 
 /// A token-indexed buffer of `token_bytes` bytes a unit and token.
-fn token_buffer(cache: &Cache, kind: BufferKind, token_bytes: u64, what: &str) -> PlanResult<BufferLayout> {
+fn token_buffer(
+    cache: &Cache,
+    kind: BufferKind,
+    token_bytes: u64,
+    what: &str,
+) -> PlanResult<BufferLayout> {
     let unit = product(&[cache.page_size, token_bytes], what)?;
     Ok(BufferLayout {
         buffer_index: 0,
@@ -240,7 +245,7 @@ pub fn attention(
     Ok(())
 }
 
-/// FlashMLA's FP8 latent: fp8 values with one fp32 scale per 128, and the rope part in bf16.
+/// `FlashMLA`'s FP8 latent: fp8 values with one fp32 scale per 128, and the rope part in bf16.
 const FLASH_MLA_TILE: u64 = 128;
 
 fn mla(m: &MlaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
@@ -276,7 +281,12 @@ fn mla(m: &MlaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<(
             .index_head_dim
             .checked_add(4)
             .ok_or_else(|| PlanError::new("the indexer's key cache overflows"))?;
-        out.push(token_buffer(cache, BufferKind::TargetK, keys, "the indexer's key cache")?);
+        out.push(token_buffer(
+            cache,
+            BufferKind::TargetK,
+            keys,
+            "the indexer's key cache",
+        )?);
     }
     Ok(())
 }
@@ -352,7 +362,9 @@ fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanRe
     )?;
     split_heads(m.heads, "heads", cache, what)?;
     split_heads(m.groups, "groups (n_groups)", cache, what)?;
-    let ssm = cache.state.bytes_of(product(&[m.head_dim, m.state_size], what)?, what)?;
+    let ssm = cache
+        .state
+        .bytes_of(product(&[m.head_dim, m.state_size], what)?, what)?;
     out.push(state(&[m.heads], ssm, cache, what)?);
     let inner = product(&[m.heads, m.head_dim], what)?;
     let bc = product(&[m.groups, m.state_size], what)?;
@@ -362,7 +374,10 @@ fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanRe
 
 fn mamba1(m: &Mamba1Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
     let what = "the Mamba1 state";
-    positive(&[("inner_size", m.inner_size), ("state_size", m.state_size)], what)?;
+    positive(
+        &[("inner_size", m.inner_size), ("state_size", m.state_size)],
+        what,
+    )?;
     let ssm = cache.state.bytes_of(m.state_size, what)?;
     out.push(state(&[m.inner_size], ssm, cache, what)?);
     out.push(conv(&[m.inner_size], m.conv_kernel, cache)?);

@@ -13,9 +13,7 @@ pub use buffers::{model_buffers, pair_buffers};
 pub use dtype::{dtype_bytes, Dtype};
 pub use hf_config::shape_from_hf_config;
 pub use item_lengths::{from_item_lengths, ItemLengths};
-pub use layers::{
-    AttentionShape, GatedDeltaNetShape, Layer, Mamba1Shape, Mamba2Shape, MlaShape,
-};
+pub use layers::{AttentionShape, GatedDeltaNetShape, Layer, Mamba1Shape, Mamba2Shape, MlaShape};
 pub use shape::{
     preset, shape_from, DraftShape, KvLayout, ModelShape, MAX_LAYERS, MAX_PAGE_SIZE, PRESET_NAMES,
 };

@@ -130,7 +130,11 @@ pub fn shape_from(
 /// (`src/model/presets/`), and a draft model for the EAGLE preset.
 const PRESETS: [(&str, &str, Option<DraftShape>); 16] = [
     ("llama-3-8b", include_str!("presets/llama-3-8b.json"), None),
-    ("llama-3-70b", include_str!("presets/llama-3-70b.json"), None),
+    (
+        "llama-3-70b",
+        include_str!("presets/llama-3-70b.json"),
+        None,
+    ),
     (
         "llama-3-70b-eagle",
         include_str!("presets/llama-3-70b.json"),
@@ -140,19 +144,71 @@ const PRESETS: [(&str, &str, Option<DraftShape>); 16] = [
             head_dim: 128,
         }),
     ),
-    ("qwen2.5-32b", include_str!("presets/qwen2.5-32b.json"), None),
-    ("qwen3-235b-a22b", include_str!("presets/qwen3-235b-a22b.json"), None),
-    ("qwen3-next-80b-a3b", include_str!("presets/qwen3-next-80b-a3b.json"), None),
-    ("deepseek-v3", include_str!("presets/deepseek-v3.json"), None),
-    ("deepseek-v3.2", include_str!("presets/deepseek-v3.2.json"), None),
-    ("nemotron-h-8b", include_str!("presets/nemotron-h-8b.json"), None),
-    ("nemotron-h-56b", include_str!("presets/nemotron-h-56b.json"), None),
-    ("jamba-1.5-mini", include_str!("presets/jamba-1.5-mini.json"), None),
-    ("gpt-oss-20b", include_str!("presets/gpt-oss-20b.json"), None),
-    ("gpt-oss-120b", include_str!("presets/gpt-oss-120b.json"), None),
-    ("gemma-3-27b", include_str!("presets/gemma-3-27b.json"), None),
-    ("falcon-h1-7b", include_str!("presets/falcon-h1-7b.json"), None),
-    ("mamba-codestral-7b", include_str!("presets/mamba-codestral-7b.json"), None),
+    (
+        "qwen2.5-32b",
+        include_str!("presets/qwen2.5-32b.json"),
+        None,
+    ),
+    (
+        "qwen3-235b-a22b",
+        include_str!("presets/qwen3-235b-a22b.json"),
+        None,
+    ),
+    (
+        "qwen3-next-80b-a3b",
+        include_str!("presets/qwen3-next-80b-a3b.json"),
+        None,
+    ),
+    (
+        "deepseek-v3",
+        include_str!("presets/deepseek-v3.json"),
+        None,
+    ),
+    (
+        "deepseek-v3.2",
+        include_str!("presets/deepseek-v3.2.json"),
+        None,
+    ),
+    (
+        "nemotron-h-8b",
+        include_str!("presets/nemotron-h-8b.json"),
+        None,
+    ),
+    (
+        "nemotron-h-56b",
+        include_str!("presets/nemotron-h-56b.json"),
+        None,
+    ),
+    (
+        "jamba-1.5-mini",
+        include_str!("presets/jamba-1.5-mini.json"),
+        None,
+    ),
+    (
+        "gpt-oss-20b",
+        include_str!("presets/gpt-oss-20b.json"),
+        None,
+    ),
+    (
+        "gpt-oss-120b",
+        include_str!("presets/gpt-oss-120b.json"),
+        None,
+    ),
+    (
+        "gemma-3-27b",
+        include_str!("presets/gemma-3-27b.json"),
+        None,
+    ),
+    (
+        "falcon-h1-7b",
+        include_str!("presets/falcon-h1-7b.json"),
+        None,
+    ),
+    (
+        "mamba-codestral-7b",
+        include_str!("presets/mamba-codestral-7b.json"),
+        None,
+    ),
 ];
 
 /// The preset names, in the order `PRESETS` lists them.

@@ -73,7 +73,12 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
             head_dim: draft.head_dim,
             sliding_window: None,
         };
-        attention(&layer, &cache, (BufferKind::DraftK, BufferKind::DraftV), &mut buffers)?;
+        attention(
+            &layer,
+            &cache,
+            (BufferKind::DraftK, BufferKind::DraftV),
+            &mut buffers,
+        )?;
         let last = (shape.layers.len() as u64).saturating_sub(1);
         out.push(KindSummary {
             label: format!("draft attention ({} layers, on layer {last})", draft.layers),

@@ -277,7 +277,13 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
             index_head_dim: 0,
         };
         let dims = (field("kv_heads")?, field("head_dim")?);
-        ModelShape::uniform(uniform, dims, (mla.kv_lora_rank > 0).then_some(mla), dtype, page_size)?
+        ModelShape::uniform(
+            uniform,
+            dims,
+            (mla.kv_lora_rank > 0).then_some(mla),
+            dtype,
+            page_size,
+        )?
     } else {
         if uniform > 0 {
             bail!(
@@ -327,7 +333,10 @@ pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
     let kind = f.string(name!(f, "kind"))?;
     let int = |name: &str| -> Converted<u64> {
         let value = obj.getattr(name).map_err(|_| {
-            PlanError::new(format!("a {kind} layer needs a {name:?} field, got {}", repr(obj)))
+            PlanError::new(format!(
+                "a {kind} layer needs a {name:?} field, got {}",
+                repr(obj)
+            ))
         })?;
         to_u64(&value, name)
     };

@@ -154,6 +154,9 @@ fn layer_objects<'py>(py: Python<'py>, layers: &[model::Layer]) -> PyResult<Boun
     PyTuple::new(py, out)
 }
 
+/// A shape's dtype, layer objects and draft model (layers, KV heads, head dim).
+type ShapeParts<'py> = (&'static str, Bound<'py, PyTuple>, (u64, u64, u64));
+
 /// A config's or a preset's shape, as the parts `ModelShape` is built of: its dtype, its
 /// layers and its draft model (layers, KV heads, head dim).
 #[pyfunction]
@@ -163,7 +166,7 @@ fn model_shape_parts<'py>(
     config_text: Option<&Bound<'py, PyAny>>,
     preset: Option<&Bound<'py, PyAny>>,
     page_size: Option<&Bound<'py, PyAny>>,
-) -> PyResult<(&'static str, Bound<'py, PyTuple>, (u64, u64, u64))> {
+) -> PyResult<ShapeParts<'py>> {
     let shape = || -> Converted<model::ModelShape> {
         let page_size = page_size.map_or(Ok(16), |v| to_u64(v, "page_size"))?;
         let config = config_text
@@ -198,7 +201,15 @@ fn model_summary(shape: &Bound<'_, PyAny>) -> PyResult<Vec<SummaryRow>> {
     let kinds = convert().map_err(to_py_err)?;
     Ok(kinds
         .into_iter()
-        .map(|k| (k.label, k.layers, k.token_bytes, k.state_bytes, k.sliding_window))
+        .map(|k| {
+            (
+                k.label,
+                k.layers,
+                k.token_bytes,
+                k.state_bytes,
+                k.sliding_window,
+            )
+        })
         .collect())
 }
 
