@@ -21,7 +21,7 @@ from typing import Literal, TextIO
 from pdplan import _core
 from pdplan._core import PreparedTransfer, encode_transfer_fragments
 from pdplan._descriptors import transfer_descriptors
-from pdplan._layouts import MODEL_PRESETS, ModelShape, model_buffer_layouts
+from pdplan._layouts import MODEL_PRESETS, LayerKindSummary, ModelShape, model_buffer_layouts
 from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
 
@@ -92,6 +92,15 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--head-dim", type=_positive)
     model.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, fp8")
     model.add_argument("--page-size", type=_positive, default=16, help="tokens a page (16)")
+    model.add_argument(
+        "--kv-cache-dtype",
+        help="the KV cache's element type (default: the model's): fp8, float8_e5m2, nvfp4, ...",
+    )
+    model.add_argument(
+        "--state-dtype",
+        help="SSM and recurrent states' element type (default: the model's; vLLM's "
+        "mamba_ssm_cache_dtype is often float32)",
+    )
     model.add_argument(
         "--prefill-page-size",
         type=_positive,
@@ -170,13 +179,51 @@ def _shape(args: argparse.Namespace) -> ModelShape:
             "--layers N --kv-heads N --head-dim N [--dtype NAME]"
         )
     if args.model:
-        return ModelShape.preset(args.model, page_size=args.page_size)
-    if args.config:
-        return ModelShape.from_hf_config(args.config, page_size=args.page_size)
-    if any(x is None for x in explicit):
+        shape = ModelShape.preset(args.model, page_size=args.page_size)
+    elif args.config:
+        shape = ModelShape.from_hf_config(args.config, page_size=args.page_size)
+    elif any(x is None for x in explicit):
         raise UserError("--layers, --kv-heads and --head-dim go together")
-    _core.dtype_bytes(args.dtype)  # refuse unknown names with the known ones listed
-    return ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
+    else:
+        _core.dtype_bytes(args.dtype)  # refuse unknown names with the known ones listed
+        shape = ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
+    return replace(shape, kv_cache_dtype=args.kv_cache_dtype, state_dtype=args.state_dtype)
+
+
+def _layer_ranges(summary: LayerKindSummary, most: int = 6) -> str:
+    """Where a kind's layers are, the first few ranges of them when there are many."""
+    ranges = summary.where().split(", ")
+    if len(ranges) <= most:
+        return ", ".join(ranges)
+    return ", ".join(ranges[:most]) + f", ... {summary.layers[-1]}"
+
+
+def _model_lines(shape: ModelShape, tokens: int = REQUEST_TOKENS) -> list[str]:
+    """The model per layer kind (what each keeps, and where), and the KV bytes one request
+    of `tokens` tokens keeps with and without its sliding windows."""
+    kv = shape.kv_cache_dtype or shape.dtype
+    state = shape.state_dtype or shape.dtype
+    lines = [f"model: {shape.num_layers} layers ({shape.dtype}; KV cache {kv}, states {state})"]
+    whole = windowed = 0
+    for kind in shape.summary():
+        keeps = []
+        if kind.token_bytes:
+            keeps.append(f"{kind.token_bytes:,} B a token")
+        if kind.state_bytes:
+            keeps.append(f"{kind.state_bytes:,} B of state a request")
+        what = "; ".join(keeps) or "no cache"
+        lines.append(
+            f"  {len(kind.layers):>4} x {kind.label}: {what}; layers {_layer_ranges(kind)}"
+        )
+        kept = tokens if kind.sliding_window is None else min(tokens, kind.sliding_window)
+        whole += kind.token_bytes * len(kind.layers) * tokens
+        windowed += kind.token_bytes * len(kind.layers) * kept
+    if windowed != whole:
+        lines.append(
+            f"a {tokens // 1024}k-token request's KV: {windowed / 2**30:.2f} GiB moved with "
+            f"sliding windows, {whole / 2**30:.2f} GiB without"
+        )
+    return lines
 
 
 @dataclass(frozen=True)
@@ -215,6 +262,14 @@ class Deployment:
         )
 
     def planner(self, shape: ModelShape) -> PDTransferPlanner:
+        def partition(pp: int, given: tuple[int, ...] | None) -> tuple[int, ...] | None:
+            # Stages split the model's layers, MLP-only ones too (the buffers name only the
+            # layers with a cache): pdplan's default split of all of them.
+            if given is not None or pp == 1:
+                return given
+            layers = shape.num_layers
+            return tuple(layers // pp + (stage < layers % pp) for stage in range(pp))
+
         def buffers(page_size: int | None) -> tuple[tuple[BufferLayout, ...], ...]:
             sized = shape if page_size is None else replace(shape, page_size=page_size)
             return model_buffer_layouts(
@@ -235,14 +290,14 @@ class Deployment:
                 self.prefill_tp * self.prefill_dp * self.prefill_pp,
                 self.prefill_dp,
                 self.prefill_pp,
-                self.prefill_partition,
+                partition(self.prefill_pp, self.prefill_partition),
             ),
             decode_layout=ParallelLayout(
                 "decode",
                 self.decode_tp * self.decode_dp * self.decode_pp,
                 self.decode_dp,
                 self.decode_pp,
-                self.decode_partition,
+                partition(self.decode_pp, self.decode_partition),
             ),
             prefill_buffers=prefill_buffers,
             decode_buffers=decode_buffers,
@@ -286,7 +341,10 @@ def _header(shape: ModelShape, planner: PDTransferPlanner) -> str:
     head = {
         "prefill": asdict(planner.prefill_layout),
         "decode": asdict(planner.decode_layout),
-        "model": asdict(shape),
+        "model": {
+            **asdict(shape),
+            "layer_kinds": [{"kind": layer.kind, **asdict(layer)} for layer in shape.layer_kinds],
+        },
         "buffers": len(planner.prefill_buffers),
     }
     return json.dumps(head)[:-1]
@@ -365,6 +423,8 @@ def _print_table(
         page_text = f"{pages[0]}-token pages"
     else:
         page_text = f"{pages[0]}-token prefill pages, {pages[1]}-token decode pages (token maps)"
+    for line in _model_lines(shape):
+        print(line)
     print(
         f"prefill {p.world_size} ranks ({sizes(p)}) -> decode {d.world_size} ranks "
         f"({sizes(d)}); {len(planner.prefill_buffers)} buffers, {page_text}"
@@ -500,10 +560,7 @@ def _suggestion(args: argparse.Namespace, shape: ModelShape) -> str:
 def _demo() -> None:
     shape = ModelShape.preset(DEMO_MODEL)
     planner = Deployment(prefill_tp=8, decode_tp=2).planner(shape)
-    print(
-        f"pdplan {_core.__version__} demo: {DEMO_MODEL} ({shape.layers} layers, "
-        f"{shape.kv_heads} KV heads, head dim {shape.head_dim}, {shape.dtype})"
-    )
+    print(f"pdplan {_core.__version__} demo: {DEMO_MODEL}")
     _print_table(shape, planner)
     tokens = 32768
     pages = tokens // shape.page_size
@@ -574,6 +631,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shape = _shape(args)
                 print(f"unsupported: {exc}{_suggestion(args, shape)}", file=sys.stderr)
                 return EXIT_UNSUPPORTED
+            for line in _model_lines(shape):
+                print(line)
             kind = planner.plan_for_decode_rank(0).plan_kind
             print(f"supported: {kind} plan, {len(planner.prefill_buffers)} buffers, verified")
             print(_request_line(planner))
