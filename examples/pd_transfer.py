@@ -63,6 +63,7 @@ class Buffer:
     page_sizes: tuple[int, int] | None = None
     planes: int = 0
     decode_planes: int | None = None  # None: as `planes`
+    sliding_window: int | None = None  # a window layer's: a request moves its last tokens
 
     def layout(self, tp: int, replica: int, side: int = 0) -> BufferLayout:
         shards = 1 if self.axis == "replicated" else tp // replica
@@ -85,6 +86,7 @@ class Buffer:
             rows,
             self.parts,
             self.layer,
+            self.sliding_window,
         )
 
 
@@ -321,6 +323,8 @@ def expected_token_cache(s: Scenario, b: BufferLayout, receives: bool, tp_rank: 
     units = token_units(b, s.decode_tp, tp_rank)
     view = token_view(cache, b, len(units))
     tokens = np.arange(*s.tokens.moved)
+    if b.sliding_window is not None:  # a window layer receives the request's last tokens only
+        tokens = tokens[tokens >= s.tokens.num_tokens - b.sliding_window]
     pages = np.array(s.tokens.dst_table)[tokens // b.page_size]
     assert (pages >= 0).all(), "a moved token on a page the decode rank does not hold"
     view[pages, :, tokens % b.page_size] = token_content(b.buffer_index, tokens, units, view.shape)

@@ -11,6 +11,7 @@ missing engine fails the run instead of skipping."""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
-from pdplan import BufferKind
+from pdplan import (
+    AttentionLayer,
+    BufferKind,
+    Mamba2Layer,
+    MlpLayer,
+    ModelShape,
+    model_buffer_layouts,
+)
 
 from pd_transfer import (
     Buffer,
@@ -257,6 +265,29 @@ TOKEN_CASES = [
             for i, (kind, planes) in enumerate(((BufferKind.TARGET_K, 0), (BufferKind.DRAFT_K, 1)))
         ),
     ),
+    # gpt-oss's pattern: a sliding-window layer (window 40), then a full one. The runtime
+    # passes every token's slots; the window layer receives only the last 40 tokens, and its
+    # bytes of earlier tokens stay untouched (guard bytes) on the decode side.
+    token_case(
+        "tokens_sliding_window_40_then_full_of_150_16_to_64_tp8_to_tp2",
+        8,
+        2,
+        tuple(
+            Buffer(
+                2 * layer + i,
+                kind,
+                "kv_head",
+                8,
+                TOKEN,
+                padding=8,
+                page_sizes=(16, 64),
+                layer=layer,
+                sliding_window=40 if layer == 0 else None,
+            )
+            for layer in range(2)
+            for i, kind in enumerate((BufferKind.TARGET_K, BufferKind.TARGET_V))
+        ),
+    ),
     token_case(
         "tokens_hybrid_kv_16_to_64_with_mamba_state_tp4_to_tp2",
         4,
@@ -271,6 +302,55 @@ TOKEN_CASES = [
 ]
 
 
+#: A hybrid model as its layers: Mamba2, MLP, attention, Mamba2, MLP (Nemotron-H's pattern in
+#: small). Its buffers are the ones `model_buffer_layouts` makes.
+HYBRID = ModelShape(
+    layer_kinds=(
+        Mamba2Layer(heads=4, head_dim=2, state_size=4, groups=4, conv_kernel=4),
+        MlpLayer(),
+        AttentionLayer(kv_heads=4, head_dim=8),
+        Mamba2Layer(heads=4, head_dim=2, state_size=4, groups=4, conv_kernel=4),
+        MlpLayer(),
+    )
+)
+
+
+def model_buffers(shape: ModelShape, prefill_tp: int, decode_tp: int) -> tuple[Buffer, ...]:
+    """The harness's buffers for a model, checked to lay out exactly as the model's."""
+    prefill, decode = model_buffer_layouts(shape, prefill_tp, decode_tp)
+    buffers = tuple(
+        Buffer(
+            b.buffer_index,
+            b.buffer_kind,
+            b.logical_axis,
+            b.logical_size,
+            b.bytes_per_logical_unit,
+            parts=b.logical_parts,
+            layer=b.layer,
+        )
+        for b in prefill
+    )
+    for side, (tp, made) in enumerate(((prefill_tp, prefill), (decode_tp, decode))):
+        ours = [replace(b.layout(tp, 1, side), page_size=m.page_size) for b, m in zip(buffers, made)]
+        assert ours == list(made)
+    return buffers
+
+
+#: Pipeline stages that split the hybrid in the middle of its pattern: prefill stages hold
+#: layers 0-2 | 3-4, decode stages 0-1 | 2-4 (the stages count the MLP layers too).
+MODEL_CASES = [
+    Scenario(
+        "hybrid_mamba_mlp_attention_pp_3_2_tp2_to_pp_2_3_tp4",
+        2,
+        4,
+        model_buffers(HYBRID, 2, 4),
+        prefill_pp=(3, 2),
+        decode_pp=(2, 3),
+        **SHUFFLED,
+    ),
+]
+
+
 def check(scenario: Scenario, outcome: Outcome) -> None:
     assert outcome.mismatches == []
     assert outcome.descriptors > 0 and outcome.bytes > 0
@@ -281,7 +361,7 @@ def check(scenario: Scenario, outcome: Outcome) -> None:
     assert outcome.writes_per_prefill_rank == scenario.planner().source_fanout
 
 
-@pytest.mark.parametrize("scenario", CASES + TOKEN_CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize("scenario", CASES + TOKEN_CASES + MODEL_CASES, ids=lambda s: s.name)
 def test_in_memory(scenario: Scenario) -> None:
     check(scenario, run_in_memory(scenario))
 
@@ -312,6 +392,8 @@ IN_MEMORY_ONLY = {
     "tokens_window_last_50_of_200_head_major_64_to_16",
     "tokens_identity_tp2_nhd_16_to_16_from_token_5",
     "tokens_head_major_16_into_nhd_64_tp2_to_tp1",
+    # Through NIXL instead.
+    "tokens_sliding_window_40_then_full_of_150_16_to_64_tp8_to_tp2",
 }
 MOONCAKE_TOKEN_CASES = [c for c in TOKEN_CASES if c.name not in IN_MEMORY_ONLY]
 
@@ -344,7 +426,7 @@ def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
 
 NIXL_CASES = [
     case
-    for case in CASES + TOKEN_CASES
+    for case in CASES + TOKEN_CASES + MODEL_CASES
     if case.name
     in {
         "tp8_to_tp2",
@@ -357,6 +439,8 @@ NIXL_CASES = [
         "tokens_window_last_50_of_200_nhd_16_to_64",
         "tokens_mla_replicated_16_to_64_tp4_to_tp2",
         "tokens_hybrid_kv_16_to_64_with_mamba_state_tp4_to_tp2",
+        "tokens_sliding_window_40_then_full_of_150_16_to_64_tp8_to_tp2",
+        "hybrid_mamba_mlp_attention_pp_3_2_tp2_to_pp_2_3_tp4",
     }
 ]
 
