@@ -331,7 +331,9 @@ def model_buffers(shape: ModelShape, prefill_tp: int, decode_tp: int) -> tuple[B
         for b in prefill
     )
     for side, (tp, made) in enumerate(((prefill_tp, prefill), (decode_tp, decode))):
-        ours = [replace(b.layout(tp, 1, side), page_size=m.page_size) for b, m in zip(buffers, made)]
+        ours = [
+            replace(b.layout(tp, 1, side), page_size=m.page_size) for b, m in zip(buffers, made)
+        ]
         assert ours == list(made)
     return buffers
 

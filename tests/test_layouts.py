@@ -24,7 +24,6 @@ from pdplan import (
     vllm_layer_partition,
 )
 
-
 #: Presets whose Mamba2 layers have one group (n_groups=1), which runtimes replicate at TP > 1
 #: and pdplan does not plan yet: they plan at TP 1 (and their refusal is tested below).
 ONE_GROUP = {"falcon-h1-7b"}

@@ -1,0 +1,455 @@
+"""Models read from config.json files written here from the published values (awkward parts
+included: bare Infinity, text_config, no head_dim), each layer pattern held to a count made by
+hand, and cache sizes held to the bytes of numpy arrays shaped as runtimes allocate them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdplan import (
+    MODEL_PRESETS,
+    AttentionLayer,
+    AttentionMamba2Layer,
+    GatedDeltaNetLayer,
+    Mamba1Layer,
+    Mamba2Layer,
+    MlaLayer,
+    MlpLayer,
+    ModelShape,
+    UnsupportedPDLayoutError,
+    model_buffer_layouts,
+)
+
+NEMOTRON_H_8B = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"
+
+
+def write(tmp_path: Path, config: dict[str, Any], infinity: bool = False) -> Path:
+    """A config.json; with `infinity`, `time_step_limit` holds a bare Infinity, as Python's
+    json writes it (and Nemotron-H's and Mamba2's published configs hold)."""
+    text = json.dumps(config, indent=2)
+    if infinity:
+        text = text.replace('"time_step_limit": null', '"time_step_limit": [0.0, Infinity]')
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    return path
+
+
+def not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+CONFIGS: dict[str, tuple[dict[str, Any], bool]] = {
+    "nemotron-h-8b": (
+        {
+            "model_type": "nemotron_h",
+            "num_hidden_layers": 52,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "attention_head_dim": 128,
+            "mamba_num_heads": 128,
+            "mamba_head_dim": 64,
+            "ssm_state_size": 128,
+            "n_groups": 8,
+            "conv_kernel": 4,
+            "expand": 2,
+            "hybrid_override_pattern": NEMOTRON_H_8B,
+            "time_step_limit": None,
+            "torch_dtype": "bfloat16",
+        },
+        True,
+    ),
+    "jamba-1.5-mini": (
+        {
+            "model_type": "jamba",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "attn_layer_period": 8,
+            "attn_layer_offset": 4,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "torch_dtype": "bfloat16",
+        },
+        False,
+    ),
+    "qwen3-next-80b-a3b": (
+        {
+            "model_type": "qwen3_next",
+            "num_hidden_layers": 48,
+            "hidden_size": 2048,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "full_attention_interval": 4,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "torch_dtype": "bfloat16",
+        },
+        False,
+    ),
+    "gpt-oss-20b": (
+        {
+            "model_type": "gpt_oss",
+            "num_hidden_layers": 24,
+            "hidden_size": 2880,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 12,
+            "torch_dtype": "bfloat16",
+        },
+        False,
+    ),
+    "gemma-3-27b": (
+        {
+            "model_type": "gemma3",
+            "text_config": {
+                "model_type": "gemma3_text",
+                "num_hidden_layers": 62,
+                "hidden_size": 5376,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 16,
+                "head_dim": 128,
+                "sliding_window": 1024,
+            },
+            "vision_config": {"model_type": "siglip_vision_model", "num_hidden_layers": 27},
+            "torch_dtype": "bfloat16",
+        },
+        False,
+    ),
+    "deepseek-v3.2": (
+        {
+            "model_type": "deepseek_v32",
+            "num_hidden_layers": 61,
+            "hidden_size": 7168,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "index_head_dim": 128,
+            "index_n_heads": 64,
+            "torch_dtype": "bfloat16",
+        },
+        False,
+    ),
+    "falcon-h1-7b": (
+        {
+            "model_type": "falcon_h1",
+            "num_hidden_layers": 44,
+            "hidden_size": 3072,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "head_dim": 128,
+            "mamba_n_heads": 24,
+            "mamba_d_head": 128,
+            "mamba_d_ssm": 3072,
+            "mamba_d_state": 256,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "torch_dtype": "bfloat16",
+        },
+        False,
+    ),
+    "mamba-codestral-7b": (
+        {
+            "model_type": "mamba2",
+            "num_hidden_layers": 64,
+            "hidden_size": 4096,
+            "num_heads": 128,
+            "head_dim": 64,
+            "state_size": 128,
+            "n_groups": 8,
+            "conv_kernel": 4,
+            "expand": 2,
+            "time_step_limit": None,
+            "torch_dtype": "bfloat16",
+        },
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_configs_written_from_published_values_read_as_their_presets(
+    tmp_path: Path, name: str
+) -> None:
+    config, infinity = CONFIGS[name]
+    path = write(tmp_path, config, infinity)
+    if infinity:
+        assert "Infinity]" in path.read_text()
+        with pytest.raises(ValueError, match="Infinity"):  # not JSON: strict parsers refuse it
+            json.loads(path.read_text(), parse_constant=not_json)
+    assert ModelShape.from_hf_config(path) == ModelShape.preset(name)
+
+
+def kinds(shape: ModelShape) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, layer in enumerate(shape.model_layers):
+        window = getattr(layer, "sliding_window", None)
+        key = f"{layer.kind}:{window}" if window else layer.kind
+        out.setdefault(key, []).append(i)
+    return out
+
+
+#: Each preset's layers by kind, counted by hand from the published patterns.
+HAND_COUNTS: dict[str, dict[str, list[int]]] = {
+    "llama-3-8b": {"attention": list(range(32))},
+    "llama-3-70b": {"attention": list(range(80))},
+    "llama-3-70b-eagle": {"attention": list(range(80))},
+    "qwen2.5-32b": {"attention": list(range(64))},  # sliding_window named, use_sliding_window off
+    "qwen3-235b-a22b": {"attention": list(range(94))},
+    # Every fourth layer (3, 7, ..., 47) is full attention: 12 of 48.
+    "qwen3-next-80b-a3b": {
+        "gated_deltanet": [i for i in range(48) if i % 4 != 3],
+        "attention": [3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47],
+    },
+    "deepseek-v3": {"mla": list(range(61))},
+    "deepseek-v3.2": {"mla": list(range(61))},
+    # M-M-M-M*-M-M-M-M-M*-...: attention at 7, 18, 29, 40; MLP at every '-'.
+    "nemotron-h-8b": {
+        "mamba2": [
+            0,
+            2,
+            4,
+            6,
+            9,
+            11,
+            13,
+            15,
+            17,
+            20,
+            22,
+            24,
+            26,
+            28,
+            31,
+            33,
+            35,
+            37,
+            39,
+            42,
+            44,
+            46,
+            48,
+            50,
+        ],
+        "mlp": [
+            1,
+            3,
+            5,
+            8,
+            10,
+            12,
+            14,
+            16,
+            19,
+            21,
+            23,
+            25,
+            27,
+            30,
+            32,
+            34,
+            36,
+            38,
+            41,
+            43,
+            45,
+            47,
+            49,
+            51,
+        ],
+        "attention": [7, 18, 29, 40],
+    },
+    # 118 layers: 54 Mamba2, 54 MLP, 10 attention (NVIDIA's counts).
+    "nemotron-h-56b": {
+        "attention": [7, 18, 29, 40, 51, 62, 73, 84, 95, 106],
+    },
+    # attn_layer_period 8, offset 4: layers 4, 12, 20, 28.
+    "jamba-1.5-mini": {
+        "mamba1": [i for i in range(32) if i not in (4, 12, 20, 28)],
+        "attention": [4, 12, 20, 28],
+    },
+    "gpt-oss-20b": {"attention:128": list(range(0, 24, 2)), "attention": list(range(1, 24, 2))},
+    "gpt-oss-120b": {"attention:128": list(range(0, 36, 2)), "attention": list(range(1, 36, 2))},
+    # Five local layers, then a global one: 5, 11, ..., 59 (10 of 62).
+    "gemma-3-27b": {
+        "attention:1024": [i for i in range(62) if i % 6 != 5],
+        "attention": [5, 11, 17, 23, 29, 35, 41, 47, 53, 59],
+    },
+    "falcon-h1-7b": {"attention_mamba2": list(range(44))},
+    "mamba-codestral-7b": {"mamba2": list(range(64))},
+}
+
+
+def test_every_preset_has_a_hand_count() -> None:
+    assert set(HAND_COUNTS) == set(MODEL_PRESETS)
+
+
+@pytest.mark.parametrize("name", MODEL_PRESETS)
+def test_preset_layer_patterns_match_the_hand_count(name: str) -> None:
+    shape = ModelShape.preset(name)
+    got = kinds(shape)
+    want = HAND_COUNTS[name]
+    for kind, layers in want.items():
+        assert got[kind] == layers, kind
+    if name == "nemotron-h-56b":
+        assert shape.num_layers == 118
+        assert (len(got["mamba2"]), len(got["mlp"])) == (54, 54)
+    else:
+        assert got.keys() == want.keys()
+    # The summary reads the same back, kind by kind.
+    summary = {s.label: list(s.layers) for s in shape.summary()}
+    assert sum(len(v) for k, v in summary.items() if not k.startswith("draft")) == shape.num_layers
+
+
+def test_head_dim_absent_or_named_attention_head_dim(tmp_path: Path) -> None:
+    jamba = ModelShape.from_hf_config(write(tmp_path, CONFIGS["jamba-1.5-mini"][0]))
+    assert jamba.model_layers[4] == AttentionLayer(kv_heads=8, head_dim=4096 // 32)
+    nemotron = ModelShape.preset("nemotron-h-8b")
+    assert nemotron.model_layers[7] == AttentionLayer(kv_heads=8, head_dim=128)
+    assert nemotron.model_layers[0] == Mamba2Layer(
+        heads=128, head_dim=64, state_size=128, groups=8, conv_kernel=4
+    )
+    assert ModelShape.preset("falcon-h1-7b").model_layers[0] == AttentionMamba2Layer(
+        AttentionLayer(2, 128), Mamba2Layer(24, 128, 256, 1, 4)
+    )
+    assert ModelShape.preset("jamba-1.5-mini").model_layers[0] == Mamba1Layer(8192, 16, 4)
+    assert ModelShape.preset("qwen3-next-80b-a3b").model_layers[0] == GatedDeltaNetLayer(
+        16, 32, 128, 128, 4
+    )
+    assert ModelShape.preset("deepseek-v3.2").model_layers[0] == MlaLayer(512, 64, 128)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"layers_block_type": ["mamba", "attention"]}, "layers_block_type, a layer pattern"),
+        ({"attn_layer_indices": [3, 7]}, "attn_layer_indices"),
+        ({"layer_types": ["full_attention", "mamba"]}, r"layer_types\[1\] is \"mamba\""),
+        ({"layer_types": ["full_attention"]}, "lists 1 layers but num_hidden_layers is 2"),
+        ({"hybrid_override_pattern": "*?"}, r"hybrid_override_pattern\[1\] is '\?'"),
+        ({"hybrid_override_pattern": "M"}, "has 1 layers but num_hidden_layers is 2"),
+        ({"mamba_d_state": 16}, "mamba_d_state, a state-space layer's key, but no layer pattern"),
+        ({"layer_types": ["sliding_attention"] * 2}, "no sliding_window"),
+        ({"full_attention_interval": 2}, "linear_num_key_heads"),
+        ({"num_hidden_layers": "2"}, "non-negative integer"),
+    ],
+)
+def test_configs_pdplan_cannot_read_are_refused_by_key(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256, **change}
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        ModelShape.from_hf_config(write(tmp_path, config))
+
+
+def test_not_json_at_all_is_refused_clearly(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"num_hidden_layers": 2,')
+    with pytest.raises(UnsupportedPDLayoutError, match="not valid JSON"):
+        ModelShape.from_hf_config(path)
+
+
+def bf16(*shape: int) -> np.ndarray:
+    return np.zeros(shape, dtype=np.float16)  # two bytes a value, as bfloat16
+
+
+def layer_items(layer: Any, tp: int, **dtypes: str) -> list[int]:
+    shape = ModelShape(layer_kinds=(layer,), page_size=16, **dtypes)
+    prefill, _ = model_buffer_layouts(shape, tp, tp)
+    return [b.item_stride_bytes for b in prefill]
+
+
+def test_state_sizes_are_the_arrays_runtimes_allocate() -> None:
+    """One rank's per-request state as vLLM shapes it: SSM or recurrent state in the state
+    dtype (float32 here), conv states `[channels, kernel - 1]` in the model's."""
+    f32 = np.float32
+    # Mamba2 at TP 2: heads 8, head dim 4, state 16, 2 groups, kernel 4.
+    mamba2 = Mamba2Layer(heads=8, head_dim=4, state_size=16, groups=2, conv_kernel=4)
+    ssm = np.zeros((8 // 2, 4, 16), dtype=f32)
+    conv = bf16((8 * 4 + 2 * 2 * 16) // 2, 3)
+    assert layer_items(mamba2, 2, state_dtype="float32") == [ssm.nbytes, conv.nbytes]
+    # Mamba1 (Jamba) at TP 4: inner 64, state 16, kernel 4.
+    ssm = np.zeros((64 // 4, 16), dtype=f32)
+    assert layer_items(Mamba1Layer(64, 16, 4), 4, state_dtype="float32") == [
+        ssm.nbytes,
+        bf16(64 // 4, 3).nbytes,
+    ]
+    # Gated DeltaNet at TP 2: 4 key heads of 8, 8 value heads of 16, kernel 4.
+    gdn = GatedDeltaNetLayer(4, 8, 8, 16, 4)
+    recurrent = np.zeros((8 // 2, 8, 16), dtype=f32)
+    conv = bf16((4 * 8 * 2 + 8 * 16) // 2, 3)
+    assert layer_items(gdn, 2, state_dtype="float32") == [recurrent.nbytes, conv.nbytes]
+
+
+def test_kv_cache_dtypes_size_values_in_bits() -> None:
+    attention = AttentionLayer(kv_heads=4, head_dim=64)
+    # fp8: a byte a value; K and V of 2 heads x 16 tokens x 64 values at TP 2.
+    assert layer_items(attention, 2, kv_cache_dtype="fp8") == [2 * 16 * 64] * 2
+    # NVFP4: two values a byte, then one fp8 scale per 16 values, as their own K and V buffers.
+    assert layer_items(attention, 2, kv_cache_dtype="nvfp4") == [2 * 16 * 32] * 2 + [2 * 16 * 4] * 2
+    with pytest.raises(UnsupportedPDLayoutError, match="scale blocks"):
+        layer_items(AttentionLayer(4, 24), 2, kv_cache_dtype="nvfp4")
+    with pytest.raises(UnsupportedPDLayoutError, match="whole bytes"):
+        layer_items(AttentionLayer(4, 3), 2, kv_cache_dtype="nvfp4")
+    # FlashMLA's FP8 latent is 656 bytes a token; the indexer's keys 128 fp8 + a fp32 scale.
+    mla = MlaLayer(kv_lora_rank=512, rope_head_dim=64, index_head_dim=128)
+    assert layer_items(mla, 8, kv_cache_dtype="fp8") == [16 * 656, 16 * 132]
+    assert layer_items(mla, 8) == [16 * (512 + 64) * 2, 16 * 132]
+    with pytest.raises(UnsupportedPDLayoutError, match="MLA has no nvfp4 cache layout"):
+        layer_items(mla, 8, kv_cache_dtype="nvfp4")
+    # vLLM's "auto" is the model's dtype; an unknown name is refused.
+    assert layer_items(attention, 2, kv_cache_dtype="auto") == layer_items(attention, 2)
+    with pytest.raises(UnsupportedPDLayoutError, match="kv_cache_dtype: unknown dtype"):
+        layer_items(attention, 2, kv_cache_dtype="fp6")
+
+
+def test_layer_kinds_and_the_uniform_form_are_one_or_the_other() -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match="not both"):
+        model_buffer_layouts(
+            ModelShape(layers=2, kv_heads=4, head_dim=8, layer_kinds=(MlpLayer(),)), 1, 1
+        )
+    uniform = ModelShape(layers=3, kv_heads=4, head_dim=8)
+    assert uniform.model_layers == (AttentionLayer(4, 8),) * 3
+    listed = replace(uniform, layers=0, kv_heads=0, head_dim=0, layer_kinds=uniform.model_layers)
+    assert model_buffer_layouts(listed, 2, 1) == model_buffer_layouts(uniform, 2, 1)
+
+
+def test_sliding_windows_reach_the_buffers_and_turn_token_maps_on() -> None:
+    from pdplan import ParallelLayout, PDTransferPlanner
+
+    shape = ModelShape.preset("gpt-oss-20b")
+    prefill, decode = model_buffer_layouts(shape, 8, 2)
+    assert [b.sliding_window for b in prefill[:4]] == [128, 128, None, None]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 8),
+        decode_layout=ParallelLayout("decode", 2),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    assert planner.token_maps
+    fragments = planner.transfer_fragments(0)[0]
+    assert {f.sliding_window for f in fragments} == {128, None}
+    with pytest.raises(UnsupportedPDLayoutError, match="sliding windows differ"):
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 8),
+            decode_layout=ParallelLayout("decode", 2),
+            prefill_buffers=prefill,
+            decode_buffers=(replace(decode[0], sliding_window=64), *decode[1:]),
+        )
