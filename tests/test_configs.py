@@ -370,8 +370,12 @@ def bf16(*shape: int) -> np.ndarray:
     return np.zeros(shape, dtype=np.float16)  # two bytes a value, as bfloat16
 
 
-def layer_items(layer: Any, tp: int, **dtypes: str) -> list[int]:
-    shape = ModelShape(layer_kinds=(layer,), page_size=16, **dtypes)
+def layer_items(
+    layer: Any, tp: int, kv_cache_dtype: str | None = None, state_dtype: str | None = None
+) -> list[int]:
+    shape = ModelShape(
+        layer_kinds=(layer,), page_size=16, kv_cache_dtype=kv_cache_dtype, state_dtype=state_dtype
+    )
     prefill, _ = model_buffer_layouts(shape, tp, tp)
     return [b.item_stride_bytes for b in prefill]
 
