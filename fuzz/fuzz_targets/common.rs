@@ -10,7 +10,9 @@ impl Input<'_> {
     pub fn int(&mut self, bytes: usize) -> u64 {
         let (head, rest) = self.0.split_at(self.0.len().min(bytes));
         self.0 = rest;
-        head.iter().rev().fold(0, |acc, &b| (acc << 8) | u64::from(b))
+        head.iter()
+            .rev()
+            .fold(0, |acc, &b| (acc << 8) | u64::from(b))
     }
 }
 
@@ -21,7 +23,10 @@ pub fn assert_inside(built: &Descriptors, bases: &[u64], limits: &[u64]) {
         let (s, d, len) = (built.src_addrs[i], built.dst_addrs[i], built.lengths[i]);
         let inside = |addr: u64| {
             bases.iter().zip(limits).any(|(&base, &limit)| {
-                addr >= base && (addr - base).checked_add(len).is_some_and(|end| end <= limit)
+                addr >= base
+                    && (addr - base)
+                        .checked_add(len)
+                        .is_some_and(|end| end <= limit)
             })
         };
         assert!(inside(s), "src descriptor {i} outside every buffer");

@@ -54,6 +54,11 @@ fuzz_target!(|data: &[u8]| {
                 dst_token_stride_bytes: input.int(2),
                 src_token_run_stride_bytes: input.int(2),
                 dst_token_run_stride_bytes: input.int(2),
+                // A sliding window now and then (0 is refused by validation, as it should be).
+                sliding_window: match input.int(1) {
+                    0..=191 => None,
+                    n => Some((n - 192) % 70),
+                },
                 ..Fragment::default()
             }
         })

@@ -6,9 +6,10 @@ use libfuzzer_sys::fuzz_target;
 use pdplan::wire;
 
 fuzz_target!(|data: &[u8]| {
-    // The first byte picks the version frame, so wrong versions are reached too.
+    // The first byte picks the version frame: `v` takes the next byte as the version (so every
+    // version's payloads, and wrong versions, are reached), anything else is version 1.
     let (version, payload): (&[u8], &[u8]) = match data.split_first() {
-        Some((b'v', rest)) => rest.split_at(rest.len().min(2)),
+        Some((b'v', rest)) => rest.split_at(rest.len().min(1)),
         Some((_, rest)) => (b"1", rest),
         None => (b"", b""),
     };
