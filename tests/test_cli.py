@@ -271,3 +271,58 @@ def test_page_sizes_that_differ_plan_by_token_and_count_a_request(
     assert code == 0 and "by pages): 2,621,440 descriptors" in out
     code, _, err = run(capsys, *check, "--decode-page-size", "2097152")
     assert code == 2 and "page_size=2097152 must be at most 1048576" in err
+
+
+def test_the_model_is_summarized_per_layer_kind_before_the_plan(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = run(
+        capsys, "plan", "--prefill-tp", "2", "--decode-tp", "4", "--model", "nemotron-h-8b"
+    )
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0] == "model: 52 layers (bfloat16; KV cache bfloat16, states bfloat16)"
+    # 128 heads x 64 x 128 state x 2 bytes, plus conv (8192 + 2 x 1024 channels) x 3 x 2 bytes.
+    mamba = 128 * 64 * 128 * 2 + (8192 + 2048) * 3 * 2
+    assert f"24 x Mamba2: {mamba:,} B of state a request; layers 0, 2, 4, 6, 9, 11, ... 50" in out
+    assert "4 x full attention: 4,096 B a token; layers 7, 18, 29, 40" in out
+    assert "24 x MLP only (no cache): no cache" in out
+    assert lines[4].startswith("prefill ")  # the summary comes first
+    # A window model: the request's KV with and without its windows, and the descriptors that
+    # move it by slot maps move the windowed bytes.
+    code, out, _ = run(
+        capsys, "check", "--prefill-tp", "2", "--decode-tp", "1", "--model", "gpt-oss-20b"
+    )
+    assert code == 0
+    full = 12 * 8 * 64 * 2 * 2 * 32768  # 12 full layers, K and V, 32k tokens
+    windowed = full + 12 * 8 * 64 * 2 * 2 * 128
+    assert (
+        f"{windowed / 2**30:.2f} GiB moved with sliding windows, {2 * full / 2**30:.2f} GiB without"
+        in out
+    )
+    assert (
+        "(scattered pages, by slot maps): " in out and f"moving {windowed / 2**30:.2f} GiB" in out
+    )
+    # Cache dtypes from the command line: NVFP4 halves and a bit more (values + scales).
+    code, out, _ = run(capsys, *PLAN, "--kv-cache-dtype", "nvfp4", "--state-dtype", "float32")
+    assert code == 0 and "KV cache nvfp4, states float32" in out
+    assert f"{8 * 2 * (64 + 8):,} B a token" in out
+    # A config file as Hugging Face writes it (a bare Infinity), read and summarized.
+    config = tmp_path / "config.json"
+    config.write_text(
+        '{"model_type": "mamba2", "num_hidden_layers": 2, "hidden_size": 64, "num_heads": 4,'
+        ' "head_dim": 32, "state_size": 16, "n_groups": 2, "conv_kernel": 4,'
+        ' "time_step_limit": [0.0, Infinity]}'
+    )
+    code, out, err = run(
+        capsys, "check", "--prefill-tp", "2", "--decode-tp", "1", "--config", str(config)
+    )
+    assert code == 0, err
+    assert "2 x Mamba2" in out
+    config.write_text(
+        '{"num_hidden_layers": 2, "num_attention_heads": 2, "attn_layer_indices": [1]}'
+    )
+    code, _, err = run(
+        capsys, "check", "--prefill-tp", "2", "--decode-tp", "1", "--config", str(config)
+    )
+    assert code == 2 and "attn_layer_indices" in err and "Traceback" not in err
