@@ -131,14 +131,15 @@ def test_config_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     code, out, _ = run(
         capsys, "check", "--prefill-tp", "8", "--decode-tp", "4", "--config", str(config)
     )
-    assert code == 0 and out.startswith("supported: fragmented plan, 8 buffers")
+    assert code == 0 and out.startswith("model: 4 layers")  # the model, then the verdict
+    assert "\nsupported: fragmented plan, 8 buffers" in out
 
 
 def test_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(
         capsys, "check", "--prefill-tp", "8", "--decode-tp", "8", "--model", "llama-3-8b"
     )
-    assert code == 0 and out.startswith("supported: identity plan")
+    assert code == 0 and "\nsupported: identity plan" in out
     code, out, err = run(
         capsys, "check", "--prefill-tp", "8", "--decode-tp", "3", "--model", "llama-3-70b"
     )
