@@ -334,6 +334,9 @@ def test_head_dim_absent_or_named_attention_head_dim(tmp_path: Path) -> None:
         16, 32, 128, 128, 4
     )
     assert ModelShape.preset("deepseek-v3.2").model_layers[0] == MlaLayer(512, 64, 128)
+    # As JSON (the command's header), each layer names its kind.
+    written = json.loads(ModelShape.preset("falcon-h1-7b").to_json())["layer_kinds"]
+    assert written[0]["kind"] == "attention_mamba2" and written[0]["mamba"]["heads"] == 24
 
 
 @pytest.mark.parametrize(

@@ -341,10 +341,7 @@ def _header(shape: ModelShape, planner: PDTransferPlanner) -> str:
     head = {
         "prefill": asdict(planner.prefill_layout),
         "decode": asdict(planner.decode_layout),
-        "model": {
-            **asdict(shape),
-            "layer_kinds": [{"kind": layer.kind, **asdict(layer)} for layer in shape.layer_kinds],
-        },
+        "model": shape.to_dict(),
         "buffers": len(planner.prefill_buffers),
     }
     return json.dumps(head)[:-1]

@@ -208,8 +208,13 @@ class ModelShape:
             for label, layers, token, state, window in _core.model_summary(self)
         )
 
+    def to_dict(self) -> dict[str, object]:
+        """The fields as JSON values, each layer with its ``kind``."""
+        layers = [{"kind": layer.kind, **asdict(layer)} for layer in self.layer_kinds]
+        return {**asdict(self), "layer_kinds": layers}
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
 
 
 @dataclass(frozen=True)
