@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Literal, TextIO
 
 from pdplan import _core
@@ -85,7 +86,12 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
         "--decode-pp-partition", type=_partition, metavar="N,N,...", help="layers a decode stage"
     )
     model = parser.add_argument_group("model (one of --model, --config or the shape options)")
-    model.add_argument("--model", choices=MODEL_PRESETS, help="a named model shape")
+    model.add_argument(
+        "--model",
+        type=_model,
+        metavar="NAME|config.json",
+        help=f"a preset ({', '.join(MODEL_PRESETS)}) or a local config.json",
+    )
     model.add_argument("--config", metavar="config.json", help="a local Hugging Face config")
     model.add_argument("--layers", type=_positive)
     model.add_argument("--kv-heads", type=_positive)
@@ -168,6 +174,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _model(value: str) -> str:
+    """A preset name or the path of a config file (read later, where errors are reported)."""
+    if value in MODEL_PRESETS or value.endswith(".json") or Path(value).is_file():
+        return value
+    raise argparse.ArgumentTypeError(
+        f"unknown model {value!r}: give a preset ({', '.join(MODEL_PRESETS)}) or a config.json"
+    )
+
+
 def _shape(args: argparse.Namespace) -> ModelShape:
     explicit = [args.layers, args.kv_heads, args.head_dim]
     chosen = sum(x is not None for x in (args.model, args.config)) + any(
@@ -178,10 +193,11 @@ def _shape(args: argparse.Namespace) -> ModelShape:
             "give exactly one model: --model PRESET, --config config.json, or "
             "--layers N --kv-heads N --head-dim N [--dtype NAME]"
         )
-    if args.model:
+    if args.model in MODEL_PRESETS:
         shape = ModelShape.preset(args.model, page_size=args.page_size)
-    elif args.config:
-        shape = ModelShape.from_hf_config(args.config, page_size=args.page_size)
+    elif args.model or args.config:
+        path = args.model or args.config
+        shape = ModelShape.from_hf_config(path, page_size=args.page_size)
     elif any(x is None for x in explicit):
         raise UserError("--layers, --kv-heads and --head-dim go together")
     else:
