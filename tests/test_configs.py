@@ -344,6 +344,7 @@ def test_head_dim_absent_or_named_attention_head_dim(tmp_path: Path) -> None:
     [
         ({"layers_block_type": ["mamba", "attention"]}, "layers_block_type, a layer pattern"),
         ({"attn_layer_indices": [3, 7]}, "attn_layer_indices"),
+        ({"attention_chunk_size": 8192}, "attention_chunk_size"),
         ({"layer_types": ["full_attention", "mamba"]}, r"layer_types\[1\] is \"mamba\""),
         ({"layer_types": ["full_attention"]}, "lists 1 layers but num_hidden_layers is 2"),
         ({"hybrid_override_pattern": "*?"}, r"hybrid_override_pattern\[1\] is '\?'"),
@@ -360,6 +361,22 @@ def test_configs_pdplan_cannot_read_are_refused_by_key(
     config = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256, **change}
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         ModelShape.from_hf_config(write(tmp_path, config))
+
+
+def test_a_sliding_window_pattern_key_makes_the_pattern_whatever_the_model_type(
+    tmp_path: Path,
+) -> None:
+    # Cohere 2's published shape: three sliding layers, then a global one.
+    config = {
+        "model_type": "cohere2",
+        "num_hidden_layers": 8,
+        "num_attention_heads": 4,
+        "hidden_size": 256,
+        "sliding_window": 4096,
+        "sliding_window_pattern": 4,
+    }
+    got = kinds(ModelShape.from_hf_config(write(tmp_path, config)))
+    assert got == {"attention:4096": [0, 1, 2, 4, 5, 6], "attention": [3, 7]}
 
 
 def test_not_json_at_all_is_refused_clearly(tmp_path: Path) -> None:

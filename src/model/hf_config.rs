@@ -21,8 +21,11 @@ const MAX_CONFIG_BYTES: usize = 16 << 20;
 
 /// Keys other hybrid families use for their layer patterns, which pdplan does not read yet: a
 /// config with one is refused rather than read as a uniform stack.
-const UNREAD_PATTERN_KEYS: [&str; 8] = [
+const UNREAD_PATTERN_KEYS: [&str; 10] = [
     "layers_block_type",
+    // Llama 4's chunked local attention, Kimi Linear's KDA layers.
+    "attention_chunk_size",
+    "linear_attn_config",
     "layer_block_types",
     "block_types",
     "attn_layer_indices",
@@ -323,8 +326,10 @@ impl Config<'_> {
             let layer = Layer::AttentionMamba2(self.attention_shape(None)?, self.mamba2()?);
             return each(&|_| Ok(layer));
         }
-        if model_type.starts_with("gemma3") || model_type == "gemma2" {
-            // Gemma 2 alternates; Gemma 3 keeps every sixth layer global unless it says.
+        let periodic = self.get("sliding_window_pattern").is_some();
+        if periodic || model_type.starts_with("gemma3") || model_type == "gemma2" {
+            // Every `period`-th layer global, the rest sliding (Gemma 3, Cohere 2); Gemma 2
+            // alternates, Gemma 3 keeps every sixth layer global unless it says.
             let default = if model_type == "gemma2" { 2 } else { 6 };
             let period = self
                 .pattern_u64("sliding_window_pattern")?
