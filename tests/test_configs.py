@@ -353,6 +353,17 @@ def test_head_dim_absent_or_named_attention_head_dim(tmp_path: Path) -> None:
         ({"layer_types": ["sliding_attention"] * 2}, "no sliding_window"),
         ({"full_attention_interval": 2}, "linear_num_key_heads"),
         ({"num_hidden_layers": "2"}, "non-negative integer"),
+        (
+            {
+                "model_type": "mamba2",
+                "num_heads": 4,
+                "head_dim": 32,
+                "state_size": 16,
+                "conv_kernel": 4,
+                "expand": 3,
+            },
+            r"inner size is 768 \(expand 3 x hidden_size 256\), but 4 heads x head dim 32 make 128",
+        ),
     ],
 )
 def test_configs_pdplan_cannot_read_are_refused_by_key(
@@ -442,6 +453,31 @@ def test_kv_cache_dtypes_size_values_in_bits() -> None:
     assert layer_items(attention, 2, kv_cache_dtype="auto") == layer_items(attention, 2)
     with pytest.raises(UnsupportedPDLayoutError, match="kv_cache_dtype: unknown dtype"):
         layer_items(attention, 2, kv_cache_dtype="fp6")
+
+
+def test_layer_objects_that_are_not_what_they_say_are_refused() -> None:
+    from types import SimpleNamespace
+
+    def shape(*layers: object) -> ModelShape:
+        return ModelShape(layer_kinds=layers)  # type: ignore[arg-type]
+
+    with pytest.raises(UnsupportedPDLayoutError, match='unknown layer kind "ssm"'):
+        model_buffer_layouts(shape(SimpleNamespace(kind="ssm")), 1, 1)
+    with pytest.raises(UnsupportedPDLayoutError, match='needs a "head_dim" field'):
+        model_buffer_layouts(shape(SimpleNamespace(kind="attention", kv_heads=2)), 1, 1)
+    # A parallel layer whose part is itself: refused by kind, not followed forever.
+    odd = SimpleNamespace(kind="attention_mamba2")
+    odd.attention = odd
+    with pytest.raises(UnsupportedPDLayoutError, match="must be a attention layer"):
+        model_buffer_layouts(shape(odd), 1, 1)
+    wrong = AttentionMamba2Layer(AttentionLayer(2, 8), AttentionLayer(2, 8))  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedPDLayoutError, match="must be a mamba2 layer"):
+        model_buffer_layouts(shape(wrong), 1, 1)
+    # NVFP4 is a KV cache format only.
+    nemotron = ModelShape.preset("nemotron-h-8b")
+    for odd_dtypes in (replace(nemotron, dtype="nvfp4"), replace(nemotron, state_dtype="nvfp4")):
+        with pytest.raises(UnsupportedPDLayoutError, match="give it as kv_cache_dtype"):
+            model_buffer_layouts(odd_dtypes, 1, 1)
 
 
 def test_layer_kinds_and_the_uniform_form_are_one_or_the_other() -> None:

@@ -52,7 +52,8 @@ class PDTransferPlanner:
         ``replicated``) the token geometry of both sides, so a request can move tokens by slot
         maps (``PreparedTransfer.token_descriptors``); it is on by itself where a
         token-indexed buffer's page sizes differ between the sides, which only slot maps can
-        move. Such fragment lists encode as wire format v3."""
+        move, or a buffer has a ``sliding_window``, which selects tokens. Such fragment lists
+        encode as wire format v3 (v4 with a window)."""
         self.prefill_layout = prefill_layout
         self.decode_layout = decode_layout
         self.prefill_buffers = prefill_buffers
@@ -113,7 +114,8 @@ class PDTransferPlanner:
 
     @property
     def token_maps(self) -> bool:
-        """Whether fragments carry token geometry (asked for, or page sizes differ)."""
+        """Whether fragments carry token geometry (asked for, page sizes differ, or a buffer
+        has a sliding window)."""
         return self._core.token_maps
 
     @property

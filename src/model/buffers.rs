@@ -44,6 +44,7 @@ pub fn model_buffers(
         bail!("TP {tp} is above the largest world size {MAX_WORLD_SIZE}");
     }
     check_layer_count(shape.layers.len() as u64)?;
+    shape.check_dtypes()?;
     let cache = Cache {
         dtype: shape.dtype,
         kv: shape.kv_dtype(),

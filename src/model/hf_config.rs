@@ -223,6 +223,26 @@ impl Config<'_> {
             Ok(None) => self.require(&["head_dim"], what)?,
             Err(e) => return Err(e),
         };
+        // The inner size a config also states must be heads x head dim, else it is misread.
+        let inner = heads.checked_mul(head_dim);
+        let stated = if self.model_type() == "falcon_h1" {
+            self.u64(&["mamba_d_ssm"])?
+                .map(|ssm| (ssm, "mamba_d_ssm".to_owned()))
+        } else {
+            match (self.u64(&["expand"])?, self.u64(&["hidden_size"])?) {
+                (Some(expand), Some(hidden)) => expand
+                    .checked_mul(hidden)
+                    .map(|size| (size, format!("expand {expand} x hidden_size {hidden}"))),
+                _ => None,
+            }
+        };
+        if let Some((size, what)) = stated.filter(|(size, _)| Some(*size) != inner) {
+            bail!(
+                "config.json: the Mamba2 inner size is {size} ({what}), but {heads} heads x head \
+                 dim {head_dim} make {}; check the config's Mamba2 keys",
+                heads.saturating_mul(head_dim)
+            );
+        }
         Ok(Mamba2Shape {
             heads,
             head_dim,

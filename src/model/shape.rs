@@ -94,6 +94,21 @@ impl ModelShape {
     pub fn state_dtype(&self) -> Dtype {
         self.state_dtype.unwrap_or(self.dtype)
     }
+
+    /// Block-scaled types (NVFP4) are KV cache formats only: they say nothing of where a
+    /// model's or a state's scales would live.
+    pub fn check_dtypes(&self) -> PlanResult<()> {
+        for (name, dtype) in [("dtype", self.dtype), ("state_dtype", self.state_dtype())] {
+            if dtype.scale_block().is_some() {
+                bail!(
+                    "{name}={} is a KV cache format, not a model or state dtype; give it as \
+                     kv_cache_dtype",
+                    dtype.as_str()
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 pub fn check_layer_count(layers: u64) -> PlanResult<()> {

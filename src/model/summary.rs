@@ -33,6 +33,7 @@ fn sizes(buffers: &[BufferLayout]) -> (u64, u64) {
 
 /// The model's layer kinds in the order they first appear, then the draft model's layers.
 pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
+    shape.check_dtypes()?;
     let cache = Cache {
         dtype: shape.dtype,
         kv: shape.kv_dtype(),

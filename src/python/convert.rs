@@ -340,17 +340,35 @@ pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
         })?;
         to_u64(&value, name)
     };
-    let attention = |obj: &Bound<'_, PyAny>| -> Converted<AttentionShape> {
-        let Layer::Attention(a) = layer(obj)? else {
-            bail!("expected an AttentionLayer, got {}", repr(obj));
-        };
-        Ok(a)
+    // A part of a parallel layer: its kind is checked before it is read, so an object that
+    // names itself as its own part cannot recurse.
+    let part = |name: &str, want: &str| -> Converted<Layer> {
+        let value = obj.getattr(name).map_err(|_| {
+            PlanError::new(format!(
+                "a {kind} layer needs a {name:?} field, got {}",
+                repr(obj)
+            ))
+        })?;
+        let got = Fields { obj: &value }.string(pyo3::intern!(obj.py(), "kind"))?;
+        if got != want {
+            bail!(
+                "the {name} of a {kind} layer must be a {want} layer, got {}",
+                repr(&value)
+            );
+        }
+        layer(&value)
     };
-    let mamba2 = |obj: &Bound<'_, PyAny>| -> Converted<Mamba2Shape> {
-        let Layer::Mamba2(m) = layer(obj)? else {
-            bail!("expected a Mamba2Layer, got {}", repr(obj));
-        };
-        Ok(m)
+    let attention = || -> Converted<AttentionShape> {
+        match part("attention", "attention")? {
+            Layer::Attention(a) => Ok(a),
+            _ => bail!("the attention of a {kind} layer must be an AttentionLayer"),
+        }
+    };
+    let mamba2 = || -> Converted<Mamba2Shape> {
+        match part("mamba", "mamba2")? {
+            Layer::Mamba2(m) => Ok(m),
+            _ => bail!("the mamba of a {kind} layer must be a Mamba2Layer"),
+        }
     };
     Ok(match kind.as_str() {
         "attention" => Layer::Attention(AttentionShape {
@@ -385,10 +403,7 @@ pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
             value_head_dim: int("value_head_dim")?,
             conv_kernel: int("conv_kernel")?,
         }),
-        "attention_mamba2" => Layer::AttentionMamba2(
-            attention(&f.get(name!(f, "attention"))?)?,
-            mamba2(&f.get(name!(f, "mamba"))?)?,
-        ),
+        "attention_mamba2" => Layer::AttentionMamba2(attention()?, mamba2()?),
         "mlp" => Layer::Mlp,
         other => bail!(
             "unknown layer kind {other:?}: use attention, mla, mamba2, mamba1, gated_deltanet, \

@@ -91,51 +91,66 @@ fn buffers_from_item_lengths<'py>(
 
 /// A layer as its Python class (`pdplan._layouts`), built with keywords.
 fn layer_object<'py>(py: Python<'py>, layer: &model::Layer) -> PyResult<Bound<'py, PyAny>> {
-    let module = py.import("pdplan._layouts")?;
+    use model::Layer;
     let kwargs = PyDict::new(py);
-    let class = match layer {
-        model::Layer::Attention(a) => {
-            kwargs.set_item("kv_heads", a.kv_heads)?;
-            kwargs.set_item("head_dim", a.head_dim)?;
-            kwargs.set_item("sliding_window", a.sliding_window)?;
-            "AttentionLayer"
+    let (class, fields): (&str, &[(&str, Option<u64>)]) = match layer {
+        Layer::Attention(a) => (
+            "AttentionLayer",
+            &[
+                ("kv_heads", Some(a.kv_heads)),
+                ("head_dim", Some(a.head_dim)),
+                ("sliding_window", a.sliding_window),
+            ],
+        ),
+        Layer::Mla(m) => (
+            "MlaLayer",
+            &[
+                ("kv_lora_rank", Some(m.kv_lora_rank)),
+                ("rope_head_dim", Some(m.rope_head_dim)),
+                ("index_head_dim", Some(m.index_head_dim)),
+            ],
+        ),
+        Layer::Mamba2(m) => (
+            "Mamba2Layer",
+            &[
+                ("heads", Some(m.heads)),
+                ("head_dim", Some(m.head_dim)),
+                ("state_size", Some(m.state_size)),
+                ("groups", Some(m.groups)),
+                ("conv_kernel", Some(m.conv_kernel)),
+            ],
+        ),
+        Layer::Mamba1(m) => (
+            "Mamba1Layer",
+            &[
+                ("inner_size", Some(m.inner_size)),
+                ("state_size", Some(m.state_size)),
+                ("conv_kernel", Some(m.conv_kernel)),
+            ],
+        ),
+        Layer::GatedDeltaNet(g) => (
+            "GatedDeltaNetLayer",
+            &[
+                ("key_heads", Some(g.key_heads)),
+                ("value_heads", Some(g.value_heads)),
+                ("key_head_dim", Some(g.key_head_dim)),
+                ("value_head_dim", Some(g.value_head_dim)),
+                ("conv_kernel", Some(g.conv_kernel)),
+            ],
+        ),
+        Layer::AttentionMamba2(a, m) => {
+            kwargs.set_item("attention", layer_object(py, &Layer::Attention(*a))?)?;
+            kwargs.set_item("mamba", layer_object(py, &Layer::Mamba2(*m))?)?;
+            ("AttentionMamba2Layer", &[])
         }
-        model::Layer::Mla(m) => {
-            kwargs.set_item("kv_lora_rank", m.kv_lora_rank)?;
-            kwargs.set_item("rope_head_dim", m.rope_head_dim)?;
-            kwargs.set_item("index_head_dim", m.index_head_dim)?;
-            "MlaLayer"
-        }
-        model::Layer::Mamba2(m) => {
-            kwargs.set_item("heads", m.heads)?;
-            kwargs.set_item("head_dim", m.head_dim)?;
-            kwargs.set_item("state_size", m.state_size)?;
-            kwargs.set_item("groups", m.groups)?;
-            kwargs.set_item("conv_kernel", m.conv_kernel)?;
-            "Mamba2Layer"
-        }
-        model::Layer::Mamba1(m) => {
-            kwargs.set_item("inner_size", m.inner_size)?;
-            kwargs.set_item("state_size", m.state_size)?;
-            kwargs.set_item("conv_kernel", m.conv_kernel)?;
-            "Mamba1Layer"
-        }
-        model::Layer::GatedDeltaNet(g) => {
-            kwargs.set_item("key_heads", g.key_heads)?;
-            kwargs.set_item("value_heads", g.value_heads)?;
-            kwargs.set_item("key_head_dim", g.key_head_dim)?;
-            kwargs.set_item("value_head_dim", g.value_head_dim)?;
-            kwargs.set_item("conv_kernel", g.conv_kernel)?;
-            "GatedDeltaNetLayer"
-        }
-        model::Layer::AttentionMamba2(a, m) => {
-            kwargs.set_item("attention", layer_object(py, &model::Layer::Attention(*a))?)?;
-            kwargs.set_item("mamba", layer_object(py, &model::Layer::Mamba2(*m))?)?;
-            "AttentionMamba2Layer"
-        }
-        model::Layer::Mlp => "MlpLayer",
+        Layer::Mlp => ("MlpLayer", &[]),
     };
-    module.getattr(class)?.call((), Some(&kwargs))
+    for (name, value) in fields {
+        kwargs.set_item(*name, *value)?;
+    }
+    py.import("pdplan._layouts")?
+        .getattr(class)?
+        .call((), Some(&kwargs))
 }
 
 /// The layers of a shape as layer objects; kinds repeat as the same object.
