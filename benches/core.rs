@@ -65,14 +65,14 @@ fn bench(c: &mut Criterion) {
             (0..1024)
                 .map(|rank| {
                     planner
-                        .plan_for_decode_rank(rank, None)
+                        .plan_for_decode_rank(rank, None, None)
                         .map(|p| p.sources.len())
                 })
                 .sum::<Result<usize, _>>()
         });
     });
     let fragments: Vec<_> = planner
-        .plan_for_decode_rank(0, None)
+        .plan_for_decode_rank(0, None, None)
         .expect("plan")
         .sources
         .into_iter()

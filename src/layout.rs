@@ -1,8 +1,9 @@
 //! What each side looks like: its parallel layout (role, rank space, how its pipeline stages
 //! split the layers) and the buffers it caches, each validated on its own at construction.
 
+use crate::context::{CpKv, CpSplit, TokenDeal, TokenShare, MAX_INTERLEAVE};
 use crate::error::{bail, PlanError, PlanResult};
-use crate::ranks::{index_below, RankCoord, RankSpace};
+use crate::ranks::{index_below, RankCoord, RankSpace, Slot};
 pub use crate::ranks::{MAX_STAGES, MAX_WORLD_SIZE};
 
 /// Most parts a split axis may be made of (Mamba2's conv state has three: x, B, C).
@@ -124,8 +125,76 @@ impl BufferKind {
     }
 }
 
-/// One side's ranks: `dp_size` DP groups, each of `pp_size` pipeline stages of TP ranks, and
-/// how the stages split the layers.
+/// How one side spreads a request's tokens: over CP ranks of their own (`cp_size`), or over
+/// DCP ranks carved out of TP (`dcp_size`, the DCP rank of TP rank `r` being `r % dcp_size`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ContextParallel {
+    pub cp_size: u64,
+    pub dcp_size: u64,
+    /// Whether CP ranks hold disjoint shares (sharded) or every token (replicated).
+    pub kv: CpKv,
+    pub split: CpSplit,
+    pub interleave: u64,
+}
+
+impl ContextParallel {
+    /// No context parallelism: every rank holds every token.
+    pub const NONE: Self = Self {
+        cp_size: 1,
+        dcp_size: 1,
+        kv: CpKv::Sharded,
+        split: CpSplit::Interleave,
+        interleave: 1,
+    };
+
+    /// Ranks the tokens are dealt over (1: none).
+    pub const fn ways(&self) -> u64 {
+        match self.kv {
+            CpKv::Replicated => self.dcp_size,
+            CpKv::Sharded => self.cp_size * self.dcp_size,
+        }
+    }
+
+    /// Whether this side spreads tokens over ranks, or holds them in CP replicas.
+    pub const fn is_active(&self) -> bool {
+        self.cp_size > 1 || self.dcp_size > 1
+    }
+
+    /// CP ranks holding the same tokens (replicated CP), else 1.
+    pub const fn cp_replicas(&self) -> u64 {
+        match self.kv {
+            CpKv::Replicated => self.cp_size,
+            CpKv::Sharded => 1,
+        }
+    }
+
+    /// The deal of tokens over this side's ranks, blocks of `page_size` for contiguous splits.
+    pub fn deal(&self, page_size: u64) -> PlanResult<TokenDeal> {
+        TokenDeal::new(self.ways(), self.split, self.interleave, page_size)
+    }
+
+    /// Which rank of the deal the rank at `slot` is (its CP rank, or its DCP rank).
+    pub const fn share_index(&self, slot: Slot) -> u64 {
+        if self.dcp_size > 1 {
+            slot.tp_rank % self.dcp_size
+        } else if matches!(self.kv, CpKv::Sharded) {
+            slot.cp_rank
+        } else {
+            0
+        }
+    }
+
+    /// The tokens the rank at `slot` holds, under `deal`.
+    pub const fn share(&self, deal: TokenDeal, slot: Slot) -> TokenShare {
+        TokenShare {
+            deal,
+            index: self.share_index(slot),
+        }
+    }
+}
+
+/// One side's ranks: `dp_size` DP groups, each of `pp_size` pipeline stages of `cp_size` CP
+/// ranks of TP ranks, how the stages split the layers, and how tokens are spread.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ParallelLayout {
     role: Role,
@@ -133,6 +202,7 @@ pub struct ParallelLayout {
     /// Layers of each stage, in order; `None` splits the layers as evenly as possible, the
     /// first stages taking one more.
     pp_layer_partition: Option<Vec<u64>>,
+    context: ContextParallel,
 }
 
 impl ParallelLayout {
@@ -149,7 +219,24 @@ impl ParallelLayout {
         pp_size: u64,
         pp_layer_partition: Option<Vec<u64>>,
     ) -> PlanResult<Self> {
-        let ranks = RankSpace::from_world(world_size, dp_size, pp_size)?;
+        Self::with_context(
+            role,
+            (world_size, dp_size, pp_size),
+            pp_layer_partition,
+            ContextParallel::NONE,
+        )
+    }
+
+    /// A layout with stages and context parallelism: `(world_size, dp_size, pp_size)` with
+    /// `world = dp x pp x cp x tp`.
+    pub fn with_context(
+        role: Role,
+        (world_size, dp_size, pp_size): (u64, u64, u64),
+        pp_layer_partition: Option<Vec<u64>>,
+        context: ContextParallel,
+    ) -> PlanResult<Self> {
+        let ranks = RankSpace::from_world(world_size, dp_size, pp_size, context.cp_size)?;
+        check_context(role, ranks, &context)?;
         if let Some(partition) = &pp_layer_partition {
             if partition.len() as u64 != pp_size {
                 bail!(
@@ -175,7 +262,13 @@ impl ParallelLayout {
             role,
             ranks,
             pp_layer_partition,
+            context,
         })
+    }
+
+    /// How this side spreads a request's tokens over its ranks.
+    pub const fn context(&self) -> &ContextParallel {
+        &self.context
     }
 
     pub const fn role(&self) -> Role {
@@ -215,6 +308,34 @@ impl ParallelLayout {
     pub fn pp_layer_partition(&self) -> Option<&[u64]> {
         self.pp_layer_partition.as_deref()
     }
+}
+
+/// The context-parallel fields of one side make sense on their own and with its TP size.
+fn check_context(role: Role, ranks: RankSpace, context: &ContextParallel) -> PlanResult<()> {
+    let side = role.as_str();
+    let (cp, dcp, tp) = (context.cp_size, context.dcp_size, ranks.tp_size());
+    if dcp == 0 || tp % dcp != 0 {
+        bail!(
+            "dcp_size={dcp} must be positive and divide the {side} side's TP size {tp}:              decode-context-parallel ranks are carved out of TP"
+        );
+    }
+    if cp > 1 && dcp > 1 {
+        bail!(
+            "the {side} side has cp_size={cp} and dcp_size={dcp}; a side spreads tokens one way              only: give it CP ranks of their own (cp_size) or DCP inside TP (dcp_size), not both"
+        );
+    }
+    if context.interleave == 0 || context.interleave > MAX_INTERLEAVE {
+        bail!(
+            "cp_interleave={} must be between 1 and {MAX_INTERLEAVE} tokens",
+            context.interleave
+        );
+    }
+    if dcp > 1 && context.kv == CpKv::Replicated {
+        bail!(
+            "cp_kv='replicated' describes CP ranks of their own (cp_size); DCP ranks always hold              disjoint token shares, so leave cp_kv 'sharded' with dcp_size={dcp}"
+        );
+    }
+    Ok(())
 }
 
 /// The parts a split axis is made of, each split evenly over the TP shards: a rank holds its

@@ -1,10 +1,12 @@
 //! pdplan: plans how a KV cache moves from prefill to decode ranks in a disaggregated LLM
 //! server. The core (everything but `python`) knows nothing of Python.
 
+pub mod context;
 pub mod descriptors;
 pub mod error;
 pub mod fragment;
 pub mod frame_cache;
+pub mod holders;
 pub mod interval;
 pub mod layout;
 pub mod lru;

@@ -445,7 +445,8 @@ mod tests {
             sliding_window: None,
         };
         let one_head = UnitOverlap {
-            prefill_tp_rank: 5,
+            src_shard: 5,
+            reader: 0,
             src_local: 0,
             dst_local: 1,
             len: 1,

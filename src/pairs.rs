@@ -199,3 +199,35 @@ pub fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> Pla
     }
     Ok(())
 }
+
+/// A side that spreads tokens over ranks can hold `buffer`: DCP ranks share a replica group's
+/// heads (so `dcp_size` divides the group), and state, one value a request, is not dealt.
+pub fn validate_context(layout: &ParallelLayout, buffer: &BufferLayout) -> PlanResult<()> {
+    let context = layout.context();
+    if !context.is_active() {
+        return Ok(());
+    }
+    let role = layout.role().as_str();
+    let kind = buffer.buffer_kind.as_str();
+    if !buffer.logical_axis.is_token_indexed() {
+        bail!(
+            "buffer {} ({kind}) is state (state_channel), but the {role} side runs context \
+             parallelism (cp_size={}, dcp_size={}); state with CP is not supported: plan the \
+             state buffers with a layout without CP, or leave them out",
+            buffer.buffer_index,
+            context.cp_size,
+            context.dcp_size
+        );
+    }
+    let dcp = context.dcp_size;
+    let replica = buffer.tp_replica_group_size;
+    if buffer.logical_axis == LogicalAxis::KvHead && replica % dcp != 0 {
+        bail!(
+            "dcp_size={dcp} must divide the {role} side's replica group of buffer {} ({kind}): \
+             tp_replica_group_size={replica} ranks hold the same KV heads, and DCP splits their \
+             tokens instead of copying them; choose a dcp_size that divides {replica}",
+            buffer.buffer_index
+        );
+    }
+    Ok(())
+}

@@ -9,13 +9,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::holders::{Holders, Units};
 use crate::layout::{BufferLayout, ParallelLayout};
 use crate::page::{Span, TokenGeometry};
-use crate::pairs::{needs_token_maps, validate_alignment, validate_pairs};
+use crate::pairs::{needs_token_maps, validate_alignment, validate_context, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
-use crate::routing::{first_holder, route, Class, DecodeReplicas, Route, Sharding};
-use crate::spread::Spread;
+use crate::routing::{route, Class, DecodeReplicas, Route, Sharding};
+use crate::spread::{Need, Spread};
 use crate::stages::{buffer_stages, is_staged, layer_count};
+use crate::tokens::MAX_TOKENS;
 
 /// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
 /// past it is refused rather than exhausting memory.
@@ -100,7 +102,9 @@ pub struct Planner {
     buffers: Vec<BufferPair>,
     classes: Vec<Class>,
     replicas: DecodeReplicas,
-    /// Which replica serves whom under `DecodeReplicas::All`.
+    /// Who holds which units and tokens on the prefill side.
+    holders: Holders,
+    /// Which holder serves whom where there is a choice (`DecodeReplicas::All`, replicated CP).
     spread: Spread,
     identity: bool,
     token_maps: bool,
@@ -150,11 +154,16 @@ impl Planner {
         options: PlanOptions,
     ) -> PlanResult<Self> {
         let replicas = options.replicas;
-        let token_maps = options.token_maps || needs_token_maps(prefill_buffers, decode_buffers);
+        let holders = Holders::of((&prefill, &decode), (prefill_buffers, decode_buffers))?;
+        // Slot maps are the only way to move tokens spread over ranks.
+        let token_maps = options.token_maps
+            || needs_token_maps(prefill_buffers, decode_buffers)
+            || holders.any_context();
         validate_pairs(prefill_buffers, decode_buffers, token_maps)?;
         for (layout, buffers) in [(&prefill, prefill_buffers), (&decode, decode_buffers)] {
             for buffer in buffers {
                 validate_alignment(layout, buffer)?;
+                validate_context(layout, buffer)?;
             }
         }
         let layers = layer_count(&prefill, &decode, prefill_buffers)?;
@@ -192,7 +201,8 @@ impl Planner {
         // Whole items copy rank to rank when both sides hold the same units the same way: same
         // TP and stages, no replica groups, and token-major items of one size (else rows
         // would shift).
-        let identity = prefill.ranks().tp_size() == decode.ranks().tp_size()
+        let identity = !holders.any_context()
+            && prefill.ranks().tp_size() == decode.ranks().tp_size()
             && prefill.pp_size() == decode.pp_size()
             && prefill_stages == decode_stages
             && prefill_buffers.iter().zip(decode_buffers).all(|(p, d)| {
@@ -201,22 +211,27 @@ impl Planner {
                     && (!p.logical_axis.is_token_indexed() || p.page_size == d.page_size)
                     && (p.rows_per_page == 1 || p.item_stride_bytes == d.item_stride_bytes)
             });
-        let spread = match replicas {
-            DecodeReplicas::First => Spread::default(),
-            DecodeReplicas::All => Spread::choose(&classes, prefill.ranks(), decode.ranks()),
-        };
         let mut planner = Self {
             prefill,
             decode,
             buffers,
             classes,
             replicas,
-            spread,
+            holders,
+            spread: Spread::default(),
             identity,
             token_maps,
             fanout_per_slot: Vec::new(),
         };
-        planner.fanout_per_slot = planner.count_fanout();
+        if replicas == DecodeReplicas::All || holders.prefill.context.cp_replicas() > 1 {
+            let needs = planner
+                .decode_ranks()
+                .slots()
+                .map(|at| planner.needs(at))
+                .collect();
+            planner.spread = Spread::choose(planner.prefill_ranks(), needs);
+        }
+        planner.fanout_per_slot = planner.count_fanout(None);
         Ok(planner)
     }
 
@@ -284,7 +299,7 @@ impl Planner {
         let idle_per_group = self
             .decode_ranks()
             .slots()
-            .filter(|&slot| self.fragment_count(slot) == 0)
+            .filter(|&slot| self.fragment_count(slot, None) == 0)
             .count() as u64;
         idle_per_group * self.decode.dp_size()
     }
@@ -298,13 +313,7 @@ impl Planner {
     /// Decode ranks one request makes `prefill_rank` wait for: those of the reading decode DP
     /// group that read from it. The same whichever decode group a request comes from.
     pub fn request_fanout(&self, prefill_rank: u64) -> u64 {
-        let ranks = self.prefill_ranks();
-        let slot = ranks.slot_index(ranks.coord(prefill_rank).slot());
-        usize::try_from(slot)
-            .ok()
-            .and_then(|slot| self.fanout_per_slot.get(slot))
-            .copied()
-            .unwrap_or(0)
+        fanout_in(&self.fanout_per_slot, self.prefill_ranks(), prefill_rank)
     }
 
     /// A prefill rank's fanout under the default group mapping: its request fanout when some
@@ -326,7 +335,7 @@ impl Planner {
     }
 
     /// How the decode rank at `slot` is routed for each class its stage holds, with the class
-    /// ids: prefill TP ranks within the class's prefill stage.
+    /// ids, in prefill shards.
     fn routes(&self, slot: Slot) -> impl Iterator<Item = (usize, Route)> + '_ {
         let (prefill_tp, decode_tp) = (
             self.prefill_ranks().tp_size(),
@@ -337,47 +346,114 @@ impl Planner {
             .enumerate()
             .filter(move |(_, class)| class.decode_stage == slot.stage)
             .map(move |(id, class)| {
-                let holder = |src_shard, replica| match self.replicas {
-                    DecodeReplicas::First => first_holder(src_shard, replica),
-                    DecodeReplicas::All => self.spread.holder(slot, id, src_shard, replica),
+                let receivers = match class.sharding {
+                    Sharding::Split { decode_replica, .. } => {
+                        self.holders.first_receivers(decode_replica)
+                    }
+                    Sharding::Replicated => 1,
                 };
                 let routed = route(
                     class.sharding,
-                    prefill_tp,
-                    decode_tp,
+                    (prefill_tp, decode_tp),
                     slot.tp_rank,
                     self.replicas,
-                    holder,
+                    receivers,
                 );
                 (id, routed)
             })
     }
 
-    fn count_fanout(&self) -> Vec<u64> {
+    /// The prefill token shares the decode rank at `at` reads, for a request of `num_tokens`
+    /// tokens (None: any request); one share when neither side spreads tokens.
+    fn shares(&self, at: Slot, num_tokens: Option<u64>) -> Vec<u64> {
+        let num_tokens = num_tokens.filter(|_| self.holders.any_context());
+        self.holders.shares(at, num_tokens).collect()
+    }
+
+    /// Every need of the decode rank at `at` that some prefill rank must serve, with the
+    /// holders a spread may choose from.
+    fn needs(&self, at: Slot) -> Vec<Need> {
+        let shares = self.shares(at, None);
+        let decode_tp = self.decode_ranks().tp_size();
+        let mut out = Vec::new();
+        for (id, routed) in self.routes(at) {
+            let Some(class) = self.classes.get(id) else {
+                continue;
+            };
+            let units: Vec<(Units, u64)> = match &routed {
+                Route::Nothing => Vec::new(),
+                Route::WholeItem => vec![(Units::Whole, at.tp_rank)],
+                Route::Units(overlaps) => overlaps
+                    .iter()
+                    .map(|o| (Units::Shard(o.src_shard), o.reader))
+                    .collect(),
+            };
+            for (units, reader) in units {
+                for &share in &shares {
+                    out.push(Need {
+                        key: (at, id, units, share),
+                        choices: self.holders.choices(
+                            class,
+                            units,
+                            at.tp_rank,
+                            share,
+                            self.replicas,
+                        ),
+                        reader: reader + at.cp_rank * decode_tp,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The prefill slot serving `units` of class `id` and token share `share` to the decode
+    /// rank at `at`.
+    fn source(&self, at: Slot, id: usize, units: Units, share: u64) -> Slot {
+        if let Some(chosen) = self.spread.holder(&(at, id, units, share)) {
+            return chosen;
+        }
+        let class = self.classes.get(id).copied().unwrap_or(Class {
+            sharding: Sharding::Replicated,
+            prefill_stage: 0,
+            decode_stage: 0,
+        });
+        self.holders
+            .default_holder(&class, units, at.tp_rank, share)
+    }
+
+    /// Decode ranks of one DP group reading each prefill slot of a DP group, for a request of
+    /// `num_tokens` tokens (None: any request).
+    fn count_fanout(&self, num_tokens: Option<u64>) -> Vec<u64> {
         let prefill_ranks = self.prefill_ranks();
         let slots = usize::try_from(prefill_ranks.group_size()).unwrap_or(0);
         let mut counts = vec![0u64; slots];
         // `seen[p] == d + 1` marks prefill slot p as already counted for decode slot d.
         let mut seen = vec![0u64; slots];
         for (decode_slot, at) in (1u64..).zip(self.decode_ranks().slots()) {
+            let shares = self.shares(at, num_tokens);
             for (id, routed) in self.routes(at) {
-                let stage = self.classes.get(id).map_or(0, |c| c.prefill_stage);
-                let mut count = |tp_rank: u64| {
-                    let slot = prefill_ranks.slot_index(Slot { stage, tp_rank });
-                    let slot = usize::try_from(slot).unwrap_or(usize::MAX);
-                    if let (Some(mark), Some(count)) = (seen.get_mut(slot), counts.get_mut(slot)) {
-                        if *mark != decode_slot {
-                            *mark = decode_slot;
-                            *count += 1;
+                let mut count = |units: Units| {
+                    for &share in &shares {
+                        let source = self.source(at, id, units, share);
+                        let slot = prefill_ranks.slot_index(source);
+                        let slot = usize::try_from(slot).unwrap_or(usize::MAX);
+                        if let (Some(mark), Some(count)) =
+                            (seen.get_mut(slot), counts.get_mut(slot))
+                        {
+                            if *mark != decode_slot {
+                                *mark = decode_slot;
+                                *count += 1;
+                            }
                         }
                     }
                 };
                 match routed {
                     Route::Nothing => {}
-                    Route::WholeItem { prefill_tp_rank } => count(prefill_tp_rank),
+                    Route::WholeItem => count(Units::Whole),
                     Route::Units(overlaps) => {
                         for overlap in &overlaps {
-                            count(overlap.prefill_tp_rank);
+                            count(Units::Shard(overlap.src_shard));
                         }
                     }
                 }
@@ -410,34 +486,66 @@ impl Planner {
         Ok(group)
     }
 
+    /// A request's token count as a caller gave it, checked.
+    pub fn num_tokens(value: i128) -> PlanResult<u64> {
+        let Some(count) = index_below(value, MAX_TOKENS + 1) else {
+            bail!("num_tokens={value} must be between 0 and {MAX_TOKENS}");
+        };
+        Ok(count)
+    }
+
     /// The fragments decode rank `decode_rank` receives, by prefill rank, for both plan kinds:
     /// a fragmented plan's own, or for an identity plan one whole-item fragment a buffer (the
     /// reference's identity plans carry none; the runtime copies whole items). One call path
-    /// then builds descriptors for both.
+    /// then builds descriptors for both. With `num_tokens`, only the sources holding some of
+    /// a request of that many tokens (context parallelism).
     pub fn transfer_fragments(
         &self,
         decode_rank: u64,
         prefill_group: Option<u64>,
+        num_tokens: Option<u64>,
     ) -> PlanResult<Vec<SourcePlan>> {
         let target_dp_group = self.source_group(decode_rank, prefill_group)?;
-        self.collect_sources(decode_rank, target_dp_group)
+        let fanout = self.fanout_for(num_tokens);
+        self.collect_sources(decode_rank, target_dp_group, num_tokens, &fanout)
+    }
+
+    /// Who holds which units and tokens, on both sides.
+    pub const fn holders(&self) -> &Holders {
+        &self.holders
+    }
+
+    /// Each prefill slot's request fanout (slot order of one DP group) for a request of
+    /// `num_tokens` tokens (None: any).
+    pub fn request_fanouts(&self, num_tokens: Option<u64>) -> std::borrow::Cow<'_, [u64]> {
+        self.fanout_for(num_tokens)
+    }
+
+    /// Per-slot fanouts for a request of `num_tokens` tokens: the planner's own unless the
+    /// count changes who holds what.
+    fn fanout_for(&self, num_tokens: Option<u64>) -> std::borrow::Cow<'_, [u64]> {
+        match num_tokens {
+            Some(n) if self.holders.any_context() => self.count_fanout(Some(n)).into(),
+            _ => self.fanout_per_slot.as_slice().into(),
+        }
     }
 
     /// How many fragments the decode rank at `at` receives, without building them.
-    fn fragment_count(&self, at: Slot) -> u64 {
+    fn fragment_count(&self, at: Slot, num_tokens: Option<u64>) -> u64 {
         let in_stage = |pair: &&BufferPair| self.class(pair).decode_stage == at.stage;
         if self.identity {
             return self.buffers.iter().filter(in_stage).count() as u64;
         }
+        let shares = self.shares(at, num_tokens).len() as u64;
         let mut per_class = vec![0u64; self.classes.len()];
         for (id, routed) in self.routes(at) {
             let count = match routed {
                 Route::Nothing => 0,
-                Route::WholeItem { .. } => 1,
+                Route::WholeItem => 1,
                 Route::Units(overlaps) => overlaps.len() as u64,
             };
             if let Some(slot) = per_class.get_mut(id) {
-                *slot = count;
+                *slot = count.saturating_mul(shares);
             }
         }
         self.buffers
@@ -447,10 +555,16 @@ impl Planner {
     }
 
     /// Calls `visit(prefill slot, buffer, span)` for every byte span the decode rank at `at`
-    /// receives, buffer order, then prefill rank order. Identity plans visit one whole-item
-    /// span a buffer (from the prefill rank at the same slot). The one walk behind per-rank
-    /// fragments and the whole-cluster routing table.
-    fn for_each_span(&self, at: Slot, mut visit: impl FnMut(Slot, &BufferPair, Span)) {
+    /// receives (for a request of `num_tokens` tokens, or any), buffer order, then unit run,
+    /// then prefill token share. Identity plans visit one whole-item span a buffer (from the
+    /// prefill rank at the same slot). The one walk behind per-rank fragments and the
+    /// whole-cluster routing table.
+    fn for_each_span(
+        &self,
+        at: Slot,
+        num_tokens: Option<u64>,
+        mut visit: impl FnMut(Slot, &BufferPair, Span),
+    ) {
         if self.identity {
             for pair in self
                 .buffers
@@ -473,6 +587,7 @@ impl Planner {
             }
             return;
         }
+        let shares = self.shares(at, num_tokens);
         let mut routes: Vec<Option<Route>> = vec![None; self.classes.len()];
         for (id, routed) in self.routes(at) {
             if let Some(slot) = routes.get_mut(id) {
@@ -480,29 +595,25 @@ impl Planner {
             }
         }
         for pair in &self.buffers {
-            let stage = self.class(pair).prefill_stage;
             match routes.get(pair.class) {
                 None | Some(None | Some(Route::Nothing)) => {}
-                Some(Some(Route::WholeItem { prefill_tp_rank })) => {
+                Some(Some(Route::WholeItem)) => {
                     // The decode item, whole (validated to be at most the prefill item).
                     let span = Span::contiguous(0, 0, pair.decode.item_stride_bytes);
                     let span = pair.tokenized(span, (0, 0, 1));
-                    let source = Slot {
-                        stage,
-                        tp_rank: *prefill_tp_rank,
-                    };
-                    visit(source, pair, span);
+                    for &share in &shares {
+                        visit(self.source(at, pair.class, Units::Whole, share), pair, span);
+                    }
                 }
                 Some(Some(Route::Units(overlaps))) => {
                     for overlap in overlaps {
                         let span = Span::of_units(overlap, &pair.prefill, &pair.decode);
                         let units = (overlap.src_local, overlap.dst_local, overlap.len);
                         let span = pair.tokenized(span, units);
-                        let source = Slot {
-                            stage,
-                            tp_rank: overlap.prefill_tp_rank,
-                        };
-                        visit(source, pair, span);
+                        for &share in &shares {
+                            let units = Units::Shard(overlap.src_shard);
+                            visit(self.source(at, pair.class, units, share), pair, span);
+                        }
                     }
                 }
             }
@@ -520,7 +631,7 @@ impl Planner {
             .slots()
             .map(|at| {
                 let mut totals: BTreeMap<Slot, (u64, u64)> = BTreeMap::new();
-                self.for_each_span(at, |source, _, span| {
+                self.for_each_span(at, None, |source, _, span| {
                     let entry = totals.entry(source).or_default();
                     entry.0 += 1;
                     entry.1 = entry.1.saturating_add(span.bytes_per_page);
@@ -564,10 +675,12 @@ impl Planner {
         &self,
         decode_rank: u64,
         target_dp_group: u64,
+        num_tokens: Option<u64>,
+        fanout: &[u64],
     ) -> PlanResult<Vec<SourcePlan>> {
         let at = self.decode_ranks().coord(decode_rank).slot();
         let prefill_ranks = self.prefill_ranks();
-        let fragments = self.fragment_count(at);
+        let fragments = self.fragment_count(at, num_tokens);
         if fragments > MAX_PLAN_FRAGMENTS {
             bail!(
                 "decode rank {decode_rank} would receive {fragments} fragments (more than \
@@ -577,7 +690,7 @@ impl Planner {
         // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
-        self.for_each_span(at, |source, pair, span| {
+        self.for_each_span(at, num_tokens, |source, pair, span| {
             let prefill_rank = prefill_ranks.rank_in_group(target_dp_group, source);
             let at = match sources.binary_search_by_key(&prefill_rank, |s| s.prefill_rank) {
                 Ok(at) => at,
@@ -587,7 +700,7 @@ impl Planner {
                         SourcePlan {
                             prefill_rank,
                             fragments: Vec::with_capacity(self.buffers.len()),
-                            fanout: self.request_fanout(prefill_rank),
+                            fanout: fanout_in(fanout, prefill_ranks, prefill_rank),
                         },
                     );
                     at
@@ -619,11 +732,14 @@ impl Planner {
     }
 
     /// The plan for one decode rank: its prefill sources, fragments and their fanouts. It reads
-    /// from `prefill_group` (a router's choice) or, when `None`, the default group.
+    /// from `prefill_group` (a router's choice) or, when `None`, the default group. With
+    /// `num_tokens`, the exact sources and fanouts of a request of that many tokens (they
+    /// differ only where tokens are spread over ranks).
     pub fn plan_for_decode_rank(
         &self,
         decode_rank: u64,
         prefill_group: Option<u64>,
+        num_tokens: Option<u64>,
     ) -> PlanResult<RankPlan> {
         let target_dp_group = self.source_group(decode_rank, prefill_group)?;
         if self.identity {
@@ -640,12 +756,23 @@ impl Planner {
                 }],
             });
         }
+        let fanout = self.fanout_for(num_tokens);
         Ok(RankPlan {
             kind: PlanKind::Fragmented,
             target_dp_group,
-            sources: self.collect_sources(decode_rank, target_dp_group)?,
+            sources: self.collect_sources(decode_rank, target_dp_group, num_tokens, &fanout)?,
         })
     }
+}
+
+/// The fanout of `prefill_rank` in a per-slot table.
+fn fanout_in(per_slot: &[u64], ranks: RankSpace, prefill_rank: u64) -> u64 {
+    let slot = ranks.slot_index(ranks.coord(prefill_rank).slot());
+    usize::try_from(slot)
+        .ok()
+        .and_then(|slot| per_slot.get(slot))
+        .copied()
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -692,7 +819,7 @@ mod tests {
     fn tp8_to_tp2_gathers_four_sources_in_rank_then_buffer_order() {
         let plan = planner(8, 2, 8)
             .unwrap()
-            .plan_for_decode_rank(1, None)
+            .plan_for_decode_rank(1, None, None)
             .unwrap();
         assert_eq!(plan.kind, PlanKind::Fragmented);
         let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
@@ -716,7 +843,7 @@ mod tests {
     fn tp2_to_tp8_splits_each_source_over_four_decode_ranks() {
         let p = planner(2, 8, 8).unwrap();
         assert_eq!(p.source_fanout().collect::<Vec<_>>(), vec![(0, 4), (1, 4)]);
-        let plan = p.plan_for_decode_rank(5, None).unwrap();
+        let plan = p.plan_for_decode_rank(5, None, None).unwrap();
         let f = plan.sources[0].fragments[0];
         assert_eq!(plan.sources[0].prefill_rank, 1);
         assert_eq!(
@@ -729,7 +856,7 @@ mod tests {
     fn gqa_replicas_send_from_the_first_rank_of_each_group() {
         // Prefill TP 4 over 2 KV heads: ranks 0 and 2 send, 1 and 3 hold copies.
         let p = planner(4, 1, 2).unwrap();
-        let plan = p.plan_for_decode_rank(0, None).unwrap();
+        let plan = p.plan_for_decode_rank(0, None, None).unwrap();
         let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
         assert_eq!(ranks, vec![0, 2]);
         assert_eq!(
@@ -742,7 +869,7 @@ mod tests {
     fn equal_tp_without_replicas_is_an_identity_plan() {
         let p = planner(4, 4, 8).unwrap();
         assert!(p.is_identity());
-        let plan = p.plan_for_decode_rank(2, None).unwrap();
+        let plan = p.plan_for_decode_rank(2, None, None).unwrap();
         assert_eq!(plan.kind, PlanKind::Identity);
         assert_eq!(plan.sources.len(), 1);
         assert_eq!(plan.sources[0].prefill_rank, 2);
@@ -755,7 +882,7 @@ mod tests {
         assert!(err.message().contains("non-aligned"), "{err}");
         let err = planner(8, 2, 8)
             .unwrap()
-            .plan_for_decode_rank(2, None)
+            .plan_for_decode_rank(2, None, None)
             .unwrap_err();
         assert!(err.message().contains("out of range"), "{err}");
     }
@@ -805,14 +932,14 @@ mod tests {
         )
         .unwrap();
         // Decode group 2 (ranks 4, 5) wraps onto prefill group 0.
-        let plan = p.plan_for_decode_rank(5, None).unwrap();
+        let plan = p.plan_for_decode_rank(5, None, None).unwrap();
         assert_eq!(plan.target_dp_group, 0);
         assert_eq!(plan.sources[0].prefill_rank, 1);
-        let routed = p.plan_for_decode_rank(5, Some(1)).unwrap();
+        let routed = p.plan_for_decode_rank(5, Some(1), None).unwrap();
         assert_eq!(routed.target_dp_group, 1);
         assert_eq!(routed.sources[0].prefill_rank, 3);
         assert_eq!(routed.sources[0].fanout, 1);
-        let err = p.plan_for_decode_rank(5, Some(2)).unwrap_err();
+        let err = p.plan_for_decode_rank(5, Some(2), None).unwrap_err();
         assert!(
             err.message().contains("prefill_dp_group=2 is out of range"),
             "{err}"
@@ -841,7 +968,7 @@ mod tests {
             &(0..17).map(|i| buffer(1, i)).collect::<Vec<_>>(),
         )
         .unwrap();
-        let err = p.plan_for_decode_rank(0, None).unwrap_err();
+        let err = p.plan_for_decode_rank(0, None, None).unwrap_err();
         assert!(err.message().contains("fragments (more than"), "{err}");
     }
 

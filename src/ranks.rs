@@ -2,11 +2,10 @@
 //! routing table and the binding go through `RankSpace`; none of them multiplies a group by a
 //! group size itself.
 //!
-//! A rank is a coordinate on axes, slowest first: DP group, pipeline stage, TP rank
-//! (`rank = dp_group * (pp * tp) + stage * tp + tp_rank`, vLLM's and TRT-LLM's order). A new
-//! axis (context parallelism) is a field of `RankCoord` (and of `Slot`, if it lies inside a DP
-//! group), a size of `RankSpace`, and one term in `rank` and `coord`: every other computation
-//! goes through those two.
+//! A rank is a coordinate on axes, slowest first: DP group, pipeline stage, context-parallel
+//! rank, TP rank (`rank = dp_group * (pp * cp * tp) + stage * (cp * tp) + cp_rank * tp +
+//! tp_rank`, TRT-LLM's order; vLLM's without CP). Every other computation goes through `rank`
+//! and `coord`.
 
 use std::ops::Range;
 
@@ -29,6 +28,7 @@ pub fn index_below(value: i128, bound: u64) -> Option<u64> {
 pub struct RankCoord {
     pub dp_group: u64,
     pub stage: u64,
+    pub cp_rank: u64,
     pub tp_rank: u64,
 }
 
@@ -36,31 +36,51 @@ pub struct RankCoord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Slot {
     pub stage: u64,
+    pub cp_rank: u64,
     pub tp_rank: u64,
+}
+
+impl Slot {
+    /// TP rank `tp_rank` of CP rank 0 of stage `stage`.
+    pub const fn at(stage: u64, tp_rank: u64) -> Self {
+        Self {
+            stage,
+            cp_rank: 0,
+            tp_rank,
+        }
+    }
 }
 
 impl RankCoord {
     pub const fn slot(self) -> Slot {
         Slot {
             stage: self.stage,
+            cp_rank: self.cp_rank,
             tp_rank: self.tp_rank,
         }
     }
 }
 
-/// The ranks of one side: `dp_size` DP groups of `pp_size` stages of `tp_size` TP ranks.
+/// The ranks of one side: `dp_size` DP groups of `pp_size` stages of `cp_size` CP ranks of
+/// `tp_size` TP ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(clippy::struct_field_names)] // the sizes of the axes, named as the layouts name them
 pub struct RankSpace {
     dp_size: u64,
     pp_size: u64,
+    cp_size: u64,
     tp_size: u64,
 }
 
 impl RankSpace {
-    /// The rank space of `world_size` ranks in `dp_size` DP groups of `pp_size` stages each,
-    /// or the error saying which size to change.
-    pub fn from_world(world_size: u64, dp_size: u64, pp_size: u64) -> PlanResult<Self> {
+    /// The rank space of `world_size` ranks in `dp_size` DP groups of `pp_size` stages of
+    /// `cp_size` CP ranks each, or the error saying which size to change.
+    pub fn from_world(
+        world_size: u64,
+        dp_size: u64,
+        pp_size: u64,
+        cp_size: u64,
+    ) -> PlanResult<Self> {
         if world_size == 0 {
             bail!("world_size must be positive");
         }
@@ -86,10 +106,18 @@ impl RankSpace {
                 dp_size * pp_size
             );
         }
+        if cp_size == 0 || (world_size / dp_size / pp_size) % cp_size != 0 {
+            bail!(
+                "world_size={world_size} must be divisible by dp_size x pp_size x cp_size = {} \
+                 (each stage holds cp_size CP ranks of equal TP size); cp_size must be positive",
+                dp_size * pp_size * cp_size.max(1)
+            );
+        }
         Ok(Self {
             dp_size,
             pp_size,
-            tp_size: world_size / dp_size / pp_size,
+            cp_size,
+            tp_size: world_size / dp_size / pp_size / cp_size,
         })
     }
 
@@ -101,13 +129,17 @@ impl RankSpace {
         self.pp_size
     }
 
+    pub const fn cp_size(self) -> u64 {
+        self.cp_size
+    }
+
     pub const fn tp_size(self) -> u64 {
         self.tp_size
     }
 
     /// Ranks in one DP group (all its stages).
     pub const fn group_size(self) -> u64 {
-        self.pp_size * self.tp_size
+        self.pp_size * self.cp_size * self.tp_size
     }
 
     pub const fn world_size(self) -> u64 {
@@ -117,30 +149,36 @@ impl RankSpace {
     /// The global rank of a coordinate (products stay below 2^40: every size is bounded).
     #[inline]
     pub const fn rank(self, coord: RankCoord) -> u64 {
-        (coord.dp_group * self.pp_size + coord.stage) * self.tp_size + coord.tp_rank
+        ((coord.dp_group * self.pp_size + coord.stage) * self.cp_size + coord.cp_rank)
+            * self.tp_size
+            + coord.tp_rank
     }
 
-    /// The global rank of TP rank `tp_rank` of stage `stage` of DP group `dp_group`.
+    /// The global rank of TP rank `tp_rank` of CP rank 0 of stage `stage` of DP group
+    /// `dp_group`.
     pub const fn rank_at(self, dp_group: u64, stage: u64, tp_rank: u64) -> u64 {
-        self.rank(RankCoord {
-            dp_group,
-            stage,
-            tp_rank,
-        })
+        self.rank_in_group(dp_group, Slot::at(stage, tp_rank))
     }
 
     /// The global rank at `slot` of DP group `dp_group`.
     pub const fn rank_in_group(self, dp_group: u64, slot: Slot) -> u64 {
-        self.rank_at(dp_group, slot.stage, slot.tp_rank)
+        self.rank(RankCoord {
+            dp_group,
+            stage: slot.stage,
+            cp_rank: slot.cp_rank,
+            tp_rank: slot.tp_rank,
+        })
     }
 
     /// Where global rank `rank` sits (ranks past the world keep counting DP groups).
     #[inline]
     pub const fn coord(self, rank: u64) -> RankCoord {
         let (rest, tp_rank) = (rank / self.tp_size, rank % self.tp_size);
+        let (rest, cp_rank) = (rest / self.cp_size, rest % self.cp_size);
         RankCoord {
             dp_group: rest / self.pp_size,
             stage: rest % self.pp_size,
+            cp_rank,
             tp_rank,
         }
     }
@@ -159,7 +197,8 @@ impl RankSpace {
         self.coord(index % self.group_size()).slot()
     }
 
-    /// Every slot of a DP group, in index order: stage by stage, TP rank fastest.
+    /// Every slot of a DP group, in index order: stage by stage, then CP rank, TP rank
+    /// fastest.
     pub fn slots(self) -> impl Iterator<Item = Slot> {
         (0..self.group_size()).map(move |index| self.slot_at(index))
     }
@@ -182,7 +221,7 @@ mod tests {
 
     #[test]
     fn ranks_and_coordinates_round_trip() {
-        let space = RankSpace::from_world(12, 3, 1).unwrap();
+        let space = RankSpace::from_world(12, 3, 1, 1).unwrap();
         assert_eq!(
             (space.dp_size(), space.tp_size(), space.world_size()),
             (3, 4, 12)
@@ -196,10 +235,11 @@ mod tests {
         assert_eq!(space.rank_at(2, 0, 1), 9);
         assert!(space.contains(11) && !space.contains(12));
         // DP 2 x PP 3 x TP 2: TP fastest, then the stage, then the DP group.
-        let space = RankSpace::from_world(12, 2, 3).unwrap();
+        let space = RankSpace::from_world(12, 2, 3, 1).unwrap();
         let last = RankCoord {
             dp_group: 1,
             stage: 2,
+            cp_rank: 0,
             tp_rank: 1,
         };
         assert_eq!(space.coord(11), last);
@@ -211,16 +251,34 @@ mod tests {
         for index in 0..6 {
             assert_eq!(space.slot_index(space.slot_at(index)), index);
         }
+        // DP 2 x PP 2 x CP 2 x TP 3 (TRT-LLM's order): TP fastest, then CP, stage, DP group.
+        let space = RankSpace::from_world(24, 2, 2, 2).unwrap();
+        let coord = RankCoord {
+            dp_group: 1,
+            stage: 0,
+            cp_rank: 1,
+            tp_rank: 2,
+        };
+        assert_eq!(space.rank(coord), 12 + 3 + 2);
+        assert_eq!(space.coord(17), coord);
+        for rank in 0..24 {
+            assert_eq!(space.rank(space.coord(rank)), rank);
+        }
+        assert_eq!(
+            (space.tp_size(), space.cp_size(), space.group_size()),
+            (3, 2, 12)
+        );
+        assert!(RankSpace::from_world(24, 2, 2, 5).is_err());
     }
 
     #[test]
     fn sizes_that_do_not_divide_are_refused() {
-        assert!(RankSpace::from_world(0, 1, 1).is_err());
-        assert!(RankSpace::from_world(8, 0, 1).is_err());
-        assert!(RankSpace::from_world(8, 3, 1).is_err());
-        assert!(RankSpace::from_world(8, 2, 3).is_err());
-        assert!(RankSpace::from_world(8, 1, 0).is_err());
-        let err = RankSpace::from_world(1 << 31, 1, 1).unwrap_err();
+        assert!(RankSpace::from_world(0, 1, 1, 1).is_err());
+        assert!(RankSpace::from_world(8, 0, 1, 1).is_err());
+        assert!(RankSpace::from_world(8, 3, 1, 1).is_err());
+        assert!(RankSpace::from_world(8, 2, 3, 1).is_err());
+        assert!(RankSpace::from_world(8, 1, 0, 1).is_err());
+        let err = RankSpace::from_world(1 << 31, 1, 1, 1).unwrap_err();
         assert!(err.message().contains("maximum"), "{err}");
     }
 }

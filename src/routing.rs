@@ -80,11 +80,14 @@ pub const fn replicated_source(prefill_tp: u64, decode_tp: u64, decode_tp_rank: 
     (decode_tp_rank * prefill_tp) / decode_tp
 }
 
-/// A run of units a source and a destination both hold, placed in each rank's own unit order
-/// (a rank's item holds its shard of part 0, then of part 1, ...).
+/// A run of units a source shard and a destination both hold, placed in each rank's own unit
+/// order (a rank's item holds its shard of part 0, then of part 1, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitOverlap {
-    pub prefill_tp_rank: u64,
+    /// The prefill shard holding the run (`holders` says which ranks hold it).
+    pub src_shard: u64,
+    /// The decode rank's place among the decode ranks reading this shard (round-robin key).
+    pub reader: u64,
     /// Index of the run's first unit among the units the source rank holds.
     pub src_local: u64,
     /// Index of the run's first unit among the units the destination rank holds.
@@ -92,34 +95,26 @@ pub struct UnitOverlap {
     pub len: u64,
 }
 
-/// What one decode TP rank needs of one sharding, prefill TP ranks ascending.
+/// What one decode TP rank needs of one sharding, prefill shards ascending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
     /// Not a destination for this sharding (a non-first rank of a decode replica group).
     Nothing,
-    /// Copy the whole item from this prefill TP rank.
-    WholeItem {
-        prefill_tp_rank: u64,
-    },
+    /// Copy the whole (replicated) item.
+    WholeItem,
     Units(Vec<UnitOverlap>),
 }
 
-/// The first rank of a prefill replica group: the one that serves under `DecodeReplicas::First`.
-pub const fn first_holder(src_shard: u64, prefill_replica: u64) -> u64 {
-    src_shard * prefill_replica
-}
-
 /// Routes `decode_tp_rank` for `sharding` by arithmetic: only the overlapping shards are
-/// visited, and `holder(src_shard, prefill_replica)` names the prefill TP rank that serves each
-/// (a rank of that shard's replica group). Requires the alignment the planner validates
-/// (`replica | tp`, every part divisible by both sides' shard counts).
+/// visited. Under `DecodeReplicas::First` only the first `first_receivers` ranks of a decode
+/// replica group receive. Requires the alignment the planner validates (`replica | tp`, every
+/// part divisible by both sides' shard counts).
 pub fn route(
     sharding: Sharding,
-    prefill_tp: u64,
-    decode_tp: u64,
+    (prefill_tp, decode_tp): (u64, u64),
     decode_tp_rank: u64,
     replicas: DecodeReplicas,
-    holder: impl Fn(u64, u64) -> u64,
+    first_receivers: u64,
 ) -> Route {
     let Sharding::Split {
         logical_size,
@@ -128,16 +123,14 @@ pub fn route(
         decode_replica,
     } = sharding
     else {
-        return Route::WholeItem {
-            prefill_tp_rank: replicated_source(prefill_tp, decode_tp, decode_tp_rank),
-        };
+        return Route::WholeItem;
     };
     let (src_shards, dst_shards) = (prefill_tp / prefill_replica, decode_tp / decode_replica);
     let (dst_shard, replica_index) = (
         decode_tp_rank / decode_replica,
         decode_tp_rank % decode_replica,
     );
-    if replicas == DecodeReplicas::First && replica_index != 0 {
+    if replicas == DecodeReplicas::First && replica_index >= first_receivers {
         return Route::Nothing;
     }
     // Shard s of S covers the fraction [s/S, (s+1)/S) of every part, so which shards overlap
@@ -146,7 +139,9 @@ pub fn route(
     let last = ((dst_shard + 1) * src_shards - 1) / dst_shards;
     let mut overlaps = Vec::new();
     for src_shard in first..=last {
-        let prefill_tp_rank = holder(src_shard, prefill_replica);
+        // Round-robin position of this decode rank among the shard's readers.
+        let first_reader = src_shard * dst_shards / src_shards;
+        let reader = (dst_shard - first_reader) * decode_replica + replica_index;
         let (mut src_base, mut dst_base) = (0, 0);
         for part in parts.sizes(logical_size) {
             let (src_len, dst_len) = (part / src_shards, part / dst_shards);
@@ -154,7 +149,8 @@ pub fn route(
             let dst = Interval::new(dst_shard * dst_len, (dst_shard + 1) * dst_len);
             if let Some(common) = src.intersect(dst) {
                 overlaps.push(UnitOverlap {
-                    prefill_tp_rank,
+                    src_shard,
+                    reader,
                     src_local: src_base + (common.start - src.start),
                     dst_local: dst_base + (common.start - dst.start),
                     len: common.len(),
@@ -186,13 +182,13 @@ mod tests {
         };
         overlaps
             .iter()
-            .map(|o| (o.prefill_tp_rank, o.src_local, o.dst_local, o.len))
+            .map(|o| (o.src_shard, o.src_local, o.dst_local, o.len))
             .collect()
     }
 
     #[test]
     fn route_finds_every_overlapping_shard() {
-        let route = |s, p, d, rank| route(s, p, d, rank, DecodeReplicas::First, first_holder);
+        let route = |s, p, d, rank| route(s, (p, d), rank, DecodeReplicas::First, 1);
         // Decode TP 2 rank 1 holds units 4..8; prefill TP 8 holds one unit each.
         let r = route(split(8, 1, 1), 8, 2, 1);
         assert_eq!(
@@ -206,19 +202,22 @@ mod tests {
 
     #[test]
     fn gqa_replica_groups_first_or_all() {
-        let first = |s, p, d, rank| route(s, p, d, rank, DecodeReplicas::First, first_holder);
-        // Prefill TP 4 over 2 heads: ranks 0 and 2 lead the replica groups.
+        let first = |s, p, d, rank| route(s, (p, d), rank, DecodeReplicas::First, 1);
+        // Prefill TP 4 over 2 heads: shards 0 and 1 (replica groups {0, 1}, {2, 3}).
         let r = first(split(2, 2, 1), 4, 1, 0);
-        assert_eq!(units(&r), vec![(0, 0, 0, 1), (2, 0, 1, 1)]);
+        assert_eq!(units(&r), vec![(0, 0, 0, 1), (1, 0, 1, 1)]);
         // Decode TP 4 over 2 heads: rank 1 copies from rank 0 inside its group under "first".
         assert_eq!(first(split(2, 1, 2), 2, 4, 1), Route::Nothing);
-        // Under "all" it is routed, from whichever holder the caller picks.
-        let r = route(split(2, 1, 2), 2, 4, 1, DecodeReplicas::All, |s, _| s + 7);
-        assert_eq!(units(&r), vec![(7, 0, 0, 1)]);
-        assert_eq!(
-            first(Sharding::Replicated, 4, 2, 1),
-            Route::WholeItem { prefill_tp_rank: 2 }
-        );
+        // ... unless the group's first two ranks receive (two DCP shares of its tokens).
+        let r = route(split(2, 1, 2), (2, 4), 1, DecodeReplicas::First, 2);
+        assert_eq!(units(&r), vec![(0, 0, 0, 1)]);
+        // Under "all" it is routed; it is the second reader of shard 0.
+        let Route::Units(overlaps) = route(split(2, 1, 2), (2, 4), 1, DecodeReplicas::All, 1)
+        else {
+            panic!("routed");
+        };
+        assert_eq!((overlaps[0].src_shard, overlaps[0].reader), (0, 1));
+        assert_eq!(first(Sharding::Replicated, 4, 2, 1), Route::WholeItem);
     }
 
     #[test]
@@ -231,7 +230,7 @@ mod tests {
             prefill_replica: 1,
             decode_replica: 1,
         };
-        let r = route(sharding, 1, 2, 1, DecodeReplicas::First, first_holder);
+        let r = route(sharding, (1, 2), 1, DecodeReplicas::First, 1);
         assert_eq!(units(&r), vec![(0, 4, 0, 4), (0, 10, 4, 2), (0, 14, 6, 2)]);
     }
 }

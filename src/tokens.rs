@@ -15,6 +15,7 @@
 use std::borrow::Borrow;
 use std::mem::MaybeUninit;
 
+use crate::context::TokenShare;
 use crate::descriptors::{split_in_half, Buffers, Descriptors, Placement, MAX_DESCRIPTORS};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
@@ -637,15 +638,17 @@ pub struct TokenRange {
     pub step: i64,
 }
 
-/// One rank's slot map for a request of `num_tokens` tokens: for each token `t` of `tokens`,
-/// `page_table[t / page_size] * page_size + t % page_size`, and -1 for every other token. A
-/// page-table entry of -1 is a page the rank does not hold; a token asked for on one is
-/// refused, as is a table too short for the tokens asked for.
+/// One rank's slot map for a request of `num_tokens` tokens: for each token `t` of `tokens`
+/// that the rank's `share` holds, at local index `i` among the rank's tokens (`i = t` without
+/// context parallelism), `page_table[i / page_size] * page_size + i % page_size`, and -1 for
+/// every other token. A page-table entry of -1 is a page the rank does not hold; a token asked
+/// for on one is refused, as is a table too short for the tokens asked for.
 pub fn token_slots(
     page_table: &[i64],
     page_size: u64,
     num_tokens: u64,
     tokens: Option<TokenRange>,
+    share: TokenShare,
 ) -> PlanResult<Vec<i64>> {
     if page_size == 0 || page_size > MAX_PAGE_SIZE {
         bail!("page_size={page_size} must be between 1 and {MAX_PAGE_SIZE} tokens");
@@ -672,11 +675,17 @@ pub fn token_slots(
     let mut slots = vec![-1i64; usize::try_from(num_tokens).unwrap_or(0)];
     let size = i64::try_from(page_size).unwrap_or(i64::MAX);
     for t in (start..stop).step_by(usize::try_from(step).unwrap_or(usize::MAX)) {
-        let (page, position) = (t / size, t % size);
+        let token = t.unsigned_abs();
+        if !share.holds(token, num_tokens) {
+            continue;
+        }
+        let local = i64::try_from(share.deal.local_index(token, num_tokens)).unwrap_or(i64::MAX);
+        let (page, position) = (local / size, local % size);
         let Some(&entry) = usize::try_from(page).ok().and_then(|p| page_table.get(p)) else {
             bail!(
-                "token {t} is on page {page} of the request, but the page table has {} entries; \
-                 give an entry for every page the tokens asked for touch",
+                "token {t} (local token {local} of this rank) is on page {page} of the rank's \
+                 tokens, but the page table has {} entries; give an entry for every page the \
+                 tokens asked for touch",
                 page_table.len()
             );
         };

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use crate::context::shares_meet;
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
 use crate::interval::Interval;
@@ -51,20 +52,26 @@ fn unit_at(runs: &[(u64, u64)], mut local: u64) -> Option<u64> {
 }
 
 /// Units a decode rank must receive: as held, but under `DecodeReplicas::First` only the
-/// first rank of a replica group receives a sharded buffer (the reference's semantics).
+/// first rank of a replica group receives a sharded buffer (the reference's semantics), or
+/// with decode DCP the first `dcp` ranks, one for each token share.
 fn received_units(
     buffer: &BufferLayout,
     tp_size: u64,
     tp_rank: u64,
-    replicas: DecodeReplicas,
+    (replicas, dcp): (DecodeReplicas, u64),
 ) -> Vec<(u64, u64)> {
     let first_only = replicas == DecodeReplicas::First;
-    if first_only && buffer.logical_axis.is_sharded() && tp_rank % buffer.tp_replica_group_size != 0
+    if first_only
+        && buffer.logical_axis.is_sharded()
+        && tp_rank % buffer.tp_replica_group_size >= dcp
     {
         return Vec::new();
     }
     held_units(buffer, tp_size, tp_rank)
 }
+
+/// Token writes from sources holding every token.
+const EVERY_TOKEN: u64 = u64::MAX;
 
 fn unit_count(runs: &[(u64, u64)]) -> u64 {
     runs.iter().map(|&(_, count)| count).sum()
@@ -80,6 +87,8 @@ struct Written {
 
 struct Context<'a> {
     planner: &'a Planner,
+    /// The request's length, when checking the plans of one.
+    num_tokens: Option<u64>,
     pairs: Vec<(&'a BufferLayout, &'a BufferLayout)>,
     /// The (prefill, decode) pipeline stages holding each buffer.
     stages: Vec<(u64, u64)>,
@@ -87,7 +96,7 @@ struct Context<'a> {
 }
 
 impl<'a> Context<'a> {
-    fn of(planner: &'a Planner) -> PlanResult<Self> {
+    fn of(planner: &'a Planner, num_tokens: Option<u64>) -> PlanResult<Self> {
         let pairs: Vec<_> = planner.buffer_pairs().collect();
         let mut position_of = HashMap::new();
         for (position, (p, _)) in pairs.iter().enumerate() {
@@ -101,6 +110,7 @@ impl<'a> Context<'a> {
         }
         Ok(Self {
             planner,
+            num_tokens,
             pairs,
             stages: planner.buffer_stages().collect(),
             position_of,
@@ -115,6 +125,31 @@ impl<'a> Context<'a> {
         source: &SourcePlan,
         written: &mut [BufferWrites],
     ) -> PlanResult<()> {
+        // Which tokens the source holds: its share of the prefill side's deal.
+        let holders = self.planner.holders();
+        let share = holders.prefill.share(
+            self.planner
+                .prefill_ranks()
+                .coord(source.prefill_rank)
+                .slot(),
+        );
+        let tag = if share.is_whole() {
+            EVERY_TOKEN
+        } else {
+            share.index
+        };
+        if !source.fragments.is_empty() {
+            let mine = holders
+                .decode
+                .share(self.planner.decode_ranks().coord(decode_rank).slot());
+            if !shares_meet(share, mine, self.num_tokens) {
+                bail!(
+                    "decode rank {decode_rank} reads from prefill rank {}, which holds none of \
+                     its tokens",
+                    source.prefill_rank
+                );
+            }
+        }
         for f in &source.fragments {
             let (mut runs, mut token_runs) = (Vec::new(), Vec::new());
             let position = self.check_fragment(
@@ -125,7 +160,9 @@ impl<'a> Context<'a> {
             )?;
             if let Some(lists) = written.get_mut(position) {
                 lists.pages.extend(runs);
-                lists.tokens.extend(token_runs);
+                lists
+                    .tokens
+                    .extend(token_runs.into_iter().map(|w| (tag, w)));
             }
         }
         Ok(())
@@ -137,7 +174,9 @@ impl<'a> Context<'a> {
             return (false, true);
         };
         let tokens = self.planner.token_maps() && p.logical_axis.is_token_indexed();
-        (tokens, !tokens || p.page_size == d.page_size)
+        // Spread tokens move only by slot maps: pages of two ranks hold different tokens.
+        let by_page = p.page_size == d.page_size && !self.planner.holders().any_context();
+        (tokens, !tokens || by_page)
     }
 
     /// Every buffer of the decode rank is written exactly once, and nothing arrives for a
@@ -160,7 +199,7 @@ impl<'a> Context<'a> {
                     d,
                     decode_ranks.tp_size(),
                     decode_at.tp_rank,
-                    self.planner.decode_replicas(),
+                    self.receivers(),
                 )
             } else {
                 Vec::new()
@@ -177,9 +216,73 @@ impl<'a> Context<'a> {
                     u64::from(!wanted.is_empty())
                 };
                 let shape = (geometry.planes, units * geometry.unit_bytes);
-                check_coverage(decode_rank, d, shape, &mut lists.tokens)
-                    .map_err(|e| PlanError::new(format!("{e} (token slices: rows are planes)")))?;
+                self.check_token_coverage(decode_rank, d, shape, &mut lists.tokens)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Who receives under `DecodeReplicas::First`: the decode mode and its DCP size.
+    fn receivers(&self) -> (DecodeReplicas, u64) {
+        let dcp = self.planner.decode().context().dcp_size;
+        (self.planner.decode_replicas(), dcp)
+    }
+
+    /// Token slices are covered exactly once for each prefill token share that holds some of
+    /// the decode rank's tokens, by the sources of that share and those holding every token.
+    fn check_token_coverage(
+        &self,
+        decode_rank: u64,
+        d: &BufferLayout,
+        shape: (u64, u64),
+        writes: &mut [(u64, Written)],
+    ) -> PlanResult<()> {
+        let holders = self.planner.holders();
+        let at = self.planner.decode_ranks().coord(decode_rank).slot();
+        let mine = holders.decode.share(at);
+        let deal = holders.prefill.deal;
+        let whole = deal.ways() == 1;
+        let shares: Vec<u64> = if whole {
+            let any = self
+                .num_tokens
+                .is_none_or(|n| shares_meet(crate::context::TokenShare::WHOLE, mine, Some(n)));
+            if any {
+                vec![EVERY_TOKEN]
+            } else {
+                Vec::new()
+            }
+        } else {
+            (0..deal.ways())
+                .filter(|&index| {
+                    shares_meet(
+                        crate::context::TokenShare { deal, index },
+                        mine,
+                        self.num_tokens,
+                    )
+                })
+                .collect()
+        };
+        let (rows, row_end) = shape;
+        let empty = (rows, 0);
+        if shares.is_empty() {
+            let mut list: Vec<Written> = writes.iter().map(|&(_, w)| w).collect();
+            return check_coverage(decode_rank, d, empty, &mut list)
+                .map_err(|e| PlanError::new(format!("{e} (it holds none of the tokens)")));
+        }
+        for share in shares {
+            let mut list: Vec<Written> = writes
+                .iter()
+                .filter(|&&(tag, _)| tag == share || tag == EVERY_TOKEN)
+                .map(|&(_, w)| w)
+                .collect();
+            let name = if share == EVERY_TOKEN {
+                String::new()
+            } else {
+                format!(", tokens of prefill share {share}")
+            };
+            check_coverage(decode_rank, d, (rows, row_end), &mut list).map_err(|e| {
+                PlanError::new(format!("{e} (token slices: rows are planes{name})"))
+            })?;
         }
         Ok(())
     }
@@ -209,7 +312,7 @@ impl<'a> Context<'a> {
             d,
             decode_ranks.tp_size(),
             decode_ranks.coord(decode_rank).tp_rank,
-            self.planner.decode_replicas(),
+            self.receivers(),
         );
         let held = held_units(
             p,
@@ -295,7 +398,8 @@ impl<'a> Context<'a> {
 #[derive(Debug, Clone, Default)]
 struct BufferWrites {
     pages: Vec<Written>,
-    tokens: Vec<Written>,
+    /// Token writes tagged with the source's prefill token share (`EVERY_TOKEN`: all).
+    tokens: Vec<(u64, Written)>,
 }
 
 /// A fragment's token runs: its page sizes and token strides are the buffers' own, its runs
@@ -603,15 +707,24 @@ fn coverage_shape(d: &BufferLayout, wanted: &[(u64, u64)]) -> (u64, u64) {
 
 /// Verifies every plan of `planner`; the error names the first gap, overlap or wrong source.
 pub fn verify(planner: &Planner) -> PlanResult<()> {
-    verify_plans(planner, |rank| planner.transfer_fragments(rank, None))
+    verify_at(planner, None)
 }
 
-/// Verifies the plans `plans_for(decode_rank)` gives against `planner`'s layouts and fanout.
+/// Verifies every plan of `planner` for a request of `num_tokens` tokens (None: any).
+pub fn verify_at(planner: &Planner, num_tokens: Option<u64>) -> PlanResult<()> {
+    verify_plans(planner, num_tokens, |rank| {
+        planner.transfer_fragments(rank, None, num_tokens)
+    })
+}
+
+/// Verifies the plans `plans_for(decode_rank)` gives against `planner`'s layouts and fanout,
+/// for a request of `num_tokens` tokens (None: any).
 pub fn verify_plans(
     planner: &Planner,
+    num_tokens: Option<u64>,
     mut plans_for: impl FnMut(u64) -> PlanResult<Vec<SourcePlan>>,
 ) -> PlanResult<()> {
-    let context = Context::of(planner)?;
+    let context = Context::of(planner, num_tokens)?;
     let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     // Decode ranks of the current decode DP group reading each prefill rank (by its slot in
     // the group) of its source.
@@ -645,7 +758,7 @@ pub fn verify_plans(
             }
             context.check_rank_coverage(decode_rank, &mut written)?;
         }
-        check_fanout(planner, (group, source_group), &mut readers)?;
+        check_fanout(planner, (group, source_group), num_tokens, &mut readers)?;
     }
     Ok(())
 }
@@ -655,11 +768,12 @@ pub fn verify_plans(
 fn check_fanout(
     planner: &Planner,
     (group, source_group): (u64, u64),
+    num_tokens: Option<u64>,
     readers: &mut [u64],
 ) -> PlanResult<()> {
     let first = planner.prefill_ranks().group_start(source_group);
-    for (rank, count) in (first..).zip(readers.iter_mut()) {
-        let fanout = planner.request_fanout(rank);
+    let fanouts = planner.request_fanouts(num_tokens);
+    for ((rank, count), &fanout) in (first..).zip(readers.iter_mut()).zip(fanouts.iter()) {
         if *count != fanout {
             bail!(
                 "prefill rank {rank} reports a fanout of {fanout} but {count} decode ranks of \
@@ -730,8 +844,8 @@ mod tests {
 
     fn broken(mutate: impl Fn(&mut Vec<SourcePlan>)) -> String {
         let planner = tp8_to_tp2();
-        verify_plans(&planner, |rank| {
-            let mut sources = planner.transfer_fragments(rank, None)?;
+        verify_plans(&planner, None, |rank| {
+            let mut sources = planner.transfer_fragments(rank, None, None)?;
             if rank == 1 {
                 mutate(&mut sources);
             }
@@ -792,8 +906,8 @@ mod tests {
         )
         .unwrap();
         verify(&planner).unwrap();
-        let err = verify_plans(&planner, |rank| {
-            let mut sources = planner.transfer_fragments(rank, None)?;
+        let err = verify_plans(&planner, None, |rank| {
+            let mut sources = planner.transfer_fragments(rank, None, None)?;
             let first = &mut sources[0];
             assert_eq!(first.prefill_rank, 0);
             first.prefill_rank = 1;
@@ -869,14 +983,14 @@ mod tests {
                     verify(&planner).unwrap();
                     // A token run moved one slot on is caught.
                     let shifted = |rank: u64| {
-                        let mut plans = planner.transfer_fragments(rank, None)?;
+                        let mut plans = planner.transfer_fragments(rank, None, None)?;
                         if let Some(f) = plans.iter_mut().flat_map(|s| &mut s.fragments).next() {
                             f.dst_byte_offset += f.token_run_bytes;
                         }
                         Ok(plans)
                     };
                     assert!(
-                        verify_plans(&planner, shifted).is_err(),
+                        verify_plans(&planner, None, shifted).is_err(),
                         "{ptp}->{dtp} {ps}->{ds} planes {planes}"
                     );
                 }

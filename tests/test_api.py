@@ -71,6 +71,7 @@ def test_public_names() -> None:
         "model_buffer_layouts",
         "TransferDescriptors",
         "transfer_descriptors",
+        "token_owners",
         "token_slots",
         "vllm_layer_partition",
         "PreparedTransfer",
@@ -101,6 +102,11 @@ def test_public_names() -> None:
                 ("dp_size", 1),
                 ("pp_size", 1),
                 ("pp_layer_partition", None),
+                ("cp_size", 1),
+                ("dcp_size", 1),
+                ("cp_kv", "sharded"),
+                ("cp_split", "interleave"),
+                ("cp_interleave", 1),
             ],
         ),
         (
@@ -522,13 +528,21 @@ def test_vllm_layer_partition() -> None:
 
 
 def test_ranks_are_placed_by_the_core() -> None:
-    """DP 2 x PP 3 x TP 2: TP fastest, then the stage, then the DP group."""
+    """DP 2 x PP 3 x TP 2: TP fastest, then the stage, then the DP group; with CP, the CP rank
+    between the stage and TP (TRT-LLM's order)."""
     layout = ParallelLayout("prefill", 12, 2, 3)
     assert layout.tp_size_per_dp == 2
     placed = [pdplan._core.rank_coordinates(layout, rank) for rank in range(12)]
-    by_hand = [(g, s, t) for g in range(2) for s in range(3) for t in range(2)]
+    by_hand = [(g, s, 0, t) for g in range(2) for s in range(3) for t in range(2)]
     assert placed == by_hand
-    with pytest.raises(UnsupportedPDLayoutError, match="rank=12 is out of range"):
-        pdplan._core.rank_coordinates(layout, 12)
+    layout = ParallelLayout("prefill", 24, 2, 3, cp_size=2)
+    assert layout.tp_size_per_dp == 2
+    placed = [pdplan._core.rank_coordinates(layout, rank) for rank in range(24)]
+    by_hand = [
+        (g, s, c, t) for g in range(2) for s in range(3) for c in range(2) for t in range(2)
+    ]
+    assert placed == by_hand
+    with pytest.raises(UnsupportedPDLayoutError, match="rank=24 is out of range"):
+        pdplan._core.rank_coordinates(layout, 24)
     with pytest.raises(UnsupportedPDLayoutError, match="rank must be an int, got str"):
         pdplan._core.rank_coordinates(layout, "3")  # type: ignore[arg-type]

@@ -16,8 +16,8 @@ from pdplan._core import (
     __version__,
     decode_transfer_fragments,
     encode_transfer_fragments,
-    token_slots,
 )
+from pdplan._context import token_owners, token_slots
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._layouts import (
     MODEL_PRESETS,
@@ -77,6 +77,7 @@ __all__ = [
     "decode_transfer_fragments",
     "encode_transfer_fragments",
     "model_buffer_layouts",
+    "token_owners",
     "token_slots",
     "transfer_descriptors",
     "vllm_layer_partition",

@@ -454,7 +454,7 @@ def _print_table(
         """A rank, with its pipeline stage when stages are in play."""
         if not staged:
             return str(number)
-        _, stage, _ = _core.rank_coordinates(layout, number)
+        _, stage, _, _ = _core.rank_coordinates(layout, number)
         return f"{number} (stage {stage})"
 
     width = 18 if staged else 12

@@ -50,6 +50,7 @@ __all__ = [
     "model_shape_parts",
     "model_summary",
     "rank_coordinates",
+    "token_owners",
     "token_slots",
     "transfer_descriptors",
     "vllm_layer_partition",
@@ -77,7 +78,7 @@ class UnsupportedPDLayoutError(ValueError):
     """A layout, plan, frame or request pdplan cannot serve; the message says what to change."""
 
 def check_parallel_layout(layout: ParallelLayout) -> int: ...
-def rank_coordinates(layout: ParallelLayout, rank: int) -> tuple[int, int, int]: ...
+def rank_coordinates(layout: ParallelLayout, rank: int) -> tuple[int, int, int, int]: ...
 def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
 def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
@@ -105,6 +106,18 @@ def token_slots(
     num_tokens: int,
     *,
     tokens: range | None = None,
+    cp_size: int | None = None,
+    cp_rank: int | None = None,
+    cp_split: str | None = None,
+    interleave: int | None = None,
+) -> npt.NDArray[np.int64]: ...
+def token_owners(
+    num_tokens: int,
+    cp_size: int,
+    *,
+    cp_split: str | None = None,
+    interleave: int | None = None,
+    page_size: int | None = None,
 ) -> npt.NDArray[np.int64]: ...
 def model_buffers(
     shape: ModelShape,
@@ -139,12 +152,18 @@ class Planner:
         token_maps: bool = False,
     ) -> Planner: ...
     def plan_for_decode_rank(
-        self, decode_rank: int, prefill_dp_group: int | None = None
+        self,
+        decode_rank: int,
+        prefill_dp_group: int | None = None,
+        num_tokens: int | None = None,
     ) -> RankTransferPlan: ...
     def source_fanout(self) -> dict[int, int]: ...
-    def verify(self) -> None: ...
+    def verify(self, num_tokens: int | None = None) -> None: ...
     def transfer_fragments(
-        self, decode_rank: int, prefill_dp_group: int | None = None
+        self,
+        decode_rank: int,
+        prefill_dp_group: int | None = None,
+        num_tokens: int | None = None,
     ) -> dict[int, tuple[TransferFragment, ...]]: ...
     def routing_table(
         self,

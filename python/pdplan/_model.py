@@ -38,14 +38,23 @@ def _coerce_kind(obj: object) -> None:
 @dataclass(frozen=True)
 class ParallelLayout:
     """One side's ranks: ``world_size`` ranks in ``dp_size`` DP groups, each of ``pp_size``
-    pipeline stages of equal TP size (``world_size = dp_size * pp_size * tp``). Ranks are
-    numbered TP fastest, then stage, then DP group: ``rank = dp_group * (pp_size * tp) +
-    stage * tp + tp_rank`` (vLLM's and TRT-LLM's order).
+    pipeline stages of ``cp_size`` context-parallel ranks of equal TP size (``world_size =
+    dp_size * pp_size * cp_size * tp``). Ranks are numbered TP fastest, then CP rank, stage,
+    DP group: ``rank = dp_group * (pp_size * cp_size * tp) + stage * (cp_size * tp) + cp_rank
+    * tp + tp_rank`` (TRT-LLM's order; vLLM's without CP).
 
     Stages hold consecutive layers in order: ``pp_layer_partition`` gives each stage's layer
     count (like vLLM's ``VLLM_PP_LAYER_PARTITION``); by default the layers are split as evenly
     as possible, the first stages taking one more (``vllm_layer_partition`` gives vLLM's own
     default, which favours the stages before the last instead).
+
+    Context parallelism spreads a request's tokens over ranks, one way a side:
+    ``cp_size`` ranks of their own (prefill CP), or ``dcp_size`` ranks carved out of TP (vLLM's
+    decode context parallel: TP rank ``r`` is DCP rank ``r % dcp_size``; ``dcp_size`` divides
+    the TP size and every KV-head replica group). ``cp_kv="replicated"`` says CP ranks hold
+    every token (after an all-gather) and are replicas to read from. ``cp_split`` and
+    ``cp_interleave`` say how tokens are dealt (see ``token_owners``). Plans with CP move
+    tokens by slot maps (``token_slots(..., cp_size=, cp_rank=)``).
     """
 
     role: Literal["prefill", "decode"]
@@ -53,6 +62,11 @@ class ParallelLayout:
     dp_size: int = 1
     pp_size: int = 1
     pp_layer_partition: tuple[int, ...] | None = None
+    cp_size: int = 1
+    dcp_size: int = 1
+    cp_kv: Literal["sharded", "replicated"] = "sharded"
+    cp_split: Literal["interleave", "contiguous", "zigzag"] = "interleave"
+    cp_interleave: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.pp_layer_partition, list):
@@ -62,7 +76,8 @@ class ParallelLayout:
 
     @property
     def tp_size_per_dp(self) -> int:
-        """TP ranks of one pipeline stage of one DP group (all of a DP group without PP)."""
+        """TP ranks of one CP rank of one pipeline stage of one DP group (all of a DP group
+        without PP and CP); DCP ranks are among them."""
         tp: int = self.__dict__["_tp_size"]
         return tp
 

@@ -69,7 +69,11 @@ class PDTransferPlanner:
         )
 
     def plan_for_decode_rank(
-        self, decode_rank: int, prefill_dp_group: int | None = None
+        self,
+        decode_rank: int,
+        prefill_dp_group: int | None = None,
+        *,
+        num_tokens: int | None = None,
     ) -> RankTransferPlan:
         """The plan for one decode rank.
 
@@ -78,35 +82,50 @@ class PDTransferPlanner:
         another prefill DP group passes it as ``prefill_dp_group``. ``target_dp_group`` is the
         prefill DP group read from, and ``required_dst_info_num_by_prefill_rank`` counts, for
         each source, the decode ranks one request makes it wait for.
+
+        With context parallelism the sources are the prefill ranks holding some of the decode
+        rank's tokens: for ``"interleave"`` splits those whose shares meet for a request of at
+        least one period; for ``"contiguous"`` and ``"zigzag"`` (whose shares depend on the
+        length) every rank that may hold some of them. ``num_tokens=n`` gives the exact
+        sources, response counts and fanouts of a request of ``n`` tokens, for every split
+        (without CP it changes nothing).
         """
-        plan: RankTransferPlan = self._core.plan_for_decode_rank(decode_rank, prefill_dp_group)
+        plan: RankTransferPlan = self._core.plan_for_decode_rank(
+            decode_rank, prefill_dp_group, num_tokens
+        )
         return plan
 
     def transfer_fragments(
-        self, decode_rank: int, prefill_dp_group: int | None = None
+        self,
+        decode_rank: int,
+        prefill_dp_group: int | None = None,
+        *,
+        num_tokens: int | None = None,
     ) -> dict[int, tuple[TransferFragment, ...]]:
         """The fragments ``decode_rank`` receives, by prefill rank, for both plan kinds.
 
         A fragmented plan gives its own fragments; an identity plan (which carries none: the
         runtime copies whole items) gives one whole-item fragment per buffer, so the same
         wire and descriptor path serves both. Contiguous pages of a whole-item copy coalesce
-        into one descriptor per run.
+        into one descriptor per run. ``num_tokens`` as in ``plan_for_decode_rank``.
         """
         fragments: dict[int, tuple[TransferFragment, ...]] = self._core.transfer_fragments(
-            decode_rank, prefill_dp_group
+            decode_rank, prefill_dp_group, num_tokens
         )
         return fragments
 
-    def verify(self) -> None:
+    def verify(self, *, num_tokens: int | None = None) -> None:
         """Check every plan against the layouts, in Rust without the GIL.
 
         For every decode rank and buffer, every byte of its shard of each page must be written
         exactly once, from a prefill rank of its DP group that holds that same logical unit,
-        inside both items; and every prefill rank's fanout must equal the number of decode
-        ranks whose plans name it. Raises ``UnsupportedPDLayoutError`` naming the first gap,
-        overlap or wrong source.
+        inside both items; with context parallelism, once for each prefill token share that
+        holds some of the decode rank's tokens, and never from a rank that holds none of them;
+        and every prefill rank's fanout must equal the number of decode ranks whose plans name
+        it. ``num_tokens`` checks the plans of a request of that many tokens. Raises
+        ``UnsupportedPDLayoutError`` naming the first gap, overlap or wrong source.
         """
-        self._core.verify()
+        self._core.verify(num_tokens)
 
     def routing_table(self) -> RoutingTable:
         """Who talks to whom across the whole cluster, computed in Rust without the GIL."""

@@ -5,11 +5,13 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
 use super::objects::{field_names, ModelTypes};
+use crate::context::{CpKv, CpSplit};
 use crate::descriptors::Buffers;
 use crate::error::{bail, PlanError};
 use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, SETTERS};
 use crate::layout::{
-    BufferKind, BufferLayout, LogicalAxis, LogicalParts, ParallelLayout, Role, MAX_VALUE,
+    BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
+    MAX_VALUE,
 };
 use crate::model::{
     AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, Layer, Mamba1Shape,
@@ -150,6 +152,14 @@ impl<'py> Fields<'_, 'py> {
         })
     }
 
+    /// An optional string field: its default when absent or None.
+    fn string_or(&self, name: &Bound<'py, PyString>, default: &str) -> Converted<String> {
+        if self.optional(name).is_none() {
+            return Ok(default.to_owned());
+        }
+        self.string(name)
+    }
+
     fn kind(&self, types: Option<&ModelTypes>) -> Converted<BufferKind> {
         let value = self.get(name!(self, "buffer_kind"))?;
         kind_value(&value, types)
@@ -182,12 +192,22 @@ pub fn parallel_layout(obj: &Bound<'_, PyAny>) -> Converted<ParallelLayout> {
             })
         })
         .transpose()?;
-    ParallelLayout::with_stages(
+    let context = ContextParallel {
+        cp_size: f.u64_or(name!(f, "cp_size"), 1)?,
+        dcp_size: f.u64_or(name!(f, "dcp_size"), 1)?,
+        kv: CpKv::parse(&f.string_or(name!(f, "cp_kv"), "sharded")?)?,
+        split: CpSplit::parse(&f.string_or(name!(f, "cp_split"), "interleave")?)?,
+        interleave: f.u64_or(name!(f, "cp_interleave"), 1)?,
+    };
+    ParallelLayout::with_context(
         Role::parse(&f.string(name!(f, "role"))?)?,
-        f.u64(name!(f, "world_size"))?,
-        f.u64(name!(f, "dp_size"))?,
-        f.u64_or(name!(f, "pp_size"), 1)?,
+        (
+            f.u64(name!(f, "world_size"))?,
+            f.u64(name!(f, "dp_size"))?,
+            f.u64_or(name!(f, "pp_size"), 1)?,
+        ),
         partition,
+        context,
     )
 }
 

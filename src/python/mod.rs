@@ -17,13 +17,15 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyRange, PyTuple};
 
+use crate::context::{CpSplit, TokenDeal, TokenShare};
 use crate::descriptors;
 use crate::error::{bail, PlanError};
 use crate::fragment::FieldValue;
+use crate::ranks::MAX_WORLD_SIZE;
 use crate::{tokens, wire};
 use convert::{
     buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, parallel_layout,
-    to_u64, u64_column, Converted,
+    string_arg, to_u64, u64_column, Converted,
 };
 use objects::{descriptors_object, model_types, FragmentFactory};
 
@@ -53,16 +55,16 @@ fn check_parallel_layout(layout: &Bound<'_, PyAny>) -> PyResult<u64> {
         .map_err(to_py_err)
 }
 
-/// Where rank `rank` of a layout sits: (DP group, pipeline stage, TP rank).
+/// Where rank `rank` of a layout sits: (DP group, pipeline stage, CP rank, TP rank).
 #[pyfunction]
 fn rank_coordinates(
     layout: &Bound<'_, PyAny>,
     rank: &Bound<'_, PyAny>,
-) -> PyResult<(u64, u64, u64)> {
+) -> PyResult<(u64, u64, u64, u64)> {
     let convert =
         || -> Converted<_> { parallel_layout(layout)?.rank_coord(int_arg(rank, "rank")?) };
     let at = convert().map_err(to_py_err)?;
-    Ok((at.dp_group, at.stage, at.tp_rank))
+    Ok((at.dp_group, at.stage, at.cp_rank, at.tp_rank))
 }
 
 /// Validates a `BufferLayout` (called from its `__post_init__`).
@@ -182,34 +184,110 @@ fn transfer_descriptors<'py>(
     descriptors_object(py, built)
 }
 
-/// One rank's slot map for a request: `page_table[t // page_size] * page_size + t %
-/// page_size` for each token `t` of `tokens` (a `range`, default all), -1 elsewhere.
+/// A token deal from Python arguments: `cp_size` ways, split, interleave, page size.
+fn token_deal(
+    cp_size: &Bound<'_, PyAny>,
+    cp_split: Option<&Bound<'_, PyAny>>,
+    interleave: &Bound<'_, PyAny>,
+    page_size: u64,
+) -> Converted<TokenDeal> {
+    let split = match cp_split.filter(|s| !s.is_none()) {
+        None => CpSplit::Interleave,
+        Some(value) => CpSplit::parse(&string_arg(value, "cp_split")?)?,
+    };
+    let ways = to_u64(cp_size, "cp_size")?;
+    if ways > MAX_WORLD_SIZE {
+        bail!("cp_size={ways} is above the largest world size {MAX_WORLD_SIZE}");
+    }
+    TokenDeal::new(
+        ways,
+        split,
+        to_u64(interleave, "interleave")?,
+        page_size.max(1),
+    )
+}
+
+/// One rank's slot map for a request: for each token `t` of `tokens` (a `range`, default all)
+/// that CP rank `cp_rank` holds, at local index `i`,
+/// `page_table[i // page_size] * page_size + i % page_size`; -1 elsewhere.
 #[pyfunction]
-#[pyo3(signature = (page_table, page_size, num_tokens, *, tokens=None))]
+#[pyo3(signature = (page_table, page_size, num_tokens, *, tokens=None, cp_size=None, cp_rank=None, cp_split=None, interleave=None))]
+#[allow(clippy::too_many_arguments)] // the keyword arguments of the Python function
 fn token_slots<'py>(
     py: Python<'py>,
     page_table: &Bound<'py, PyAny>,
     page_size: &Bound<'py, PyAny>,
     num_tokens: &Bound<'py, PyAny>,
     tokens: Option<&Bound<'py, PyAny>>,
+    cp_size: Option<&Bound<'py, PyAny>>,
+    cp_rank: Option<&Bound<'py, PyAny>>,
+    cp_split: Option<&Bound<'py, PyAny>>,
+    interleave: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let one = 1u64.into_pyobject(py)?.into_any();
+    let zero = 0u64.into_pyobject(py)?.into_any();
+    let or = |value: Option<&Bound<'py, PyAny>>, default: &Bound<'py, PyAny>| {
+        value.filter(|v| !v.is_none()).unwrap_or(default).clone()
+    };
     let convert = || -> Converted<_> {
         let range = match tokens.filter(|t| !t.is_none()) {
             None => None,
             Some(value) => Some(token_range(value)?),
         };
+        let size = to_u64(page_size, "page_size")?;
+        let deal = token_deal(&or(cp_size, &one), cp_split, &or(interleave, &one), size)?;
+        let index = to_u64(&or(cp_rank, &zero), "cp_rank")?;
+        if index >= deal.ways() {
+            bail!(
+                "cp_rank={index} is out of range: there are {} CP ranks (0..{})",
+                deal.ways(),
+                deal.ways()
+            );
+        }
         Ok((
             i64_column(page_table, "page_table")?,
-            to_u64(page_size, "page_size")?,
+            size,
             to_u64(num_tokens, "num_tokens")?,
             range,
+            TokenShare { deal, index },
         ))
     };
-    let (table, size, count, range) = convert().map_err(to_py_err)?;
+    let (table, size, count, range, share) = convert().map_err(to_py_err)?;
     let slots = py
-        .detach(|| tokens::token_slots(&table, size, count, range))
+        .detach(|| tokens::token_slots(&table, size, count, range, share))
         .map_err(to_py_err)?;
     Ok(slots.into_pyarray(py))
+}
+
+/// The CP rank holding each token of a request of `num_tokens` tokens, as an int64 array.
+#[pyfunction]
+#[pyo3(signature = (num_tokens, cp_size, *, cp_split=None, interleave=None, page_size=None))]
+fn token_owners<'py>(
+    py: Python<'py>,
+    num_tokens: &Bound<'py, PyAny>,
+    cp_size: &Bound<'py, PyAny>,
+    cp_split: Option<&Bound<'py, PyAny>>,
+    interleave: Option<&Bound<'py, PyAny>>,
+    page_size: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let one = 1u64.into_pyobject(py)?.into_any();
+    let or =
+        |value: Option<&Bound<'py, PyAny>>| value.filter(|v| !v.is_none()).unwrap_or(&one).clone();
+    let convert = || -> Converted<_> {
+        let size = to_u64(&or(page_size), "page_size")?;
+        let deal = token_deal(cp_size, cp_split, &or(interleave), size)?;
+        let count = to_u64(num_tokens, "num_tokens")?;
+        if count > tokens::MAX_TOKENS {
+            bail!(
+                "num_tokens={count} is above the limit of {} tokens a request",
+                tokens::MAX_TOKENS
+            );
+        }
+        Ok((deal, count))
+    };
+    let (deal, count) = convert().map_err(to_py_err)?;
+    let owners = py.detach(|| deal.owners(count));
+    Ok(owners.into_pyarray(py))
 }
 
 /// A Python `range` of tokens.
@@ -284,6 +362,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
     m.add_function(wrap_pyfunction!(token_slots, m)?)?;
+    m.add_function(wrap_pyfunction!(token_owners, m)?)?;
     m.add("MAX_TOKENS", tokens::MAX_TOKENS)?;
     model::register(m)?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;

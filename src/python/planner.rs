@@ -30,6 +30,17 @@ impl PyPlanner {
             .map_err(to_py_err)
     }
 
+    /// A request's token count: `None` (any request) or an int the core checks.
+    fn num_tokens(num_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<Option<u64>> {
+        let Some(count) = num_tokens.filter(|n| !n.is_none()) else {
+            return Ok(None);
+        };
+        int_arg(count, "num_tokens")
+            .and_then(Planner::num_tokens)
+            .map(Some)
+            .map_err(to_py_err)
+    }
+
     fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
         int_arg(decode_rank, "decode_rank")
             .and_then(|value| self.inner.decode_rank(value))
@@ -77,33 +88,37 @@ impl PyPlanner {
         Ok(Self { inner })
     }
 
-    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None, num_tokens=None))]
     fn plan_for_decode_rank<'py>(
         &self,
         py: Python<'py>,
         decode_rank: &Bound<'py, PyAny>,
         prefill_dp_group: Option<&Bound<'py, PyAny>>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let rank = self.decode_rank(decode_rank)?;
         let group = self.prefill_group(prefill_dp_group)?;
+        let tokens = Self::num_tokens(num_tokens)?;
         let plan = py
-            .detach(|| self.inner.plan_for_decode_rank(rank, group))
+            .detach(|| self.inner.plan_for_decode_rank(rank, group, tokens))
             .map_err(to_py_err)?;
         rank_plan_object(py, &plan)
     }
 
     /// Fragments by prefill rank for both plan kinds (identity plans: whole items).
-    #[pyo3(signature = (decode_rank, prefill_dp_group=None))]
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None, num_tokens=None))]
     fn transfer_fragments<'py>(
         &self,
         py: Python<'py>,
         decode_rank: &Bound<'py, PyAny>,
         prefill_dp_group: Option<&Bound<'py, PyAny>>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let rank = self.decode_rank(decode_rank)?;
         let group = self.prefill_group(prefill_dp_group)?;
+        let tokens = Self::num_tokens(num_tokens)?;
         let sources = py
-            .detach(|| self.inner.transfer_fragments(rank, group))
+            .detach(|| self.inner.transfer_fragments(rank, group, tokens))
             .map_err(to_py_err)?;
         let mut factory = FragmentFactory::new(py)?;
         let out = PyDict::new(py);
@@ -120,9 +135,13 @@ impl PyPlanner {
         self.inner.token_maps()
     }
 
-    /// Checks every plan byte by byte against the layouts; raises naming the first problem.
-    fn verify(&self, py: Python<'_>) -> PyResult<()> {
-        py.detach(|| verify::verify(&self.inner)).map_err(to_py_err)
+    /// Checks every plan byte by byte against the layouts (for a request of `num_tokens`
+    /// tokens, or any); raises naming the first problem.
+    #[pyo3(signature = (num_tokens=None))]
+    fn verify(&self, py: Python<'_>, num_tokens: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
+        let tokens = Self::num_tokens(num_tokens)?;
+        py.detach(|| verify::verify_at(&self.inner, tokens))
+            .map_err(to_py_err)
     }
 
     /// Fanout of every prefill rank, in rank order.

@@ -1,0 +1,69 @@
+"""Context parallelism: which CP rank holds each token, and each rank's slot map. The dealing
+runs in Rust (src/context.rs)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
+
+from pdplan import _core
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["CpSplit", "token_owners", "token_slots"]
+
+CpSplit = Literal["interleave", "contiguous", "zigzag"]
+
+
+def token_slots(
+    page_table: npt.NDArray[np.integer] | Sequence[int],
+    page_size: int,
+    num_tokens: int,
+    *,
+    tokens: range | None = None,
+    cp_size: int = 1,
+    cp_rank: int = 0,
+    cp_split: CpSplit = "interleave",
+    interleave: int = 1,
+) -> npt.NDArray[np.int64]:
+    """One rank's slot map for a request of ``num_tokens`` tokens (int64, -1 for tokens it
+    holds no slot for), for ``token_descriptors``.
+
+    The rank holds the tokens of ``tokens`` (a range, default all) that CP rank ``cp_rank`` of
+    ``cp_size`` holds (``token_owners``; for DCP, ``cp_rank`` is the DCP rank ``tp_rank %
+    dcp_size``). Its tokens, in order, are its local tokens ``0, 1, ...``; local token ``i``
+    sits at ``page_table[i // page_size] * page_size + i % page_size``. A page-table entry of
+    -1 is a page the rank does not hold (a token asked for on one is refused)."""
+    return _core.token_slots(
+        page_table,
+        page_size,
+        num_tokens,
+        tokens=tokens,
+        cp_size=cp_size,
+        cp_rank=cp_rank,
+        cp_split=cp_split,
+        interleave=interleave,
+    )
+
+
+def token_owners(
+    num_tokens: int,
+    cp_size: int,
+    *,
+    cp_split: CpSplit = "interleave",
+    interleave: int = 1,
+    page_size: int = 1,
+) -> npt.NDArray[np.int64]:
+    """The CP rank holding each token of a request of ``num_tokens`` tokens (int64).
+
+    - ``"interleave"``: token ``t`` on rank ``(t // interleave) % cp_size`` (vLLM's DCP;
+      ``interleave = page_size`` is block round-robin, TRT-LLM's and vLLM-PD's);
+    - ``"contiguous"``: blocks of ``page_size`` tokens dealt in runs, rank ``r`` holding
+      ``N // cp_size`` blocks plus one if ``r < N % cp_size`` (``N`` blocks in the request);
+    - ``"zigzag"``: chunks of ``ceil(num_tokens / (2 * cp_size))`` tokens, rank ``r`` holding
+      chunk ``r`` and chunk ``2 * cp_size - 1 - r`` (SGLang's, rtp-llm's)."""
+    return _core.token_owners(
+        num_tokens, cp_size, cp_split=cp_split, interleave=interleave, page_size=page_size
+    )
