@@ -91,6 +91,39 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class Context:
+    """How one side spreads a request's tokens (``ParallelLayout``'s CP fields): ``cp`` ranks
+    of their own or ``dcp`` ranks inside TP, sharded or (``kv="replicated"``) every token on
+    every CP rank, dealt by ``split`` with ``interleave``."""
+
+    cp: int = 1
+    dcp: int = 1
+    kv: str = "sharded"
+    split: str = "interleave"
+    interleave: int = 1
+
+    @property
+    def ways(self) -> int:
+        """Ranks the tokens are dealt over (1: every rank holds every token)."""
+        return self.dcp if self.dcp > 1 else (self.cp if self.kv == "sharded" else 1)
+
+    def owners(self, num_tokens: int, page_size: int) -> np.ndarray:
+        """The rank of the deal holding each token, as the splits are defined."""
+        t, ways = np.arange(num_tokens), self.ways
+        if ways == 1:
+            return np.zeros(num_tokens, dtype=np.int64)
+        if self.split == "interleave":
+            return (t // self.interleave) % ways
+        if self.split == "contiguous":
+            blocks = -(-num_tokens // page_size)
+            counts = [blocks // ways + (r < blocks % ways) for r in range(ways)]
+            return np.repeat(np.arange(ways), np.array(counts) * page_size)[:num_tokens]
+        chunk = max(1, -(-num_tokens // (2 * ways)))
+        j = t // chunk
+        return np.where(j < ways, j, 2 * ways - 1 - j)
+
+
+@dataclass(frozen=True)
 class Tokens:
     """A request moved by slot maps: ``num_tokens`` tokens, each side's page table (page
     indices of the request's pages in order; -1 for a page the rank does not hold), and the
@@ -117,6 +150,9 @@ class Scenario:
     prefill_pp: tuple[int, ...] = (1,)  # pipeline stages as per-stage layer counts
     decode_pp: tuple[int, ...] = (1,)
     tokens: Tokens | None = None  # move token-indexed buffers by slot maps
+    prefill_context: Context = Context()
+    decode_context: Context = Context()
+    exact_sources: bool = False  # plan for the request's length (num_tokens=...)
 
     @property
     def prefill(self) -> ParallelLayout:
@@ -126,18 +162,70 @@ class Scenario:
     def decode(self) -> ParallelLayout:
         return self.layout("decode", self.decode_tp, self.decode_dp, self.decode_pp)
 
-    @staticmethod
-    def layout(role: str, tp: int, dp: int, stages: tuple[int, ...]) -> ParallelLayout:
-        pp = len(stages)
-        partition = stages if pp > 1 else None
-        return ParallelLayout(role, tp * dp * pp, dp, pp, partition)  # type: ignore[arg-type]
+    def context(self, role: str) -> Context:
+        return self.prefill_context if role == "prefill" else self.decode_context
 
-    def place(self, role: str, rank: int) -> tuple[int, int]:
-        """(stage, TP rank) of a rank: TP fastest, then the stage, then the DP group."""
+    def layout(self, role: str, tp: int, dp: int, stages: tuple[int, ...]) -> ParallelLayout:
+        pp, c = len(stages), self.context(role)
+        partition = stages if pp > 1 else None
+        return ParallelLayout(
+            role,  # type: ignore[arg-type]
+            tp * dp * pp * c.cp,
+            dp,
+            pp,
+            partition,
+            cp_size=c.cp,
+            dcp_size=c.dcp,
+            cp_kv=c.kv,  # type: ignore[arg-type]
+            cp_split=c.split,  # type: ignore[arg-type]
+            cp_interleave=c.interleave,
+        )
+
+    def coordinates(self, role: str, rank: int) -> tuple[int, int, int]:
+        """(stage, CP rank, TP rank) of a rank: TP fastest, then CP, stage, DP group."""
         tp = self.prefill_tp if role == "prefill" else self.decode_tp
         stages = self.prefill_pp if role == "prefill" else self.decode_pp
-        slot = rank % (tp * len(stages))
-        return slot // tp, slot % tp
+        cp = self.context(role).cp
+        slot = rank % (tp * cp * len(stages))
+        return slot // (tp * cp), slot // tp % cp, slot % tp
+
+    def place(self, role: str, rank: int) -> tuple[int, int]:
+        """(stage, TP rank) of a rank."""
+        stage, _, tp_rank = self.coordinates(role, rank)
+        return stage, tp_rank
+
+    def share(self, role: str, rank: int) -> int:
+        """Which rank of its side's deal a rank is: its DCP rank (TP rank mod dcp) or its CP
+        rank; 0 when every rank holds every token."""
+        c = self.context(role)
+        _, cp_rank, tp_rank = self.coordinates(role, rank)
+        if c.dcp > 1:
+            return tp_rank % c.dcp
+        return cp_rank if c.ways > 1 else 0
+
+    def page_size(self, role: str) -> int:
+        side = 0 if role == "prefill" else 1
+        sizes = {(b.page_sizes or (16, 16))[side] for b in self.buffers if self.by_token(b)}
+        assert len(sizes) == 1, "one page size a side"
+        return sizes.pop()
+
+    def held_tokens(self, role: str, rank: int) -> np.ndarray:
+        """The request's tokens the rank holds, in order: its local tokens 0, 1, ..."""
+        t = self.tokens
+        assert t is not None
+        owners = self.context(role).owners(t.num_tokens, self.page_size(role))
+        return np.flatnonzero(owners == self.share(role, rank))
+
+    def page_table(self, role: str, rank: int) -> np.ndarray:
+        """The rank's page table: the scenario's own without CP, else one of its own (random,
+        as many pages as its tokens fill)."""
+        t = self.tokens
+        assert t is not None
+        if self.context(role).ways == 1:
+            return np.array(t.src_table if role == "prefill" else t.dst_table)
+        pages = -(-len(self.held_tokens(role, rank)) // self.page_size(role))
+        rng = np.random.default_rng([sum(map(ord, self.name)), rank, role == "decode"])
+        return rng.permutation(self.capacity_pages)[:pages]
 
     def holds(self, role: str, rank: int, buffer: Buffer) -> bool:
         """Whether a rank's stage holds the buffer's layer (stages take layers in order)."""
@@ -167,18 +255,25 @@ class Scenario:
         """Whether the request moves this buffer by slot maps (state moves by pages)."""
         return self.tokens is not None and buffer.axis != "state_channel"
 
-    def slot_maps(self) -> tuple[np.ndarray, np.ndarray]:
-        """Both sides' slot maps of the request, from their page tables."""
+    def slot_map(self, role: str, rank: int) -> np.ndarray:
+        """A rank's slot map of the request, from its page table, as a runtime makes it."""
         t = self.tokens
         assert t is not None
-        sizes = {b.page_sizes for b in self.buffers if self.by_token(b)}
-        assert len(sizes) == 1, "one pair of page sizes a scenario"
-        src_size, dst_size = sizes.pop() or (16, 16)
-        moved = range(*t.moved)
-        return (
-            pdplan.token_slots(t.src_table, src_size, t.num_tokens, tokens=moved),
-            pdplan.token_slots(t.dst_table, dst_size, t.num_tokens, tokens=moved),
+        c = self.context(role)
+        return pdplan.token_slots(
+            self.page_table(role, rank),
+            self.page_size(role),
+            t.num_tokens,
+            tokens=range(*t.moved),
+            cp_size=c.ways,
+            cp_rank=self.share(role, rank),
+            cp_split=c.split,  # type: ignore[arg-type]
+            interleave=c.interleave,
         )
+
+    def slot_maps(self, prefill_rank: int = 0, decode_rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Both ranks' slot maps of the request."""
+        return self.slot_map("prefill", prefill_rank), self.slot_map("decode", decode_rank)
 
 
 def kv_cache(
@@ -299,35 +394,38 @@ def token_units(buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:
     return held_units(buffer, tp, tp_rank)
 
 
-def filled_token_cache(s: Scenario, buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:
-    """A prefill cache holding the request's tokens in the pages of its page table."""
-    assert s.tokens is not None
+def filled_token_cache(s: Scenario, buffer: BufferLayout, rank: int) -> np.ndarray:
+    """A prefill cache holding the rank's tokens of the request (all of them without CP):
+    its local token ``i`` at slot ``i % page_size`` of page ``table[i // page_size]``."""
     cache = np.full((s.capacity_pages, buffer.item_stride_bytes), 0xEE, dtype=np.uint8)
-    units = token_units(buffer, tp, tp_rank)
+    units = token_units(buffer, s.prefill_tp, s.place("prefill", rank)[1])
     view = token_view(cache, buffer, len(units))
-    size = buffer.page_size
-    for i, page in enumerate(s.tokens.src_table):
-        tokens = np.arange(i * size, (i + 1) * size)
-        values = token_content(buffer.buffer_index, tokens, units, view.shape)
-        view[page] = values.transpose(1, 0, 2, 3)  # [plane, slot, unit, byte]
+    held = s.held_tokens("prefill", rank)
+    local = np.arange(len(held))
+    pages = s.page_table("prefill", rank)[local // buffer.page_size]
+    view[pages, :, local % buffer.page_size] = token_content(
+        buffer.buffer_index, held, units, view.shape
+    )
     return cache
 
 
-def expected_token_cache(s: Scenario, b: BufferLayout, receives: bool, tp_rank: int) -> np.ndarray:
-    """A decode cache after the request: the moved tokens' bytes of the units the rank
-    receives at their slots, guard bytes everywhere else."""
+def expected_token_cache(s: Scenario, b: BufferLayout, receives: bool, rank: int) -> np.ndarray:
+    """A decode cache after the request: the moved tokens the rank holds, with the bytes of
+    the units it receives, at their slots; guard bytes everywhere else."""
     assert s.tokens is not None
     cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
     if not receives:
         return cache
-    units = token_units(b, s.decode_tp, tp_rank)
+    units = token_units(b, s.decode_tp, s.place("decode", rank)[1])
     view = token_view(cache, b, len(units))
-    tokens = np.arange(*s.tokens.moved)
+    held = s.held_tokens("decode", rank)
+    tokens = np.intersect1d(np.arange(*s.tokens.moved), held)
     if b.sliding_window is not None:  # a window layer receives the request's last tokens only
         tokens = tokens[tokens >= s.tokens.num_tokens - b.sliding_window]
-    pages = np.array(s.tokens.dst_table)[tokens // b.page_size]
+    local = np.searchsorted(held, tokens)
+    pages = s.page_table("decode", rank)[local // b.page_size]
     assert (pages >= 0).all(), "a moved token on a page the decode rank does not hold"
-    view[pages, :, tokens % b.page_size] = token_content(b.buffer_index, tokens, units, view.shape)
+    view[pages, :, local % b.page_size] = token_content(b.buffer_index, tokens, units, view.shape)
     return cache
 
 
@@ -340,12 +438,13 @@ def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.
     b = s.buffers_of("decode")[buffer_pos]
     tp_rank = s.place("decode", decode_rank)[1]
     cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
-    first_of_group = tp_rank % b.tp_replica_group_size == 0
+    # Under "first" the group's first rank receives, or with DCP the first of each token share.
+    first_of_group = tp_rank % b.tp_replica_group_size < s.decode_context.dcp
     receives = b.logical_axis == "replicated" or s.decode_replicas == "all" or first_of_group
     if not receives:
         return cache
     if s.by_token(s.buffers[buffer_pos]):
-        return expected_token_cache(s, b, receives, tp_rank)
+        return expected_token_cache(s, b, receives, decode_rank)
     src, dst = np.array(s.src_pages), np.array(s.dst_pages)
     identity = s.planner().plan_for_decode_rank(decode_rank).plan_kind == "identity"
     if identity:  # whole items move, the prefill item's padding with them
@@ -497,7 +596,7 @@ class RankServer:
                 self.caches.append(None)
                 continue
             if self.role == "prefill" and s.by_token(buffer):
-                cache = filled_token_cache(s, b, tp, tp_rank)
+                cache = filled_token_cache(s, b, self.rank)
             elif self.role == "prefill":
                 cache = filled_prefill_cache(b, tp, tp_rank, s.capacity_pages)
             else:
@@ -514,15 +613,18 @@ class RankServer:
     def limits(self) -> list[int]:
         return [0 if c is None else c.nbytes for c in self.caches]
 
-    def descriptors(self, prepared: PreparedTransfer, pages: tuple[Any, Any]) -> Any:
-        """The request's descriptors: by pages, or by slot maps for the token-indexed buffers
-        and by pages for the state buffers beside them (one list, tokens first)."""
+    def descriptors(
+        self, prepared: PreparedTransfer, pages: tuple[Any, Any], decode_rank: int
+    ) -> Any:
+        """The request's descriptors: by pages, or by slot maps (this rank's and the decode
+        rank's) for the token-indexed buffers and by pages for the state buffers beside them
+        (one list, tokens first)."""
         s = self.scenario
         if s.tokens is None:
             return prepared.descriptors(*pages)
         by_token = [b.index for b in s.buffers if s.by_token(b)]
         state = [b.index for b in s.buffers if not s.by_token(b)]
-        d = prepared.token_descriptors(*s.slot_maps(), buffers=by_token)
+        d = prepared.token_descriptors(*s.slot_maps(self.rank, decode_rank), buffers=by_token)
         if not state:
             return d
         rest = prepared.descriptors(*pages, buffers=state)
@@ -533,7 +635,9 @@ class RankServer:
         if kind == "hello":
             return self.engine.address
         if kind == "plan":  # decode: fragments for each prefill rank, as wire frames only
-            sources = self.scenario.planner().transfer_fragments(self.rank)
+            s = self.scenario
+            length = s.tokens.num_tokens if s.exact_sources and s.tokens else None
+            sources = s.planner().transfer_fragments(self.rank, num_tokens=length)
             return {
                 prefill_rank: encode_transfer_fragments(fragments)
                 for prefill_rank, fragments in sources.items()
@@ -541,7 +645,7 @@ class RankServer:
         if kind == "dst_info":
             return self.bases, self.limits
         if kind == "write":  # prefill: frames in, descriptors out, write
-            _, peer, version, payload, dst_bases, dst_limits = message
+            _, peer, decode_rank, version, payload, dst_bases, dst_limits = message
             started = time.perf_counter()
             prepared = PreparedTransfer.from_frames(
                 version,
@@ -555,7 +659,7 @@ class RankServer:
                 np.array(self.scenario.src_pages, dtype=np.int32),
                 np.array(self.scenario.dst_pages, dtype=np.int64),
             )
-            d = self.descriptors(prepared, pages)
+            d = self.descriptors(prepared, pages, decode_rank)
             built = time.perf_counter() - started
             if getattr(self.engine, "prepped", False):
                 caps = (self.scenario.capacity_pages, self.scenario.capacity_pages)
@@ -659,7 +763,7 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
             frames = handle.handle(("plan",))
             for prefill_rank, (version, payload) in frames.items():
                 result = prefill[prefill_rank].handle(
-                    ("write", peer, version, payload, dst_bases, dst_limits)
+                    ("write", peer, decode_rank, version, payload, dst_bases, dst_limits)
                 )
                 if result["status"] != 0:
                     raise RuntimeError(f"transfer to decode rank {decode_rank} failed: {result}")

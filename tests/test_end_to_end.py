@@ -30,6 +30,7 @@ from pdplan import (
 
 from pd_transfer import (
     Buffer,
+    Context,
     Outcome,
     Scenario,
     Tokens,
@@ -353,6 +354,141 @@ MODEL_CASES = [
 ]
 
 
+def mla(sizes: tuple[int, int] = (16, 16), layers: int = 1) -> tuple[Buffer, ...]:
+    """DeepSeek's latent cache (576 bf16 a token), replicated over TP, one buffer a layer."""
+    return tuple(
+        Buffer(layer, BufferKind.TARGET_K, "replicated", 1, 576 * 2, page_sizes=sizes, layer=layer)
+        for layer in range(layers)
+    )
+
+
+def cp_case(
+    name: str,
+    prefill_tp: int,
+    decode_tp: int,
+    buffers: tuple[Buffer, ...],
+    prefill: Context = Context(),
+    decode: Context = Context(),
+    **kwargs: object,
+) -> Scenario:
+    """A token case whose sides spread the request's 150 tokens over ranks; every rank has a
+    page table of its own for the tokens it holds."""
+    return token_case(
+        name,
+        prefill_tp,
+        decode_tp,
+        buffers,
+        prefill_context=prefill,
+        decode_context=decode,
+        **kwargs,
+    )
+
+
+#: Context parallelism on either side (the context-parallelism issue's list).
+CP_CASES = [
+    cp_case("cp_mla_tp8_to_tp8_dcp8_interleave_1", 8, 8, mla(), decode=Context(dcp=8)),
+    cp_case(
+        "cp_mla_tp8_to_tp8_dcp8_interleave_16",
+        8,
+        8,
+        mla(),
+        decode=Context(dcp=8, interleave=16),
+    ),
+    cp_case(
+        "cp_mla_tp8_dcp8_to_tp4_dcp4_interleave_1",
+        8,
+        4,
+        mla(),
+        prefill=Context(dcp=8),
+        decode=Context(dcp=4),
+    ),
+    # 2 KV heads over decode TP 4: replica groups of 2 split their tokens over DCP 2.
+    cp_case(
+        "cp_gqa_2heads_tp2_to_tp4_dcp2_nhd",
+        2,
+        4,
+        token_kv(1, 2, (16, 16), planes=1, decode_replica=2),
+        decode=Context(dcp=2),
+    ),
+    cp_case(
+        "cp_prefill_tp2_cp2_block_round_robin_to_tp2",
+        2,
+        2,
+        token_kv(2, 8, (16, 16)),
+        prefill=Context(cp=2, interleave=16),
+    ),
+    cp_case(
+        "cp_prefill_tp2_cp2_zigzag_to_tp2",
+        2,
+        2,
+        token_kv(1, 8, (16, 16), planes=1),
+        prefill=Context(cp=2, split="zigzag"),
+        exact_sources=True,
+    ),
+    cp_case(
+        "cp_prefill_cp4_contiguous_16_to_tp2_dcp2_interleave_1_64",
+        1,
+        2,
+        mla((16, 64)),
+        prefill=Context(cp=4, split="contiguous"),
+        decode=Context(dcp=2),
+        exact_sources=True,
+    ),
+    # Every prefill CP rank holds every token: each decode rank reads each token once, and
+    # the two decode ranks read from different replicas (fanout 1, not 2).
+    cp_case(
+        "cp_replicated_prefill_cp2_tp1_to_tp2",
+        1,
+        2,
+        token_kv(1, 8, (16, 64)),
+        prefill=Context(cp=2, kv="replicated"),
+    ),
+    cp_case(
+        "cp_dp2_prefill_cp2_tp1_to_dp2_tp2_dcp2_mla",
+        1,
+        2,
+        mla(),
+        prefill=Context(cp=2, interleave=16),
+        decode=Context(dcp=2),
+        prefill_dp=2,
+        decode_dp=2,
+    ),
+    cp_case(
+        "cp_pp2_prefill_cp2_zigzag_to_tp2_dcp2_mla_two_layers",
+        1,
+        2,
+        mla(layers=2),
+        prefill=Context(cp=2, split="zigzag"),
+        decode=Context(dcp=2, interleave=4),
+        prefill_pp=(1, 1),
+        exact_sources=True,
+    ),
+    cp_case(
+        "cp_decode_cp2_of_its_own_tp2_to_cp2_tp2_block_round_robin",
+        2,
+        2,
+        token_kv(1, 8, (16, 16)),
+        decode=Context(cp=2, interleave=16),
+    ),
+]
+
+
+def expected_writes(scenario: Scenario) -> dict[int, int]:
+    """Decode ranks writing to each prefill rank: its fanout (for the request's length when
+    the scenario plans for it)."""
+    planner = scenario.planner()
+    if not scenario.exact_sources:
+        return planner.source_fanout
+    assert scenario.tokens is not None
+    counts = dict.fromkeys(range(scenario.prefill.world_size), 0)
+    for rank in range(scenario.decode.world_size):
+        plan = planner.plan_for_decode_rank(rank, num_tokens=scenario.tokens.num_tokens)
+        for source, fanout in plan.required_dst_info_num_by_prefill_rank.items():
+            counts[source] += 1
+            assert fanout >= 1
+    return counts
+
+
 def check(scenario: Scenario, outcome: Outcome) -> None:
     assert outcome.mismatches == []
     assert outcome.descriptors > 0 and outcome.bytes > 0
@@ -360,10 +496,12 @@ def check(scenario: Scenario, outcome: Outcome) -> None:
         assert scenario.planner().idle_decode_ranks == 0
         assert max(scenario.planner().source_fanout.values()) == 2  # 32 decode over 16 prefill
     # Each prefill rank is written to by exactly as many decode ranks as its fanout says.
-    assert outcome.writes_per_prefill_rank == scenario.planner().source_fanout
+    assert outcome.writes_per_prefill_rank == expected_writes(scenario)
 
 
-@pytest.mark.parametrize("scenario", CASES + TOKEN_CASES + MODEL_CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "scenario", CASES + TOKEN_CASES + MODEL_CASES + CP_CASES, ids=lambda s: s.name
+)
 def test_in_memory(scenario: Scenario) -> None:
     check(scenario, run_in_memory(scenario))
 
@@ -416,8 +554,8 @@ def test_a_wrong_slot_is_caught_by_the_byte_comparison() -> None:
 
     original = pd_transfer.Scenario.slot_maps
 
-    def off_by_one(self: Scenario) -> tuple[np.ndarray, np.ndarray]:
-        src, dst = original(self)
+    def off_by_one(self: Scenario, *ranks: int) -> tuple[np.ndarray, np.ndarray]:
+        src, dst = original(self, *ranks)
         dst = dst.copy()
         dst[np.flatnonzero(dst >= 0)[5]] ^= 1
         return src, dst
@@ -430,16 +568,50 @@ def test_a_wrong_slot_is_caught_by_the_byte_comparison() -> None:
     assert outcome.mismatches
 
 
+def test_a_slot_map_of_the_wrong_cp_rank_is_caught_by_the_byte_comparison() -> None:
+    """CP cases too: a decode rank passing another DCP rank's slot map shows up, and so does
+    an expected cache that ignores which tokens each rank holds."""
+    import pd_transfer
+
+    case = next(c for c in CP_CASES if c.name == "cp_mla_tp8_to_tp8_dcp8_interleave_16")
+    original_map, original_held = pd_transfer.Scenario.slot_map, pd_transfer.Scenario.held_tokens
+
+    def neighbour(self: Scenario, role: str, rank: int) -> np.ndarray:
+        if role == "decode":
+            rank = (rank + 1) % self.decode.world_size
+        return original_map(self, role, rank)
+
+    def everything(self: Scenario, role: str, rank: int) -> np.ndarray:
+        if role == "decode":
+            assert self.tokens is not None
+            return np.arange(self.tokens.num_tokens)
+        return original_held(self, role, rank)
+
+    for patch, name in ((neighbour, "slot_map"), (everything, "held_tokens")):
+        setattr(pd_transfer.Scenario, name, patch)
+        try:
+            outcome = run_in_memory(case)
+        except AssertionError:  # the expected side finds a token on a page the rank lacks
+            continue
+        finally:
+            pd_transfer.Scenario.slot_map = original_map  # type: ignore[method-assign]
+            pd_transfer.Scenario.held_tokens = original_held  # type: ignore[method-assign]
+        assert outcome.mismatches, name
+
+
 @pytest.mark.mooncake
-@pytest.mark.parametrize("scenario", CASES + MOONCAKE_TOKEN_CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "scenario", CASES + MOONCAKE_TOKEN_CASES + CP_CASES, ids=lambda s: s.name
+)
 def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
     check(scenario, run_in_processes(scenario))
 
 
 NIXL_CASES = [
     case
-    for case in CASES + TOKEN_CASES + MODEL_CASES
-    if case.name
+    for case in CASES + TOKEN_CASES + MODEL_CASES + CP_CASES
+    if case.name.startswith("cp_")
+    or case.name
     in {
         "tp8_to_tp2",
         "tp2_to_tp8",
