@@ -150,8 +150,8 @@ class Scenario:
     prefill_pp: tuple[int, ...] = (1,)  # pipeline stages as per-stage layer counts
     decode_pp: tuple[int, ...] = (1,)
     tokens: Tokens | None = None  # move token-indexed buffers by slot maps
-    prefill_context: Context = Context()
-    decode_context: Context = Context()
+    prefill_context: Context = field(default_factory=Context)
+    decode_context: Context = field(default_factory=Context)
     exact_sources: bool = False  # plan for the request's length (num_tokens=...)
 
     @property
@@ -271,7 +271,9 @@ class Scenario:
             interleave=c.interleave,
         )
 
-    def slot_maps(self, prefill_rank: int = 0, decode_rank: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    def slot_maps(
+        self, prefill_rank: int = 0, decode_rank: int = 0
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Both ranks' slot maps of the request."""
         return self.slot_map("prefill", prefill_rank), self.slot_map("decode", decode_rank)
 
@@ -700,6 +702,31 @@ def _serve(scenario: Scenario, role: str, rank: int, conn: Any, engine: str) -> 
             conn.send(("error", repr(exc)))
 
 
+def _serve_side(scenario: Scenario, role: str, ranks: list[int], conn: Any, engine: str) -> None:
+    """A process hosting every rank of one side, with one engine they share: answer
+    `(rank, message)` until told to stop."""
+    import os
+
+    os.environ.setdefault("GLOG_minloglevel", "2")
+    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+    try:
+        shared = make_engine(engine, role, 0)
+        servers = {rank: RankServer(scenario, role, rank, shared) for rank in ranks}
+        conn.send(("ok", None))
+    except BaseException as exc:
+        conn.send(("error", repr(exc)))
+        return
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        rank, inner = message
+        try:
+            conn.send(("ok", servers[rank].handle(inner)))
+        except BaseException as exc:
+            conn.send(("error", repr(exc)))
+
+
 class ProcessRank:
     """The coordinator's handle on a rank process."""
 
@@ -735,6 +762,43 @@ class ProcessRank:
         self.process.join(timeout=10)
         if self.process.is_alive():
             self.process.kill()
+
+
+class SideProcess(ProcessRank):
+    """One process for all ranks of a side, one engine among them (a cheaper way through a
+    real engine for layouts of many ranks: the transfers still cross processes)."""
+
+    def __init__(self, scenario: Scenario, role: str, ranks: list[int], engine: str) -> None:
+        context = mp.get_context("spawn")
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_serve_side, args=(scenario, role, ranks, child, engine), daemon=True
+        )
+        self.process.start()
+        self.started = False
+
+    def rank(self, rank: int) -> RankOnSide:
+        return RankOnSide(self, rank)
+
+
+@dataclass
+class RankOnSide:
+    """A rank hosted by a `SideProcess`: its messages carry its number."""
+
+    side: SideProcess
+    number: int
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self.side.started:
+            self.side.wait_ready(timeout)
+            self.side.started = True
+
+    def handle(self, message: tuple[Any, ...]) -> Any:
+        return self.side.handle((self.number, message))
+
+    def close(self) -> None:
+        if self.side.process.is_alive():
+            self.side.close()
 
 
 @dataclass
@@ -797,9 +861,18 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
                 handle.close()
 
 
-def run_in_processes(scenario: Scenario, engine: str = "mooncake") -> Outcome:
-    """One process a rank, each with its own `engine`: mooncake, nixl or nixl-prepped."""
-    return run(scenario, lambda role, rank: ProcessRank(scenario, role, rank, engine))
+def run_in_processes(
+    scenario: Scenario, engine: str = "mooncake", per_side: bool = False
+) -> Outcome:
+    """One process a rank, each with its own `engine` (mooncake, nixl or nixl-prepped), or
+    with `per_side` one process a side, its ranks sharing one engine."""
+    if not per_side:
+        return run(scenario, lambda role, rank: ProcessRank(scenario, role, rank, engine))
+    sides = {
+        role: SideProcess(scenario, role, list(range(layout.world_size)), engine)
+        for role, layout in (("prefill", scenario.prefill), ("decode", scenario.decode))
+    }
+    return run(scenario, lambda role, rank: sides[role].rank(rank))
 
 
 def run_in_memory(scenario: Scenario) -> Outcome:

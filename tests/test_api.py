@@ -538,9 +538,7 @@ def test_ranks_are_placed_by_the_core() -> None:
     layout = ParallelLayout("prefill", 24, 2, 3, cp_size=2)
     assert layout.tp_size_per_dp == 2
     placed = [pdplan._core.rank_coordinates(layout, rank) for rank in range(24)]
-    by_hand = [
-        (g, s, c, t) for g in range(2) for s in range(3) for c in range(2) for t in range(2)
-    ]
+    by_hand = [(g, s, c, t) for g in range(2) for s in range(3) for c in range(2) for t in range(2)]
     assert placed == by_hand
     with pytest.raises(UnsupportedPDLayoutError, match="rank=24 is out of range"):
         pdplan._core.rank_coordinates(layout, 24)

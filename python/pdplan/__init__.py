@@ -6,6 +6,7 @@ wire format v1, with intersection, fanout, planning and wire coding done in Rust
 
 from __future__ import annotations
 
+from pdplan._context import token_owners, token_slots
 from pdplan._core import (
     DEFAULT_MAX_FRAGMENTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -17,7 +18,6 @@ from pdplan._core import (
     decode_transfer_fragments,
     encode_transfer_fragments,
 )
-from pdplan._context import token_owners, token_slots
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._layouts import (
     MODEL_PRESETS,
