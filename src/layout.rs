@@ -316,12 +316,14 @@ fn check_context(role: Role, ranks: RankSpace, context: &ContextParallel) -> Pla
     let (cp, dcp, tp) = (context.cp_size, context.dcp_size, ranks.tp_size());
     if dcp == 0 || tp % dcp != 0 {
         bail!(
-            "dcp_size={dcp} must be positive and divide the {side} side's TP size {tp}:              decode-context-parallel ranks are carved out of TP"
+            "dcp_size={dcp} must be positive and divide the {side} side's TP size {tp}: \
+             decode-context-parallel ranks are carved out of TP"
         );
     }
     if cp > 1 && dcp > 1 {
         bail!(
-            "the {side} side has cp_size={cp} and dcp_size={dcp}; a side spreads tokens one way              only: give it CP ranks of their own (cp_size) or DCP inside TP (dcp_size), not both"
+            "the {side} side has cp_size={cp} and dcp_size={dcp}; a side spreads tokens one way \
+             only: give it CP ranks of their own (cp_size) or DCP inside TP (dcp_size), not both"
         );
     }
     if context.interleave == 0 || context.interleave > MAX_INTERLEAVE {
@@ -332,7 +334,8 @@ fn check_context(role: Role, ranks: RankSpace, context: &ContextParallel) -> Pla
     }
     if dcp > 1 && context.kv == CpKv::Replicated {
         bail!(
-            "cp_kv='replicated' describes CP ranks of their own (cp_size); DCP ranks always hold              disjoint token shares, so leave cp_kv 'sharded' with dcp_size={dcp}"
+            "cp_kv='replicated' describes CP ranks of their own (cp_size); DCP ranks always hold \
+             disjoint token shares, so leave cp_kv 'sharded' with dcp_size={dcp}"
         );
     }
     Ok(())

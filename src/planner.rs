@@ -973,6 +973,73 @@ mod tests {
     }
 
     #[test]
+    fn context_parallel_plans_verify_and_list_only_ranks_sharing_tokens() {
+        use crate::context::{CpKv, CpSplit};
+        use crate::layout::ContextParallel;
+        let side = |role, tp: u64, cp: u64, dcp: u64, split, kv| {
+            let context = ContextParallel {
+                cp_size: cp,
+                dcp_size: dcp,
+                kv,
+                split,
+                interleave: 1,
+            };
+            ParallelLayout::with_context(role, (tp * cp, 1, 1), None, context).unwrap()
+        };
+        let mla = BufferLayout {
+            logical_axis: LogicalAxis::Replicated,
+            logical_size: 1,
+            item_stride_bytes: UNIT,
+            ..kv(0, BufferKind::TargetK, 1, 1)
+        };
+        let (i, s) = (CpSplit::Interleave, CpKv::Sharded);
+        // Prefill DCP 8 -> decode DCP 4 (vllm-project/vllm#50611): rank d reads d and d + 4.
+        let p = Planner::new(
+            side(Role::Prefill, 8, 1, 8, i, s),
+            side(Role::Decode, 4, 1, 4, i, s),
+            &[mla],
+            &[mla],
+        )
+        .unwrap();
+        assert!(p.token_maps() && !p.is_identity());
+        for d in 0..4 {
+            let plan = p.plan_for_decode_rank(d, None, None).unwrap();
+            let ranks: Vec<u64> = plan.sources.iter().map(|s| s.prefill_rank).collect();
+            assert_eq!(ranks, vec![d, d + 4]);
+        }
+        // Zigzag prefill CP 2 -> TP 1: a 1-token request reads from CP rank 0 only.
+        let p = Planner::new(
+            side(Role::Prefill, 1, 2, 1, CpSplit::Zigzag, s),
+            side(Role::Decode, 1, 1, 1, i, s),
+            &[mla],
+            &[mla],
+        )
+        .unwrap();
+        let short = p.plan_for_decode_rank(0, None, Some(1)).unwrap();
+        assert_eq!(short.sources.len(), 1);
+        assert_eq!(
+            p.plan_for_decode_rank(0, None, None).unwrap().sources.len(),
+            2
+        );
+        for n in [None, Some(0), Some(1), Some(3), Some(100)] {
+            crate::verify::verify_at(&p, n).unwrap();
+        }
+        // State with CP is refused.
+        let state = BufferLayout {
+            logical_axis: LogicalAxis::StateChannel,
+            ..kv(0, BufferKind::MambaState, 1, 8)
+        };
+        let err = Planner::new(
+            side(Role::Prefill, 1, 2, 1, i, s),
+            side(Role::Decode, 1, 1, 1, i, s),
+            &[state],
+            &[state],
+        )
+        .unwrap_err();
+        assert!(err.message().contains("state with CP"), "{err}");
+    }
+
+    #[test]
     fn buffers_of_one_shape_share_one_class() {
         let p = planner(8, 2, 8).unwrap();
         assert_eq!(p.classes.len(), 1);
