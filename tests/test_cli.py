@@ -327,3 +327,101 @@ def test_the_model_is_summarized_per_layer_kind_before_the_plan(
         capsys, "check", "--prefill-tp", "2", "--decode-tp", "1", "--config", str(config)
     )
     assert code == 2 and "attn_layer_indices" in err and "Traceback" not in err
+
+
+def test_context_parallel_options(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V3 (61 MLA layers, 1,152 B a token) into decode TP 8 x DCP 8: at interleave 1
+    a decode rank's neighbouring tokens sit 8 slots apart on the prefill rank, so every token
+    of every layer is one descriptor; at interleave 16 (the page size) a page is one."""
+    base = ["--model", "deepseek-v3", "--prefill-tp", "8", "--decode-tp", "8", "--decode-dcp", "8"]
+    tokens, layers = 32 * 1024, 61
+    for interleave, per_descriptor in ((1, 1), (16, 16)):
+        code, out, _ = run(capsys, "check", *base, "--interleave", str(interleave))
+        assert code == 0, out
+        count = layers * tokens // per_descriptor
+        assert f"{count:,} descriptors moving 2.14 GiB" in out
+        assert f"{1152 * per_descriptor:,} B a descriptor" in out
+        assert f"decode DCP 8 (interleave {interleave})" in out
+    code, out, _ = run(capsys, "plan", *base, "--format", "routing-json")
+    rows = json.loads(out)["pairs"]
+    assert {(r["decode_rank"], r["prefill_rank"]) for r in rows} == {(d, d) for d in range(8)}
+    # Prefill DCP 8 -> decode DCP 4: each decode rank reads its residue's two prefill ranks.
+    code, out, _ = run(
+        capsys,
+        "check",
+        *base[:-4],
+        "--prefill-dcp",
+        "8",
+        "--decode-tp",
+        "4",
+        "--decode-dcp",
+        "4",
+    )
+    assert code == 0 and "decode rank 0 reads from 2 prefill rank(s)" in out
+    # A zigzag prefill CP beside TP: world sizes count the CP ranks.
+    code, out, _ = run(
+        capsys,
+        "plan",
+        "--model",
+        "llama-3-70b",
+        "--prefill-tp",
+        "2",
+        "--prefill-cp",
+        "2",
+        "--cp-split",
+        "zigzag",
+        "--decode-tp",
+        "2",
+    )
+    assert code == 0 and "prefill 4 ranks (1 DP x CP 2 x TP 2)" in out
+    assert "prefill CP 2 (zigzag)" in out
+
+
+def test_check_says_which_context_parallel_layouts_work(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run(
+        capsys,
+        "check",
+        "--model",
+        "nemotron-h-8b",
+        "--prefill-tp",
+        "2",
+        "--prefill-cp",
+        "2",
+        "--decode-tp",
+        "2",
+    )
+    assert code == 2
+    assert "layer 0 (Mamba2)" in err and "state with CP is not supported" in err
+    assert "would work: the same TP sizes without context parallelism" in err
+    # 8 KV heads at decode TP 16: replica groups of 2, so DCP 2 works and DCP 4 does not.
+    code, _, err = run(
+        capsys,
+        "check",
+        "--model",
+        "llama-3-70b",
+        "--prefill-tp",
+        "8",
+        "--decode-tp",
+        "16",
+        "--decode-dcp",
+        "4",
+    )
+    assert code == 2 and "must divide the decode side's replica group" in err
+    assert "would work: decode DCP 2" in err
+    code, _, err = run(
+        capsys,
+        "check",
+        "--model",
+        "llama-3-70b",
+        "--prefill-tp",
+        "2",
+        "--prefill-cp",
+        "2",
+        "--prefill-dcp",
+        "2",
+        "--decode-tp",
+        "2",
+    )
+    assert code == 2 and "one way only" in err

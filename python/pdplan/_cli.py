@@ -17,14 +17,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal, TextIO
+from typing import TYPE_CHECKING, Literal, TextIO
 
 from pdplan import _core
+from pdplan._context import token_slots
 from pdplan._core import PreparedTransfer, encode_transfer_fragments
 from pdplan._descriptors import transfer_descriptors
 from pdplan._layouts import MODEL_PRESETS, LayerKindSummary, ModelShape, model_buffer_layouts
 from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 EXIT_UNSUPPORTED = 2
 DEMO_MODEL = "llama-3-70b"
@@ -84,6 +89,42 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     )
     sides.add_argument(
         "--decode-pp-partition", type=_partition, metavar="N,N,...", help="layers a decode stage"
+    )
+    context = parser.add_argument_group(
+        "context parallelism (tokens spread over ranks; one kind a side)"
+    )
+    for side in ("prefill", "decode"):
+        context.add_argument(
+            f"--{side}-cp",
+            type=_positive,
+            default=1,
+            help=f"{side} CP ranks of their own, beside TP (default 1)",
+        )
+        context.add_argument(
+            f"--{side}-dcp",
+            type=_positive,
+            default=1,
+            help=f"{side} DCP ranks carved out of TP: TP rank r holds share r %% dcp (default 1)",
+        )
+    context.add_argument(
+        "--interleave",
+        type=_positive,
+        default=1,
+        help="tokens a block when dealing round-robin (vLLM's cp_kv_cache_interleave_size, "
+        "default 1; the page size is block round-robin)",
+    )
+    context.add_argument(
+        "--cp-split",
+        choices=("interleave", "contiguous", "zigzag"),
+        default="interleave",
+        help="how CP ranks of their own deal the prompt (default interleave); DCP always "
+        "interleaves",
+    )
+    context.add_argument(
+        "--cp-kv",
+        choices=("sharded", "replicated"),
+        default="sharded",
+        help="CP ranks hold disjoint shares (default) or every token (replicas to read from)",
     )
     model = parser.add_argument_group("model (one of --model, --config or the shape options)")
     model.add_argument(
@@ -259,6 +300,14 @@ class Deployment:
     #: Tokens a page on each side; None: the model's page size.
     prefill_page_size: int | None = None
     decode_page_size: int | None = None
+    #: Context parallelism: CP ranks of their own and DCP ranks inside TP, each side.
+    prefill_cp: int = 1
+    decode_cp: int = 1
+    prefill_dcp: int = 1
+    decode_dcp: int = 1
+    interleave: int = 1
+    cp_split: Literal["interleave", "contiguous", "zigzag"] = "interleave"
+    cp_kv: Literal["sharded", "replicated"] = "sharded"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Deployment:
@@ -275,6 +324,35 @@ class Deployment:
             args.decode_pp_partition,
             args.prefill_page_size,
             args.decode_page_size,
+            args.prefill_cp,
+            args.decode_cp,
+            args.prefill_dcp,
+            args.decode_dcp,
+            args.interleave,
+            args.cp_split,
+            args.cp_kv,
+        )
+
+    def layout(
+        self, role: Literal["prefill", "decode"], partition: tuple[int, ...] | None
+    ) -> ParallelLayout:
+        """One side's layout: CP ranks deal by --cp-split, DCP ranks always interleave."""
+        tp, dp, pp, cp, dcp = (
+            (self.prefill_tp, self.prefill_dp, self.prefill_pp, self.prefill_cp, self.prefill_dcp)
+            if role == "prefill"
+            else (self.decode_tp, self.decode_dp, self.decode_pp, self.decode_cp, self.decode_dcp)
+        )
+        return ParallelLayout(
+            role,
+            tp * dp * pp * cp,
+            dp,
+            pp,
+            partition,
+            cp_size=cp,
+            dcp_size=dcp,
+            cp_kv=self.cp_kv if cp > 1 else "sharded",
+            cp_split=self.cp_split if cp > 1 else "interleave",
+            cp_interleave=self.interleave,
         )
 
     def planner(self, shape: ModelShape) -> PDTransferPlanner:
@@ -295,26 +373,20 @@ class Deployment:
                 self.kv_layout,
                 prefill_pp=self.prefill_pp,
                 decode_pp=self.decode_pp,
+                prefill_cp=self.prefill_cp,
+                decode_cp=self.decode_cp,
+                prefill_dcp=self.prefill_dcp,
+                decode_dcp=self.decode_dcp,
             )
 
         # Each side's buffers in its own page size (a planner maps tokens where they differ).
         prefill_buffers = buffers(self.prefill_page_size)[0]
         decode_buffers = buffers(self.decode_page_size)[1]
         return PDTransferPlanner(
-            prefill_layout=ParallelLayout(
-                "prefill",
-                self.prefill_tp * self.prefill_dp * self.prefill_pp,
-                self.prefill_dp,
-                self.prefill_pp,
-                partition(self.prefill_pp, self.prefill_partition),
+            prefill_layout=self.layout(
+                "prefill", partition(self.prefill_pp, self.prefill_partition)
             ),
-            decode_layout=ParallelLayout(
-                "decode",
-                self.decode_tp * self.decode_dp * self.decode_pp,
-                self.decode_dp,
-                self.decode_pp,
-                partition(self.decode_pp, self.decode_partition),
-            ),
+            decode_layout=self.layout("decode", partition(self.decode_pp, self.decode_partition)),
             prefill_buffers=prefill_buffers,
             decode_buffers=decode_buffers,
             decode_replicas=self.decode_replicas,
@@ -429,7 +501,9 @@ def _print_table(
 
     def sizes(layout: ParallelLayout) -> str:
         stages = f" x PP {layout.pp_size}" if layout.pp_size > 1 else ""
-        return f"{layout.dp_size} DP{stages} x TP {layout.tp_size_per_dp}"
+        cp = f" x CP {layout.cp_size}" if layout.cp_size > 1 else ""
+        dcp = f" (DCP {layout.dcp_size})" if layout.dcp_size > 1 else ""
+        return f"{layout.dp_size} DP{stages}{cp} x TP {layout.tp_size_per_dp}{dcp}"
 
     pages = _page_sizes(planner)
     if pages[0] == pages[1]:
@@ -446,6 +520,8 @@ def _print_table(
     print(f"plan kind: {kind}" + (" (whole items, rank to rank)" if kind == "identity" else ""))
     if note := _idle_note(planner):
         print(f"note: {note}")
+    if line := _context_line(planner):
+        print(line)
     print(_request_line(planner))
     print()
     staged: bool = planner._core.is_staged
@@ -500,18 +576,36 @@ def request_descriptors(
     src_limits = [b.item_stride_bytes * capacity for b in planner.prefill_buffers]
     dst_limits = [b.item_stride_bytes * capacity for b in planner.decode_buffers]
     bases = [1 << 40] * len(src_limits)
-    slots = [_core.token_slots(table, size, tokens) for table, size in zip(tables, sizes)]
+    layouts = (planner.prefill_layout, planner.decode_layout)
+
+    def slots(side: int, rank: int) -> npt.NDArray[np.int64]:
+        # The rank's share of the tokens (all of them without CP), in its own pages.
+        ways, index = _core.rank_token_share(layouts[side], rank)
+        layout = layouts[side]
+        return token_slots(
+            tables[side],
+            sizes[side],
+            tokens,
+            cp_size=ways,
+            cp_rank=index,
+            cp_split=layout.cp_split,
+            interleave=layout.cp_interleave,
+        )
+
     total = total_bytes = pairs = 0
     for rank in range(planner.decode_layout.world_size):
         if _core.rank_coordinates(planner.decode_layout, rank)[0] != 0:
             continue
-        for fragments in planner.transfer_fragments(rank).values():
+        dst_slots = slots(1, rank) if planner.token_maps else None
+        sources = planner.transfer_fragments(rank, num_tokens=tokens)
+        for prefill_rank, fragments in sources.items():
             prepared = PreparedTransfer(
                 fragments, bases, bases, src_limits=src_limits, dst_limits=dst_limits
             )
             built = []
-            if planner.token_maps:
-                built.append(prepared.token_descriptors(*slots, buffers=by_token))
+            if dst_slots is not None:
+                src_slots = slots(0, prefill_rank)
+                built.append(prepared.token_descriptors(src_slots, dst_slots, buffers=by_token))
             else:
                 built.append(prepared.descriptors(*tables, buffers=by_token))
             if state:
@@ -526,10 +620,36 @@ def request_descriptors(
 def _request_line(planner: PDTransferPlanner) -> str:
     total, total_bytes, pairs = request_descriptors(planner)
     way = "slot maps" if planner.token_maps else "pages"
+    each = f", {total_bytes // total:,} B a descriptor" if total else ""
     return (
         f"a {REQUEST_TOKENS // 1024}k-token request to decode DP group 0 (scattered pages, by "
         f"{way}): {total:,} descriptors moving {total_bytes / 2**30:.2f} GiB over {pairs} rank "
-        "pairs"
+        f"pairs{each}"
+    )
+
+
+def _context_line(planner: PDTransferPlanner) -> str:
+    """How the sides spread tokens and what that costs a decode rank (empty without CP)."""
+
+    def spread(layout: ParallelLayout) -> str | None:
+        if layout.dcp_size > 1:
+            return f"DCP {layout.dcp_size} (interleave {layout.cp_interleave})"
+        if layout.cp_size > 1:
+            how: str = "replicas" if layout.cp_kv == "replicated" else layout.cp_split
+            if how == "interleave":
+                how = f"interleave {layout.cp_interleave}"
+            return f"CP {layout.cp_size} ({how})"
+        return None
+
+    sides = [spread(planner.prefill_layout), spread(planner.decode_layout)]
+    if sides == [None, None]:
+        return ""
+    plan = planner.plan_for_decode_rank(0, num_tokens=REQUEST_TOKENS)
+    fanout = max(plan.required_dst_info_num_by_prefill_rank.values(), default=0)
+    return (
+        f"context parallelism: prefill {sides[0] or 'none'}, decode {sides[1] or 'none'}; for a "
+        f"{REQUEST_TOKENS // 1024}k-token request decode rank 0 reads from "
+        f"{plan.required_prefill_response_num} prefill rank(s) (largest fanout {fanout})"
     )
 
 
@@ -549,20 +669,33 @@ def _print_dot(planner: PDTransferPlanner, ranks: Sequence[int]) -> None:
 
 
 def _suggestion(args: argparse.Namespace, shape: ModelShape) -> str:
-    """TP sizes that would work with the other side as given."""
-    sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    """What would work with the rest as given: DCP sizes when context parallelism is in play,
+    else TP sizes."""
     deployment = Deployment.from_args(args)
 
-    def works(prefill_tp: int, decode_tp: int) -> bool:
+    def works(**changed: int) -> bool:
         try:
-            replace(deployment, prefill_tp=prefill_tp, decode_tp=decode_tp).planner(shape)
+            replace(deployment, **changed).planner(shape)  # type: ignore[arg-type]
         except UnsupportedPDLayoutError:
             return False
         return True
 
-    decode = [n for n in sizes if works(args.prefill_tp, n)]
-    prefill = [n for n in sizes if works(n, args.decode_tp)]
     parts = []
+    spread = ("prefill_cp", "decode_cp", "prefill_dcp", "decode_dcp")
+    if any(getattr(args, name) > 1 for name in spread):
+        for side in ("decode", "prefill"):
+            tp = getattr(args, f"{side}_tp")
+            if getattr(args, f"{side}_dcp") > 1:
+                divisors = [n for n in range(2, tp + 1) if tp % n == 0]
+                dcp = [n for n in divisors if works(**{f"{side}_dcp": n})]
+                if dcp:
+                    parts.append(f"{side} DCP {', '.join(map(str, dcp))}")
+        if not parts and works(**dict.fromkeys(spread, 1)):
+            parts.append("the same TP sizes without context parallelism")
+        return "; would work: " + " or ".join(parts) if parts else ""
+    sizes = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    decode = [n for n in sizes if works(decode_tp=n)]
+    prefill = [n for n in sizes if works(prefill_tp=n)]
     if decode:
         parts.append(f"decode TP {', '.join(map(str, decode))} with prefill TP {args.prefill_tp}")
     if prefill:
@@ -648,6 +781,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(line)
             kind = planner.plan_for_decode_rank(0).plan_kind
             print(f"supported: {kind} plan, {len(planner.prefill_buffers)} buffers, verified")
+            if line := _context_line(planner):
+                print(line)
             print(_request_line(planner))
             if note := _idle_note(planner):
                 print(f"note: {note}")

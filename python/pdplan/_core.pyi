@@ -50,6 +50,7 @@ __all__ = [
     "model_shape_parts",
     "model_summary",
     "rank_coordinates",
+    "rank_token_share",
     "token_owners",
     "token_slots",
     "transfer_descriptors",
@@ -79,6 +80,7 @@ class UnsupportedPDLayoutError(ValueError):
 
 def check_parallel_layout(layout: ParallelLayout) -> int: ...
 def rank_coordinates(layout: ParallelLayout, rank: int) -> tuple[int, int, int, int]: ...
+def rank_token_share(layout: ParallelLayout, rank: int) -> tuple[int, int]: ...
 def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
 def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
@@ -126,6 +128,10 @@ def model_buffers(
     kv_layout: str | None = None,
     prefill_stages: int | None = None,
     decode_stages: int | None = None,
+    prefill_cp: int | None = None,
+    prefill_dcp: int | None = None,
+    decode_cp: int | None = None,
+    decode_dcp: int | None = None,
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...
 def vllm_layer_partition(layers: int, pp_size: int) -> list[int]: ...
 def buffers_from_item_lengths(

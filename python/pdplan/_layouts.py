@@ -262,6 +262,11 @@ def model_buffer_layouts(
     kv_layout: Literal["HND", "NHD"] = "HND",
     prefill_pp: int = 1,
     decode_pp: int = 1,
+    *,
+    prefill_cp: int = 1,
+    decode_cp: int = 1,
+    prefill_dcp: int = 1,
+    decode_dcp: int = 1,
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]:
     """The matching prefill and decode ``BufferLayout`` tuples of a model at two TP sizes.
 
@@ -271,8 +276,24 @@ def model_buffer_layouts(
     layer (``BufferLayout.layer``); draft-model buffers sit on the last layer (the last stage).
     Pipeline stages split ``shape.num_layers`` layers: when the model's last layers keep no
     cache (an MLP layer ends Nemotron-H), give the layouts a ``pp_layer_partition`` of that
-    many layers (``vllm_layer_partition(shape.num_layers, pp)`` for vLLM's)."""
-    return _core.model_buffers(shape, prefill_tp, decode_tp, kv_layout, prefill_pp, decode_pp)
+    many layers (``vllm_layer_partition(shape.num_layers, pp)`` for vLLM's).
+
+    With context parallelism (``*_cp`` CP ranks of their own, ``*_dcp`` DCP ranks inside TP, as
+    in ``ParallelLayout``) the buffers are the same (each CP rank is a TP group of its own),
+    but a side with CP cannot hold state layers (refused, naming the layer) and its DCP size
+    must divide every attention layer's KV-head replica group."""
+    return _core.model_buffers(
+        shape,
+        prefill_tp,
+        decode_tp,
+        kv_layout,
+        prefill_pp,
+        decode_pp,
+        prefill_cp,
+        prefill_dcp,
+        decode_cp,
+        decode_dcp,
+    )
 
 
 def buffer_layouts_from_item_lengths(

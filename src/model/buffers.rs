@@ -5,12 +5,13 @@
 //! model's sit on the last layer (so the last stage), where speculative decoding runs them.
 //! KV pages are head-major (HND) or token-major (NHD: a row per token).
 
-#[cfg(test)]
-use super::layers::Layer;
-use super::layers::{attention, AttentionShape, Cache};
+use super::layers::{attention, AttentionShape, Cache, Layer};
 use super::shape::{check_layer_count, KvLayout, ModelShape};
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, MAX_STAGES, MAX_WORLD_SIZE};
+use crate::layout::{
+    BufferKind, BufferLayout, ContextParallel, ParallelLayout, Role, MAX_STAGES, MAX_WORLD_SIZE,
+};
+use crate::pairs::validate_context;
 
 /// Both sides' buffers for `shape`: prefill at TP `prefill_tp` with `prefill_pp` stages, decode
 /// likewise.
@@ -19,16 +20,50 @@ pub fn pair_buffers(
     (prefill_tp, decode_tp): (u64, u64),
     (prefill_stages, decode_stages): (u64, u64),
     kv_layout: KvLayout,
+    contexts: [ContextParallel; 2],
 ) -> PlanResult<(Vec<BufferLayout>, Vec<BufferLayout>)> {
     for (name, pp) in [("prefill_pp", prefill_stages), ("decode_pp", decode_stages)] {
         if pp == 0 || pp > MAX_STAGES {
             bail!("{name}={pp} must be between 1 and {MAX_STAGES}");
         }
     }
-    let side = |tp, role: &str| {
-        model_buffers(shape, tp, kv_layout).map_err(|e| PlanError::new(format!("{role} side: {e}")))
+    let side = |tp, role: Role, context| {
+        let in_role = |e: PlanError| PlanError::new(format!("{} side: {e}", role.as_str()));
+        let buffers = model_buffers(shape, tp, kv_layout).map_err(in_role)?;
+        check_context(shape, role, (tp, context), &buffers)?;
+        Ok::<_, PlanError>(buffers)
     };
-    Ok((side(prefill_tp, "prefill")?, side(decode_tp, "decode")?))
+    let [prefill, decode] = contexts;
+    Ok((
+        side(prefill_tp, Role::Prefill, prefill)?,
+        side(decode_tp, Role::Decode, decode)?,
+    ))
+}
+
+/// One side's buffers can be held with its context parallelism: the planner's rules, the
+/// error naming the model layer.
+fn check_context(
+    shape: &ModelShape,
+    role: Role,
+    (tp, context): (u64, ContextParallel),
+    buffers: &[BufferLayout],
+) -> PlanResult<()> {
+    if !context.is_active() {
+        return Ok(());
+    }
+    let world = tp.saturating_mul(context.cp_size);
+    let layout = ParallelLayout::with_context(role, (world, 1, 1), None, context)?;
+    for buffer in buffers {
+        validate_context(&layout, buffer).map_err(|e| {
+            let layer = buffer.layer.unwrap_or(0);
+            let label = usize::try_from(layer)
+                .ok()
+                .and_then(|at| shape.layers.get(at))
+                .map_or_else(|| "?".to_owned(), Layer::label);
+            PlanError::new(format!("layer {layer} ({label}): {e}"))
+        })?;
+    }
+    Ok(())
 }
 
 /// The buffers one side (TP size `tp`) holds for `shape`, in the documented order.

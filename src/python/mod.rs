@@ -67,6 +67,19 @@ fn rank_coordinates(
     Ok((at.dp_group, at.stage, at.cp_rank, at.tp_rank))
 }
 
+/// Which share of a request's tokens rank `rank` of a layout holds: (ranks the tokens are
+/// dealt over, its index among them), for `token_slots(cp_size=, cp_rank=)`.
+#[pyfunction]
+fn rank_token_share(layout: &Bound<'_, PyAny>, rank: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+    let convert = || -> Converted<_> {
+        let layout = parallel_layout(layout)?;
+        let at = layout.rank_coord(int_arg(rank, "rank")?)?;
+        let context = layout.context();
+        Ok((context.ways(), context.share_index(at.slot())))
+    };
+    convert().map_err(to_py_err)
+}
+
 /// Validates a `BufferLayout` (called from its `__post_init__`).
 #[pyfunction]
 fn check_buffer_layout(buffer: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -363,6 +376,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
     m.add_function(wrap_pyfunction!(token_slots, m)?)?;
     m.add_function(wrap_pyfunction!(token_owners, m)?)?;
+    m.add_function(wrap_pyfunction!(rank_token_share, m)?)?;
     m.add("MAX_TOKENS", tokens::MAX_TOKENS)?;
     model::register(m)?;
     m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;

@@ -8,7 +8,7 @@ use pyo3::types::{PyDict, PyTuple};
 use super::convert::{each, item_lengths, model_shape, string_arg, to_u64, Converted};
 use super::objects::buffer_layout_object;
 use super::to_py_err;
-use crate::layout::BufferLayout;
+use crate::layout::{BufferLayout, ContextParallel};
 use crate::model;
 use crate::stages;
 
@@ -29,7 +29,8 @@ fn layout_tuples(
 
 /// Both sides' buffers for a model shape at two TP sizes (and pipeline stage counts).
 #[pyfunction]
-#[pyo3(signature = (shape, prefill_tp, decode_tp, kv_layout=None, prefill_stages=None, decode_stages=None))]
+#[pyo3(signature = (shape, prefill_tp, decode_tp, kv_layout=None, prefill_stages=None, decode_stages=None, prefill_cp=None, prefill_dcp=None, decode_cp=None, decode_dcp=None))]
+#[allow(clippy::too_many_arguments, clippy::similar_names)] // the Python function's arguments
 fn model_buffers<'py>(
     py: Python<'py>,
     shape: &Bound<'py, PyAny>,
@@ -38,8 +39,23 @@ fn model_buffers<'py>(
     kv_layout: Option<&Bound<'py, PyAny>>,
     prefill_stages: Option<&Bound<'py, PyAny>>,
     decode_stages: Option<&Bound<'py, PyAny>>,
+    prefill_cp: Option<&Bound<'py, PyAny>>,
+    prefill_dcp: Option<&Bound<'py, PyAny>>,
+    decode_cp: Option<&Bound<'py, PyAny>>,
+    decode_dcp: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
     let pp = |value: Option<&Bound<'py, PyAny>>, name| value.map_or(Ok(1), |v| to_u64(v, name));
+    let context = |cp, dcp| -> Converted<ContextParallel> {
+        Ok(ContextParallel {
+            cp_size: pp(cp, "cp_size")?,
+            dcp_size: pp(dcp, "dcp_size")?,
+            ..ContextParallel::NONE
+        })
+    };
+    let contexts = [
+        context(prefill_cp, prefill_dcp).map_err(to_py_err)?,
+        context(decode_cp, decode_dcp).map_err(to_py_err)?,
+    ];
     let convert = || -> Converted<_> {
         let kv_layout = match kv_layout {
             None => model::KvLayout::Hnd,
@@ -60,7 +76,7 @@ fn model_buffers<'py>(
     };
     let (shape, tp, pp, kv_layout) = convert().map_err(to_py_err)?;
     let buffers = py
-        .detach(|| model::pair_buffers(&shape, tp, pp, kv_layout))
+        .detach(|| model::pair_buffers(&shape, tp, pp, kv_layout, contexts))
         .map_err(to_py_err)?;
     layout_tuples(py, buffers)
 }
