@@ -32,7 +32,7 @@ def instructions(script: str, args: Sequence[str], count: int) -> float:
                 ],
                 capture_output=True,
                 text=True,
-                env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
                 check=True,
             )
             line = next(x for x in done.stderr.splitlines() if "Collected" in x)

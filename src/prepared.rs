@@ -9,7 +9,7 @@ pub use crate::descriptors::Buffers;
 use crate::descriptors::{self, place_all, validate_all, Descriptors, Placed};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-use crate::tokens::{build_tokens, place_tokens, untokenized, TokenPlaced};
+use crate::tokens::{place_tokens, plan_tokens_of, untokenized, PlannedTokens, TokenPlaced};
 
 /// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,6 +101,19 @@ impl Prepared {
         selection: &Selection,
         coalesce: bool,
     ) -> PlanResult<Descriptors> {
+        Ok(self
+            .plan_token_descriptors(src_slots, dst_slots, selection, coalesce)?
+            .write())
+    }
+
+    /// `token_descriptors` checked and planned, not yet written (`PlannedTokens::write`).
+    pub fn plan_token_descriptors(
+        &self,
+        src_slots: &[i64],
+        dst_slots: &[i64],
+        selection: &Selection,
+        coalesce: bool,
+    ) -> PlanResult<PlannedTokens<'_>> {
         let any_tokenized = self.tokens.iter().any(Option::is_some);
         let mut chosen = Vec::with_capacity(self.tokens.len());
         for (position, _) in self.selected(selection) {
@@ -111,7 +124,7 @@ impl Prepared {
                 return untokenized(position, &f, any_tokenized);
             }
         }
-        build_tokens(&chosen, src_slots, dst_slots, coalesce)
+        plan_tokens_of(chosen, src_slots, dst_slots, coalesce)
     }
 
     pub fn fragments(&self) -> &[Fragment] {

@@ -41,10 +41,18 @@ struct Segments {
     tokens: u64,
     largest_src_page: u64,
     largest_dst_page: u64,
+    /// Some slot scanned may be below -1 (`slot + 1` was negative): check them properly.
+    suspicious: bool,
 }
 
 /// Two slot maps of one request: as long as each other, every entry -1 or a slot.
 pub fn check_slot_maps(src: &[i64], dst: &[i64]) -> PlanResult<()> {
+    check_slot_lengths(src, dst)?;
+    check_slot_values(src, dst)
+}
+
+/// Two slot maps as long as each other, within the limit.
+fn check_slot_lengths(src: &[i64], dst: &[i64]) -> PlanResult<()> {
     if src.len() != dst.len() {
         bail!(
             "src_slots has {} entries and dst_slots {}; entry t of each is token t's slot on \
@@ -59,6 +67,11 @@ pub fn check_slot_maps(src: &[i64], dst: &[i64]) -> PlanResult<()> {
             src.len()
         );
     }
+    Ok(())
+}
+
+/// Every entry -1 or a slot.
+fn check_slot_values(src: &[i64], dst: &[i64]) -> PlanResult<()> {
     for (name, slots) in [("src_slots", src), ("dst_slots", dst)] {
         // `slot + 1` is negative for every slot below -1 (and wraps for i64::MAX): one OR over
         // the map, which vectorises, clears most maps without a search.
@@ -80,45 +93,176 @@ pub fn check_slot_maps(src: &[i64], dst: &[i64]) -> PlanResult<()> {
     Ok(())
 }
 
-/// The segments of checked slot maps, for pages of `src_size` and `dst_size` tokens.
-fn segments(src: &[i64], dst: &[i64], (src_size, dst_size): (u64, u64)) -> Segments {
+/// Tokens `segments` looks at together when skipping tokens one side lacks.
+const BLOCK: usize = 16;
+
+/// The segments of slot maps of equal length, for pages of `src_size` and `dst_size` tokens.
+fn segments(src: &[i64], dst: &[i64], sizes: (u64, u64)) -> Segments {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: `segments_avx2` needs only that the CPU has AVX2, detected just now.
+        return unsafe { segments_avx2(src, dst, sizes) };
+    }
+    segments_in_blocks(src, dst, sizes)
+}
+
+/// `segments_in_blocks` compiled for AVX2, whose block tests then run four slots a lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn segments_avx2(src: &[i64], dst: &[i64], sizes: (u64, u64)) -> Segments {
+    segments_in_blocks(src, dst, sizes)
+}
+
+// Always inlined, so that `segments_avx2` compiles the whole scan for AVX2.
+#[allow(clippy::inline_always)]
+#[inline(always)]
+fn segments_in_blocks(src: &[i64], dst: &[i64], (src_size, dst_size): (u64, u64)) -> Segments {
     let mut out = Segments::default();
     let mut open: Option<Segment> = None;
     // The previous token's slots: a token continues the open segment when both slots advance
     // by one and stay inside their pages, which needs no division.
     let (mut last_src, mut last_dst) = (-2i64, -2i64);
-    for (&s, &d) in src.iter().zip(dst) {
-        if s < 0 || d < 0 {
-            out.list.extend(open.take());
+    // Tokens one side lacks (-1) come in long runs under context parallelism (7 of 8 under
+    // DCP 8): whole blocks of them are skipped at once (`s | d` is negative iff either is).
+    let blocks = src.chunks_exact(BLOCK).zip(dst.chunks_exact(BLOCK));
+    let tail = src.len() - src.len() % BLOCK;
+    for (s_block, d_block) in blocks {
+        // Fixed-size blocks, so the test unrolls into a few vector instructions.
+        let (Ok(s_block), Ok(d_block)) = (
+            <&[i64; BLOCK]>::try_from(s_block),
+            <&[i64; BLOCK]>::try_from(d_block),
+        ) else {
+            continue;
+        };
+        let (lacking, odd) = block_flags(s_block, d_block);
+        out.suspicious |= odd;
+        if lacking {
+            if let Some(seg) = open.take() {
+                out.list.push(seg);
+            }
             continue;
         }
-        out.tokens += 1;
-        let follows = s == last_src.wrapping_add(1) && d == last_dst.wrapping_add(1);
-        (last_src, last_dst) = (s, d);
-        if let Some(seg) = open.as_mut() {
-            if follows
-                && seg.src_position + seg.tokens < src_size
-                && seg.dst_position + seg.tokens < dst_size
-            {
-                seg.tokens += 1;
-                continue;
-            }
-            out.list.push(*seg);
+        // A block whose slots advance by one on both sides (tokens held in order, the usual
+        // case) joins or starts a segment with its first token and extends it by the rest at
+        // once when both pages have room: the same segments as token by token.
+        let (s0, d0) = (s_block[0], d_block[0]);
+        let mut advancing = s0 >= 0 && d0 >= 0;
+        for i in 1..BLOCK {
+            let step = i64::try_from(i).unwrap_or(0);
+            advancing &= s_block[i] == s0.wrapping_add(step) && d_block[i] == d0.wrapping_add(step);
         }
-        let (s, d) = (s.unsigned_abs(), d.unsigned_abs());
-        let (src_page, dst_page) = (s / src_size, d / dst_size);
-        out.largest_src_page = out.largest_src_page.max(src_page);
-        out.largest_dst_page = out.largest_dst_page.max(dst_page);
-        open = Some(Segment {
-            src_page,
-            src_position: s % src_size,
-            dst_page,
-            dst_position: d % dst_size,
-            tokens: 1,
-        });
+        if advancing {
+            segment_step(
+                &mut out,
+                &mut open,
+                (&mut last_src, &mut last_dst),
+                (s0, d0),
+                (src_size, dst_size),
+            );
+            let rest = BLOCK as u64 - 1;
+            if let Some(seg) = open.as_mut() {
+                let end = seg.tokens + rest;
+                if seg.src_position + end <= src_size && seg.dst_position + end <= dst_size {
+                    seg.tokens = end;
+                    out.tokens += rest;
+                    (last_src, last_dst) = (s_block[BLOCK - 1], d_block[BLOCK - 1]);
+                    continue;
+                }
+            }
+            for (&s, &d) in s_block.iter().zip(d_block).skip(1) {
+                segment_step(
+                    &mut out,
+                    &mut open,
+                    (&mut last_src, &mut last_dst),
+                    (s, d),
+                    (src_size, dst_size),
+                );
+            }
+            continue;
+        }
+        for (&s, &d) in s_block.iter().zip(d_block) {
+            segment_step(
+                &mut out,
+                &mut open,
+                (&mut last_src, &mut last_dst),
+                (s, d),
+                (src_size, dst_size),
+            );
+        }
+    }
+    for (&s, &d) in src[tail..].iter().zip(&dst[tail..]) {
+        out.suspicious |= (s.wrapping_add(1) | d.wrapping_add(1)) < 0;
+        segment_step(
+            &mut out,
+            &mut open,
+            (&mut last_src, &mut last_dst),
+            (s, d),
+            (src_size, dst_size),
+        );
     }
     out.list.extend(open);
     out
+}
+
+/// Of one block: whether every token lacks a slot on one side (`s | d` is negative iff either
+/// is, so their bitwise AND is negative iff every token lacks one), and whether some slot may
+/// be below -1 (`slot + 1` negative; `check_slot_values` says which). One pass, in lanes.
+#[allow(clippy::inline_always)] // part of the scan `segments_avx2` compiles for AVX2
+#[inline(always)]
+fn block_flags(src: &[i64; BLOCK], dst: &[i64; BLOCK]) -> (bool, bool) {
+    let (mut lacking, mut odd) = ([-1i64; 4], [0i64; 4]);
+    for (s, d) in src.chunks_exact(4).zip(dst.chunks_exact(4)) {
+        for (((lack, odd), &s), &d) in lacking.iter_mut().zip(&mut odd).zip(s).zip(d) {
+            *lack &= s | d;
+            *odd |= s.wrapping_add(1) | d.wrapping_add(1);
+        }
+    }
+    (
+        (lacking[0] & lacking[1] & lacking[2] & lacking[3]) < 0,
+        (odd[0] | odd[1] | odd[2] | odd[3]) < 0,
+    )
+}
+
+/// One token of `segments`: it continues the open segment, starts a new one, or (a slot of
+/// -1 on either side) closes it.
+#[inline]
+fn segment_step(
+    out: &mut Segments,
+    open: &mut Option<Segment>,
+    (last_src, last_dst): (&mut i64, &mut i64),
+    (s, d): (i64, i64),
+    (src_size, dst_size): (u64, u64),
+) {
+    if s < 0 || d < 0 {
+        if let Some(seg) = open.take() {
+            out.list.push(seg);
+        }
+        return;
+    }
+    out.tokens += 1;
+    let follows = s == last_src.wrapping_add(1) && d == last_dst.wrapping_add(1);
+    (*last_src, *last_dst) = (s, d);
+    if let Some(seg) = open.as_mut() {
+        if follows
+            && seg.src_position + seg.tokens < src_size
+            && seg.dst_position + seg.tokens < dst_size
+        {
+            seg.tokens += 1;
+            return;
+        }
+        out.list.push(*seg);
+    }
+    let (s, d) = (s.unsigned_abs(), d.unsigned_abs());
+    let (src_page, dst_page) = (s / src_size, d / dst_size);
+    out.largest_src_page = out.largest_src_page.max(src_page);
+    out.largest_dst_page = out.largest_dst_page.max(dst_page);
+    *open = Some(Segment {
+        src_page,
+        src_position: s % src_size,
+        dst_page,
+        dst_position: d % dst_size,
+        tokens: 1,
+    });
 }
 
 /// One side of a placed token fragment.
@@ -437,6 +581,8 @@ struct Request {
     which: Vec<usize>,
     counts: Vec<u64>,
     total: u64,
+    /// The segments scanned every slot from token 0 and found none below -1.
+    values_cleared: bool,
 }
 
 impl Request {
@@ -513,11 +659,14 @@ impl Request {
             which.push(template);
             counts.push(count);
         }
+        let values_cleared = by_sizes.iter().any(|((_, first), _)| *first == 0)
+            && by_sizes.iter().all(|(_, segments)| !segments.suspicious);
         Ok(Self {
             templates,
             which,
             counts,
             total,
+            values_cleared,
         })
     }
 }
@@ -530,13 +679,71 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
     dst_slots: &[i64],
     coalesce: bool,
 ) -> PlanResult<Descriptors> {
-    check_slot_maps(src_slots, dst_slots)?;
+    Ok(plan_tokens(placed, src_slots, dst_slots, coalesce)?.write())
+}
+
+/// One request's token descriptors checked and planned, not yet written: everything that
+/// reads the slot maps (checks, segments, templates) is done, so the maps may go before the
+/// descriptors are written (the binding reads them in place, then writes without the GIL).
+pub struct PlannedTokens<'a> {
+    placed: Vec<&'a TokenPlaced>,
+    request: Request,
+    coalesce: bool,
+}
+
+/// Checks and plans one request's token descriptors over `placed`, or refuses.
+pub fn plan_tokens<'a, P: Borrow<TokenPlaced>>(
+    placed: &'a [P],
+    src_slots: &[i64],
+    dst_slots: &[i64],
+    coalesce: bool,
+) -> PlanResult<PlannedTokens<'a>> {
+    let placed = placed.iter().map(Borrow::borrow).collect();
+    plan_tokens_of(placed, src_slots, dst_slots, coalesce)
+}
+
+/// `plan_tokens` over fragments already chosen by reference.
+pub fn plan_tokens_of<'a>(
+    placed: Vec<&'a TokenPlaced>,
+    src_slots: &[i64],
+    dst_slots: &[i64],
+    coalesce: bool,
+) -> PlanResult<PlannedTokens<'a>> {
+    check_slot_lengths(src_slots, dst_slots)?;
+    // Segments treat every negative slot as lacking, and note any below -1 as they scan; the
+    // values are checked (and a bad one named) only when the scan did not clear them all.
+    let request = Request::of(&placed, (src_slots, dst_slots), coalesce)
+        .map_err(|e| check_slot_values(src_slots, dst_slots).err().unwrap_or(e))?;
+    if !request.values_cleared {
+        check_slot_values(src_slots, dst_slots)?;
+    }
+    Ok(PlannedTokens {
+        placed,
+        request,
+        coalesce,
+    })
+}
+
+impl PlannedTokens<'_> {
+    /// How many descriptors `write` makes at most (before merging across fragments).
+    pub const fn total(&self) -> u64 {
+        self.request.total
+    }
+
+    /// The descriptors.
+    pub fn write(self) -> Descriptors {
+        write_planned(&self.placed, self.request, self.coalesce)
+    }
+}
+
+fn write_planned(placed: &[&TokenPlaced], request: Request, coalesce: bool) -> Descriptors {
     let Request {
         templates,
         which,
         counts,
         total,
-    } = Request::of(placed, (src_slots, dst_slots), coalesce)?;
+        ..
+    } = request;
     let capacity = usize::try_from(total).unwrap_or(0);
     let mut out = Descriptors {
         src_addrs: Vec::with_capacity(capacity),
@@ -545,7 +752,7 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
     };
     let jobs: Vec<(&TokenPlaced, &Template)> = placed
         .iter()
-        .map(Borrow::borrow)
+        .copied()
         .zip(&which)
         .map(|(p, &at)| (p, &templates[at].1))
         .collect();
@@ -590,7 +797,7 @@ pub fn build_tokens<P: Borrow<TokenPlaced>>(
         out.dst_addrs.set_len(kept);
         out.lengths.set_len(kept);
     }
-    Ok(out)
+    out
 }
 
 type Columns<'a> = (

@@ -20,6 +20,10 @@ type Pair<'py, T> = (Bound<'py, T>, Bound<'py, T>);
 
 /// Above this many descriptors a request is built with the GIL released.
 const DETACH_FROM: u64 = 1 << 14;
+/// Slot maps up to this many tokens, int64 and contiguous, are read in place with the GIL
+/// held (a scan of tens of microseconds, cheaper than copying them into fresh memory); longer
+/// ones are copied and read without it.
+const READ_IN_PLACE_UP_TO: usize = 1 << 20;
 /// Above this many payload bytes frames are parsed with the GIL released.
 const DETACH_PAYLOAD_FROM: usize = 1 << 16;
 
@@ -156,14 +160,36 @@ impl PyPrepared {
         buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let chosen = selection(buffers).map_err(to_py_err)?;
+        let in_place = |slots: &Bound<'py, PyAny>| {
+            let array = slots.cast::<PyArray1<i64>>().ok()?.try_readonly().ok()?;
+            let short = array.as_slice().ok()?.len() <= READ_IN_PLACE_UP_TO;
+            short.then_some(array)
+        };
+        let (src_array, dst_array) = (in_place(src_slots), in_place(dst_slots));
+        let slices = (
+            src_array.as_ref().and_then(|a| a.as_slice().ok()),
+            dst_array.as_ref().and_then(|a| a.as_slice().ok()),
+        );
+        if let (Some(src), Some(dst)) = slices {
+            let planned = self
+                .inner
+                .plan_token_descriptors(src, dst, &chosen, coalesce)
+                .map_err(to_py_err)?;
+            let made = if planned.total() > DETACH_FROM {
+                py.detach(|| planned.write())
+            } else {
+                planned.write()
+            };
+            return descriptors_object(py, made);
+        }
         let convert = || -> Converted<_> {
             Ok((
                 i64_column(src_slots, "src_slots")?,
                 i64_column(dst_slots, "dst_slots")?,
-                selection(buffers)?,
             ))
         };
-        let (src, dst, chosen) = convert().map_err(to_py_err)?;
+        let (src, dst) = convert().map_err(to_py_err)?;
         let request = || self.inner.token_descriptors(&src, &dst, &chosen, coalesce);
         let made = if src.len() as u64 * self.inner.fragments().len() as u64 > DETACH_FROM {
             py.detach(request)
