@@ -881,12 +881,16 @@ pub fn token_slots(
     }
     let mut slots = vec![-1i64; usize::try_from(num_tokens).unwrap_or(0)];
     let size = i64::try_from(page_size).unwrap_or(i64::MAX);
+    let whole = share.is_whole();
     for t in (start..stop).step_by(usize::try_from(step).unwrap_or(usize::MAX)) {
         let token = t.unsigned_abs();
-        if !share.holds(token, num_tokens) {
+        let local = if whole {
+            t
+        } else if share.holds(token, num_tokens) {
+            i64::try_from(share.deal.local_index(token, num_tokens)).unwrap_or(i64::MAX)
+        } else {
             continue;
-        }
-        let local = i64::try_from(share.deal.local_index(token, num_tokens)).unwrap_or(i64::MAX);
+        };
         let (page, position) = (local / size, local % size);
         let Some(&entry) = usize::try_from(page).ok().and_then(|p| page_table.get(p)) else {
             bail!(
