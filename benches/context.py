@@ -15,8 +15,6 @@ this shared machine). Writes benches/results/context.md.
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from pdplan import (
 )
 
 import callgrind
+from tokens import best_of, fmt
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOKENS = 32768
@@ -39,20 +38,6 @@ LAYERS = 61
 LATENT = 576 * 2  # bytes of a token's latent
 PAGE = 64
 TP = 8
-
-
-def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    result = fn()
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - started)
-    return min(times), result
-
-
-def fmt(seconds: float) -> str:
-    return f"{seconds * 1e6:,.0f} µs" if seconds < 1e-3 else f"{seconds * 1e3:,.2f} ms"
 
 
 def scattered(pages: int, seed: int) -> np.ndarray:

@@ -680,14 +680,15 @@ class RankServer:
         raise ValueError(f"unknown message {kind!r}")
 
 
-def _serve(scenario: Scenario, role: str, rank: int, conn: Any, engine: str) -> None:
-    """A rank process: answer messages until told to stop."""
+def _answer(conn: Any, start: Callable[[], Callable[[Any], Any]]) -> None:
+    """A rank process's loop: build its handler (`start`), say whether that worked, then
+    answer messages until told to stop."""
     import os
 
     os.environ.setdefault("GLOG_minloglevel", "2")  # Mooncake's info logging, before it loads
     os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
     try:
-        server = RankServer(scenario, role, rank, make_engine(engine, role, rank))
+        handle = start()
         conn.send(("ok", None))
     except BaseException as exc:
         conn.send(("error", repr(exc)))
@@ -697,34 +698,26 @@ def _serve(scenario: Scenario, role: str, rank: int, conn: Any, engine: str) -> 
         if message[0] == "stop":
             return
         try:
-            conn.send(("ok", server.handle(message)))
+            conn.send(("ok", handle(message)))
         except BaseException as exc:
             conn.send(("error", repr(exc)))
+
+
+def _serve(scenario: Scenario, role: str, rank: int, conn: Any, engine: str) -> None:
+    """A rank process: one rank, its own engine."""
+    _answer(conn, lambda: RankServer(scenario, role, rank, make_engine(engine, role, rank)).handle)
 
 
 def _serve_side(scenario: Scenario, role: str, ranks: list[int], conn: Any, engine: str) -> None:
-    """A process hosting every rank of one side, with one engine they share: answer
-    `(rank, message)` until told to stop."""
-    import os
+    """A process hosting every rank of one side, with one engine they share: messages are
+    `(rank, message)`."""
 
-    os.environ.setdefault("GLOG_minloglevel", "2")
-    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
-    try:
+    def start() -> Callable[[Any], Any]:
         shared = make_engine(engine, role, 0)
         servers = {rank: RankServer(scenario, role, rank, shared) for rank in ranks}
-        conn.send(("ok", None))
-    except BaseException as exc:
-        conn.send(("error", repr(exc)))
-        return
-    while True:
-        message = conn.recv()
-        if message[0] == "stop":
-            return
-        rank, inner = message
-        try:
-            conn.send(("ok", servers[rank].handle(inner)))
-        except BaseException as exc:
-            conn.send(("error", repr(exc)))
+        return lambda message: servers[message[0]].handle(message[1])
+
+    _answer(conn, start)
 
 
 class ProcessRank:

@@ -116,18 +116,14 @@ unsafe fn segments_avx2(src: &[i64], dst: &[i64], sizes: (u64, u64)) -> Segments
 // Always inlined, so that `segments_avx2` compiles the whole scan for AVX2.
 #[allow(clippy::inline_always)]
 #[inline(always)]
-fn segments_in_blocks(src: &[i64], dst: &[i64], (src_size, dst_size): (u64, u64)) -> Segments {
-    let mut out = Segments::default();
-    let mut open: Option<Segment> = None;
-    // The previous token's slots: a token continues the open segment when both slots advance
-    // by one and stay inside their pages, which needs no division.
-    let (mut last_src, mut last_dst) = (-2i64, -2i64);
+fn segments_in_blocks(src: &[i64], dst: &[i64], sizes: (u64, u64)) -> Segments {
+    let mut scan = Scan::new(sizes);
     // Tokens one side lacks (-1) come in long runs under context parallelism (7 of 8 under
-    // DCP 8): whole blocks of them are skipped at once (`s | d` is negative iff either is).
+    // DCP 8): whole blocks of them are skipped at once.
     let blocks = src.chunks_exact(BLOCK).zip(dst.chunks_exact(BLOCK));
     let tail = src.len() - src.len() % BLOCK;
     for (s_block, d_block) in blocks {
-        // Fixed-size blocks, so the test unrolls into a few vector instructions.
+        // Fixed-size blocks, so the tests unroll into a few vector instructions.
         let (Ok(s_block), Ok(d_block)) = (
             <&[i64; BLOCK]>::try_from(s_block),
             <&[i64; BLOCK]>::try_from(d_block),
@@ -135,73 +131,44 @@ fn segments_in_blocks(src: &[i64], dst: &[i64], (src_size, dst_size): (u64, u64)
             continue;
         };
         let (lacking, odd) = block_flags(s_block, d_block);
-        out.suspicious |= odd;
+        scan.out.suspicious |= odd;
         if lacking {
-            if let Some(seg) = open.take() {
-                out.list.push(seg);
-            }
-            continue;
-        }
-        // A block whose slots advance by one on both sides (tokens held in order, the usual
-        // case) joins or starts a segment with its first token and extends it by the rest at
-        // once when both pages have room: the same segments as token by token.
-        let (s0, d0) = (s_block[0], d_block[0]);
-        let mut advancing = s0 >= 0 && d0 >= 0;
-        for i in 1..BLOCK {
-            let step = i64::try_from(i).unwrap_or(0);
-            advancing &= s_block[i] == s0.wrapping_add(step) && d_block[i] == d0.wrapping_add(step);
-        }
-        if advancing {
-            segment_step(
-                &mut out,
-                &mut open,
-                (&mut last_src, &mut last_dst),
-                (s0, d0),
-                (src_size, dst_size),
-            );
-            let rest = BLOCK as u64 - 1;
-            if let Some(seg) = open.as_mut() {
-                let end = seg.tokens + rest;
-                if seg.src_position + end <= src_size && seg.dst_position + end <= dst_size {
-                    seg.tokens = end;
-                    out.tokens += rest;
-                    (last_src, last_dst) = (s_block[BLOCK - 1], d_block[BLOCK - 1]);
-                    continue;
+            scan.close();
+        } else if advancing(s_block, d_block) {
+            // Slots advancing by one on both sides (tokens held in order, the usual case):
+            // the first token joins or starts a segment, the rest extend it at once when both
+            // pages have room. The same segments as token by token.
+            scan.token(s_block[0], d_block[0]);
+            let last = (s_block[BLOCK - 1], d_block[BLOCK - 1]);
+            if !scan.extend(BLOCK as u64 - 1, last) {
+                for (&s, &d) in s_block.iter().zip(d_block).skip(1) {
+                    scan.token(s, d);
                 }
             }
-            for (&s, &d) in s_block.iter().zip(d_block).skip(1) {
-                segment_step(
-                    &mut out,
-                    &mut open,
-                    (&mut last_src, &mut last_dst),
-                    (s, d),
-                    (src_size, dst_size),
-                );
+        } else {
+            for (&s, &d) in s_block.iter().zip(d_block) {
+                scan.token(s, d);
             }
-            continue;
-        }
-        for (&s, &d) in s_block.iter().zip(d_block) {
-            segment_step(
-                &mut out,
-                &mut open,
-                (&mut last_src, &mut last_dst),
-                (s, d),
-                (src_size, dst_size),
-            );
         }
     }
     for (&s, &d) in src[tail..].iter().zip(&dst[tail..]) {
-        out.suspicious |= (s.wrapping_add(1) | d.wrapping_add(1)) < 0;
-        segment_step(
-            &mut out,
-            &mut open,
-            (&mut last_src, &mut last_dst),
-            (s, d),
-            (src_size, dst_size),
-        );
+        scan.out.suspicious |= (s.wrapping_add(1) | d.wrapping_add(1)) < 0;
+        scan.token(s, d);
     }
-    out.list.extend(open);
-    out
+    scan.finish()
+}
+
+/// Whether a block's slots are all set and advance by one on both sides.
+#[allow(clippy::inline_always)] // part of the scan `segments_avx2` compiles for AVX2
+#[inline(always)]
+fn advancing(src: &[i64; BLOCK], dst: &[i64; BLOCK]) -> bool {
+    let (s0, d0) = (src[0], dst[0]);
+    let mut advancing = s0 >= 0 && d0 >= 0;
+    for i in 1..BLOCK {
+        let step = i64::try_from(i).unwrap_or(0);
+        advancing &= src[i] == s0.wrapping_add(step) && dst[i] == d0.wrapping_add(step);
+    }
+    advancing
 }
 
 /// Of one block: whether every token lacks a slot on one side (`s | d` is negative iff either
@@ -223,46 +190,92 @@ fn block_flags(src: &[i64; BLOCK], dst: &[i64; BLOCK]) -> (bool, bool) {
     )
 }
 
-/// One token of `segments`: it continues the open segment, starts a new one, or (a slot of
-/// -1 on either side) closes it.
-#[inline]
-fn segment_step(
-    out: &mut Segments,
-    open: &mut Option<Segment>,
-    (last_src, last_dst): (&mut i64, &mut i64),
-    (s, d): (i64, i64),
-    (src_size, dst_size): (u64, u64),
-) {
-    if s < 0 || d < 0 {
-        if let Some(seg) = open.take() {
-            out.list.push(seg);
+/// Segments being found, token by token: the one open, and the previous token's slots (a
+/// token continues the open segment when both slots advance by one and stay inside their
+/// pages, which needs no division).
+struct Scan {
+    out: Segments,
+    open: Option<Segment>,
+    last: (i64, i64),
+    sizes: (u64, u64),
+}
+
+#[allow(clippy::inline_always)] // part of the scan `segments_avx2` compiles for AVX2
+impl Scan {
+    fn new(sizes: (u64, u64)) -> Self {
+        Self {
+            out: Segments::default(),
+            open: None,
+            last: (-2, -2),
+            sizes,
         }
-        return;
     }
-    out.tokens += 1;
-    let follows = s == last_src.wrapping_add(1) && d == last_dst.wrapping_add(1);
-    (*last_src, *last_dst) = (s, d);
-    if let Some(seg) = open.as_mut() {
-        if follows
-            && seg.src_position + seg.tokens < src_size
-            && seg.dst_position + seg.tokens < dst_size
-        {
-            seg.tokens += 1;
+
+    /// Ends the open segment, if any.
+    #[inline(always)]
+    fn close(&mut self) {
+        if let Some(seg) = self.open.take() {
+            self.out.list.push(seg);
+        }
+    }
+
+    /// One token: it continues the open segment, starts a new one, or (a slot of -1 on
+    /// either side) closes it.
+    #[inline(always)]
+    fn token(&mut self, s: i64, d: i64) {
+        if s < 0 || d < 0 {
+            self.close();
             return;
         }
-        out.list.push(*seg);
+        let (src_size, dst_size) = self.sizes;
+        self.out.tokens += 1;
+        let follows = s == self.last.0.wrapping_add(1) && d == self.last.1.wrapping_add(1);
+        self.last = (s, d);
+        if let Some(seg) = self.open.as_mut() {
+            if follows
+                && seg.src_position + seg.tokens < src_size
+                && seg.dst_position + seg.tokens < dst_size
+            {
+                seg.tokens += 1;
+                return;
+            }
+            self.out.list.push(*seg);
+        }
+        let (s, d) = (s.unsigned_abs(), d.unsigned_abs());
+        let (src_page, dst_page) = (s / src_size, d / dst_size);
+        self.out.largest_src_page = self.out.largest_src_page.max(src_page);
+        self.out.largest_dst_page = self.out.largest_dst_page.max(dst_page);
+        self.open = Some(Segment {
+            src_page,
+            src_position: s % src_size,
+            dst_page,
+            dst_position: d % dst_size,
+            tokens: 1,
+        });
     }
-    let (s, d) = (s.unsigned_abs(), d.unsigned_abs());
-    let (src_page, dst_page) = (s / src_size, d / dst_size);
-    out.largest_src_page = out.largest_src_page.max(src_page);
-    out.largest_dst_page = out.largest_dst_page.max(dst_page);
-    *open = Some(Segment {
-        src_page,
-        src_position: s % src_size,
-        dst_page,
-        dst_position: d % dst_size,
-        tokens: 1,
-    });
+
+    /// Extends the open segment by `tokens` that follow it, the last at slots `last`, when
+    /// both its pages have room; whether it did.
+    #[inline(always)]
+    fn extend(&mut self, tokens: u64, last: (i64, i64)) -> bool {
+        let (src_size, dst_size) = self.sizes;
+        let Some(seg) = self.open.as_mut() else {
+            return false;
+        };
+        let end = seg.tokens + tokens;
+        if seg.src_position + end > src_size || seg.dst_position + end > dst_size {
+            return false;
+        }
+        seg.tokens = end;
+        self.out.tokens += tokens;
+        self.last = last;
+        true
+    }
+
+    fn finish(mut self) -> Segments {
+        self.close();
+        self.out
+    }
 }
 
 /// One side of a placed token fragment.
