@@ -34,6 +34,7 @@ from pdplan import (
     ParallelLayout,
     PDTransferPlanner,
     PreparedTransfer,
+    StagingPlan,
     encode_transfer_fragments,
 )
 
@@ -153,6 +154,9 @@ class Scenario:
     prefill_context: Context = field(default_factory=Context)
     decode_context: Context = field(default_factory=Context)
     exact_sources: bool = False  # plan for the request's length (num_tokens=...)
+    # Move each rank pair's request through registered staging buffers: the prefill rank
+    # packs, the engine moves one descriptor, the decode rank unpacks.
+    staging: bool = False
 
     @property
     def prefill(self) -> ParallelLayout:
@@ -588,6 +592,11 @@ class RankServer:
     engine: Any
     # A cache per buffer this rank's pipeline stage holds; None for other stages' layers.
     caches: list[np.ndarray | None] = field(default_factory=list)
+    # With staging: one registered buffer as large as the rank's caches (what a request to or
+    # from one rank pair can hold), the decode side's regions handed out per prefill rank,
+    # and the decode side's plans waiting to be unpacked.
+    staging: np.ndarray | None = None
+    staged: dict[int, tuple[StagingPlan, np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         s = self.scenario
@@ -605,6 +614,10 @@ class RankServer:
                 cache = np.full((s.capacity_pages, b.item_stride_bytes), GUARD, dtype=np.uint8)
             self.engine.register(cache.ctypes.data, cache.nbytes)
             self.caches.append(cache)
+        if s.staging:
+            held = sum(c.nbytes for c in self.caches if c is not None)
+            self.staging = np.zeros(max(held, 1), dtype=np.uint8)
+            self.engine.register(self.staging.ctypes.data, self.staging.nbytes)
 
     @property
     def bases(self) -> list[int]:
@@ -632,6 +645,34 @@ class RankServer:
         rest = prepared.descriptors(*pages, buffers=state)
         return type(d)(*(np.concatenate((a, b)) for a, b in zip(d, rest)))
 
+    def staging_plan(
+        self, prepared: PreparedTransfer, prefill_rank: int, decode_rank: int
+    ) -> StagingPlan:
+        """The pair's staging plan; both sides build it from the same fragments and the
+        request's pages or slot maps, each with its own base pointers."""
+        s = self.scenario
+        if s.tokens is None:
+            return prepared.staging_plan(
+                np.array(s.src_pages, dtype=np.int64), np.array(s.dst_pages, dtype=np.int64)
+            )
+        assert all(s.by_token(b) for b in s.buffers), "staging cases move tokens only"
+        return prepared.token_staging_plan(*s.slot_maps(prefill_rank, decode_rank))
+
+    def stage_in(self, prefill_rank: int, version: bytes, payload: bytes) -> tuple[int, int]:
+        """Decode: plan the scatter of what `prefill_rank` will send, and hand it a region
+        of the staging buffer."""
+        assert self.staging is not None
+        unknown = [0] * len(self.caches)  # the prefill side's addresses: the layout ignores them
+        prepared = PreparedTransfer.from_frames(
+            version, payload, unknown, self.bases, dst_limits=self.limits
+        )
+        plan = self.staging_plan(prepared, prefill_rank, self.rank)
+        start = sum(region.nbytes for _, region in self.staged.values())
+        region = self.staging[start : start + plan.staging_bytes]
+        assert region.nbytes == plan.staging_bytes, "decode staging buffer too small"
+        self.staged[prefill_rank] = (plan, region)
+        return region.ctypes.data, region.nbytes
+
     def handle(self, message: tuple[Any, ...]) -> Any:
         kind = message[0]
         if kind == "hello":
@@ -646,8 +687,16 @@ class RankServer:
             }
         if kind == "dst_info":
             return self.bases, self.limits
+        if kind == "stage_in":
+            return self.stage_in(*message[1:])
+        if kind == "unpack":  # decode: what a prefill rank sent, into the caches
+            plan, region = self.staged.pop(message[1])
+            plan.unpack(region)
+            return None
+        if kind == "write" and self.scenario.staging:
+            return self.write_staged(*message[1:])
         if kind == "write":  # prefill: frames in, descriptors out, write
-            _, peer, decode_rank, version, payload, dst_bases, dst_limits = message
+            _, peer, decode_rank, version, payload, dst_bases, dst_limits = message[:7]
             started = time.perf_counter()
             prepared = PreparedTransfer.from_frames(
                 version,
@@ -678,6 +727,42 @@ class RankServer:
         if kind == "dump":
             return [None if c is None else c.copy() for c in self.caches]
         raise ValueError(f"unknown message {kind!r}")
+
+    def write_staged(
+        self,
+        peer: Any,
+        decode_rank: int,
+        version: bytes,
+        payload: bytes,
+        dst_bases: list[int],
+        dst_limits: list[int],
+        target: tuple[int, int],
+    ) -> dict[str, Any]:
+        """Prefill: pack the pair's request into the staging buffer and write it to the
+        decode rank's staging region in as few descriptors as the plan says."""
+        assert self.staging is not None
+        started = time.perf_counter()
+        prepared = PreparedTransfer.from_frames(
+            version, payload, self.bases, dst_bases, src_limits=self.limits, dst_limits=dst_limits
+        )
+        plan = self.staging_plan(prepared, self.rank, decode_rank)
+        plan.pack(self.staging)
+        d = plan.transfer_descriptors(
+            self.staging.ctypes.data,
+            target[0],
+            src_staging_bytes=self.staging.nbytes,
+            dst_staging_bytes=target[1],
+        )
+        built = time.perf_counter() - started
+        status = self.engine.write(peer, d.src_addrs, d.dst_addrs, d.lengths)
+        return {
+            "status": status,
+            "descriptors": d.num_descriptors,
+            "direct_descriptors": plan.num_direct_descriptors,
+            "bytes": d.total_bytes,
+            "build_seconds": built,
+            "seconds": time.perf_counter() - started,
+        }
 
 
 def _answer(conn: Any, start: Callable[[], Callable[[Any], Any]]) -> None:
@@ -802,6 +887,8 @@ class Outcome:
     build_seconds: float
     writes_per_prefill_rank: dict[int, int]
     mismatches: list[str]
+    # With staging: the descriptors the engine would have moved without it.
+    direct_descriptors: int = 0
 
 
 def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
@@ -814,16 +901,22 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
                 rank.wait_ready(120.0)
         writes = dict.fromkeys(prefill, 0)
         totals = {"descriptors": 0, "bytes": 0, "seconds": 0.0, "build_seconds": 0.0}
+        totals_staged = {"direct_descriptors": 0}
         for decode_rank, handle in decode.items():
             peer = handle.handle(("hello",))
             dst_bases, dst_limits = handle.handle(("dst_info",))
             frames = handle.handle(("plan",))
             for prefill_rank, (version, payload) in frames.items():
-                result = prefill[prefill_rank].handle(
-                    ("write", peer, decode_rank, version, payload, dst_bases, dst_limits)
-                )
+                write = ("write", peer, decode_rank, version, payload, dst_bases, dst_limits)
+                if scenario.staging:
+                    target = handle.handle(("stage_in", prefill_rank, version, payload))
+                    write = (*write, target)
+                result = prefill[prefill_rank].handle(write)
                 if result["status"] != 0:
                     raise RuntimeError(f"transfer to decode rank {decode_rank} failed: {result}")
+                if scenario.staging:
+                    handle.handle(("unpack", prefill_rank))
+                    totals_staged["direct_descriptors"] += result["direct_descriptors"]
                 writes[prefill_rank] += 1
                 for key in totals:
                     totals[key] += result[key]
@@ -847,6 +940,7 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
             totals["build_seconds"],
             writes,
             mismatches,
+            totals_staged["direct_descriptors"],
         )
     finally:
         for handle in list(prefill.values()) + list(decode.values()):

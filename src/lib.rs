@@ -2,11 +2,13 @@
 //! server. The core (everything but `python`) knows nothing of Python.
 
 pub mod context;
+pub mod cost;
 pub mod descriptors;
 pub mod error;
 pub mod fragment;
 pub mod frame_cache;
 pub mod holders;
+pub mod host_copy;
 pub mod interval;
 pub mod layout;
 pub mod lru;
@@ -19,6 +21,7 @@ pub mod ranks;
 pub mod routing;
 pub mod spread;
 pub mod stages;
+pub mod staging;
 pub mod tokens;
 pub mod verify;
 pub mod wire;

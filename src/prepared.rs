@@ -9,6 +9,7 @@ pub use crate::descriptors::Buffers;
 use crate::descriptors::{self, place_all, validate_all, Descriptors, Placed};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::staging::{Declared, StagingPlan};
 use crate::tokens::{place_tokens, plan_tokens_of, untokenized, PlannedTokens, TokenPlaced};
 
 /// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
@@ -58,6 +59,8 @@ pub struct Prepared {
     placed: Vec<Placed>,
     /// Per fragment, placed for slot maps when it carries token geometry.
     tokens: Vec<Option<TokenPlaced>>,
+    /// Each side's buffers as declared, for host copies through a staging plan.
+    memory: (Declared, Declared),
 }
 
 impl Prepared {
@@ -89,7 +92,36 @@ impl Prepared {
             fragments,
             placed,
             tokens,
+            memory: (src.declared(), dst.declared()),
         })
+    }
+
+    /// One request's staging plan from its page pairs: the coalesced `descriptors` regrouped
+    /// into gather, transfer and scatter (`staging` module).
+    pub fn staging_plan(
+        &self,
+        (src_pages, dst_pages): (&[u64], &[u64]),
+        selection: &Selection,
+        chunk_bytes: Option<u64>,
+    ) -> PlanResult<StagingPlan> {
+        let direct = self.descriptors(src_pages, dst_pages, selection, true)?;
+        self.stage(&direct, chunk_bytes)
+    }
+
+    /// The staging plan of direct descriptors this transfer built for one request.
+    pub fn stage(&self, direct: &Descriptors, chunk_bytes: Option<u64>) -> PlanResult<StagingPlan> {
+        StagingPlan::new(direct, chunk_bytes, self.memory.clone())
+    }
+
+    /// One request's staging plan from its slot maps (`token_descriptors`, coalesced).
+    pub fn token_staging_plan(
+        &self,
+        (src_slots, dst_slots): (&[i64], &[i64]),
+        selection: &Selection,
+        chunk_bytes: Option<u64>,
+    ) -> PlanResult<StagingPlan> {
+        let direct = self.token_descriptors(src_slots, dst_slots, selection, true)?;
+        self.stage(&direct, chunk_bytes)
     }
 
     /// One request's descriptors from its slot maps (`tokens` module), over the selected

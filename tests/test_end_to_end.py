@@ -387,6 +387,9 @@ def cp_case(
     )
 
 
+CASES_BY_NAME = {c.name: c for c in CASES}
+
+
 #: Context parallelism on either side (the context-parallelism issue's list). Through the
 #: engines each side runs as one process whose ranks share one engine, to keep CI short (the
 #: other cases cover a process a rank).
@@ -480,7 +483,23 @@ CP_CASES = [
 
 #: Cases of many ranks that cross the engines one process a side (48 processes a rank would
 #: take most of a minute); every other case runs a process a rank.
-PER_SIDE = {c.name for c in CP_CASES} | {"nhd_tp16_to_tp32_every_decode_rank"}
+CP_BY_NAME = {c.name: c for c in CP_CASES}
+
+#: Staging (the staging-plans issue's list): token-major TP 8 -> 2 (a 32-byte run a token),
+#: DCP 8 at interleave 1 (a token's latent), and head-major TP 2 -> 8 (whole head slices),
+#: where the cost model says staging does not pay; each moved gather -> one descriptor ->
+#: scatter.
+STAGING_CASES = [
+    replace(CASES_BY_NAME["nhd_tp8_to_tp2"], name="staging_nhd_tp8_to_tp2", staging=True),
+    replace(
+        CP_BY_NAME["cp_mla_tp8_to_tp8_dcp8_interleave_1"],
+        name="staging_mla_dcp8_interleave_1",
+        staging=True,
+    ),
+    replace(CASES_BY_NAME["tp2_to_tp8"], name="staging_head_major_tp2_to_tp8", staging=True),
+]
+
+PER_SIDE = {c.name for c in CP_CASES + STAGING_CASES} | {"nhd_tp16_to_tp32_every_decode_rank"}
 
 
 def expected_writes(scenario: Scenario) -> dict[int, int]:
@@ -510,7 +529,7 @@ def check(scenario: Scenario, outcome: Outcome) -> None:
 
 
 @pytest.mark.parametrize(
-    "scenario", CASES + TOKEN_CASES + MODEL_CASES + CP_CASES, ids=lambda s: s.name
+    "scenario", CASES + TOKEN_CASES + MODEL_CASES + CP_CASES + STAGING_CASES, ids=lambda s: s.name
 )
 def test_in_memory(scenario: Scenario) -> None:
     check(scenario, run_in_memory(scenario))
@@ -610,15 +629,17 @@ def test_a_slot_map_of_the_wrong_cp_rank_is_caught_by_the_byte_comparison() -> N
 
 
 @pytest.mark.mooncake
-@pytest.mark.parametrize("scenario", CASES + MOONCAKE_TOKEN_CASES + CP_CASES, ids=lambda s: s.name)
+@pytest.mark.parametrize(
+    "scenario", CASES + MOONCAKE_TOKEN_CASES + CP_CASES + STAGING_CASES, ids=lambda s: s.name
+)
 def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
     check(scenario, run_in_processes(scenario, per_side=scenario.name in PER_SIDE))
 
 
 NIXL_CASES = [
     case
-    for case in CASES + TOKEN_CASES + MODEL_CASES + CP_CASES
-    if case.name.startswith("cp_")
+    for case in CASES + TOKEN_CASES + MODEL_CASES + CP_CASES + STAGING_CASES
+    if case.name.startswith(("cp_", "staging_"))
     or case.name
     in {
         "tp8_to_tp2",

@@ -13,6 +13,7 @@ from pdplan._core import (
     TRANSFER_PLAN_PROTOCOL_VERSION,
     TRANSFER_PLAN_READABLE_VERSIONS,
     PreparedTransfer,
+    StagingPlan,
     UnsupportedPDLayoutError,
     __version__,
     decode_transfer_fragments,
@@ -44,6 +45,7 @@ from pdplan._model import (
     TransferFragment,
 )
 from pdplan._planner import PDTransferPlanner, RoutingTable
+from pdplan._staging import CostEstimate, CostModel
 
 __all__ = [
     "DEFAULT_MAX_FRAGMENTS",
@@ -55,6 +57,8 @@ __all__ = [
     "AttentionMamba2Layer",
     "BufferKind",
     "BufferLayout",
+    "CostEstimate",
+    "CostModel",
     "GatedDeltaNetLayer",
     "ItemLengths",
     "LayerKindSummary",
@@ -69,6 +73,7 @@ __all__ = [
     "PreparedTransfer",
     "RankTransferPlan",
     "RoutingTable",
+    "StagingPlan",
     "TransferDescriptors",
     "TransferFragment",
     "UnsupportedPDLayoutError",

@@ -34,16 +34,19 @@ __all__ = [
     "TRANSFER_PLAN_READABLE_VERSIONS",
     "Planner",
     "PreparedTransfer",
+    "StagingPlan",
     "UnsupportedPDLayoutError",
     "__version__",
     "buffers_from_item_lengths",
     "check_buffer_layout",
+    "check_cost_model",
     "check_parallel_layout",
     "check_transfer_fragment",
     "decode_transfer_fragments",
     "dtype_bytes",
     "encode_cache_info",
     "encode_transfer_fragments",
+    "estimate_staging",
     "frame_cache_info",
     "model_buffers",
     "model_layers",
@@ -234,6 +237,22 @@ class PreparedTransfer:
         buffers: range | _Ints | None = None,
         coalesce: bool = True,
     ) -> TransferDescriptors: ...
+    def staging_plan(
+        self,
+        src_pages: _Ints,
+        dst_pages: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        chunk_bytes: int | None = None,
+    ) -> StagingPlan: ...
+    def token_staging_plan(
+        self,
+        src_slots: _Ints,
+        dst_slots: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        chunk_bytes: int | None = None,
+    ) -> StagingPlan: ...
     def nixl_prepped_lists(
         self, src_capacity_pages: int, dst_capacity_pages: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
@@ -250,3 +269,50 @@ class PreparedTransfer:
     def fragments(self) -> tuple[TransferFragment, ...]: ...
     def __len__(self) -> int: ...
     def shares_fragments_with(self, other: PreparedTransfer) -> bool: ...
+
+@final
+class StagingPlan:
+    """One request staged: gather into a staging buffer, one transfer (or chunks), scatter."""
+
+    @property
+    def gather(self) -> TransferDescriptors: ...
+    @property
+    def scatter(self) -> TransferDescriptors: ...
+    @property
+    def staging_bytes(self) -> int: ...
+    @property
+    def chunk_bytes(self) -> int | None: ...
+    @property
+    def num_direct_descriptors(self) -> int: ...
+    @property
+    def num_transfer_descriptors(self) -> int: ...
+    @property
+    def num_gather_descriptors(self) -> int: ...
+    @property
+    def num_scatter_descriptors(self) -> int: ...
+    def transfer_descriptors(
+        self,
+        src_staging_base: int,
+        dst_staging_base: int,
+        *,
+        src_staging_bytes: int | None = None,
+        dst_staging_bytes: int | None = None,
+    ) -> TransferDescriptors: ...
+    def pack(self, staging: npt.NDArray[np.uint8]) -> None: ...
+    def unpack(self, staging: npt.NDArray[np.uint8]) -> None: ...
+
+def estimate_staging(
+    plan: StagingPlan,
+    per_descriptor_s: float,
+    network_bytes_per_s: float,
+    copy_bytes_per_s: float,
+    per_copy_s: float,
+    per_segment_s: float,
+) -> tuple[float, float, float, float, float]: ...
+def check_cost_model(
+    per_descriptor_s: float,
+    network_bytes_per_s: float,
+    copy_bytes_per_s: float,
+    per_copy_s: float,
+    per_segment_s: float,
+) -> None: ...

@@ -10,6 +10,7 @@ mod model;
 mod objects;
 mod planner;
 mod prepared;
+mod staging;
 
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::create_exception;
@@ -362,6 +363,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<planner::PyPlanner>()?;
     m.add_class::<prepared::PyPrepared>()?;
+    m.add_class::<staging::PyStagingPlan>()?;
+    m.add_function(wrap_pyfunction!(staging::estimate_staging, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::check_cost_model, m)?)?;
     m.add_function(wrap_pyfunction!(prepared::frame_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(encode_cache_info, m)?)?;
     m.add("FRAME_CACHE_ENTRIES", crate::frame_cache::MAX_ENTRIES)?;

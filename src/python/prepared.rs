@@ -11,6 +11,8 @@ use super::convert::{
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
 use super::{frame_limits, to_py_err};
+use super::staging::{chunk_size, PyStagingPlan};
+use crate::descriptors::Descriptors;
 use crate::error::PlanError;
 use crate::frame_cache;
 use crate::prepared::{Prepared, Selection};
@@ -160,43 +162,59 @@ impl PyPrepared {
         buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let chosen = selection(buffers).map_err(to_py_err)?;
-        let in_place = |slots: &Bound<'py, PyAny>| {
-            let array = slots.cast::<PyArray1<i64>>().ok()?.try_readonly().ok()?;
-            let short = array.as_slice().ok()?.len() <= READ_IN_PLACE_UP_TO;
-            short.then_some(array)
-        };
-        let (src_array, dst_array) = (in_place(src_slots), in_place(dst_slots));
-        let slices = (
-            src_array.as_ref().and_then(|a| a.as_slice().ok()),
-            dst_array.as_ref().and_then(|a| a.as_slice().ok()),
-        );
-        if let (Some(src), Some(dst)) = slices {
-            let planned = self
-                .inner
-                .plan_token_descriptors(src, dst, &chosen, coalesce)
-                .map_err(to_py_err)?;
-            let made = if planned.total() > DETACH_FROM {
-                py.detach(|| planned.write())
-            } else {
-                planned.write()
-            };
-            return descriptors_object(py, made);
-        }
+        let made = self.direct_from_slots(py, (src_slots, dst_slots), buffers, coalesce)?;
+        descriptors_object(py, made)
+    }
+
+    /// One request's staging plan from its pages: `descriptors(src_pages, dst_pages,
+    /// buffers=buffers)` regrouped into gather, transfer and scatter.
+    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, chunk_bytes=None))]
+    fn staging_plan(
+        &self,
+        py: Python<'_>,
+        src_pages: &Bound<'_, PyAny>,
+        dst_pages: &Bound<'_, PyAny>,
+        buffers: Option<&Bound<'_, PyAny>>,
+        chunk_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyStagingPlan> {
         let convert = || -> Converted<_> {
             Ok((
-                i64_column(src_slots, "src_slots")?,
-                i64_column(dst_slots, "dst_slots")?,
+                u64_column(src_pages, "src_pages")?,
+                u64_column(dst_pages, "dst_pages")?,
+                selection(buffers)?,
+                chunk_size(chunk_bytes)?,
             ))
         };
-        let (src, dst) = convert().map_err(to_py_err)?;
-        let request = || self.inner.token_descriptors(&src, &dst, &chosen, coalesce);
-        let made = if src.len() as u64 * self.inner.fragments().len() as u64 > DETACH_FROM {
+        let (src, dst, chosen, chunk) = convert().map_err(to_py_err)?;
+        let request = || self.inner.staging_plan((&src, &dst), &chosen, chunk);
+        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
             py.detach(request)
         } else {
             request()
         };
-        descriptors_object(py, made.map_err(to_py_err)?)
+        made.map(PyStagingPlan::from).map_err(to_py_err)
+    }
+
+    /// One request's staging plan from its slot maps: `token_descriptors(src_slots,
+    /// dst_slots, buffers=buffers)` regrouped into gather, transfer and scatter.
+    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, chunk_bytes=None))]
+    fn token_staging_plan(
+        &self,
+        py: Python<'_>,
+        src_slots: &Bound<'_, PyAny>,
+        dst_slots: &Bound<'_, PyAny>,
+        buffers: Option<&Bound<'_, PyAny>>,
+        chunk_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<PyStagingPlan> {
+        let chunk = chunk_size(chunk_bytes).map_err(to_py_err)?;
+        let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
+        let stage = || self.inner.stage(&direct, chunk);
+        let made = if direct.len() as u64 > DETACH_FROM {
+            py.detach(stage)
+        } else {
+            stage()
+        };
+        made.map(PyStagingPlan::from).map_err(to_py_err)
     }
 
     /// NIXL's prepped lists for this pair, made once per peer: (local, remote) N x 5 uint64
@@ -266,6 +284,57 @@ impl PyPrepared {
         self.inner.shares_fragments(&other.inner)
     }
 }
+
+impl PyPrepared {
+    /// A request's direct descriptors from its slot maps. Short int64 maps are read in place
+    /// with the GIL held; others are copied, then read without it.
+    fn direct_from_slots<'py>(
+        &self,
+        py: Python<'py>,
+        (src_slots, dst_slots): (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
+        buffers: Option<&Bound<'py, PyAny>>,
+        coalesce: bool,
+    ) -> PyResult<Descriptors> {
+        let chosen = selection(buffers).map_err(to_py_err)?;
+        let in_place = |slots: &Bound<'py, PyAny>| {
+            let array = slots.cast::<PyArray1<i64>>().ok()?.try_readonly().ok()?;
+            let short = array.as_slice().ok()?.len() <= READ_IN_PLACE_UP_TO;
+            short.then_some(array)
+        };
+        let (src_array, dst_array) = (in_place(src_slots), in_place(dst_slots));
+        let slices = (
+            src_array.as_ref().and_then(|a| a.as_slice().ok()),
+            dst_array.as_ref().and_then(|a| a.as_slice().ok()),
+        );
+        if let (Some(src), Some(dst)) = slices {
+            let planned = self
+                .inner
+                .plan_token_descriptors(src, dst, &chosen, coalesce)
+                .map_err(to_py_err)?;
+            let made = if planned.total() > DETACH_FROM {
+                py.detach(|| planned.write())
+            } else {
+                planned.write()
+            };
+            return Ok(made);
+        }
+        let convert = || -> Converted<_> {
+            Ok((
+                i64_column(src_slots, "src_slots")?,
+                i64_column(dst_slots, "dst_slots")?,
+            ))
+        };
+        let (src, dst) = convert().map_err(to_py_err)?;
+        let request = || self.inner.token_descriptors(&src, &dst, &chosen, coalesce);
+        let made = if src.len() as u64 * self.inner.fragments().len() as u64 > DETACH_FROM {
+            py.detach(request)
+        } else {
+            request()
+        };
+        made.map_err(to_py_err)
+    }
+}
+
 
 /// The parsed-frame cache: hits, misses, entries and payload bytes held.
 #[pyfunction]

@@ -1,0 +1,133 @@
+"""The cost model that says, per rank pair and request, whether staging pays.
+
+``PreparedTransfer.staging_plan`` (Rust) regroups a request's direct descriptors into a gather,
+a transfer and a scatter; this module weighs the two ways with a handful of figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pdplan import _core
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+    import numpy.typing as npt
+
+    from pdplan._core import PreparedTransfer, StagingPlan
+
+    IntColumn = npt.NDArray[np.integer] | Sequence[int]
+    Buffers = range | IntColumn | None
+
+__all__ = ["CostEstimate", "CostModel"]
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """Seconds one request takes each way, and what the model chooses."""
+
+    direct_s: float
+    staging_s: float
+    gather_s: float
+    wire_s: float
+    scatter_s: float
+    direct_descriptors: int
+    transfer_descriptors: int
+    bytes: int
+
+    @property
+    def choice(self) -> Literal["direct", "staging"]:
+        return "staging" if self.staging_s < self.direct_s else "direct"
+
+    @property
+    def bytes_per_descriptor(self) -> float:
+        """Bytes a direct descriptor moves on average."""
+        return self.bytes / self.direct_descriptors if self.direct_descriptors else 0.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Figures of one deployment's engine, network and copies.
+
+    The wire is a roofline: a transfer takes the longer of ``descriptors * per_descriptor_s``
+    and ``bytes / network_bytes_per_s``. A gather or scatter takes ``per_copy_s + segments *
+    per_segment_s + bytes / copy_bytes_per_s``. Staging is gather + wire (its few descriptors)
+    + scatter, not overlapped.
+
+    The defaults describe GPU caches behind one 400 Gb/s RDMA NIC:
+
+    - ``per_descriptor_s`` 0.27 µs: NIXL (UCCL backend) moved 1 KiB descriptors at 3.78 GB/s
+      on one rail, 3.7 M descriptors/s (LMCache/LMCache#4161). Mooncake managed 2.1 M/s with
+      576-byte descriptors in a DCP 8 deployment (1.23 GB/s, sgl-project/sglang#35186), 0.47
+      µs; at that figure 16 KiB descriptors are no longer bandwidth-bound.
+    - ``network_bytes_per_s`` 50e9: one ConnectX-7 port at 400 Gb/s (NDR).
+    - ``copy_bytes_per_s`` 1.675e12: H100 SXM HBM3 at 3.35 TB/s, halved because a copy reads
+      and writes every byte.
+    - ``per_copy_s`` 5 µs: a kernel launch and its wait, a few microseconds (NVIDIA, "Getting
+      Started with CUDA Graphs").
+    - ``per_segment_s`` 0: a GPU kernel copies segments in parallel; their cost is in the
+      bandwidth. For host copies, calibrate it (``benches/staging.py``).
+    """
+
+    per_descriptor_s: float = 0.27e-6
+    network_bytes_per_s: float = 50e9
+    copy_bytes_per_s: float = 1.675e12
+    per_copy_s: float = 5e-6
+    per_segment_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _core.check_cost_model(*self._figures())
+
+    def _figures(self) -> tuple[float, float, float, float, float]:
+        return (
+            float(self.per_descriptor_s),
+            float(self.network_bytes_per_s),
+            float(self.copy_bytes_per_s),
+            float(self.per_copy_s),
+            float(self.per_segment_s),
+        )
+
+    def estimate_plan(self, plan: StagingPlan) -> CostEstimate:
+        """The estimate for a staging plan already built."""
+        direct, staging, gather, wire, scatter = _core.estimate_staging(plan, *self._figures())
+        return CostEstimate(
+            direct_s=direct,
+            staging_s=staging,
+            gather_s=gather,
+            wire_s=wire,
+            scatter_s=scatter,
+            direct_descriptors=plan.num_direct_descriptors,
+            transfer_descriptors=plan.num_transfer_descriptors,
+            bytes=plan.staging_bytes,
+        )
+
+    def estimate(
+        self,
+        prepared: PreparedTransfer,
+        src_pages: IntColumn,
+        dst_pages: IntColumn,
+        *,
+        buffers: Buffers = None,
+        chunk_bytes: int | None = None,
+    ) -> CostEstimate:
+        """Direct against staged for one request of page pairs."""
+        plan = prepared.staging_plan(src_pages, dst_pages, buffers=buffers, chunk_bytes=chunk_bytes)
+        return self.estimate_plan(plan)
+
+    def estimate_tokens(
+        self,
+        prepared: PreparedTransfer,
+        src_slots: IntColumn,
+        dst_slots: IntColumn,
+        *,
+        buffers: Buffers = None,
+        chunk_bytes: int | None = None,
+    ) -> CostEstimate:
+        """Direct against staged for one request of slot maps."""
+        plan = prepared.token_staging_plan(
+            src_slots, dst_slots, buffers=buffers, chunk_bytes=chunk_bytes
+        )
+        return self.estimate_plan(plan)

@@ -1,0 +1,180 @@
+//! `pdplan.StagingPlan`: one request's gather, transfer and scatter, held in Rust; host pack and
+//! unpack into a caller's numpy staging array with the GIL released; the cost model's estimate.
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+use super::convert::{to_u64, Converted};
+use super::objects::descriptors_object;
+use super::to_py_err;
+use crate::cost::CostModel;
+use crate::error::PlanError;
+use crate::host_copy;
+use crate::staging::StagingPlan;
+
+/// One request staged: gather into a staging buffer, one transfer (or chunks), scatter out.
+#[pyclass(frozen, module = "pdplan._core", name = "StagingPlan")]
+pub struct PyStagingPlan {
+    inner: StagingPlan,
+}
+
+impl From<StagingPlan> for PyStagingPlan {
+    fn from(inner: StagingPlan) -> Self {
+        Self { inner }
+    }
+}
+
+/// `chunk_bytes=`: `None` for one transfer descriptor, else a positive size.
+pub fn chunk_size(value: Option<&Bound<'_, PyAny>>) -> Converted<Option<u64>> {
+    optional_u64(value, "chunk_bytes")
+}
+
+fn optional_u64(value: Option<&Bound<'_, PyAny>>, name: &str) -> Converted<Option<u64>> {
+    value
+        .filter(|v| !v.is_none())
+        .map(|v| to_u64(v, name))
+        .transpose()
+}
+
+const STAGING_ARRAY: &str =
+    "staging must be a 1-D C-contiguous numpy uint8 array (for example np.empty(plan.staging_bytes, np.uint8))";
+
+#[pymethods]
+impl PyStagingPlan {
+    /// Source cache addresses -> offsets in the source staging buffer (made on each call).
+    #[getter]
+    fn gather<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        descriptors_object(py, self.inner.gather().clone())
+    }
+
+    /// Offsets in the destination staging buffer -> destination cache addresses.
+    #[getter]
+    fn scatter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        descriptors_object(py, self.inner.scatter().clone())
+    }
+
+    #[getter]
+    fn staging_bytes(&self) -> u64 {
+        self.inner.staging_bytes()
+    }
+
+    #[getter]
+    fn chunk_bytes(&self) -> Option<u64> {
+        self.inner.chunk_bytes()
+    }
+
+    #[getter]
+    fn num_direct_descriptors(&self) -> u64 {
+        self.inner.counts().direct
+    }
+
+    #[getter]
+    fn num_transfer_descriptors(&self) -> u64 {
+        self.inner.counts().transfer
+    }
+
+    #[getter]
+    fn num_gather_descriptors(&self) -> u64 {
+        self.inner.counts().gather
+    }
+
+    #[getter]
+    fn num_scatter_descriptors(&self) -> u64 {
+        self.inner.counts().scatter
+    }
+
+    /// The engine's descriptors between the two staging buffers: one, or one per chunk.
+    #[pyo3(signature = (src_staging_base, dst_staging_base, *, src_staging_bytes=None, dst_staging_bytes=None))]
+    fn transfer_descriptors<'py>(
+        &self,
+        py: Python<'py>,
+        src_staging_base: &Bound<'py, PyAny>,
+        dst_staging_base: &Bound<'py, PyAny>,
+        src_staging_bytes: Option<&Bound<'py, PyAny>>,
+        dst_staging_bytes: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let convert = || -> Converted<_> {
+            let bases = (
+                to_u64(src_staging_base, "src_staging_base")?,
+                to_u64(dst_staging_base, "dst_staging_base")?,
+            );
+            let sizes = (
+                optional_u64(src_staging_bytes, "src_staging_bytes")?,
+                optional_u64(dst_staging_bytes, "dst_staging_bytes")?,
+            );
+            self.inner.transfer(bases, sizes)
+        };
+        descriptors_object(py, convert().map_err(to_py_err)?)
+    }
+
+    /// Copies the source caches into `staging` (host memory), with the GIL released.
+    fn pack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
+        let array = staging
+            .cast::<PyArray1<u8>>()
+            .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))?;
+        let mut writable = array.try_readwrite().map_err(|_| {
+            to_py_err(PlanError::new(
+                "staging is not writable (or is borrowed elsewhere); pass a writable array",
+            ))
+        })?;
+        let slice = writable
+            .as_slice_mut()
+            .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))?;
+        py.detach(|| host_copy::pack(&self.inner, slice))
+            .map_err(to_py_err)
+    }
+
+    /// Copies `staging` (host memory) into the destination caches, with the GIL released.
+    fn unpack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
+        let array = staging
+            .cast::<PyArray1<u8>>()
+            .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))?;
+        let readable = array.try_readonly().map_err(|_| {
+            to_py_err(PlanError::new(
+                "staging is borrowed mutably elsewhere; pass an array no one is writing",
+            ))
+        })?;
+        let slice = readable
+            .as_slice()
+            .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))?;
+        py.detach(|| host_copy::unpack(&self.inner, slice))
+            .map_err(to_py_err)
+    }
+}
+
+/// The cost model's figures for a plan: (direct_s, staging_s, gather_s, wire_s, scatter_s).
+#[pyfunction]
+#[pyo3(signature = (plan, per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s))]
+pub fn estimate_staging(
+    plan: &PyStagingPlan,
+    per_descriptor_s: f64,
+    network_bytes_per_s: f64,
+    copy_bytes_per_s: f64,
+    per_copy_s: f64,
+    per_segment_s: f64,
+) -> PyResult<(f64, f64, f64, f64, f64)> {
+    let model = CostModel::new(
+        (per_descriptor_s, network_bytes_per_s),
+        (copy_bytes_per_s, per_copy_s, per_segment_s),
+    )
+    .map_err(to_py_err)?;
+    let e = model.estimate(&plan.inner.counts());
+    Ok((e.direct_s, e.staging_s, e.gather_s, e.wire_s, e.scatter_s))
+}
+
+/// Checks a cost model's figures (called from `CostModel.__post_init__`).
+#[pyfunction]
+pub fn check_cost_model(
+    per_descriptor_s: f64,
+    network_bytes_per_s: f64,
+    copy_bytes_per_s: f64,
+    per_copy_s: f64,
+    per_segment_s: f64,
+) -> PyResult<()> {
+    CostModel::new(
+        (per_descriptor_s, network_bytes_per_s),
+        (copy_bytes_per_s, per_copy_s, per_segment_s),
+    )
+    .map(drop)
+    .map_err(to_py_err)
+}

@@ -1,0 +1,291 @@
+//! Staging plans: a request's direct descriptors, many of them tiny, turned into a gather (source
+//! caches into one contiguous staging buffer), one transfer (or a few chunks) between the two
+//! staging buffers, and a scatter (staging buffer into the destination caches).
+//!
+//! The staging buffer holds the request's bytes in the order of the direct descriptors, from
+//! offset 0 with no gaps, so both sides compute the same layout from the same plan and pages.
+//! A gather descriptor merges neighbours that continue each other in the source cache (the
+//! staging side always continues); a scatter descriptor those that continue in the
+//! destination cache. Gather then transfer then scatter writes exactly the bytes the direct
+//! descriptors would, and nothing else.
+
+use std::sync::OnceLock;
+
+use crate::descriptors::{Descriptors, MAX_DESCRIPTORS};
+use crate::error::{bail, PlanResult};
+
+/// One side's memory as the caller declared it: `[base, base + limit)` per buffer, or `None`
+/// when no limits were given (descriptors are then unchecked, and nothing may copy through
+/// raw addresses).
+pub type Declared = Option<Vec<(u64, u64)>>;
+
+/// The counts a cost model weighs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StagingCounts {
+    /// Descriptors an engine would get without staging (after coalescing).
+    pub direct: u64,
+    /// Staging-to-staging descriptors for the engine.
+    pub transfer: u64,
+    pub gather: u64,
+    pub scatter: u64,
+    /// Bytes the request moves (and the staging buffers hold).
+    pub bytes: u64,
+}
+
+#[derive(Debug)]
+pub struct StagingPlan {
+    /// Source cache addresses -> offsets in the source staging buffer.
+    gather: Descriptors,
+    /// Offsets in the destination staging buffer -> destination cache addresses.
+    scatter: Descriptors,
+    staging_bytes: u64,
+    direct: u64,
+    chunk_bytes: Option<u64>,
+    src_memory: Declared,
+    dst_memory: Declared,
+    /// Whether no two scatter descriptors write the same byte (computed on first unpack).
+    scatter_disjoint: OnceLock<bool>,
+}
+
+/// Appends `(src, dst, len)`, merged into the last descriptor when `continues` says it
+/// continues it.
+fn push_merged(out: &mut Descriptors, (src, dst, len): (u64, u64, u64), continues: bool) {
+    if continues {
+        if let Some(last) = out.lengths.last_mut() {
+            *last += len;
+            return;
+        }
+    }
+    out.src_addrs.push(src);
+    out.dst_addrs.push(dst);
+    out.lengths.push(len);
+}
+
+/// Whether a descriptor list's last entry ends at `address` on the side `side` reads.
+fn ends_at(out: &Descriptors, side: fn(&Descriptors) -> &[u64], address: u64) -> bool {
+    match (side(out).last(), out.lengths.last()) {
+        // Both were bounds-checked (a cache address) or summed with a check (an offset).
+        (Some(&start), Some(&len)) => start.checked_add(len) == Some(address),
+        _ => false,
+    }
+}
+
+fn sources(d: &Descriptors) -> &[u64] {
+    &d.src_addrs
+}
+
+fn destinations(d: &Descriptors) -> &[u64] {
+    &d.dst_addrs
+}
+
+impl StagingPlan {
+    /// The staging plan of a request's direct descriptors (built and bounds-checked against
+    /// the caches), with the caches' declared memory for host copies.
+    pub fn new(
+        direct: &Descriptors,
+        chunk_bytes: Option<u64>,
+        (src_memory, dst_memory): (Declared, Declared),
+    ) -> PlanResult<Self> {
+        if chunk_bytes == Some(0) {
+            bail!("chunk_bytes must be at least 1 (or None for one transfer descriptor)");
+        }
+        let mut gather = Descriptors::default();
+        let mut scatter = Descriptors::default();
+        let mut offset = 0u64;
+        for ((&src, &dst), &len) in direct
+            .src_addrs
+            .iter()
+            .zip(&direct.dst_addrs)
+            .zip(&direct.lengths)
+        {
+            if len == 0 {
+                continue;
+            }
+            let joins_gather = ends_at(&gather, sources, src);
+            push_merged(&mut gather, (src, offset, len), joins_gather);
+            let joins_scatter = ends_at(&scatter, destinations, dst);
+            push_merged(&mut scatter, (offset, dst, len), joins_scatter);
+            let Some(next) = offset.checked_add(len) else {
+                bail!("the request moves more than 2^64 bytes; split it");
+            };
+            offset = next;
+        }
+        Ok(Self {
+            gather,
+            scatter,
+            staging_bytes: offset,
+            direct: direct.len() as u64,
+            chunk_bytes,
+            src_memory,
+            dst_memory,
+            scatter_disjoint: OnceLock::new(),
+        })
+    }
+
+    pub fn gather(&self) -> &Descriptors {
+        &self.gather
+    }
+
+    pub fn scatter(&self) -> &Descriptors {
+        &self.scatter
+    }
+
+    pub fn staging_bytes(&self) -> u64 {
+        self.staging_bytes
+    }
+
+    pub fn chunk_bytes(&self) -> Option<u64> {
+        self.chunk_bytes
+    }
+
+    pub fn src_memory(&self) -> Option<&[(u64, u64)]> {
+        self.src_memory.as_deref()
+    }
+
+    pub fn dst_memory(&self) -> Option<&[(u64, u64)]> {
+        self.dst_memory.as_deref()
+    }
+
+    /// How many staging-to-staging descriptors `transfer` makes.
+    pub fn transfer_count(&self) -> u64 {
+        match self.chunk_bytes {
+            _ if self.staging_bytes == 0 => 0,
+            None => 1,
+            Some(chunk) => self.staging_bytes.div_ceil(chunk),
+        }
+    }
+
+    pub fn counts(&self) -> StagingCounts {
+        StagingCounts {
+            direct: self.direct,
+            transfer: self.transfer_count(),
+            gather: self.gather.len() as u64,
+            scatter: self.scatter.len() as u64,
+            bytes: self.staging_bytes,
+        }
+    }
+
+    /// The engine's descriptors from the source staging buffer at `src_base` to the destination
+    /// one at `dst_base`: one, or one per `chunk_bytes`. A buffer whose size is given and
+    /// smaller than `staging_bytes` is refused.
+    pub fn transfer(
+        &self,
+        (src_base, dst_base): (u64, u64),
+        (src_size, dst_size): (Option<u64>, Option<u64>),
+    ) -> PlanResult<Descriptors> {
+        let need = self.staging_bytes;
+        for (name, base, size) in [("src", src_base, src_size), ("dst", dst_base, dst_size)] {
+            if let Some(size) = size.filter(|&size| size < need) {
+                bail!(
+                    "the {name} staging buffer holds {size} bytes but this request stages \
+                     {need}; give a larger buffer or stage fewer pages (buffers=...)"
+                );
+            }
+            if base.checked_add(need).is_none() {
+                bail!(
+                    "{name} staging base 0x{base:x} + {need} bytes overflows 64 bits; pass the \
+                     buffer's real address"
+                );
+            }
+        }
+        let count = self.transfer_count();
+        if count > MAX_DESCRIPTORS {
+            bail!(
+                "{need} bytes in chunks of {} make {count} descriptors, over the limit of \
+                 {MAX_DESCRIPTORS}; use larger chunks",
+                self.chunk_bytes.unwrap_or(need)
+            );
+        }
+        let chunk = self.chunk_bytes.unwrap_or(need.max(1));
+        let mut out = Descriptors::default();
+        let mut offset = 0;
+        while offset < need {
+            let len = chunk.min(need - offset);
+            // Below base + need, checked above.
+            out.src_addrs.push(src_base + offset);
+            out.dst_addrs.push(dst_base + offset);
+            out.lengths.push(len);
+            offset += len;
+        }
+        Ok(out)
+    }
+
+    /// Whether no two scatter descriptors write a common byte, so they may be copied by
+    /// several threads at once. Computed once: in order when the destinations ascend (the
+    /// common case), else sorted.
+    pub fn scatter_disjoint(&self) -> bool {
+        *self
+            .scatter_disjoint
+            .get_or_init(|| disjoint(&self.scatter.dst_addrs, &self.scatter.lengths))
+    }
+}
+
+/// Whether the ranges `[starts[i], starts[i] + lengths[i])` share no byte. Every range was
+/// checked to end inside 64 bits.
+fn disjoint(starts: &[u64], lengths: &[u64]) -> bool {
+    fn apart(mut ranges: impl Iterator<Item = (u64, u64)>) -> bool {
+        let mut end = 0u64;
+        ranges.all(|(start, len)| {
+            let ok = start >= end;
+            end = end.max(start.saturating_add(len));
+            ok
+        })
+    }
+    let ranges = || starts.iter().copied().zip(lengths.iter().copied());
+    if apart(ranges()) {
+        return true;
+    }
+    let mut sorted: Vec<(u64, u64)> = ranges().collect();
+    sorted.sort_unstable();
+    apart(sorted.into_iter())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn direct(rows: &[(u64, u64, u64)]) -> Descriptors {
+        Descriptors {
+            src_addrs: rows.iter().map(|r| r.0).collect(),
+            dst_addrs: rows.iter().map(|r| r.1).collect(),
+            lengths: rows.iter().map(|r| r.2).collect(),
+        }
+    }
+
+    #[test]
+    fn each_side_merges_where_only_it_continues() {
+        // Source rows continue each other; destination rows sit 100 bytes apart.
+        let plan = StagingPlan::new(
+            &direct(&[(1000, 5000, 8), (1008, 5100, 8), (1016, 5200, 8), (0, 9, 0)]),
+            None,
+            (None, None),
+        )
+        .unwrap();
+        assert_eq!(plan.gather(), &direct(&[(1000, 0, 24)]));
+        assert_eq!(
+            plan.scatter(),
+            &direct(&[(0, 5000, 8), (8, 5100, 8), (16, 5200, 8)])
+        );
+        let counts = plan.counts();
+        assert_eq!((counts.direct, counts.transfer, counts.bytes), (4, 1, 24));
+    }
+
+    #[test]
+    fn transfers_come_in_chunks_inside_both_buffers() {
+        let plan = StagingPlan::new(&direct(&[(0, 0, 10)]), Some(4), (None, None)).unwrap();
+        let t = plan.transfer((100, 200), (Some(10), None)).unwrap();
+        assert_eq!(t, direct(&[(100, 200, 4), (104, 204, 4), (108, 208, 2)]));
+        let small = plan.transfer((100, 200), (None, Some(9))).unwrap_err();
+        assert!(small.message().contains("holds 9 bytes"), "{small}");
+        assert!(plan.transfer((u64::MAX - 5, 0), (None, None)).is_err());
+        assert!(StagingPlan::new(&direct(&[]), Some(0), (None, None)).is_err());
+    }
+
+    #[test]
+    fn disjointness_is_found_in_any_order() {
+        assert!(disjoint(&[30, 0, 10], &[5, 10, 20]));
+        assert!(!disjoint(&[30, 0, 10], &[5, 11, 20]));
+        assert!(!disjoint(&[0, 0], &[1, 1]));
+        assert!(disjoint(&[5, 5], &[0, 0]));
+    }
+}
