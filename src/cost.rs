@@ -80,9 +80,7 @@ impl CostModel {
         if segments == 0 {
             return 0.0;
         }
-        self.per_copy_s
-            + real(segments) * self.per_segment_s
-            + real(bytes) / self.copy_bytes_per_s
+        self.per_copy_s + real(segments) * self.per_segment_s + real(bytes) / self.copy_bytes_per_s
     }
 
     pub fn estimate(&self, counts: &StagingCounts) -> Estimate {

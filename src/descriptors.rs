@@ -29,7 +29,13 @@ impl Buffers {
     /// Every buffer as `(base, limit)`, or `None` without limits.
     pub fn declared(&self) -> Option<Vec<(u64, u64)>> {
         let limits = self.limits.as_ref()?;
-        Some(self.bases.iter().copied().zip(limits.iter().copied()).collect())
+        Some(
+            self.bases
+                .iter()
+                .copied()
+                .zip(limits.iter().copied())
+                .collect(),
+        )
     }
 
     /// The base and limit of buffer `index`, or the error naming what is missing.

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_tokens import kv
 
 from pdplan import (
     BufferKind,
@@ -27,8 +28,6 @@ from pdplan import (
     model_buffer_layouts,
     token_slots,
 )
-
-from test_tokens import kv
 
 
 def memmove_all(d: TransferDescriptors) -> None:
@@ -281,7 +280,9 @@ def test_every_bad_staging_request_is_refused_with_the_fix() -> None:
     decode_side = p.decode_side().staging_plan(range(4), range(4))
     refused("src_limits", decode_side.pack, np.zeros(need, dtype=np.uint8))
     unlimited = PreparedTransfer(p.fragments, [a.ctypes.data for a in p.src], p.dst_bases)
-    refused("dst_limits", unlimited.staging_plan(range(4), range(4)).unpack, np.zeros(need, np.uint8))
+    refused(
+        "dst_limits", unlimited.staging_plan(range(4), range(4)).unpack, np.zeros(need, np.uint8)
+    )
     refused("dst staging buffer holds 5", plan.transfer_descriptors, 0, 0, dst_staging_bytes=5)
     refused("src_staging_base", plan.transfer_descriptors, -1, 0)
     # Slot maps need token geometry, as for token_descriptors.
@@ -339,7 +340,11 @@ def test_the_choice_follows_the_figures() -> None:
     assert slow.staging_s > fast.staging_s and slow.direct_s == fast.direct_s
     e = CostModel().estimate(*args)
     assert e.staging_s == pytest.approx(e.gather_s + e.wire_s + e.scatter_s)
-    for bad in ({"network_bytes_per_s": 0.0}, {"per_copy_s": -1.0}, {"copy_bytes_per_s": float("nan")}):
+    for bad in (
+        {"network_bytes_per_s": 0.0},
+        {"per_copy_s": -1.0},
+        {"copy_bytes_per_s": float("nan")},
+    ):
         with pytest.raises(UnsupportedPDLayoutError):
             CostModel(**bad)  # type: ignore[arg-type]
 

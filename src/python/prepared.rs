@@ -10,8 +10,8 @@ use super::convert::{
     buffers, each, fragment_with, frame, i64_column, to_u64, u64_column, Converted,
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
-use super::{frame_limits, to_py_err};
 use super::staging::{chunk_size, PyStagingPlan};
+use super::{frame_limits, to_py_err};
 use crate::descriptors::Descriptors;
 use crate::error::PlanError;
 use crate::frame_cache;
@@ -334,7 +334,6 @@ impl PyPrepared {
         made.map_err(to_py_err)
     }
 }
-
 
 /// The parsed-frame cache: hits, misses, entries and payload bytes held.
 #[pyfunction]

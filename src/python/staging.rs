@@ -142,7 +142,7 @@ impl PyStagingPlan {
     }
 }
 
-/// The cost model's figures for a plan: (direct_s, staging_s, gather_s, wire_s, scatter_s).
+/// The cost model's figures for a plan, in seconds: direct, staging, gather, wire, scatter.
 #[pyfunction]
 #[pyo3(signature = (plan, per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s))]
 pub fn estimate_staging(
