@@ -425,3 +425,47 @@ def test_check_says_which_context_parallel_layouts_work(
         "2",
     )
     assert code == 2 and "one way only" in err
+
+
+def staging_lines(out: str) -> list[str]:
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("staging it, per rank pair"))
+    return [line for line in lines[start + 1 :] if line.startswith("  decode<-prefill")]
+
+
+def test_check_weighs_staging_per_rank_pair(capsys: pytest.CaptureFixture[str]) -> None:
+    llama = ["check", "--model", "llama-3-70b", "--page-size", "64"]
+    code, out, _ = run(
+        capsys, *llama, "--prefill-tp", "8", "--decode-tp", "2", "--kv-layout", "NHD"
+    )
+    assert code == 0
+    # Token-major 8 -> 2 with scattered pages: a row of one head (128 x bf16) per token and
+    # buffer, 80 layers x K and V x 32,768 tokens for each of the 8 pairs.
+    [line] = staging_lines(out)
+    assert "(8 pairs): 5,242,880 descriptors of 256 B" in line and line.endswith("-> staging")
+    assert "in 1 descriptor(s)" in line
+    # Head-major 2 -> 8: one 64-token head slice a page and buffer, 16 KiB: the wire's bytes
+    # outlast the descriptors, and staging only adds copies.
+    code, out, _ = run(capsys, *llama, "--prefill-tp", "2", "--decode-tp", "8")
+    [line] = staging_lines(out)
+    assert "81,920 descriptors of 16,384 B" in line and line.endswith("-> direct")
+    # The figures are flags: a dearer descriptor tips it; chunks multiply the descriptors.
+    code, out, _ = run(
+        capsys,
+        *llama,
+        "--prefill-tp",
+        "2",
+        "--decode-tp",
+        "8",
+        "--per-descriptor-us",
+        "2",
+        "--chunk-bytes",
+        str(1 << 20),
+    )
+    [line] = staging_lines(out)
+    assert line.endswith("-> staging") and "in 1,280 descriptor(s)" in line  # 1.25 GiB / 1 MiB
+    assert "2 µs a descriptor" in out
+    for flag, value in (("--copy-gbyte", "0"), ("--per-copy-us", "-1"), ("--network-gbit", "x")):
+        with pytest.raises(SystemExit) as exit_:
+            main([*llama, "--prefill-tp", "2", "--decode-tp", "8", flag, value])
+        assert exit_.value.code == 2 and flag in capsys.readouterr().err

@@ -20,16 +20,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TextIO
 
 from pdplan import _core
-from pdplan._context import token_slots
-from pdplan._core import PreparedTransfer, encode_transfer_fragments
+from pdplan._core import encode_transfer_fragments
 from pdplan._descriptors import transfer_descriptors
 from pdplan._layouts import MODEL_PRESETS, LayerKindSummary, ModelShape, model_buffer_layouts
 from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
+from pdplan._request import PairRequest, page_sizes, request_pairs
+from pdplan._staging import CostModel
 
 if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
+    pass
 
 EXIT_UNSUPPORTED = 2
 DEMO_MODEL = "llama-3-70b"
@@ -51,6 +51,36 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
     return value
+
+
+def _real(text: str, positive: bool) -> float:
+    """A finite number of at least 0 (above 0 when `positive`)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf") or (positive and value == 0):
+        what = "positive" if positive else "non-negative"
+        raise argparse.ArgumentTypeError(f"expected a finite, {what} number, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    return _real(text, positive=False)
+
+
+def _positive_real(text: str) -> float:
+    return _real(text, positive=True)
+
+
+def _cost_model(args: argparse.Namespace) -> CostModel:
+    return CostModel(
+        per_descriptor_s=args.per_descriptor_us * 1e-6,
+        network_bytes_per_s=args.network_gbit * 1e9 / 8,
+        copy_bytes_per_s=args.copy_gbyte * 1e9,
+        per_copy_s=args.per_copy_us * 1e-6,
+        per_segment_s=args.per_segment_ns * 1e-9,
+    )
 
 
 def _rank(text: str) -> int:
@@ -156,6 +186,46 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     )
     model.add_argument(
         "--decode-page-size", type=_positive, help="tokens a decode page (default: --page-size)"
+    )
+    cost = parser.add_argument_group(
+        "staging cost model (defaults: GPU caches behind a 400 Gb/s NIC; see pdplan.CostModel)"
+    )
+    defaults = CostModel()
+    cost.add_argument(
+        "--per-descriptor-us",
+        type=_non_negative,
+        default=defaults.per_descriptor_s * 1e6,
+        help="what the engine pays a descriptor, in µs (%(default)g)",
+    )
+    cost.add_argument(
+        "--network-gbit",
+        type=_positive_real,
+        default=defaults.network_bytes_per_s * 8 / 1e9,
+        help="wire bandwidth, in Gb/s (%(default)g)",
+    )
+    cost.add_argument(
+        "--copy-gbyte",
+        type=_positive_real,
+        default=defaults.copy_bytes_per_s / 1e9,
+        help="gather/scatter copy rate, in GB/s (%(default)g)",
+    )
+    cost.add_argument(
+        "--per-copy-us",
+        type=_non_negative,
+        default=defaults.per_copy_s * 1e6,
+        help="fixed cost of one gather or scatter (a kernel launch), in µs (%(default)g)",
+    )
+    cost.add_argument(
+        "--per-segment-ns",
+        type=_non_negative,
+        default=defaults.per_segment_s * 1e9,
+        help="cost of each gather/scatter segment, in ns (%(default)g)",
+    )
+    cost.add_argument(
+        "--chunk-bytes",
+        type=_positive,
+        default=None,
+        help="split the staged transfer into chunks of this many bytes (default: one)",
     )
     pages = parser.add_argument_group("pages and receivers")
     pages.add_argument(
@@ -495,7 +565,11 @@ def _routing_rows(
 
 
 def _print_table(
-    shape: ModelShape, planner: PDTransferPlanner, ranks: Sequence[int] | None = None
+    shape: ModelShape,
+    planner: PDTransferPlanner,
+    model: CostModel,
+    chunk_bytes: int | None,
+    ranks: Sequence[int] | None = None,
 ) -> None:
     p, d = planner.prefill_layout, planner.decode_layout
 
@@ -505,7 +579,7 @@ def _print_table(
         dcp = f" (DCP {layout.dcp_size})" if layout.dcp_size > 1 else ""
         return f"{layout.dp_size} DP{stages}{cp} x TP {layout.tp_size_per_dp}{dcp}"
 
-    pages = _page_sizes(planner)
+    pages = page_sizes(planner)
     if pages[0] == pages[1]:
         page_text = f"{pages[0]}-token pages"
     else:
@@ -522,7 +596,8 @@ def _print_table(
         print(f"note: {note}")
     if line := _context_line(planner):
         print(line)
-    print(_request_line(planner))
+    for line in _request_lines(planner, model, chunk_bytes):
+        print(line)
     print()
     staged: bool = planner._core.is_staged
 
@@ -548,84 +623,50 @@ def _print_table(
     print("  " + ", ".join(f"{rank}: {n}" for rank, n in fanout.items()))
 
 
-def _page_sizes(planner: PDTransferPlanner) -> tuple[int, int]:
-    """Tokens a page on each side (of the token-indexed buffers; models use one size a side)."""
-    kv = [i for i, b in enumerate(planner.prefill_buffers) if b.logical_axis != "state_channel"]
-    first = kv[0] if kv else 0
-    return planner.prefill_buffers[first].page_size, planner.decode_buffers[first].page_size
+def _seconds(value: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value * 1e6:.3g} µs"
 
 
-def request_descriptors(
-    planner: PDTransferPlanner, tokens: int = REQUEST_TOKENS
-) -> tuple[int, int, int]:
-    """(descriptors, bytes, rank pairs) of one request of `tokens` tokens landing on decode
-    DP group 0, its pages scattered on both sides (so no two pages happen to be neighbours):
-    what the layout costs a request. Token-indexed buffers move by slot maps when the plan
-    maps tokens, else by pages; state moves as one page."""
-    import numpy as np
-
-    sizes = _page_sizes(planner)
-    counts = [-(-tokens // size) for size in sizes]
-    # Every other page, backwards: neighbours in the request are never neighbours in memory.
-    tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
-    capacity = 2 * max(counts)
-    by_token = [
-        b.buffer_index for b in planner.prefill_buffers if b.logical_axis != "state_channel"
-    ]
-    state = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis == "state_channel"]
-    src_limits = [b.item_stride_bytes * capacity for b in planner.prefill_buffers]
-    dst_limits = [b.item_stride_bytes * capacity for b in planner.decode_buffers]
-    bases = [1 << 40] * len(src_limits)
-    layouts = (planner.prefill_layout, planner.decode_layout)
-
-    def slots(side: int, rank: int) -> npt.NDArray[np.int64]:
-        # The rank's share of the tokens (all of them without CP), in its own pages.
-        ways, index = _core.rank_token_share(layouts[side], rank)
-        layout = layouts[side]
-        return token_slots(
-            tables[side],
-            sizes[side],
-            tokens,
-            cp_size=ways,
-            cp_rank=index,
-            cp_split=layout.cp_split,
-            interleave=layout.cp_interleave,
-        )
-
-    total = total_bytes = pairs = 0
-    for rank in range(planner.decode_layout.world_size):
-        if _core.rank_coordinates(planner.decode_layout, rank)[0] != 0:
-            continue
-        dst_slots = slots(1, rank) if planner.token_maps else None
-        sources = planner.transfer_fragments(rank, num_tokens=tokens)
-        for prefill_rank, fragments in sources.items():
-            prepared = PreparedTransfer(
-                fragments, bases, bases, src_limits=src_limits, dst_limits=dst_limits
-            )
-            built = []
-            if dst_slots is not None:
-                src_slots = slots(0, prefill_rank)
-                built.append(prepared.token_descriptors(src_slots, dst_slots, buffers=by_token))
-            else:
-                built.append(prepared.descriptors(*tables, buffers=by_token))
-            if state:
-                built.append(prepared.descriptors([0], [0], buffers=state))
-            pairs += 1
-            for d in built:
-                total += d.num_descriptors
-                total_bytes += d.total_bytes
-    return total, total_bytes, pairs
-
-
-def _request_line(planner: PDTransferPlanner) -> str:
-    total, total_bytes, pairs = request_descriptors(planner)
+def _request_lines(
+    planner: PDTransferPlanner, model: CostModel, chunk_bytes: int | None = None
+) -> list[str]:
+    """The request line, then each group of alike rank pairs with the cost model's choice."""
+    pairs = list(request_pairs(planner, REQUEST_TOKENS, model, chunk_bytes))
+    total = sum(p.descriptors for p in pairs)
+    total_bytes = sum(p.bytes for p in pairs)
     way = "slot maps" if planner.token_maps else "pages"
     each = f", {total_bytes // total:,} B a descriptor" if total else ""
-    return (
+    lines = [
         f"a {REQUEST_TOKENS // 1024}k-token request to decode DP group 0 (scattered pages, by "
-        f"{way}): {total:,} descriptors moving {total_bytes / 2**30:.2f} GiB over {pairs} rank "
-        f"pairs{each}"
+        f"{way}): {total:,} descriptors moving {total_bytes / 2**30:.2f} GiB over {len(pairs)} "
+        f"rank pairs{each}"
+    ]
+    if not pairs:
+        return lines
+    lines.append(
+        f"staging it, per rank pair (cost model: {model.per_descriptor_s * 1e6:g} µs a "
+        f"descriptor, {model.network_bytes_per_s * 8 / 1e9:g} Gb/s wire, copies at "
+        f"{model.copy_bytes_per_s / 1e9:g} GB/s + {model.per_copy_s * 1e6:g} µs; --help lists "
+        "the flags):"
     )
+    groups: dict[tuple[int, int, int, str], list[PairRequest]] = {}
+    for p in pairs:
+        e = p.estimate
+        groups.setdefault((p.descriptors, p.bytes, e.transfer_descriptors, e.choice), []).append(p)
+    for (count, nbytes, transfers, choice), members in groups.items():
+        e = members[0].estimate
+        named = ", ".join(f"{m.decode_rank}<-{m.prefill_rank}" for m in members[:4])
+        more = f" and {len(members) - 4} more" if len(members) > 4 else ""
+        size = f"{nbytes // count:,} B" if count else "0 B"
+        lines.append(
+            f"  decode<-prefill {named}{more} ({len(members)} pairs): {count:,} descriptors of "
+            f"{size}; direct {_seconds(e.direct_s)}, staged {_seconds(e.staging_s)} in "
+            f"{transfers:,} descriptor(s) -> {choice}"
+        )
+    return lines
 
 
 def _context_line(planner: PDTransferPlanner) -> str:
@@ -707,7 +748,7 @@ def _demo() -> None:
     shape = ModelShape.preset(DEMO_MODEL)
     planner = Deployment(prefill_tp=8, decode_tp=2).planner(shape)
     print(f"pdplan {_core.__version__} demo: {DEMO_MODEL}")
-    _print_table(shape, planner)
+    _print_table(shape, planner, CostModel(), None)
     tokens = 32768
     pages = tokens // shape.page_size
     print()
@@ -783,7 +824,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"supported: {kind} plan, {len(planner.prefill_buffers)} buffers, verified")
             if line := _context_line(planner):
                 print(line)
-            print(_request_line(planner))
+            for line in _request_lines(planner, _cost_model(args), args.chunk_bytes):
+                print(line)
             if note := _idle_note(planner):
                 print(f"note: {note}")
             return 0
@@ -796,7 +838,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.format == "dot":
             _print_dot(planner, ranks)
         else:
-            _print_table(shape, planner, ranks if args.decode_rank else None)
+            _print_table(
+                shape,
+                planner,
+                _cost_model(args),
+                args.chunk_bytes,
+                ranks if args.decode_rank else None,
+            )
         return 0
     except (UserError, UnsupportedPDLayoutError) as exc:
         print(f"pdplan: {exc}", file=sys.stderr)

@@ -38,6 +38,11 @@ class CostEstimate:
     transfer_descriptors: int
     bytes: int
 
+    @classmethod
+    def total(cls, estimates: Sequence[CostEstimate]) -> CostEstimate:
+        """Several transfers of one request (say its KV and its state), one after another."""
+        return cls(*(sum(getattr(e, name) for e in estimates) for name in cls.__dataclass_fields__))
+
     @property
     def choice(self) -> Literal["direct", "staging"]:
         return "staging" if self.staging_s < self.direct_s else "direct"

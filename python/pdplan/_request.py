@@ -1,0 +1,110 @@
+"""One request of a deployment, rank pair by rank pair: what the layout costs it in
+descriptors and bytes, and what the cost model says of staging it. The command prints this."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pdplan import _core
+from pdplan._context import token_slots
+from pdplan._core import PreparedTransfer
+from pdplan._planner import PDTransferPlanner
+from pdplan._staging import CostEstimate, CostModel
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["PairRequest", "page_sizes", "request_pairs"]
+
+
+@dataclass(frozen=True)
+class PairRequest:
+    """One (decode rank, prefill rank) pair's share of a request."""
+
+    decode_rank: int
+    prefill_rank: int
+    descriptors: int
+    bytes: int
+    estimate: CostEstimate
+
+
+def page_sizes(planner: PDTransferPlanner) -> tuple[int, int]:
+    """Tokens a page on each side (of the token-indexed buffers; models use one size a side)."""
+    kv = [i for i, b in enumerate(planner.prefill_buffers) if b.logical_axis != "state_channel"]
+    first = kv[0] if kv else 0
+    return planner.prefill_buffers[first].page_size, planner.decode_buffers[first].page_size
+
+
+def request_pairs(
+    planner: PDTransferPlanner,
+    tokens: int,
+    model: CostModel | None = None,
+    chunk_bytes: int | None = None,
+) -> Iterator[PairRequest]:
+    """Every rank pair of one request of `tokens` tokens landing on decode DP group 0, its
+    pages scattered on both sides (so no two pages happen to be neighbours). Token-indexed
+    buffers move by slot maps when the plan maps tokens, else by pages; state moves as one
+    page, in a staging plan of its own."""
+    import numpy as np
+
+    model = model or CostModel()
+    sizes = page_sizes(planner)
+    counts = [-(-tokens // size) for size in sizes]
+    # Every other page, backwards: neighbours in the request are never neighbours in memory.
+    tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
+    capacity = 2 * max(counts)
+    by_token = [
+        b.buffer_index for b in planner.prefill_buffers if b.logical_axis != "state_channel"
+    ]
+    state = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis == "state_channel"]
+    src_limits = [b.item_stride_bytes * capacity for b in planner.prefill_buffers]
+    dst_limits = [b.item_stride_bytes * capacity for b in planner.decode_buffers]
+    bases = [1 << 40] * len(src_limits)
+    layouts = (planner.prefill_layout, planner.decode_layout)
+
+    def slots(side: int, rank: int) -> npt.NDArray[np.int64]:
+        # The rank's share of the tokens (all of them without CP), in its own pages.
+        ways, index = _core.rank_token_share(layouts[side], rank)
+        layout = layouts[side]
+        return token_slots(
+            tables[side],
+            sizes[side],
+            tokens,
+            cp_size=ways,
+            cp_rank=index,
+            cp_split=layout.cp_split,
+            interleave=layout.cp_interleave,
+        )
+
+    for rank in range(planner.decode_layout.world_size):
+        if _core.rank_coordinates(planner.decode_layout, rank)[0] != 0:
+            continue
+        dst_slots = slots(1, rank) if planner.token_maps else None
+        sources = planner.transfer_fragments(rank, num_tokens=tokens)
+        for prefill_rank, fragments in sources.items():
+            prepared = PreparedTransfer(
+                fragments, bases, bases, src_limits=src_limits, dst_limits=dst_limits
+            )
+            if dst_slots is not None:
+                src_slots = slots(0, prefill_rank)
+                plans = [
+                    prepared.token_staging_plan(
+                        src_slots, dst_slots, buffers=by_token, chunk_bytes=chunk_bytes
+                    )
+                ]
+            else:
+                plans = [prepared.staging_plan(*tables, buffers=by_token, chunk_bytes=chunk_bytes)]
+            if state:
+                plans.append(
+                    prepared.staging_plan([0], [0], buffers=state, chunk_bytes=chunk_bytes)
+                )
+            yield PairRequest(
+                rank,
+                prefill_rank,
+                sum(p.num_direct_descriptors for p in plans),
+                sum(p.staging_bytes for p in plans),
+                CostEstimate.total([model.estimate_plan(p) for p in plans]),
+            )
