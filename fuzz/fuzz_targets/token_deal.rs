@@ -19,7 +19,13 @@ fn deal(input: &mut Input<'_>) -> Option<TokenDeal> {
         _ => CpSplit::Zigzag,
     };
     // Zero sizes too: they must be refused, not panic.
-    TokenDeal::new(input.int(1) % 12, split, input.int(1) % 40, input.int(1) % 40).ok()
+    TokenDeal::new(
+        input.int(1) % 12,
+        split,
+        input.int(1) % 40,
+        input.int(1) % 40,
+    )
+    .ok()
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -36,7 +42,11 @@ fuzz_target!(|data: &[u8]| {
     let mut counts = vec![0u64; usize::try_from(a.ways()).unwrap_or(0)];
     for t in 0..n {
         let owner = a.owner(t, n);
-        assert!(owner < a.ways(), "token {t} of {n}: owner {owner} of {}", a.ways());
+        assert!(
+            owner < a.ways(),
+            "token {t} of {n}: owner {owner} of {}",
+            a.ways()
+        );
         let count = &mut counts[usize::try_from(owner).unwrap_or(0)];
         assert_eq!(a.local_index(t, n), *count, "token {t} of {n}");
         *count += 1;

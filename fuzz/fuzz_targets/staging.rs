@@ -1,0 +1,173 @@
+//! Fragments from a peer, with page lists, over real host memory: the staging-plan builder
+//! must refuse or build, never panic; every gather and scatter descriptor must lie inside the
+//! memory it was given (caches on one side, `[0, staging_bytes)` on the other); the transfer
+//! chunks must tile the staging buffers; and gather (host pack) -> transfer -> scatter (host
+//! unpack) must leave the destination exactly as the direct descriptors do, copied byte by
+//! byte. The copies go through raw addresses, so the sanitizer checks they stay in bounds.
+#![no_main]
+
+mod common;
+
+use common::{assert_inside, Input};
+use libfuzzer_sys::fuzz_target;
+use pdplan::descriptors::{build, Buffers, Descriptors};
+use pdplan::host_copy::{pack, unpack};
+use pdplan::staging::StagingPlan;
+use pdplan::{BufferKind, Fragment};
+
+/// Copies every descriptor byte by byte, in order: the definition of a transfer.
+fn apply(d: &Descriptors, read: impl Fn(u64) -> u8, mut write: impl FnMut(u64, u8)) {
+    for i in 0..d.len() {
+        for k in 0..d.lengths[i] {
+            write(d.dst_addrs[i] + k, read(d.src_addrs[i] + k));
+        }
+    }
+}
+
+/// Offsets from 0 with no gap or overlap, in order, ending at `total`.
+fn assert_partition(offsets: &[u64], lengths: &[u64], total: u64) {
+    let mut next = 0;
+    for (&offset, &len) in offsets.iter().zip(lengths) {
+        assert_eq!(offset, next, "staging offsets must follow each other");
+        next += len;
+    }
+    assert_eq!(next, total);
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input(data);
+    let count = 1 + input.int(1) % 3;
+    let limits: Vec<u64> = (0..count).map(|_| input.int(2) % 4096).collect();
+    // Real memory on both sides; source bytes are their own position, mod 251.
+    let mut src: Vec<Vec<u8>> = limits
+        .iter()
+        .enumerate()
+        .map(|(b, &n)| (0..n).map(|i| ((i + 97 * b as u64) % 251) as u8).collect())
+        .collect();
+    let mut dst: Vec<Vec<u8>> = limits.iter().map(|&n| vec![0xA5; n as usize]).collect();
+    let src_bases: Vec<u64> = src.iter_mut().map(|v| v.as_mut_ptr() as u64).collect();
+    let dst_bases: Vec<u64> = dst.iter_mut().map(|v| v.as_mut_ptr() as u64).collect();
+    let pages = input.int(1) % 12;
+    let src_pages: Vec<u64> = (0..pages).map(|_| input.int(1) % 16).collect();
+    let dst_pages: Vec<u64> = (0..pages).map(|_| input.int(1) % 16).collect();
+    let fragments: Vec<Fragment> = (0..input.int(1) % 6)
+        .map(|_| Fragment {
+            buffer_index: input.int(1) % (count + 1),
+            buffer_kind: BufferKind::TargetK,
+            src_rank: 0,
+            dst_rank: 0,
+            src_page_stride_bytes: input.int(1),
+            dst_page_stride_bytes: input.int(1),
+            src_byte_offset: input.int(1),
+            dst_byte_offset: input.int(1),
+            bytes_per_page: input.int(1),
+            page_count: match input.int(1) {
+                0..=191 => None,
+                n => Some(n % 8),
+            },
+            rows_per_page: 1 + input.int(1) % 4,
+            src_row_stride_bytes: input.int(1),
+            dst_row_stride_bytes: input.int(1),
+            ..Fragment::default()
+        })
+        .collect();
+    let chunk = match input.int(1) {
+        0 => None,
+        n => Some(n % 64),
+    };
+    let side = |bases: &[u64]| Buffers {
+        bases: bases.to_vec(),
+        limits: Some(limits.clone()),
+    };
+    let (src_buffers, dst_buffers) = (side(&src_bases), side(&dst_bases));
+    let pages_pair = (src_pages.as_slice(), dst_pages.as_slice());
+    let Ok(direct) = build(&fragments, (&src_buffers, &dst_buffers), pages_pair, true) else {
+        return;
+    };
+    let memory = (src_buffers.declared(), dst_buffers.declared());
+    let Ok(plan) = StagingPlan::new(&direct, chunk, memory) else {
+        assert_eq!(chunk, Some(0), "only a zero chunk is refused");
+        return;
+    };
+    let total = plan.staging_bytes();
+    assert_eq!(total, direct.lengths.iter().sum::<u64>());
+    // Gather: cache -> offsets; scatter: offsets -> cache; each inside what it was given.
+    let (g, s) = (plan.gather(), plan.scatter());
+    let staged = [0u64];
+    let whole = [total];
+    let caches_only = |d: &Descriptors, cache_side_src: bool| {
+        let (bases, own) = if cache_side_src {
+            (&src_bases, &d.src_addrs)
+        } else {
+            (&dst_bases, &d.dst_addrs)
+        };
+        let view = Descriptors {
+            src_addrs: own.clone(),
+            dst_addrs: own.clone(),
+            lengths: d.lengths.clone(),
+        };
+        assert_inside(&view, bases, &limits);
+    };
+    caches_only(g, true);
+    caches_only(s, false);
+    assert_partition(&g.dst_addrs, &g.lengths, total);
+    assert_partition(&s.src_addrs, &s.lengths, total);
+    let staging_view = |offsets: &[u64], lengths: &[u64]| Descriptors {
+        src_addrs: offsets.to_vec(),
+        dst_addrs: offsets.to_vec(),
+        lengths: lengths.to_vec(),
+    };
+    assert_inside(&staging_view(&g.dst_addrs, &g.lengths), &staged, &whole);
+    // Transfer chunks tile [base, base + total) on both sides.
+    let t = plan
+        .transfer((1 << 20, 1 << 30), (Some(total), Some(total)))
+        .unwrap();
+    assert_partition(
+        &t.src_addrs
+            .iter()
+            .map(|a| a - (1 << 20))
+            .collect::<Vec<_>>(),
+        &t.lengths,
+        total,
+    );
+    assert!(t
+        .dst_addrs
+        .iter()
+        .zip(&t.src_addrs)
+        .all(|(d, s)| d - (1 << 30) == s - (1 << 20)));
+    assert!(
+        plan.transfer((0, 0), (Some(total.saturating_sub(1)), None))
+            .is_err()
+            || total == 0
+    );
+    // The direct transfer, byte by byte, on a copy of the destination.
+    let find = |bases: &[u64], address: u64| {
+        let b = bases
+            .iter()
+            .zip(&limits)
+            .position(|(&base, &n)| address >= base && address < base + n)
+            .expect("an address inside some buffer");
+        (b, usize::try_from(address - bases[b]).unwrap())
+    };
+    let mut expected = dst.clone();
+    apply(
+        &direct,
+        |a| {
+            let (b, i) = find(&src_bases, a);
+            src[b][i]
+        },
+        |a, v| {
+            let (b, i) = find(&dst_bases, a);
+            expected[b][i] = v;
+        },
+    );
+    // Staged, through the host copies.
+    let mut staging_src = vec![0u8; usize::try_from(total).unwrap()];
+    pack(&plan, &mut staging_src).unwrap();
+    let staging_dst = staging_src.clone();
+    unpack(&plan, &staging_dst).unwrap();
+    assert_eq!(
+        dst, expected,
+        "staging must write exactly what the direct descriptors write"
+    );
+});
