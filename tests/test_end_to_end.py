@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -551,6 +552,32 @@ def test_a_wrong_plan_is_caught_by_the_byte_comparison() -> None:
         outcome = run_in_memory(CASES[0])
     finally:
         pd_transfer.filled_prefill_cache = original
+    assert outcome.mismatches
+
+
+def test_a_decode_side_that_plans_other_pages_is_caught_by_the_byte_comparison(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Staging is checked as strictly: a decode rank that scatters by a plan of other pages
+    (its neighbour's request, say) leaves wrong bytes, and so does one that skips unpacking."""
+    import pd_transfer
+
+    case = STAGING_CASES[0]
+    assert run_in_memory(case).mismatches == []
+    other = replace(case, dst_pages=case.dst_pages[1:] + case.dst_pages[:1])
+    original = pd_transfer.RankServer.stage_in
+
+    def stage_in(self: pd_transfer.RankServer, *args: Any) -> Any:
+        self.scenario = other if self.role == "decode" else self.scenario
+        return original(self, *args)
+
+    monkeypatch.setattr(pd_transfer.RankServer, "stage_in", stage_in)
+    assert run_in_memory(case).mismatches
+    monkeypatch.undo()
+    monkeypatch.setattr(
+        pd_transfer.StagingPlan, "unpack", lambda self, staging: None, raising=False
+    )
+    outcome = run_in_memory(case)
     assert outcome.mismatches
 
 
