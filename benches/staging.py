@@ -29,10 +29,8 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -229,52 +227,50 @@ def request_rows() -> list[str]:
     return rows
 
 
-def pair_rows(layers: int, model: CostModel, repeat: int) -> tuple[list[str], list[str]]:
-    host, engine = [], []
-    for layout in LAYOUTS:
-        pair = Pair(layout, layers)
-        build_s, plan = best_of(pair.plan, 3)
-        assert isinstance(plan, StagingPlan)
-        n = plan.staging_bytes
-        src_staging = np.ones(n, dtype=np.uint8)
-        dst_staging = np.ones(n, dtype=np.uint8)
-        pack_s = best_of(lambda: plan.pack(src_staging), repeat)[0]
-        unpack_s = best_of(lambda: plan.unpack(dst_staging), repeat)[0]
-        copy_s = copy_limit(n, repeat)
-        e = model.estimate_plan(plan)
-        host.append(
-            f"| {layout.name} | {n / 2**20:,.0f} MiB | {plan.num_gather_descriptors:,} / "
-            f"{plan.num_scatter_descriptors:,} | {fmt(build_s)} | {fmt(pack_s)} "
-            f"({n / pack_s / 1e9:.1f} GB/s) | {fmt(unpack_s)} ({n / unpack_s / 1e9:.1f} GB/s) | "
-            f"{fmt(copy_s)} ({n / copy_s / 1e9:.1f} GB/s) | {copy_s / pack_s:.2f}× / "
-            f"{copy_s / unpack_s:.2f}× | {fmt(e.gather_s)} / {fmt(e.scatter_s)} |"
-        )
-        # The engine: direct descriptors against gather + one descriptor + scatter.
-        nixl = Nixl([*pair.src, src_staging], [*pair.dst, dst_staging])
-        direct = pair.direct()
-        direct_s = min(nixl.write(direct) for _ in range(2))
-        transfer = plan.transfer_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data)
+def measure_pair(layout: Layout, layers: int, model: CostModel, repeat: int) -> tuple[str, str]:
+    """One layout's host-copy row and engine row."""
+    pair = Pair(layout, layers)
+    build_s, plan = best_of(pair.plan, 3)
+    assert isinstance(plan, StagingPlan)
+    n = plan.staging_bytes
+    src_staging = np.ones(n, dtype=np.uint8)
+    dst_staging = np.ones(n, dtype=np.uint8)
+    pack_s = best_of(lambda: plan.pack(src_staging), repeat)[0]
+    unpack_s = best_of(lambda: plan.unpack(dst_staging), repeat)[0]
+    copy_s = copy_limit(n, repeat)
+    e = model.estimate_plan(plan)
+    host = (
+        f"| {layout.name} | {n / 2**20:,.0f} MiB | {plan.num_gather_descriptors:,} / "
+        f"{plan.num_scatter_descriptors:,} | {fmt(build_s)} | {fmt(pack_s)} "
+        f"({n / pack_s / 1e9:.1f} GB/s) | {fmt(unpack_s)} ({n / unpack_s / 1e9:.1f} GB/s) | "
+        f"{fmt(copy_s)} ({n / copy_s / 1e9:.1f} GB/s) | {copy_s / pack_s:.2f}× / "
+        f"{copy_s / unpack_s:.2f}× | {fmt(e.gather_s)} / {fmt(e.scatter_s)} |"
+    )
+    # The engine: direct descriptors against gather + one descriptor + scatter.
+    nixl = Nixl([*pair.src, src_staging], [*pair.dst, dst_staging])
+    direct = pair.direct()
+    direct_s = min(nixl.write(direct) for _ in range(2))
+    transfer = plan.transfer_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data)
 
-        def staged() -> float:
-            started = time.perf_counter()
-            plan.pack(src_staging)
-            nixl.write(transfer)
-            plan.unpack(dst_staging)
-            return time.perf_counter() - started
+    def staged() -> float:
+        started = time.perf_counter()
+        plan.pack(src_staging)
+        nixl.write(transfer)
+        plan.unpack(dst_staging)
+        return time.perf_counter() - started
 
-        staged_s = min(staged() for _ in range(3))
-        # Both ways leave the same bytes: the staged run last, checked against a direct one.
-        got = [a.copy() for a in pair.dst]
-        for a in pair.dst:
-            a[:] = 1
-        nixl.write(direct)
-        assert all(np.array_equal(g, a) for g, a in zip(got, pair.dst)), layout.name
-        measured = "staging" if staged_s < direct_s else "direct"
-        engine.append(
-            f"| {layout.name} | {direct.num_descriptors:,} | {fmt(e.direct_s)} | {fmt(direct_s)} "
-            f"| {fmt(e.staging_s)} | {fmt(staged_s)} | {e.choice} | {measured} |"
-        )
-        del pair, src_staging, dst_staging
+    staged_s = min(staged() for _ in range(3))
+    # Both ways leave the same bytes: the staged run's caches against a direct run's.
+    got = [a.copy() for a in pair.dst]
+    for a in pair.dst:
+        a[:] = 1
+    nixl.write(direct)
+    assert all(np.array_equal(g, a) for g, a in zip(got, pair.dst)), layout.name
+    measured = "staging" if staged_s < direct_s else "direct"
+    engine = (
+        f"| {layout.name} | {direct.num_descriptors:,} | {fmt(e.direct_s)} | {fmt(direct_s)} "
+        f"| {fmt(e.staging_s)} | {fmt(staged_s)} | {e.choice} | {measured} |"
+    )
     return host, engine
 
 
@@ -284,7 +280,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="best of this many runs")
     args = parser.parse_args()
     model, figures = calibrate(args.repeat)
-    host, engine = pair_rows(args.layers, model, args.repeat)
+    rows = [measure_pair(layout, args.layers, model, args.repeat) for layout in LAYOUTS]
+    host, engine = [row[0] for row in rows], [row[1] for row in rows]
     defaults = CostModel()
     lines = [
         f"One {TOKENS:,}-token request, 64-token pages, scattered.",
@@ -294,8 +291,8 @@ def main() -> None:
         f"{defaults.network_bytes_per_s * 8 / 1e9:g} Gb/s, GPU copies at "
         f"{defaults.copy_bytes_per_s / 1e9:g} GB/s + {defaults.per_copy_s * 1e6:g} µs):",
         "",
-        "| layout | rank pairs | direct descriptors | B a descriptor | staged (transfer) descriptors "
-        "| fewer | direct, a pair (model) | staged, a pair (model) | choice |",
+        "| layout | rank pairs | direct descriptors | B a descriptor | staged (transfer) "
+        "descriptors | fewer | direct, a pair (model) | staged, a pair (model) | choice |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         *request_rows(),
         "",
