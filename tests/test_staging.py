@@ -83,10 +83,7 @@ def pair(planner: PDTransferPlanner, decode_rank: int, prefill_rank: int, pages:
     return Pair(planner, src, dst, prepared, tuple(fragments))
 
 
-def kv_planner(
-    ptp: int, dtp: int, layout: str, layers: int = 2, head_dim: int = 16
-) -> PDTransferPlanner:
-    shape = ModelShape(layers=layers, kv_heads=8, head_dim=head_dim, page_size=16)
+def planner_for(shape: ModelShape, ptp: int, dtp: int, layout: str) -> PDTransferPlanner:
     prefill, decode = model_buffer_layouts(shape, ptp, dtp, layout)  # type: ignore[arg-type]
     return PDTransferPlanner(
         prefill_layout=ParallelLayout("prefill", ptp),
@@ -94,6 +91,13 @@ def kv_planner(
         prefill_buffers=prefill,
         decode_buffers=decode,
     )
+
+
+def kv_planner(
+    ptp: int, dtp: int, layout: str, layers: int = 2, head_dim: int = 16
+) -> PDTransferPlanner:
+    shape = ModelShape(layers=layers, kv_heads=8, head_dim=head_dim, page_size=16)
+    return planner_for(shape, ptp, dtp, layout)
 
 
 NHD_8_TO_2 = kv_planner(8, 2, "NHD")
@@ -308,13 +312,7 @@ def request_pair(planner: PDTransferPlanner, decode_rank: int, tokens: int, page
 
 def llama70b(ptp: int, dtp: int, layout: str, page_size: int = 64) -> PDTransferPlanner:
     shape = replace(ModelShape.preset("llama-3-70b"), page_size=page_size)
-    prefill, decode = model_buffer_layouts(shape, ptp, dtp, layout)  # type: ignore[arg-type]
-    return PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", ptp),
-        decode_layout=ParallelLayout("decode", dtp),
-        prefill_buffers=prefill,
-        decode_buffers=decode,
-    )
+    return planner_for(shape, ptp, dtp, layout)
 
 
 def test_the_default_model_stages_tiny_descriptors_and_not_whole_head_slices() -> None:

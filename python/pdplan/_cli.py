@@ -191,36 +191,20 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
         "staging cost model (defaults: GPU caches behind a 400 Gb/s NIC; see pdplan.CostModel)"
     )
     defaults = CostModel()
-    cost.add_argument(
-        "--per-descriptor-us",
-        type=_non_negative,
-        default=defaults.per_descriptor_s * 1e6,
-        help="what the engine pays a descriptor, in µs (%(default)g)",
-    )
-    cost.add_argument(
-        "--network-gbit",
-        type=_positive_real,
-        default=defaults.network_bytes_per_s * 8 / 1e9,
-        help="wire bandwidth, in Gb/s (%(default)g)",
-    )
-    cost.add_argument(
-        "--copy-gbyte",
-        type=_positive_real,
-        default=defaults.copy_bytes_per_s / 1e9,
-        help="gather/scatter copy rate, in GB/s (%(default)g)",
-    )
-    cost.add_argument(
-        "--per-copy-us",
-        type=_non_negative,
-        default=defaults.per_copy_s * 1e6,
-        help="fixed cost of one gather or scatter (a kernel launch), in µs (%(default)g)",
-    )
-    cost.add_argument(
-        "--per-segment-ns",
-        type=_non_negative,
-        default=defaults.per_segment_s * 1e9,
-        help="cost of each gather/scatter segment, in ns (%(default)g)",
-    )
+    figures = (
+        ("--per-descriptor-us", _non_negative, defaults.per_descriptor_s * 1e6,
+         "what the engine pays a descriptor, in µs"),
+        ("--network-gbit", _positive_real, defaults.network_bytes_per_s * 8 / 1e9,
+         "wire bandwidth, in Gb/s"),
+        ("--copy-gbyte", _positive_real, defaults.copy_bytes_per_s / 1e9,
+         "gather/scatter copy rate, in GB/s"),
+        ("--per-copy-us", _non_negative, defaults.per_copy_s * 1e6,
+         "fixed cost of one gather or scatter (a kernel launch), in µs"),
+        ("--per-segment-ns", _non_negative, defaults.per_segment_s * 1e9,
+         "cost of each gather/scatter segment, in ns"),
+    )  # fmt: skip
+    for flag, kind, default, text in figures:
+        cost.add_argument(flag, type=kind, default=default, help=f"{text} (%(default)g)")
     cost.add_argument(
         "--chunk-bytes",
         type=_positive,

@@ -109,9 +109,7 @@ impl PyStagingPlan {
 
     /// Copies the source caches into `staging` (host memory), with the GIL released.
     fn pack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
-        let array = staging
-            .cast::<PyArray1<u8>>()
-            .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))?;
+        let array = staging_array(staging)?;
         let mut writable = array.try_readwrite().map_err(|_| {
             to_py_err(PlanError::new(
                 "staging is not writable (or is borrowed elsewhere); pass a writable array",
@@ -126,9 +124,7 @@ impl PyStagingPlan {
 
     /// Copies `staging` (host memory) into the destination caches, with the GIL released.
     fn unpack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
-        let array = staging
-            .cast::<PyArray1<u8>>()
-            .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))?;
+        let array = staging_array(staging)?;
         let readable = array.try_readonly().map_err(|_| {
             to_py_err(PlanError::new(
                 "staging is borrowed mutably elsewhere; pass an array no one is writing",
@@ -140,6 +136,14 @@ impl PyStagingPlan {
         py.detach(|| host_copy::unpack(&self.inner, slice))
             .map_err(to_py_err)
     }
+}
+
+fn staging_array<'a, 'py>(
+    staging: &'a Bound<'py, PyAny>,
+) -> PyResult<&'a Bound<'py, PyArray1<u8>>> {
+    staging
+        .cast::<PyArray1<u8>>()
+        .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))
 }
 
 /// The cost model's figures for a plan, in seconds: direct, staging, gather, wire, scatter.
