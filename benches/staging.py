@@ -19,6 +19,8 @@ Three layouts of a 32k-token request (64-token pages, scattered):
    engine from NIXL (UCX, two agents in this process, DRAM to DRAM) moving one 64 MiB
    descriptor and 100,000 64-byte ones; its predictions beside the measured NIXL direct and
    staged (pack + one descriptor + unpack) times of the same pair.
+4. Mooncake (TCP on 127.0.0.1, one process a side, through `examples/pd_transfer.py`): every
+   rank pair of a smaller request, direct and staged, timed by the harness.
 
 Writes benches/results/staging.md.
 """
@@ -31,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -249,7 +252,7 @@ def measure_pair(layout: Layout, layers: int, model: CostModel, repeat: int) -> 
     # The engine: direct descriptors against gather + one descriptor + scatter.
     nixl = Nixl([*pair.src, src_staging], [*pair.dst, dst_staging])
     direct = pair.direct()
-    direct_s = min(nixl.write(direct) for _ in range(2))
+    direct_s = min(nixl.write(direct) for _ in range(3))
     transfer = plan.transfer_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data)
 
     def staged() -> float:
@@ -274,10 +277,61 @@ def measure_pair(layout: Layout, layers: int, model: CostModel, repeat: int) -> 
     return host, engine
 
 
+def harness_cases(pages: int, layers: int) -> list[Any]:
+    """The three layouts at the end-to-end harness's scale: `pages` 64-token pages, `layers`
+    layers, one process a side, every rank pair of the request."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from pd_transfer import Buffer, BufferKind, Context, Scenario, Tokens, kv_cache
+
+    rng = np.random.default_rng(1)
+    shuffled = {
+        "capacity_pages": pages,
+        "src_pages": tuple(rng.permutation(pages).tolist()),
+        "dst_pages": tuple(rng.permutation(pages).tolist()),
+    }
+    head = PAGE * 128 * 2  # one head of a page: 64 tokens x 128 bf16
+    latent = [
+        Buffer(i, BufferKind.TARGET_K, "replicated", 1, 576 * 2, page_sizes=(PAGE, PAGE), layer=i)
+        for i in range(layers)
+    ]
+    tables = tuple(rng.permutation(pages).tolist()), tuple(rng.permutation(pages).tolist())
+    tokens = Tokens(pages * PAGE, *tables, (0, pages * PAGE))
+    return [
+        Scenario("nhd", 8, 2, kv_cache(layers, 8, head, rows=PAGE), **shuffled),
+        Scenario(
+            "dcp", 8, 8, tuple(latent), capacity_pages=pages, tokens=tokens,
+            decode_context=Context(dcp=8),
+        ),
+        Scenario("hnd", 2, 8, kv_cache(layers, 8, head), **shuffled),
+    ]  # fmt: skip
+
+
+def mooncake_rows(pages: int, layers: int, model: CostModel) -> list[str]:
+    """Direct against staged through Mooncake (TCP on 127.0.0.1, one process a side), timed
+    by the harness: building and writing on the prefill side, plus planning and unpacking on
+    the decode side when staged."""
+    from pd_transfer import run_in_processes
+
+    rows = []
+    for layout, case in zip(LAYOUTS, harness_cases(pages, layers)):
+        direct = run_in_processes(case, "mooncake", per_side=True)
+        staged = run_in_processes(replace(case, staging=True), "mooncake", per_side=True)
+        assert direct.mismatches == [] and staged.mismatches == [], layout.name
+        faster = "staging" if staged.seconds < direct.seconds else "direct"
+        rows.append(
+            f"| {layout.name} | {direct.bytes / 2**20:,.0f} MiB | {direct.descriptors:,} | "
+            f"{staged.descriptors:,} | {fmt(direct.seconds)} | {fmt(staged.seconds)} | {faster} |"
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8, help="layers of the real-memory pair")
     parser.add_argument("--repeat", type=int, default=5, help="best of this many runs")
+    parser.add_argument(
+        "--mooncake-pages", type=int, default=64, help="64-token pages of the Mooncake runs"
+    )
     args = parser.parse_args()
     model, figures = calibrate(args.repeat)
     rows = [measure_pair(layout, args.layers, model, args.repeat) for layout in LAYOUTS]
@@ -315,6 +369,15 @@ def main() -> None:
         "| staged (NIXL: pack + 1 descriptor + unpack) | model's choice | faster measured |",
         "| --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
         *engine,
+        "",
+        f"**Mooncake** (TCP on 127.0.0.1, one process a side; every rank pair of a "
+        f"{args.mooncake_pages * PAGE:,}-token request over the first 2 layers; the harness's "
+        "times: building and writing, plus planning and unpacking when staged):",
+        "",
+        "| layout | bytes | direct descriptors | staged descriptors | direct | staged "
+        "| faster measured |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        *mooncake_rows(args.mooncake_pages, 2, model),
     ]
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(exist_ok=True)

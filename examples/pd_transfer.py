@@ -482,6 +482,10 @@ class LoopbackEngine:
         return 0
 
 
+#: Descriptors in one Mooncake batch.
+MOONCAKE_BATCH = 2048
+
+
 class MooncakeEngine:
     """Mooncake's transfer engine with its TCP transport and P2P handshake metadata."""
 
@@ -503,11 +507,17 @@ class MooncakeEngine:
         return f"127.0.0.1:{self.engine.get_rpc_port()}"
 
     def write(self, peer: str, srcs: np.ndarray, dsts: np.ndarray, lengths: np.ndarray) -> int:
-        return int(
-            self.engine.batch_transfer_sync_write(
-                peer, srcs.tolist(), dsts.tolist(), lengths.tolist()
+        # One batch of 4,096 descriptors or more fails with -1 here: write in batches below that.
+        for start in range(0, len(lengths), MOONCAKE_BATCH):
+            part = slice(start, start + MOONCAKE_BATCH)
+            status = int(
+                self.engine.batch_transfer_sync_write(
+                    peer, srcs[part].tolist(), dsts[part].tolist(), lengths[part].tolist()
+                )
             )
-        )
+            if status != 0:
+                return status
+        return 0
 
 
 class NixlEngine:
@@ -596,7 +606,7 @@ class RankServer:
     # from one rank pair can hold), the decode side's regions handed out per prefill rank,
     # and the decode side's plans waiting to be unpacked.
     staging: np.ndarray | None = None
-    staged: dict[int, tuple[StagingPlan, np.ndarray]] = field(default_factory=dict)
+    staged: dict[int, tuple[StagingPlan, np.ndarray, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         s = self.scenario
@@ -666,11 +676,12 @@ class RankServer:
         prepared = PreparedTransfer.from_frames(
             version, payload, unknown, self.bases, dst_limits=self.limits
         )
+        started = time.perf_counter()
         plan = self.staging_plan(prepared, prefill_rank, self.rank)
-        start = sum(region.nbytes for _, region in self.staged.values())
+        start = sum(region.nbytes for _, region, _ in self.staged.values())
         region = self.staging[start : start + plan.staging_bytes]
         assert region.nbytes == plan.staging_bytes, "decode staging buffer too small"
-        self.staged[prefill_rank] = (plan, region)
+        self.staged[prefill_rank] = (plan, region, time.perf_counter() - started)
         return region.ctypes.data, region.nbytes
 
     def handle(self, message: tuple[Any, ...]) -> Any:
@@ -690,9 +701,10 @@ class RankServer:
         if kind == "stage_in":
             return self.stage_in(*message[1:])
         if kind == "unpack":  # decode: what a prefill rank sent, into the caches
-            plan, region = self.staged.pop(message[1])
+            plan, region, planned = self.staged.pop(message[1])
+            started = time.perf_counter()
             plan.unpack(region)
-            return None
+            return planned + time.perf_counter() - started  # the decode side's seconds
         if kind == "write" and self.scenario.staging:
             return self.write_staged(*message[1:])
         if kind == "write":  # prefill: frames in, descriptors out, write
@@ -883,7 +895,7 @@ class RankOnSide:
 class Outcome:
     descriptors: int
     bytes: int
-    seconds: float
+    seconds: float  # building and writing, summed over pairs (staged: also plan + unpack)
     build_seconds: float
     writes_per_prefill_rank: dict[int, int]
     mismatches: list[str]
@@ -915,7 +927,7 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
                 if result["status"] != 0:
                     raise RuntimeError(f"transfer to decode rank {decode_rank} failed: {result}")
                 if scenario.staging:
-                    handle.handle(("unpack", prefill_rank))
+                    totals["seconds"] += handle.handle(("unpack", prefill_rank))
                     totals_staged["direct_descriptors"] += result["direct_descriptors"]
                 writes[prefill_rank] += 1
                 for key in totals:
