@@ -368,3 +368,20 @@ def test_staging_leaves_the_direct_descriptors_alone() -> None:
     p.prepared.staging_plan(range(4), range(4))
     after = p.prepared.descriptors(range(4), range(4))
     assert all(np.array_equal(a, b) for a, b in zip(before, after))
+
+
+def test_one_plan_packs_for_threads_at_once() -> None:
+    """Pack runs without the GIL: threads share one plan, each with its staging array."""
+    import threading
+
+    p = pair(kv_planner(8, 2, "NHD", layers=4, head_dim=32), 0, 3, pages=1024)
+    plan = p.prepared.staging_plan(np.arange(1024), np.arange(1024)[::-1])
+    expected = np.zeros(plan.staging_bytes, dtype=np.uint8)
+    plan.pack(expected)
+    outputs = [np.zeros(plan.staging_bytes, dtype=np.uint8) for _ in range(4)]
+    threads = [threading.Thread(target=plan.pack, args=(out,)) for out in outputs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(np.array_equal(out, expected) for out in outputs)
