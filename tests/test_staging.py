@@ -102,6 +102,13 @@ def kv_planner(
 
 NHD_8_TO_2 = kv_planner(8, 2, "NHD")
 HND_2_TO_8 = kv_planner(2, 8, "HND")
+#: Token-major pages of 16 tokens into pages of 64: only slot maps move these.
+TOKENS_4_TO_2 = PDTransferPlanner(
+    prefill_layout=ParallelLayout("prefill", 4),
+    decode_layout=ParallelLayout("decode", 2),
+    prefill_buffers=kv(4, 16, rows=16, token_bytes=64),
+    decode_buffers=kv(2, 64, rows=64, token_bytes=64),
+)
 
 
 def staged_through(plan: StagingPlan, p: Pair) -> None:
@@ -183,12 +190,7 @@ def test_the_decode_side_plans_the_same_scatter_without_the_prefill_addresses() 
 
 
 def test_token_staging_moves_what_token_descriptors_move() -> None:
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 4),
-        decode_layout=ParallelLayout("decode", 2),
-        prefill_buffers=kv(4, 16, rows=16, token_bytes=64),
-        decode_buffers=kv(2, 64, rows=64, token_bytes=64),
-    )
+    planner = TOKENS_4_TO_2
     p = pair(planner, 0, 1, pages=10)
     n = 150
     src_slots = token_slots(np.array([9, 0, 4, 2, 7, 1, 3, 5, 6, 8]), 16, n)
@@ -348,12 +350,7 @@ def test_the_choice_follows_the_figures() -> None:
 
 
 def test_token_estimates_weigh_the_slot_map_request() -> None:
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 4),
-        decode_layout=ParallelLayout("decode", 2),
-        prefill_buffers=kv(4, 16, rows=16, token_bytes=64),
-        decode_buffers=kv(2, 64, rows=64, token_bytes=64),
-    )
+    planner = TOKENS_4_TO_2
     prepared, _, _ = request_pair(planner, 0, 1, 16)
     slots = token_slots(np.arange(64), 16, 1024), token_slots(np.arange(16), 64, 1024)
     e = CostModel().estimate_tokens(prepared, *slots)
