@@ -27,7 +27,7 @@ pub struct Buffers {
 
 impl Buffers {
     /// Every buffer as `(base, limit)`, or `None` without limits.
-    pub fn declared(&self) -> Option<Vec<(u64, u64)>> {
+    pub fn declared(&self) -> Option<std::sync::Arc<[(u64, u64)]>> {
         let limits = self.limits.as_ref()?;
         Some(
             self.bases

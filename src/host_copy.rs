@@ -255,7 +255,7 @@ mod tests {
         let mut staging = vec![0u8; 16];
         let err = pack(&unlimited, &mut staging).unwrap_err();
         assert!(err.message().contains("src_limits"), "{err}");
-        let declared = Some(vec![(base, 64)]);
+        let declared = Some(vec![(base, 64)].into());
         let plan = StagingPlan::new(&direct, None, (declared, None)).unwrap();
         assert!(pack(&plan, &mut [0u8; 15]).is_err());
         pack(&plan, &mut staging).unwrap();

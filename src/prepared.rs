@@ -9,7 +9,7 @@ pub use crate::descriptors::Buffers;
 use crate::descriptors::{self, place_all, validate_all, Descriptors, Placed};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-use crate::staging::{Declared, StagingPlan};
+use crate::staging::{Declared, StagingCounts, StagingPlan};
 use crate::tokens::{place_tokens, plan_tokens_of, untokenized, PlannedTokens, TokenPlaced};
 
 /// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
@@ -111,6 +111,17 @@ impl Prepared {
     /// The staging plan of direct descriptors this transfer built for one request.
     pub fn stage(&self, direct: &Descriptors, chunk_bytes: Option<u64>) -> PlanResult<StagingPlan> {
         StagingPlan::new(direct, chunk_bytes, self.memory.clone())
+    }
+
+    /// What `staging_plan` would count, without building it.
+    pub fn staging_counts(
+        &self,
+        (src_pages, dst_pages): (&[u64], &[u64]),
+        selection: &Selection,
+        chunk_bytes: Option<u64>,
+    ) -> PlanResult<StagingCounts> {
+        let direct = self.descriptors(src_pages, dst_pages, selection, true)?;
+        StagingCounts::of(&direct, chunk_bytes)
     }
 
     /// One request's staging plan from its slot maps (`token_descriptors`, coalesced).

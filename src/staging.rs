@@ -9,7 +9,7 @@
 //! destination cache. Gather then transfer then scatter writes exactly the bytes the direct
 //! descriptors would, and nothing else.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::descriptors::{Descriptors, MAX_DESCRIPTORS};
 use crate::error::{bail, PlanResult};
@@ -17,7 +17,7 @@ use crate::error::{bail, PlanResult};
 /// One side's memory as the caller declared it: `[base, base + limit)` per buffer, or `None`
 /// when no limits were given (descriptors are then unchecked, and nothing may copy through
 /// raw addresses).
-pub type Declared = Option<Vec<(u64, u64)>>;
+pub type Declared = Option<Arc<[(u64, u64)]>>;
 
 /// The counts a cost model weighs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -47,8 +47,67 @@ pub struct StagingPlan {
     scatter_disjoint: OnceLock<bool>,
 }
 
-/// Appends `(src, dst, len)`, merged into the last descriptor when `continues` says it
-/// continues it.
+/// One non-empty direct descriptor, in order, with where it lands in the staging buffer and
+/// whether it continues the one before it on each side.
+struct Run {
+    src: u64,
+    dst: u64,
+    offset: u64,
+    len: u64,
+    continues_src: bool,
+    continues_dst: bool,
+}
+
+/// Walks the direct descriptors once, in order (empty ones skipped), and returns the staging
+/// bytes: the one definition of the staging layout, for plans and for counts.
+fn walk(
+    direct: &Descriptors,
+    chunk_bytes: Option<u64>,
+    mut each: impl FnMut(&Run),
+) -> PlanResult<u64> {
+    if chunk_bytes == Some(0) {
+        bail!("chunk_bytes must be at least 1 (or None for one transfer descriptor)");
+    }
+    let mut offset = 0u64;
+    // Where the previous run ended on each side (bounds-checked addresses: no overflow).
+    let mut ends: Option<(Option<u64>, Option<u64>)> = None;
+    for ((&src, &dst), &len) in direct
+        .src_addrs
+        .iter()
+        .zip(&direct.dst_addrs)
+        .zip(&direct.lengths)
+    {
+        if len == 0 {
+            continue;
+        }
+        let (src_end, dst_end) = ends.unwrap_or((None, None));
+        each(&Run {
+            src,
+            dst,
+            offset,
+            len,
+            continues_src: src_end == Some(src),
+            continues_dst: dst_end == Some(dst),
+        });
+        ends = Some((src.checked_add(len), dst.checked_add(len)));
+        let Some(next) = offset.checked_add(len) else {
+            bail!("the request moves more than 2^64 bytes; split it");
+        };
+        offset = next;
+    }
+    Ok(offset)
+}
+
+/// Staging-to-staging descriptors for `bytes` in chunks of `chunk_bytes` (one without).
+fn transfer_count(bytes: u64, chunk_bytes: Option<u64>) -> u64 {
+    match chunk_bytes {
+        _ if bytes == 0 => 0,
+        None => 1,
+        Some(chunk) => bytes.div_ceil(chunk),
+    }
+}
+
+/// Appends `(src, dst, len)`, or lengthens the last descriptor when `continues`.
 fn push_merged(out: &mut Descriptors, (src, dst, len): (u64, u64, u64), continues: bool) {
     if continues {
         if let Some(last) = out.lengths.last_mut() {
@@ -61,21 +120,23 @@ fn push_merged(out: &mut Descriptors, (src, dst, len): (u64, u64, u64), continue
     out.lengths.push(len);
 }
 
-/// Whether a descriptor list's last entry ends at `address` on the side `side` reads.
-fn ends_at(out: &Descriptors, side: fn(&Descriptors) -> &[u64], address: u64) -> bool {
-    match (side(out).last(), out.lengths.last()) {
-        // Both were bounds-checked (a cache address) or summed with a check (an offset).
-        (Some(&start), Some(&len)) => start.checked_add(len) == Some(address),
-        _ => false,
+impl StagingCounts {
+    /// What a staging plan of these direct descriptors would count, without building it (the
+    /// cost model's path: no gather or scatter columns).
+    pub fn of(direct: &Descriptors, chunk_bytes: Option<u64>) -> PlanResult<Self> {
+        let (mut gather, mut scatter) = (0, 0);
+        let bytes = walk(direct, chunk_bytes, |run| {
+            gather += u64::from(!run.continues_src);
+            scatter += u64::from(!run.continues_dst);
+        })?;
+        Ok(Self {
+            direct: direct.len() as u64,
+            transfer: transfer_count(bytes, chunk_bytes),
+            gather,
+            scatter,
+            bytes,
+        })
     }
-}
-
-fn sources(d: &Descriptors) -> &[u64] {
-    &d.src_addrs
-}
-
-fn destinations(d: &Descriptors) -> &[u64] {
-    &d.dst_addrs
 }
 
 impl StagingPlan {
@@ -86,34 +147,24 @@ impl StagingPlan {
         chunk_bytes: Option<u64>,
         (src_memory, dst_memory): (Declared, Declared),
     ) -> PlanResult<Self> {
-        if chunk_bytes == Some(0) {
-            bail!("chunk_bytes must be at least 1 (or None for one transfer descriptor)");
-        }
         let mut gather = Descriptors::default();
         let mut scatter = Descriptors::default();
-        let mut offset = 0u64;
-        for ((&src, &dst), &len) in direct
-            .src_addrs
-            .iter()
-            .zip(&direct.dst_addrs)
-            .zip(&direct.lengths)
-        {
-            if len == 0 {
-                continue;
-            }
-            let joins_gather = ends_at(&gather, sources, src);
-            push_merged(&mut gather, (src, offset, len), joins_gather);
-            let joins_scatter = ends_at(&scatter, destinations, dst);
-            push_merged(&mut scatter, (offset, dst, len), joins_scatter);
-            let Some(next) = offset.checked_add(len) else {
-                bail!("the request moves more than 2^64 bytes; split it");
-            };
-            offset = next;
-        }
+        let staging_bytes = walk(direct, chunk_bytes, |run| {
+            push_merged(
+                &mut gather,
+                (run.src, run.offset, run.len),
+                run.continues_src,
+            );
+            push_merged(
+                &mut scatter,
+                (run.offset, run.dst, run.len),
+                run.continues_dst,
+            );
+        })?;
         Ok(Self {
             gather,
             scatter,
-            staging_bytes: offset,
+            staging_bytes,
             direct: direct.len() as u64,
             chunk_bytes,
             src_memory,
@@ -148,11 +199,7 @@ impl StagingPlan {
 
     /// How many staging-to-staging descriptors `transfer` makes.
     pub fn transfer_count(&self) -> u64 {
-        match self.chunk_bytes {
-            _ if self.staging_bytes == 0 => 0,
-            None => 1,
-            Some(chunk) => self.staging_bytes.div_ceil(chunk),
-        }
+        transfer_count(self.staging_bytes, self.chunk_bytes)
     }
 
     pub fn counts(&self) -> StagingCounts {
@@ -268,6 +315,27 @@ mod tests {
         );
         let counts = plan.counts();
         assert_eq!((counts.direct, counts.transfer, counts.bytes), (4, 1, 24));
+    }
+
+    #[test]
+    fn counts_without_a_plan_agree_with_the_plan() {
+        let rows = direct(&[
+            (1000, 5000, 8),
+            (1008, 5008, 8),
+            (0, 9, 0),
+            (1016, 5100, 8),
+            (7, 5108, 4),
+        ]);
+        for chunk in [None, Some(5)] {
+            let plan = StagingPlan::new(&rows, chunk, (None, None)).unwrap();
+            assert_eq!(StagingCounts::of(&rows, chunk).unwrap(), plan.counts());
+        }
+        let counts = StagingCounts::of(&rows, Some(5)).unwrap();
+        // Source runs: 1000..1024 then 7..11; destination runs: 5000..5016, 5100..5112.
+        assert_eq!(
+            (counts.gather, counts.scatter, counts.bytes, counts.transfer),
+            (2, 2, 28, 6)
+        );
     }
 
     #[test]

@@ -344,9 +344,15 @@ def test_the_choice_follows_the_figures() -> None:
         {"network_bytes_per_s": 0.0},
         {"per_copy_s": -1.0},
         {"copy_bytes_per_s": float("nan")},
+        {"per_descriptor_s": "fast"},
+        {"per_segment_s": None},
+        {"network_bytes_per_s": True},
     ):
         with pytest.raises(UnsupportedPDLayoutError):
             CostModel(**bad)  # type: ignore[arg-type]
+    refused("takes a PreparedTransfer, got str", CostModel().estimate, "p", [0], [0])
+    refused("takes a PreparedTransfer", CostModel().estimate_tokens, None, [0], [0])
+    refused("takes a StagingPlan, got int", CostModel().estimate_plan, 7)
 
 
 def test_token_estimates_weigh_the_slot_map_request() -> None:
@@ -356,6 +362,32 @@ def test_token_estimates_weigh_the_slot_map_request() -> None:
     e = CostModel().estimate_tokens(prepared, *slots)
     assert e.direct_descriptors == prepared.token_descriptors(*slots).num_descriptors
     assert e.bytes == prepared.token_descriptors(*slots).total_bytes
+
+
+def test_counts_without_a_plan_are_the_plans_counts() -> None:
+    """The cost model counts without building gather and scatter; the counts must be the
+    plan's, which the byte-level tests above check."""
+    for planner, d, s in ((NHD_8_TO_2, 1, 6), (HND_2_TO_8, 5, 1)):
+        p = pair(planner, d, s, pages=12)
+        pages = (np.array([3, 4, 5, 9, 10]), np.array([0, 7, 8, 2, 3]))
+        for chunk in (None, 100):
+            plan = p.prepared.staging_plan(*pages, chunk_bytes=chunk)
+            assert p.prepared.staging_counts(*pages, chunk_bytes=chunk) == plan.counts
+            g, sc = plan.gather, plan.scatter
+            assert plan.counts == (
+                plan.num_direct_descriptors,
+                plan.num_transfer_descriptors,
+                g.num_descriptors,
+                sc.num_descriptors,
+                g.total_bytes,
+            )
+    p = pair(TOKENS_4_TO_2, 0, 1, pages=10)
+    slots = token_slots(np.arange(10)[::-1], 16, 150), token_slots(np.array([3, 1, 0]), 64, 150)
+    plan = p.prepared.token_staging_plan(*slots, chunk_bytes=7)
+    assert p.prepared.token_staging_counts(*slots, chunk_bytes=7) == plan.counts
+    refused(
+        "chunk_bytes must be at least 1", p.prepared.token_staging_counts, *slots, chunk_bytes=0
+    )
 
 
 def test_staging_leaves_the_direct_descriptors_alone() -> None:

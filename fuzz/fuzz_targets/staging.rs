@@ -12,7 +12,7 @@ use common::{assert_inside, Input};
 use libfuzzer_sys::fuzz_target;
 use pdplan::descriptors::{build, Buffers, Descriptors};
 use pdplan::host_copy::{pack, unpack};
-use pdplan::staging::StagingPlan;
+use pdplan::staging::{StagingCounts, StagingPlan};
 use pdplan::{BufferKind, Fragment};
 
 /// Copies every descriptor's bytes, in order (the definition of a transfer), between
@@ -111,6 +111,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let total = plan.staging_bytes();
     assert_eq!(total, direct.lengths.iter().sum::<u64>());
+    assert_eq!(StagingCounts::of(&direct, chunk), Ok(plan.counts()));
     // Gather: cache -> offsets; scatter: offsets -> cache; each inside what it was given.
     let (g, s) = (plan.gather(), plan.scatter());
     let staged = [0u64];

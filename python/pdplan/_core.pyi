@@ -253,6 +253,22 @@ class PreparedTransfer:
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
     ) -> StagingPlan: ...
+    def staging_counts(
+        self,
+        src_pages: _Ints,
+        dst_pages: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        chunk_bytes: int | None = None,
+    ) -> tuple[int, int, int, int, int]: ...
+    def token_staging_counts(
+        self,
+        src_slots: _Ints,
+        dst_slots: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        chunk_bytes: int | None = None,
+    ) -> tuple[int, int, int, int, int]: ...
     def nixl_prepped_lists(
         self, src_capacity_pages: int, dst_capacity_pages: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
@@ -283,6 +299,8 @@ class StagingPlan:
     @property
     def chunk_bytes(self) -> int | None: ...
     @property
+    def counts(self) -> tuple[int, int, int, int, int]: ...
+    @property
     def num_direct_descriptors(self) -> int: ...
     @property
     def num_transfer_descriptors(self) -> int: ...
@@ -302,7 +320,7 @@ class StagingPlan:
     def unpack(self, staging: npt.NDArray[np.uint8]) -> None: ...
 
 def estimate_staging(
-    plan: StagingPlan,
+    counts: tuple[int, int, int, int, int],
     per_descriptor_s: float,
     network_bytes_per_s: float,
     copy_bytes_per_s: float,

@@ -88,23 +88,26 @@ def request_pairs(
             prepared = PreparedTransfer(
                 fragments, bases, bases, src_limits=src_limits, dst_limits=dst_limits
             )
+            parts: list[tuple[int, int, int, int, int]] = []
             if dst_slots is not None:
                 src_slots = slots(0, prefill_rank)
-                plans = [
-                    prepared.token_staging_plan(
+                parts.append(
+                    prepared.token_staging_counts(
                         src_slots, dst_slots, buffers=by_token, chunk_bytes=chunk_bytes
                     )
-                ]
+                )
             else:
-                plans = [prepared.staging_plan(*tables, buffers=by_token, chunk_bytes=chunk_bytes)]
+                parts.append(
+                    prepared.staging_counts(*tables, buffers=by_token, chunk_bytes=chunk_bytes)
+                )
             if state:
-                plans.append(
-                    prepared.staging_plan([0], [0], buffers=state, chunk_bytes=chunk_bytes)
+                parts.append(
+                    prepared.staging_counts([0], [0], buffers=state, chunk_bytes=chunk_bytes)
                 )
             yield PairRequest(
                 rank,
                 prefill_rank,
-                sum(p.num_direct_descriptors for p in plans),
-                sum(p.staging_bytes for p in plans),
-                CostEstimate.total([model.estimate_plan(p) for p in plans]),
+                sum(c[0] for c in parts),
+                sum(c[4] for c in parts),
+                CostEstimate.total([model.estimate_counts(c) for c in parts]),
             )

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from pdplan import _core
+from pdplan._core import UnsupportedPDLayoutError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -87,27 +88,40 @@ class CostModel:
         _core.check_cost_model(*self._figures())
 
     def _figures(self) -> tuple[float, float, float, float, float]:
-        return (
-            float(self.per_descriptor_s),
-            float(self.network_bytes_per_s),
-            float(self.copy_bytes_per_s),
-            float(self.per_copy_s),
-            float(self.per_segment_s),
-        )
+        figures = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise UnsupportedPDLayoutError(
+                    f"CostModel.{name} must be a number, got {type(value).__name__}"
+                )
+            figures.append(float(value))
+        a, b, c, d, e = figures
+        return a, b, c, d, e
 
-    def estimate_plan(self, plan: StagingPlan) -> CostEstimate:
-        """The estimate for a staging plan already built."""
-        direct, staging, gather, wire, scatter = _core.estimate_staging(plan, *self._figures())
+    def estimate_counts(self, counts: tuple[int, int, int, int, int]) -> CostEstimate:
+        """The estimate for a request's staging counts: ``(direct, transfer, gather, scatter
+        descriptors, bytes)``, as ``StagingPlan.counts`` and
+        ``PreparedTransfer.staging_counts`` give them."""
+        direct, staging, gather, wire, scatter = _core.estimate_staging(counts, *self._figures())
         return CostEstimate(
             direct_s=direct,
             staging_s=staging,
             gather_s=gather,
             wire_s=wire,
             scatter_s=scatter,
-            direct_descriptors=plan.num_direct_descriptors,
-            transfer_descriptors=plan.num_transfer_descriptors,
-            bytes=plan.staging_bytes,
+            direct_descriptors=counts[0],
+            transfer_descriptors=counts[1],
+            bytes=counts[4],
         )
+
+    def estimate_plan(self, plan: StagingPlan) -> CostEstimate:
+        """The estimate for a staging plan already built."""
+        if not isinstance(plan, _core.StagingPlan):
+            raise UnsupportedPDLayoutError(
+                f"estimate_plan takes a StagingPlan, got {type(plan).__name__}"
+            )
+        return self.estimate_counts(plan.counts)
 
     def estimate(
         self,
@@ -118,9 +132,11 @@ class CostModel:
         buffers: Buffers = None,
         chunk_bytes: int | None = None,
     ) -> CostEstimate:
-        """Direct against staged for one request of page pairs."""
-        plan = prepared.staging_plan(src_pages, dst_pages, buffers=buffers, chunk_bytes=chunk_bytes)
-        return self.estimate_plan(plan)
+        """Direct against staged for one request of page pairs (counted, not built)."""
+        counts = _prepared(prepared, "estimate").staging_counts(
+            src_pages, dst_pages, buffers=buffers, chunk_bytes=chunk_bytes
+        )
+        return self.estimate_counts(counts)
 
     def estimate_tokens(
         self,
@@ -131,8 +147,16 @@ class CostModel:
         buffers: Buffers = None,
         chunk_bytes: int | None = None,
     ) -> CostEstimate:
-        """Direct against staged for one request of slot maps."""
-        plan = prepared.token_staging_plan(
+        """Direct against staged for one request of slot maps (counted, not built)."""
+        counts = _prepared(prepared, "estimate_tokens").token_staging_counts(
             src_slots, dst_slots, buffers=buffers, chunk_bytes=chunk_bytes
         )
-        return self.estimate_plan(plan)
+        return self.estimate_counts(counts)
+
+
+def _prepared(value: object, method: str) -> PreparedTransfer:
+    if not isinstance(value, _core.PreparedTransfer):
+        raise UnsupportedPDLayoutError(
+            f"CostModel.{method} takes a PreparedTransfer, got {type(value).__name__}"
+        )
+    return value

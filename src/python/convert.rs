@@ -37,6 +37,14 @@ pub fn to_u64(value: &Bound<'_, PyAny>, name: &str) -> Converted<u64> {
     as_u64(value).ok_or_else(|| not_an_index(value, name))
 }
 
+/// An optional non-negative integer argument: `None` (or left out) is `None`.
+pub fn optional_u64(value: Option<&Bound<'_, PyAny>>, name: &str) -> Converted<Option<u64>> {
+    value
+        .filter(|v| !v.is_none())
+        .map(|v| to_u64(v, name))
+        .transpose()
+}
+
 /// A Python `str` (or `str` enum member), for the core to parse; only the type is judged here.
 pub fn string_arg(value: &Bound<'_, PyAny>, name: &str) -> Converted<String> {
     value

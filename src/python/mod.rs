@@ -25,8 +25,8 @@ use crate::fragment::FieldValue;
 use crate::ranks::MAX_WORLD_SIZE;
 use crate::{tokens, wire};
 use convert::{
-    buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, parallel_layout,
-    string_arg, to_u64, u64_column, Converted,
+    buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, optional_u64,
+    parallel_layout, string_arg, to_u64, u64_column, Converted,
 };
 use objects::{descriptors_object, model_types, FragmentFactory};
 
@@ -130,13 +130,9 @@ fn frame_limits(
 ) -> Converted<wire::FrameLimits> {
     let defaults = wire::FrameLimits::DEFAULT;
     Ok(wire::FrameLimits {
-        max_payload_bytes: max_payload_bytes
-            .map(|v| to_u64(v, "max_payload_bytes"))
-            .transpose()?
+        max_payload_bytes: optional_u64(max_payload_bytes, "max_payload_bytes")?
             .unwrap_or(defaults.max_payload_bytes),
-        max_fragments: max_fragments
-            .map(|v| to_u64(v, "max_fragments"))
-            .transpose()?
+        max_fragments: optional_u64(max_fragments, "max_fragments")?
             .unwrap_or(defaults.max_fragments),
     })
 }

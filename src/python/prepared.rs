@@ -7,15 +7,16 @@ use pyo3::prelude::*;
 use pyo3::types::{PyRange, PyTuple};
 
 use super::convert::{
-    buffers, each, fragment_with, frame, i64_column, to_u64, u64_column, Converted,
+    buffers, each, fragment_with, frame, i64_column, optional_u64, to_u64, u64_column, Converted,
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
-use super::staging::{chunk_size, PyStagingPlan};
+use super::staging::{counts_tuple, CountsTuple, PyStagingPlan};
 use super::{frame_limits, to_py_err};
 use crate::descriptors::Descriptors;
 use crate::error::PlanError;
 use crate::frame_cache;
 use crate::prepared::{Prepared, Selection};
+use crate::staging::StagingCounts;
 
 /// (local, remote) arrays.
 type Pair<'py, T> = (Bound<'py, T>, Bound<'py, T>);
@@ -182,7 +183,7 @@ impl PyPrepared {
                 u64_column(src_pages, "src_pages")?,
                 u64_column(dst_pages, "dst_pages")?,
                 selection(buffers)?,
-                chunk_size(chunk_bytes)?,
+                optional_u64(chunk_bytes, "chunk_bytes")?,
             ))
         };
         let (src, dst, chosen, chunk) = convert().map_err(to_py_err)?;
@@ -206,7 +207,7 @@ impl PyPrepared {
         buffers: Option<&Bound<'_, PyAny>>,
         chunk_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStagingPlan> {
-        let chunk = chunk_size(chunk_bytes).map_err(to_py_err)?;
+        let chunk = optional_u64(chunk_bytes, "chunk_bytes").map_err(to_py_err)?;
         let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
         let stage = || self.inner.stage(&direct, chunk);
         let made = if direct.len() as u64 > DETACH_FROM {
@@ -215,6 +216,56 @@ impl PyPrepared {
             stage()
         };
         made.map(PyStagingPlan::from).map_err(to_py_err)
+    }
+
+    /// What `staging_plan` would count, without building its columns: (direct, transfer,
+    /// gather, scatter descriptors, bytes), for a cost model.
+    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, chunk_bytes=None))]
+    fn staging_counts(
+        &self,
+        py: Python<'_>,
+        src_pages: &Bound<'_, PyAny>,
+        dst_pages: &Bound<'_, PyAny>,
+        buffers: Option<&Bound<'_, PyAny>>,
+        chunk_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CountsTuple> {
+        let convert = || -> Converted<_> {
+            Ok((
+                u64_column(src_pages, "src_pages")?,
+                u64_column(dst_pages, "dst_pages")?,
+                selection(buffers)?,
+                optional_u64(chunk_bytes, "chunk_bytes")?,
+            ))
+        };
+        let (src, dst, chosen, chunk) = convert().map_err(to_py_err)?;
+        let request = || self.inner.staging_counts((&src, &dst), &chosen, chunk);
+        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
+            py.detach(request)
+        } else {
+            request()
+        };
+        made.map(counts_tuple).map_err(to_py_err)
+    }
+
+    /// What `token_staging_plan` would count, without building its columns.
+    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, chunk_bytes=None))]
+    fn token_staging_counts(
+        &self,
+        py: Python<'_>,
+        src_slots: &Bound<'_, PyAny>,
+        dst_slots: &Bound<'_, PyAny>,
+        buffers: Option<&Bound<'_, PyAny>>,
+        chunk_bytes: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<CountsTuple> {
+        let chunk = optional_u64(chunk_bytes, "chunk_bytes").map_err(to_py_err)?;
+        let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
+        let count = || StagingCounts::of(&direct, chunk);
+        let made = if direct.len() as u64 > DETACH_FROM {
+            py.detach(count)
+        } else {
+            count()
+        };
+        made.map(counts_tuple).map_err(to_py_err)
     }
 
     /// NIXL's prepped lists for this pair, made once per peer: (local, remote) N x 5 uint64

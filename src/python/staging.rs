@@ -4,13 +4,13 @@
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::convert::{to_u64, Converted};
+use super::convert::{optional_u64, to_u64, Converted};
 use super::objects::descriptors_object;
 use super::to_py_err;
 use crate::cost::CostModel;
 use crate::error::PlanError;
 use crate::host_copy;
-use crate::staging::StagingPlan;
+use crate::staging::{StagingCounts, StagingPlan};
 
 /// One request staged: gather into a staging buffer, one transfer (or chunks), scatter out.
 #[pyclass(frozen, module = "pdplan._core", name = "StagingPlan")]
@@ -22,18 +22,6 @@ impl From<StagingPlan> for PyStagingPlan {
     fn from(inner: StagingPlan) -> Self {
         Self { inner }
     }
-}
-
-/// `chunk_bytes=`: `None` for one transfer descriptor, else a positive size.
-pub fn chunk_size(value: Option<&Bound<'_, PyAny>>) -> Converted<Option<u64>> {
-    optional_u64(value, "chunk_bytes")
-}
-
-fn optional_u64(value: Option<&Bound<'_, PyAny>>, name: &str) -> Converted<Option<u64>> {
-    value
-        .filter(|v| !v.is_none())
-        .map(|v| to_u64(v, name))
-        .transpose()
 }
 
 const STAGING_ARRAY: &str =
@@ -61,6 +49,12 @@ impl PyStagingPlan {
     #[getter]
     fn chunk_bytes(&self) -> Option<u64> {
         self.inner.chunk_bytes()
+    }
+
+    /// (direct, transfer, gather, scatter descriptors, bytes): what a cost model weighs.
+    #[getter]
+    fn counts(&self) -> CountsTuple {
+        counts_tuple(self.inner.counts())
     }
 
     #[getter]
@@ -146,11 +140,20 @@ fn staging_array<'a, 'py>(
         .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))
 }
 
-/// The cost model's figures for a plan, in seconds: direct, staging, gather, wire, scatter.
+/// A request's staging counts as Python gets them: (direct, transfer, gather, scatter,
+/// bytes).
+pub type CountsTuple = (u64, u64, u64, u64, u64);
+
+pub fn counts_tuple(c: StagingCounts) -> CountsTuple {
+    (c.direct, c.transfer, c.gather, c.scatter, c.bytes)
+}
+
+/// The cost model's figures for a request's counts (`counts_tuple`), in seconds: direct,
+/// staging, gather, wire, scatter.
 #[pyfunction]
-#[pyo3(signature = (plan, per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s))]
+#[pyo3(signature = (counts, per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s))]
 pub fn estimate_staging(
-    plan: &PyStagingPlan,
+    counts: CountsTuple,
     per_descriptor_s: f64,
     network_bytes_per_s: f64,
     copy_bytes_per_s: f64,
@@ -162,7 +165,14 @@ pub fn estimate_staging(
         (copy_bytes_per_s, per_copy_s, per_segment_s),
     )
     .map_err(to_py_err)?;
-    let e = model.estimate(&plan.inner.counts());
+    let (direct, transfer, gather, scatter, bytes) = counts;
+    let e = model.estimate(&StagingCounts {
+        direct,
+        transfer,
+        gather,
+        scatter,
+        bytes,
+    });
     Ok((e.direct_s, e.staging_s, e.gather_s, e.wire_s, e.scatter_s))
 }
 
