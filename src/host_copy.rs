@@ -146,11 +146,12 @@ pub fn pack(plan: &StagingPlan, staging: &mut [u8]) -> PlanResult<()> {
             let len = usize::try_from(len).unwrap_or(usize::MAX);
             let target = &mut out[at..at + len];
             let source = std::ptr::with_exposed_provenance::<u8>(usize::try_from(src).unwrap_or(0));
-            // SAFETY: `src .. src + len` lies inside a source buffer the caller declared with
-            // its limit (every direct descriptor was checked against the limits when the plan
-            // was built, `check` refused a plan without them, and a gather descriptor is a run
-            // of adjacent checked ones); `target` is a distinct slice of the staging array,
-            // which `check` found outside every declared source buffer, so they do not overlap.
+            // SAFETY: `src .. src + len` lies inside the source memory the caller declared:
+            // plans are only made by `Prepared`, from direct descriptors it checked against
+            // these limits (`check` refused a plan without them), and a gather descriptor is a
+            // run of adjacent checked ones (in one buffer, or in neighbouring declared ones
+            // a merge joined). `target` is a distinct slice of the staging array, which `check`
+            // found outside every declared source buffer, so the two do not overlap.
             unsafe { std::ptr::copy_nonoverlapping(source, target.as_mut_ptr(), len) };
         }
     };
@@ -200,11 +201,12 @@ pub fn unpack(plan: &StagingPlan, staging: &[u8]) -> PlanResult<()> {
             let source = &staging[at..at + len];
             let target =
                 std::ptr::with_exposed_provenance_mut::<u8>(usize::try_from(dst).unwrap_or(0));
-            // SAFETY: `dst .. dst + len` lies inside a destination buffer the caller declared
-            // with its limit (checked when the plan was built; `check` refused a plan without
-            // limits); `source` is part of the staging array, which `check` found outside
-            // every declared destination buffer. Threads copy at once only when
-            // `scatter_disjoint` found that no two descriptors write a common byte.
+            // SAFETY: `dst .. dst + len` lies inside the destination memory the caller
+            // declared (plans are only made by `Prepared`, from descriptors it checked against
+            // these limits; `check` refused a plan without them). `source` is part of the
+            // staging array, which `check` found outside every declared destination buffer.
+            // Threads copy at once only when `scatter_disjoint` found that no two descriptors
+            // write a common byte.
             unsafe { std::ptr::copy_nonoverlapping(source.as_ptr(), target, len) };
         }
     };

@@ -108,8 +108,14 @@ impl Prepared {
         self.stage(&direct, chunk_bytes)
     }
 
-    /// The staging plan of direct descriptors this transfer built for one request.
-    pub fn stage(&self, direct: &Descriptors, chunk_bytes: Option<u64>) -> PlanResult<StagingPlan> {
+    /// The staging plan of direct descriptors this transfer built (and bounds-checked) for
+    /// one request; only this crate may call it, with descriptors from `descriptors` or
+    /// `token_descriptors` of the same transfer (`StagingPlan::new` says why).
+    pub(crate) fn stage(
+        &self,
+        direct: &Descriptors,
+        chunk_bytes: Option<u64>,
+    ) -> PlanResult<StagingPlan> {
         StagingPlan::new(direct, chunk_bytes, self.memory.clone())
     }
 

@@ -140,9 +140,11 @@ impl StagingCounts {
 }
 
 impl StagingPlan {
-    /// The staging plan of a request's direct descriptors (built and bounds-checked against
-    /// the caches), with the caches' declared memory for host copies.
-    pub fn new(
+    /// The staging plan of a request's direct descriptors, with the caches' declared memory
+    /// for host copies. Crate-private on purpose: `host_copy` trusts that every descriptor
+    /// was built by this crate and checked against that same declared memory, which only
+    /// `Prepared` (its `staging_plan` and `token_staging_plan`) guarantees.
+    pub(crate) fn new(
         direct: &Descriptors,
         chunk_bytes: Option<u64>,
         (src_memory, dst_memory): (Declared, Declared),

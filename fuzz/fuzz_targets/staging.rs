@@ -12,7 +12,8 @@ use common::{assert_inside, Input};
 use libfuzzer_sys::fuzz_target;
 use pdplan::descriptors::{build, Buffers, Descriptors};
 use pdplan::host_copy::{pack, unpack};
-use pdplan::staging::{StagingCounts, StagingPlan};
+use pdplan::prepared::{Prepared, Selection};
+use pdplan::staging::StagingCounts;
 use pdplan::{BufferKind, Fragment};
 
 /// Copies every descriptor's bytes, in order (the definition of a transfer), between
@@ -101,11 +102,13 @@ fuzz_target!(|data: &[u8]| {
     };
     let (src_buffers, dst_buffers) = (side(&src_bases), side(&dst_bases));
     let pages_pair = (src_pages.as_slice(), dst_pages.as_slice());
+    // The direct descriptors, and the plan the public path makes from them.
     let Ok(direct) = build(&fragments, (&src_buffers, &dst_buffers), pages_pair, true) else {
         return;
     };
-    let memory = (src_buffers.declared(), dst_buffers.declared());
-    let Ok(plan) = StagingPlan::new(&direct, chunk, memory) else {
+    let prepared = Prepared::new(fragments.into(), &src_buffers, &dst_buffers)
+        .expect("fragments that build descriptors prepare");
+    let Ok(plan) = prepared.staging_plan(pages_pair, &Selection::All, chunk) else {
         assert_eq!(chunk, Some(0), "only a zero chunk is refused");
         return;
     };
