@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TextIO
+from typing import Literal, TextIO
 
 from pdplan import _core
 from pdplan._core import encode_transfer_fragments
@@ -27,9 +27,6 @@ from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
 from pdplan._request import PairRequest, page_sizes, request_pairs
 from pdplan._staging import CostModel
-
-if TYPE_CHECKING:
-    pass
 
 EXIT_UNSUPPORTED = 2
 DEMO_MODEL = "llama-3-70b"

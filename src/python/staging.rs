@@ -101,7 +101,8 @@ impl PyStagingPlan {
         descriptors_object(py, convert().map_err(to_py_err)?)
     }
 
-    /// Copies the source caches into `staging` (host memory), with the GIL released.
+    /// Copies the source caches into `staging` (host memory), with the GIL released. Call it
+    /// where the source caches live: their addresses are read in this process.
     fn pack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
         let array = staging_array(staging)?;
         let mut writable = array.try_readwrite().map_err(|_| {
@@ -117,6 +118,8 @@ impl PyStagingPlan {
     }
 
     /// Copies `staging` (host memory) into the destination caches, with the GIL released.
+    /// Call it where the destination caches live (the decode side's own plan): their
+    /// addresses are written in this process.
     fn unpack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
         let array = staging_array(staging)?;
         let readable = array.try_readonly().map_err(|_| {
