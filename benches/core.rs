@@ -33,6 +33,7 @@ fn kv_buffers(tp: u64) -> Vec<BufferLayout> {
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
+            attention_chunk_size: None,
         })
         .collect()
 }

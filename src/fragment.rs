@@ -239,6 +239,10 @@ fragment_schema! {
     /// A sliding-window buffer's window (tokens): a request of `n` tokens moves only tokens
     /// `t >= n - sliding_window`. Needs token geometry; `None` moves every token.
     sliding_window: Option<u64>, since 4, default FieldValue::OptionalInt(None);
+    /// A chunked local-attention buffer's chunk (tokens): a request of `n` tokens moves only
+    /// tokens `t >= (n / attention_chunk_size) * attention_chunk_size`. Needs token geometry;
+    /// `None` moves every token.
+    attention_chunk_size: Option<u64>, since 5, default FieldValue::OptionalInt(None);
 }
 
 /// The newest wire version a field needs.
@@ -335,6 +339,18 @@ impl Fragment {
         self
     }
 
+    /// Sets the attention chunk (tokens), for a fragment with token geometry.
+    #[must_use]
+    pub const fn with_chunk(mut self, chunk: Option<u64>) -> Self {
+        self.attention_chunk_size = chunk;
+        self
+    }
+
+    /// The first token of an `n`-token request this fragment moves.
+    pub fn first_kept_token(&self, n: u64) -> u64 {
+        crate::layout::first_kept_token(n, self.sliding_window, self.attention_chunk_size)
+    }
+
     /// Whether the fragment can only move by slot maps: its two sides' pages hold different
     /// token counts, so pages do not pair one to one.
     pub const fn needs_token_maps(&self) -> bool {
@@ -389,13 +405,20 @@ impl Fragment {
     /// and one side's pieces never overlap each other.
     fn validate_tokens(&self) -> PlanResult<()> {
         let span = self.token_span();
-        if let Some(window) = self.sliding_window {
-            if window == 0 || span.src_page_size == 0 {
+        for (name, tokens) in [
+            ("sliding_window", self.sliding_window),
+            ("attention_chunk_size", self.attention_chunk_size),
+        ] {
+            let Some(tokens) = tokens else { continue };
+            if tokens == 0 || span.src_page_size == 0 {
                 bail!(
-                    "sliding_window={window} needs token geometry (src_page_size > 0) and a \
-                     positive window; leave it None to move every token"
+                    "{name}={tokens} needs token geometry (src_page_size > 0) and a positive \
+                     token count; leave it None to move every token"
                 );
             }
+        }
+        if self.sliding_window.is_some() && self.attention_chunk_size.is_some() {
+            bail!("a fragment keeps a sliding window or an attention chunk, not both");
         }
         if !span.is_present() && span.dst_page_size == 0 {
             if span != TokenSpan::default() {

@@ -412,6 +412,18 @@ pub struct BufferLayout {
     /// Tokens a sliding-window attention layer keeps: with token maps a request of `n` tokens
     /// moves only its tokens `t >= n - sliding_window`. `None`: every token.
     pub sliding_window: Option<u64>,
+    /// A chunked local-attention layer's chunk (tokens, Llama 4): with token maps a request of
+    /// `n` tokens moves only its current chunk, tokens `t >= (n / chunk) * chunk`.
+    pub attention_chunk_size: Option<u64>,
+}
+
+/// The first token of an `n`-token request that a buffer with this window or chunk keeps:
+/// the last `window` tokens, or the current chunk. The one home of that rule (token maps,
+/// the verifier and the command all ask it).
+pub fn first_kept_token(n: u64, sliding_window: Option<u64>, chunk: Option<u64>) -> u64 {
+    let by_window = sliding_window.map_or(0, |w| n.saturating_sub(w));
+    let by_chunk = chunk.filter(|&c| c > 0).map_or(0, |c| n / c * c);
+    by_window.max(by_chunk)
 }
 
 impl BufferLayout {
@@ -452,17 +464,27 @@ impl BufferLayout {
                 self.bytes_per_logical_unit
             ),
         }
-        if let Some(window) = self.sliding_window {
-            if window == 0 || window > MAX_VALUE {
-                bail!("sliding_window={window} must be a positive token count below 2^63");
+        for (name, tokens) in [
+            ("sliding_window", self.sliding_window),
+            ("attention_chunk_size", self.attention_chunk_size),
+        ] {
+            let Some(tokens) = tokens else { continue };
+            if tokens == 0 || tokens > MAX_VALUE {
+                bail!("{name}={tokens} must be a positive token count below 2^63");
             }
             if !self.logical_axis.is_token_indexed() {
                 bail!(
-                    "sliding_window applies to buffers indexed by token, not to a {} buffer; \
-                     leave it None",
+                    "{name} applies to buffers indexed by token, not to a {} buffer; leave it \
+                     None",
                     self.logical_axis.as_str()
                 );
             }
+        }
+        if self.sliding_window.is_some() && self.attention_chunk_size.is_some() {
+            bail!(
+                "a buffer keeps a sliding window or an attention chunk, not both; set one of \
+                 sliding_window and attention_chunk_size"
+            );
         }
         self.validate_rows()?;
         self.validate_parts()
@@ -530,6 +552,7 @@ pub(crate) mod tests {
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
+            attention_chunk_size: None,
         }
     }
 
@@ -567,7 +590,6 @@ pub(crate) mod tests {
         let nhd = BufferLayout {
             rows_per_page: 16,
             logical_parts: LogicalParts::new(&[4, 2, 2]).unwrap(),
-            sliding_window: None,
             ..buffer()
         };
         assert!(nhd.validate().is_ok());
@@ -614,17 +636,39 @@ pub(crate) mod tests {
             },
             BufferLayout {
                 logical_parts: LogicalParts::new(&[4, 3]).unwrap(),
-                sliding_window: None,
                 ..buffer()
             },
             BufferLayout {
                 logical_axis: LogicalAxis::Replicated,
                 logical_parts: LogicalParts::new(&[4, 4]).unwrap(),
-                sliding_window: None,
+                ..buffer()
+            },
+            BufferLayout {
+                attention_chunk_size: Some(0),
+                ..buffer()
+            },
+            BufferLayout {
+                sliding_window: Some(8),
+                attention_chunk_size: Some(8),
+                ..buffer()
+            },
+            BufferLayout {
+                logical_axis: LogicalAxis::StateChannel,
+                attention_chunk_size: Some(8),
                 ..buffer()
             },
         ] {
             assert!(broken.validate().is_err(), "{broken:?}");
         }
+    }
+
+    #[test]
+    fn windows_keep_the_last_tokens_and_chunks_the_current_chunk() {
+        assert_eq!(first_kept_token(20, Some(6), None), 14);
+        assert_eq!(first_kept_token(4, Some(6), None), 0);
+        assert_eq!(first_kept_token(20, None, Some(8)), 16);
+        assert_eq!(first_kept_token(16, None, Some(8)), 16);
+        assert_eq!(first_kept_token(7, None, Some(8)), 0);
+        assert_eq!(first_kept_token(20, None, None), 0);
     }
 }

@@ -443,6 +443,7 @@ mod tests {
             rows_per_page: 16,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
+            attention_chunk_size: None,
         };
         let one_head = UnitOverlap {
             src_shard: 5,

@@ -29,12 +29,14 @@ impl Same {
 }
 
 /// Whether a pair must be planned by token: a token-indexed buffer whose two sides' pages
-/// hold different token counts cannot be copied page to page, and a sliding window is a
-/// selection of tokens.
+/// hold different token counts cannot be copied page to page, and a sliding window or an
+/// attention chunk is a selection of tokens.
 pub fn needs_token_maps(prefill: &[BufferLayout], decode: &[BufferLayout]) -> bool {
     prefill.iter().zip(decode).any(|(p, d)| {
         p.logical_axis.is_token_indexed()
-            && (p.page_size != d.page_size || p.sliding_window.is_some())
+            && (p.page_size != d.page_size
+                || p.sliding_window.is_some()
+                || p.attention_chunk_size.is_some())
     })
 }
 
@@ -107,6 +109,11 @@ pub fn validate_pairs(
             d.logical_parts.given(),
         )?;
         same.check("sliding windows", p.sliding_window, d.sliding_window)?;
+        same.check(
+            "attention chunks",
+            p.attention_chunk_size,
+            d.attention_chunk_size,
+        )?;
         if token_maps && p.logical_axis.is_token_indexed() {
             check_token_geometry(position, p, d)?;
             if p.page_size != d.page_size {

@@ -724,7 +724,8 @@ impl Planner {
                         ..Fragment::default()
                     }
                     .with_token_span(span.tokens)
-                    .with_window(pair.tokens.and(pair.prefill.sliding_window)),
+                    .with_window(pair.tokens.and(pair.prefill.sliding_window))
+                    .with_chunk(pair.tokens.and(pair.prefill.attention_chunk_size)),
                 );
             }
         });
@@ -797,6 +798,7 @@ mod tests {
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
+            attention_chunk_size: None,
         }
     }
 

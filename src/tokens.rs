@@ -4,7 +4,8 @@
 //! A slot map gives, for each token of the request in order, its slot on one rank
 //! (`page * page_size + position in page`) or -1 where that rank holds no slot for it. Token
 //! `t` moves iff both its slots are >= 0 and, for a fragment with a sliding window `w` of a
-//! request of `n` tokens, `t >= n - w`. The tokens that move split into *segments*: runs of
+//! request of `n` tokens, `t >= n - w` (with an attention chunk `c`, `t >= (n / c) * c`). The
+//! tokens that move split into *segments*: runs of
 //! consecutive tokens whose slots both advance by one inside one page on each side.
 //!
 //! Order: fragments as given, then segments in token order, then a fragment's runs (a unit,
@@ -299,8 +300,10 @@ pub struct TokenPlaced {
     /// Refused per request (slot maps select tokens), not when placed, so that the page path
     /// of the same prepared transfer keeps working.
     page_count: Option<u64>,
-    /// A sliding-window buffer's window: only a request's last `window` tokens move.
+    /// A sliding-window buffer's window, a chunked buffer's chunk: which of a request's
+    /// tokens move (`layout::first_kept_token`).
     window: Option<u64>,
+    chunk: Option<u64>,
     src: TokenSide,
     dst: TokenSide,
 }
@@ -367,6 +370,7 @@ pub fn place_tokens(
         contiguous: src_runs.tokens_contiguous() && dst_runs.tokens_contiguous(),
         page_count: f.page_count,
         window: f.sliding_window,
+        chunk: f.attention_chunk_size,
         src: side(src, "src", src_runs, f.src_page_stride_bytes)?,
         dst: side(dst, "dst", dst_runs, f.dst_page_stride_bytes)?,
     })
@@ -621,12 +625,10 @@ impl Request {
                     p.position
                 );
             }
-            // A window keeps tokens `t >= n - window` of a request of `n` tokens.
-            let first = p.window.map_or(0, |w| {
-                src_slots
-                    .len()
-                    .saturating_sub(usize::try_from(w).unwrap_or(usize::MAX))
-            });
+            // A window keeps the request's last tokens, a chunk its current chunk.
+            let n = src_slots.len() as u64;
+            let first = usize::try_from(crate::layout::first_kept_token(n, p.window, p.chunk))
+                .map_or(src_slots.len(), |f| f.min(src_slots.len()));
             let key = (p.page_sizes, first);
             let found = by_sizes.iter().position(|(k, _)| *k == key);
             let at = found.unwrap_or_else(|| {
@@ -1015,6 +1017,29 @@ mod tests {
             .collect();
         pairs.sort_unstable();
         pairs
+    }
+
+    #[test]
+    fn a_chunk_moves_only_the_current_chunk_of_the_request() {
+        // 20 tokens, chunks of 8: tokens 16..20 are the current chunk; at 16 tokens none is.
+        let slots: Vec<i64> = (0..20).collect();
+        let chunked = head_major(0).with_chunk(Some(8));
+        let got = build(&[chunked], &slots, &slots, true);
+        let mut outside: Vec<i64> = slots.clone();
+        for slot in &mut outside[..16] {
+            *slot = -1;
+        }
+        let want = brute_force(&head_major(0), &outside, &outside);
+        let moved: u64 = want.iter().map(|d| d.2).sum();
+        assert_eq!(got.lengths.iter().sum::<u64>(), moved);
+        assert_eq!(moved, 4 * 2 * 8);
+        let sixteen = build(&[chunked], &slots[..16], &slots[..16], true);
+        assert!(sixteen.lengths.is_empty());
+        let both = Fragment {
+            sliding_window: Some(4),
+            ..chunked
+        };
+        assert!(both.validate().unwrap_err().message().contains("not both"));
     }
 
     #[test]

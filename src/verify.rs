@@ -808,6 +808,7 @@ mod tests {
             rows_per_page: 1,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
+            attention_chunk_size: None,
         }
     }
 

@@ -460,7 +460,8 @@ mod tests {
             assert!(payload(&case).is_err(), "accepted {case}");
         }
         assert!(decode(Some(b"1"), Some(&[0xff, 0xfe])).is_err());
-        assert!(decode(Some(b"5"), Some(b"[]")).is_err());
+        let unknown = (LATEST_VERSION + 1).to_string();
+        assert!(decode(Some(unknown.as_bytes()), Some(b"[]")).is_err());
         assert!(decode(Some(b"01"), Some(b"[]")).is_err());
         assert!(
             payload(&good.replace("\"src_rank\":1", "\"src_rank\":9223372036854775807")).is_ok()

@@ -121,6 +121,7 @@ def test_config_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     config.write_text(
         json.dumps(
             {
+                "architectures": ["LlamaForCausalLM"],
                 "num_hidden_layers": 4,
                 "num_attention_heads": 32,
                 "num_key_value_heads": 8,
@@ -131,8 +132,43 @@ def test_config_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> No
     code, out, _ = run(
         capsys, "check", "--prefill-tp", "8", "--decode-tp", "4", "--config", str(config)
     )
-    assert code == 0 and out.startswith("model: 4 layers")  # the model, then the verdict
+    # The model (its folder and the family that read it), then the verdict.
+    assert code == 0 and out.startswith(f"model: {tmp_path.name} (family llama): 4 layers")
     assert "\nsupported: fragmented plan, 8 buffers" in out
+
+
+def test_an_unknown_architecture_exits_2_saying_how_to_choose_a_family(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.json"
+    shape = {"num_hidden_layers": 4, "num_attention_heads": 32, "hidden_size": 4096}
+    config.write_text(json.dumps({"architectures": ["BrandNewForCausalLM"], **shape}))
+    args = ("check", "--prefill-tp", "8", "--decode-tp", "4", "--config", str(config))
+    code, out, err = run(capsys, *args)
+    assert code == 2 and out == ""
+    assert "BrandNewForCausalLM" in err and "--family" in err and "nemotron-nas" in err
+    code, out, _ = run(capsys, *args, "--family", "llama")
+    assert code == 0 and "(family llama): 4 layers" in out
+    code, _, err = run(capsys, *args, "--family", "llama5")
+    assert code == 2 and 'unknown model family "llama5"' in err
+    code, _, err = run(
+        capsys, "check", "--prefill-tp", "8", "--decode-tp", "4", "--model", "llama-3-8b",
+        "--family", "llama",
+    )
+    assert code == 2 and "--family chooses the reader of a config.json" in err
+
+
+def test_models_lists_every_family(capsys: pytest.CaptureFixture[str]) -> None:
+    from pdplan import model_families
+
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    for family in model_families():
+        assert f"{family.name}: {', '.join(family.architectures)}\n" in out
+    assert "DeciLMForCausalLM" in out and "block_configs" in out
+    code, out, _ = run(capsys, "models", "--format", "json")
+    listed = json.loads(out)
+    assert [f["name"] for f in listed] == [f.name for f in model_families()]
 
 
 def test_check_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
@@ -282,7 +318,10 @@ def test_the_model_is_summarized_per_layer_kind_before_the_plan(
     )
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "model: 52 layers (bfloat16; KV cache bfloat16, states bfloat16)"
+    assert lines[0] == (
+        "model: nemotron-h-8b (family nemotron-h): 52 layers (bfloat16; KV cache bfloat16, "
+        "states bfloat16)"
+    )
     # 128 heads x 64 x 128 state x 2 bytes, plus conv (8192 + 2 x 1024 channels) x 3 x 2 bytes.
     mamba = 128 * 64 * 128 * 2 + (8192 + 2048) * 3 * 2
     assert f"24 x Mamba2: {mamba:,} B of state a request; layers 0, 2, 4, 6, 9, 11, ... 50" in out
@@ -298,7 +337,8 @@ def test_the_model_is_summarized_per_layer_kind_before_the_plan(
     full = 12 * 8 * 64 * 2 * 2 * 32768  # 12 full layers, K and V, 32k tokens
     windowed = full + 12 * 8 * 64 * 2 * 2 * 128
     assert (
-        f"{windowed / 2**30:.2f} GiB moved with sliding windows, {2 * full / 2**30:.2f} GiB without"
+        f"{windowed / 2**30:.2f} GiB moved with sliding windows and attention chunks, "
+        f"{2 * full / 2**30:.2f} GiB without"
         in out
     )
     assert (
@@ -321,7 +361,8 @@ def test_the_model_is_summarized_per_layer_kind_before_the_plan(
     assert code == 0, err
     assert "2 x Mamba2" in out
     config.write_text(
-        '{"num_hidden_layers": 2, "num_attention_heads": 2, "attn_layer_indices": [1]}'
+        '{"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2,'
+        ' "num_attention_heads": 2, "attn_layer_indices": [1]}'
     )
     code, _, err = run(
         capsys, "check", "--prefill-tp", "2", "--decode-tp", "1", "--config", str(config)

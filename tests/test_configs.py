@@ -201,7 +201,9 @@ def kinds(shape: ModelShape) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for i, layer in enumerate(shape.model_layers):
         window = getattr(layer, "sliding_window", None)
+        chunk = getattr(layer, "attention_chunk_size", None)
         key = f"{layer.kind}:{window}" if window else layer.kind
+        key = f"{key}:chunk{chunk}" if chunk else key
         out.setdefault(key, []).append(i)
     return out
 
@@ -294,6 +296,36 @@ HAND_COUNTS: dict[str, dict[str, list[int]]] = {
     },
     "falcon-h1-7b": {"attention_mamba2": list(range(44))},
     "mamba-codestral-7b": {"mamba2": list(range(64))},
+    # 31 blocks without attention: 40-46, 48-54, 56-62, 64-70, 72, 74, 76.
+    "llama-3.3-nemotron-super-49b": {
+        "attention": [
+            *range(40), 47, 55, 63, 71, 73, 75, 77, 78, 79,
+        ],
+        "mlp": [*range(40, 47), *range(48, 55), *range(56, 63), *range(64, 71), 72, 74, 76],
+    },
+    # Every fourth layer (3, 7, ..., 47) NoPE and full; the rest chunked.
+    "llama-4-scout": {
+        "attention:chunk8192": [i for i in range(48) if i % 4 != 3],
+        "attention": [3, 7, 11, 15, 19, 23, 27, 31, 35, 39, 43, 47],
+    },
+    "gemma-4-31b": {
+        "attention:1024": [i for i in range(60) if i % 6 != 5],
+        "attention": [5, 11, 17, 23, 29, 35, 41, 47, 53, 59],
+    },
+    # Layers 15-34 share KV with earlier layers.
+    "gemma-4-e2b": {
+        "attention:512": [0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13],
+        "attention": [4, 9, 14],
+        "shared_kv": list(range(15, 35)),
+    },
+    "granite-4.0-h-small": {
+        "mamba2": [i for i in range(40) if i not in (5, 15, 25, 35)],
+        "attention": [5, 15, 25, 35],
+    },
+    "qwen3.5-27b": {
+        "gated_deltanet": [i for i in range(64) if i % 4 != 3],
+        "attention": list(range(3, 64, 4)),
+    },
 }
 
 
@@ -342,20 +374,20 @@ def test_head_dim_absent_or_named_attention_head_dim(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"layers_block_type": ["mamba", "attention"]}, "layers_block_type, a layer pattern"),
-        ({"attn_layer_indices": [3, 7]}, "attn_layer_indices"),
-        ({"attention_chunk_size": 8192}, "attention_chunk_size"),
-        ({"layer_types": ["full_attention", "mamba"]}, r"layer_types\[1\] is \"mamba\""),
-        ({"layer_types": ["full_attention"]}, "lists 1 layers but num_hidden_layers is 2"),
-        ({"hybrid_override_pattern": "*?"}, r"hybrid_override_pattern\[1\] is '\?'"),
-        ({"hybrid_override_pattern": "M"}, "has 1 layers but num_hidden_layers is 2"),
-        ({"mamba_d_state": 16}, "mamba_d_state, a state-space layer's key, but no layer pattern"),
-        ({"layer_types": ["sliding_attention"] * 2}, "no sliding_window"),
-        ({"full_attention_interval": 2}, "linear_num_key_heads"),
+        # Keys of other families' layer patterns: refused by name, never read as a stack.
+        ({"layers_block_type": ["mamba", "attention"]}, "config.json has layers_block_type, which"),
+        ({"attn_layer_indices": [3, 7]}, "config.json has attn_layer_indices, which"),
+        ({"attention_chunk_size": 8192}, "families that read it: llama4"),
+        ({"hybrid_override_pattern": "*?"}, "config.json has hybrid_override_pattern"),
+        ({"mamba_d_state": 16}, "config.json has mamba_d_state, which"),
+        ({"full_attention_interval": 2}, "config.json has full_attention_interval"),
+        ({"layer_types": ["full_attention", "mamba"]}, r'layer_types\[1\] is "mamba"'),
+        ({"layer_types": ["full_attention"]}, "lists 1 layers but the model has 2"),
+        ({"layer_types": ["sliding_attention"] * 2}, "no positive sliding_window"),
         ({"num_hidden_layers": "2"}, "non-negative integer"),
         (
             {
-                "model_type": "mamba2",
+                "architectures": ["Mamba2ForCausalLM"],
                 "num_heads": 4,
                 "head_dim": 32,
                 "state_size": 16,
@@ -369,7 +401,13 @@ def test_head_dim_absent_or_named_attention_head_dim(tmp_path: Path) -> None:
 def test_configs_pdplan_cannot_read_are_refused_by_key(
     tmp_path: Path, change: dict[str, Any], message: str
 ) -> None:
-    config = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256, **change}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 256,
+        **change,
+    }
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         ModelShape.from_hf_config(write(tmp_path, config))
 
@@ -379,6 +417,7 @@ def test_a_sliding_window_pattern_key_makes_the_pattern_whatever_the_model_type(
 ) -> None:
     # Cohere 2's published shape: three sliding layers, then a global one.
     config = {
+        "architectures": ["Cohere2ForCausalLM"],
         "model_type": "cohere2",
         "num_hidden_layers": 8,
         "num_attention_heads": 4,

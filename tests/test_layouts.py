@@ -26,7 +26,7 @@ from pdplan import (
 
 #: Presets whose Mamba2 layers have one group (n_groups=1), which runtimes replicate at TP > 1
 #: and pdplan does not plan yet: they plan at TP 1 (and their refusal is tested below).
-ONE_GROUP = {"falcon-h1-7b"}
+ONE_GROUP = {"falcon-h1-7b", "granite-4.0-h-small"}
 
 
 def preset_tps(pairs: list[tuple[int, int]]) -> list[tuple[str, int, int]]:
@@ -122,6 +122,7 @@ def write(tmp_path: Path, config: object) -> Path:
 
 def test_hf_config_reader(tmp_path: Path) -> None:
     llama = {
+        "architectures": ["LlamaForCausalLM"],
         "num_hidden_layers": 80,
         "num_attention_heads": 64,
         "num_key_value_heads": 8,
@@ -130,6 +131,7 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     }
     assert ModelShape.from_hf_config(write(tmp_path, llama)) == ModelShape.preset("llama-3-70b")
     qwen = {
+        "architectures": ["Qwen2ForCausalLM"],
         "num_hidden_layers": 28,
         "num_attention_heads": 28,
         "num_key_value_heads": 4,
@@ -142,6 +144,7 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     assert shape.page_size == 32
     assert shape.dtype == "float16"  # the dtype the config names, not a size class
     deepseek = {
+        "architectures": ["DeepseekV3ForCausalLM"],
         "num_hidden_layers": 61,
         "num_attention_heads": 128,
         "hidden_size": 7168,
@@ -151,10 +154,11 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     }
     shape = ModelShape.from_hf_config(write(tmp_path, deepseek))
     assert shape.model_layers == (MlaLayer(kv_lora_rank=512, rope_head_dim=64),) * 61
-    mha = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
+    mha = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
     (layer, _) = ModelShape.from_hf_config(write(tmp_path, mha)).model_layers
     assert layer == AttentionLayer(kv_heads=4, head_dim=64)
-    nested = {"text_config": llama, "vision_config": {}}
+    nested = {"text_config": {**llama, "architectures": None}, "vision_config": {}}
+    nested["architectures"] = ["LlamaForCausalLM"]
     assert ModelShape.from_hf_config(write(tmp_path, nested)).num_layers == 80
 
 
@@ -171,7 +175,13 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     ],
 )
 def test_hf_config_keeps_the_dtype_it_names(tmp_path: Path, named: str, kept: str) -> None:
-    config = {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 8, "dtype": named}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "hidden_size": 8,
+        "dtype": named,
+    }
     shape = ModelShape.from_hf_config(write(tmp_path, config))
     assert shape.dtype == kept
     # And the buffers are sized by it: bf16/fp16 2 bytes, fp32 4, fp8 1.
@@ -199,6 +209,8 @@ def test_hf_config_keeps_the_dtype_it_names(tmp_path: Path, named: str, kept: st
     ],
 )
 def test_hf_config_refusals(tmp_path: Path, config: object, message: str) -> None:
+    if isinstance(config, dict):
+        config = {"architectures": ["LlamaForCausalLM"], **config}
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         ModelShape.from_hf_config(write(tmp_path, config))
 
@@ -318,7 +330,8 @@ def test_every_preset_plans_with_pipeline_stages(
         shape, prefill_tp, decode_tp, prefill_pp=prefill_pp, decode_pp=decode_pp
     )
     # Every buffer names its layer; the layers named are exactly those with a cache.
-    with_cache = {i for i, layer in enumerate(shape.model_layers) if layer.kind != "mlp"}
+    without = ("mlp", "shared_kv")  # MLP-only layers, and attention reading another's KV
+    with_cache = {i for i, layer in enumerate(shape.model_layers) if layer.kind not in without}
     assert {b.layer for b in prefill} == with_cache
     if shape.draft_layers:  # draft buffers sit on the last layer, so the last stage
         assert prefill[-1].layer == shape.num_layers - 1

@@ -62,13 +62,15 @@ def test_the_schema_gives_the_dataclass_defaults_and_the_wire_keys() -> None:
             changed.update(rows_per_page=2, bytes_per_page=2 * plain.bytes_per_page)
             changed.update(src_row_stride_bytes=plain.bytes_per_page + 1)
             changed.update(dst_row_stride_bytes=plain.bytes_per_page + 1)
-        if since["sliding_window"] == version:  # a window needs token geometry
-            changed = {
-                name: value + 1
-                for name, value in defaults.items()
-                if since[name] == 3 and isinstance(value, int)
-            }
-            changed.update(sliding_window=128)
+        # A window or a chunk needs token geometry.
+        for selection in ("sliding_window", "attention_chunk_size"):
+            if since[selection] == version:
+                changed = {
+                    name: value + 1
+                    for name, value in defaults.items()
+                    if since[name] == 3 and isinstance(value, int)
+                }
+                changed[selection] = 128
         if "token_runs" in changed:  # one run a token: its run strides stay 0
             changed.update(src_token_run_stride_bytes=0, dst_token_run_stride_bytes=0)
         fragment = dataclasses.replace(plain, **changed)

@@ -125,7 +125,7 @@ def test_page_sizes_that_differ_turn_token_maps_on_and_encode_as_v3() -> None:
     version, payload = encode_transfer_fragments(fragments)
     assert version == b"3"
     assert decode_transfer_fragments(version, payload) == fragments
-    assert pdplan.TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4)
+    assert pdplan.TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4, 5)
     # Equal page sizes keep token maps off by default, and v1 frames.
     default = planner(8, 2, (16, 16))
     assert not default.token_maps

@@ -205,7 +205,7 @@ def test_largest_integer_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    "version", [b"5", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
+    "version", [b"6", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
 )
 def test_unknown_versions(version: bytes) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="version"):
@@ -268,7 +268,7 @@ def test_fuzzed_frames_give_valid_fragments_or_a_clear_error(frames: tuple[bytes
         assert isinstance(fragment, TransferFragment)
         assert isinstance(fragment.buffer_kind, BufferKind)
         for name, value in asdict(fragment).items():
-            optional = name in ("page_count", "sliding_window")
+            optional = name in ("page_count", "sliding_window", "attention_chunk_size")
             if name == "buffer_kind" or (optional and value is None):
                 continue
             assert type(value) is int and 0 <= value < 2**63
@@ -372,4 +372,4 @@ def test_v1_frames_carry_no_row_keys_and_v2_frames_carry_all() -> None:
         "dst_row_stride_bytes": 0,
     }
     assert decode_transfer_fragments(b"2", json.dumps([plain]).encode()) == (GOOD,)
-    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4)
+    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4, 5)

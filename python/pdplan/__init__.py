@@ -21,20 +21,27 @@ from pdplan._core import (
 )
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._layouts import (
+    CACHE_KEYS,
     MODEL_PRESETS,
     AttentionLayer,
     AttentionMamba2Layer,
     GatedDeltaNetLayer,
     ItemLengths,
+    KdaLayer,
     LayerKindSummary,
+    LightningAttentionLayer,
     Mamba1Layer,
     Mamba2Layer,
     MlaLayer,
     MlpLayer,
+    ModelFamily,
     ModelLayer,
     ModelShape,
+    SharedKvLayer,
+    ShortConvLayer,
     buffer_layouts_from_item_lengths,
     model_buffer_layouts,
+    model_families,
     vllm_layer_partition,
 )
 from pdplan._model import (
@@ -48,6 +55,7 @@ from pdplan._planner import PDTransferPlanner, RoutingTable
 from pdplan._staging import CostEstimate, CostModel
 
 __all__ = [
+    "CACHE_KEYS",
     "DEFAULT_MAX_FRAGMENTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "MODEL_PRESETS",
@@ -61,11 +69,14 @@ __all__ = [
     "CostModel",
     "GatedDeltaNetLayer",
     "ItemLengths",
+    "KdaLayer",
     "LayerKindSummary",
+    "LightningAttentionLayer",
     "Mamba1Layer",
     "Mamba2Layer",
     "MlaLayer",
     "MlpLayer",
+    "ModelFamily",
     "ModelLayer",
     "ModelShape",
     "PDTransferPlanner",
@@ -73,6 +84,8 @@ __all__ = [
     "PreparedTransfer",
     "RankTransferPlan",
     "RoutingTable",
+    "SharedKvLayer",
+    "ShortConvLayer",
     "StagingPlan",
     "TransferDescriptors",
     "TransferFragment",
@@ -82,6 +95,7 @@ __all__ = [
     "decode_transfer_fragments",
     "encode_transfer_fragments",
     "model_buffer_layouts",
+    "model_families",
     "token_owners",
     "token_slots",
     "transfer_descriptors",

@@ -22,7 +22,13 @@ from typing import Literal, TextIO
 from pdplan import _core
 from pdplan._core import encode_transfer_fragments
 from pdplan._descriptors import transfer_descriptors
-from pdplan._layouts import MODEL_PRESETS, LayerKindSummary, ModelShape, model_buffer_layouts
+from pdplan._layouts import (
+    MODEL_PRESETS,
+    LayerKindSummary,
+    ModelShape,
+    model_buffer_layouts,
+    model_families,
+)
 from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
 from pdplan._request import PairRequest, page_sizes, request_pairs
@@ -161,6 +167,12 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
         help=f"a preset ({', '.join(MODEL_PRESETS)}) or a local config.json",
     )
     model.add_argument("--config", metavar="config.json", help="a local Hugging Face config")
+    model.add_argument(
+        "--family",
+        metavar="NAME",
+        help="read the config with this family's reader whatever its architecture says "
+        "(`pdplan models` lists them)",
+    )
     model.add_argument("--layers", type=_positive)
     model.add_argument("--kv-heads", type=_positive)
     model.add_argument("--head-dim", type=_positive)
@@ -263,6 +275,13 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit 0 when supported; otherwise print why and what would work, exit 2.",
     )
     _layout_options(check)
+    models = commands.add_parser(
+        "models",
+        help="list the model families whose configs pdplan reads",
+        description="Every model family: the architectures and model types its reader covers, "
+        "the cache-shaping config keys it reads, and the modeling code its rule follows.",
+    )
+    models.add_argument("--format", choices=("table", "json"), default="table")
     return parser
 
 
@@ -285,17 +304,32 @@ def _shape(args: argparse.Namespace) -> ModelShape:
             "give exactly one model: --model PRESET, --config config.json, or "
             "--layers N --kv-heads N --head-dim N [--dtype NAME]"
         )
+    if args.family is not None and not (args.config or args.model not in (None, *MODEL_PRESETS)):
+        raise UserError("--family chooses the reader of a config.json; give one with --config")
     if args.model in MODEL_PRESETS:
         shape = ModelShape.preset(args.model, page_size=args.page_size)
     elif args.model or args.config:
         path = args.model or args.config
-        shape = ModelShape.from_hf_config(path, page_size=args.page_size)
+        shape = ModelShape.from_hf_config(path, page_size=args.page_size, family=args.family)
     elif any(x is None for x in explicit):
         raise UserError("--layers, --kv-heads and --head-dim go together")
     else:
         _core.dtype_bytes(args.dtype)  # refuse unknown names with the known ones listed
         shape = ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
-    return replace(shape, kv_cache_dtype=args.kv_cache_dtype, state_dtype=args.state_dtype)
+    # The config's state dtype stands unless the command names one.
+    state_dtype = args.state_dtype or shape.state_dtype
+    return replace(shape, kv_cache_dtype=args.kv_cache_dtype, state_dtype=state_dtype)
+
+
+def _model_name(args: argparse.Namespace) -> str | None:
+    """What the model line calls the model: the preset, or the folder its config is in."""
+    if args.model in MODEL_PRESETS:
+        return str(args.model)
+    path = args.model or args.config
+    if path is None:
+        return None
+    folder = Path(path).resolve().parent.name
+    return folder or Path(path).name
 
 
 def _layer_ranges(summary: LayerKindSummary, most: int = 6) -> str:
@@ -306,12 +340,23 @@ def _layer_ranges(summary: LayerKindSummary, most: int = 6) -> str:
     return ", ".join(ranges[:most]) + f", ... {summary.layers[-1]}"
 
 
-def _model_lines(shape: ModelShape, tokens: int = REQUEST_TOKENS) -> list[str]:
-    """The model per layer kind (what each keeps, and where), and the KV bytes one request
-    of `tokens` tokens keeps with and without its sliding windows."""
+def _model_lines(
+    shape: ModelShape, name: str | None = None, tokens: int = REQUEST_TOKENS
+) -> list[str]:
+    """The model (its name and the family that read it), per layer kind (what each keeps, and
+    where), and the KV bytes one request of `tokens` tokens keeps with and without its
+    sliding windows and attention chunks."""
     kv = shape.kv_cache_dtype or shape.dtype
     state = shape.state_dtype or shape.dtype
-    lines = [f"model: {shape.num_layers} layers ({shape.dtype}; KV cache {kv}, states {state})"]
+    named = " ".join(
+        part
+        for part in (name, f"(family {shape.family})" if shape.family else None)
+        if part is not None
+    )
+    lines = [
+        f"model: {named + ': ' if named else ''}{shape.num_layers} layers ({shape.dtype}; "
+        f"KV cache {kv}, states {state})"
+    ]
     whole = windowed = 0
     for kind in shape.summary():
         keeps = []
@@ -323,15 +368,28 @@ def _model_lines(shape: ModelShape, tokens: int = REQUEST_TOKENS) -> list[str]:
         lines.append(
             f"  {len(kind.layers):>4} x {kind.label}: {what}; layers {_layer_ranges(kind)}"
         )
-        kept = tokens if kind.sliding_window is None else min(tokens, kind.sliding_window)
         whole += kind.token_bytes * len(kind.layers) * tokens
-        windowed += kind.token_bytes * len(kind.layers) * kept
+        windowed += kind.token_bytes * len(kind.layers) * kind.kept_tokens(tokens)
     if windowed != whole:
         lines.append(
             f"a {tokens // 1024}k-token request's KV: {windowed / 2**30:.2f} GiB moved with "
-            f"sliding windows, {whole / 2**30:.2f} GiB without"
+            f"sliding windows and attention chunks, {whole / 2**30:.2f} GiB without"
         )
     return lines
+
+
+def _print_families(output_format: str) -> None:
+    """The registry, one family a paragraph (or as JSON)."""
+    families = model_families()
+    if output_format == "json":
+        json.dump([asdict(f) for f in families], sys.stdout, indent=2)
+        print()
+        return
+    for family in families:
+        print(f"{family.name}: {', '.join(family.architectures)}")
+        print(f"  model types: {', '.join(family.model_types)}")
+        print(f"  cache keys read: {', '.join(family.keys)}")
+        print(f"  rule: {family.source}")
 
 
 @dataclass(frozen=True)
@@ -551,6 +609,7 @@ def _print_table(
     model: CostModel,
     chunk_bytes: int | None,
     ranks: Sequence[int] | None = None,
+    name: str | None = None,
 ) -> None:
     p, d = planner.prefill_layout, planner.decode_layout
 
@@ -565,7 +624,7 @@ def _print_table(
         page_text = f"{pages[0]}-token pages"
     else:
         page_text = f"{pages[0]}-token prefill pages, {pages[1]}-token decode pages (token maps)"
-    for line in _model_lines(shape):
+    for line in _model_lines(shape, name):
         print(line)
     print(
         f"prefill {p.world_size} ranks ({sizes(p)}) -> decode {d.world_size} ranks "
@@ -791,6 +850,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             _demo()
             return 0
+        if args.command == "models":
+            _print_families(args.format)
+            return 0
         if args.command == "check":
             try:
                 shape, planner = _planner_from_args(args)
@@ -799,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 shape = _shape(args)
                 print(f"unsupported: {exc}{_suggestion(args, shape)}", file=sys.stderr)
                 return EXIT_UNSUPPORTED
-            for line in _model_lines(shape):
+            for line in _model_lines(shape, _model_name(args)):
                 print(line)
             kind = planner.plan_for_decode_rank(0).plan_kind
             print(f"supported: {kind} plan, {len(planner.prefill_buffers)} buffers, verified")
@@ -825,6 +887,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _cost_model(args),
                 args.chunk_bytes,
                 ranks if args.decode_rank else None,
+                _model_name(args),
             )
         return 0
     except (UserError, UnsupportedPDLayoutError) as exc:

@@ -17,6 +17,7 @@ from pdplan._model import (
 
 __all__ = [
     "BUFFER_LAYOUT_FIELDS",
+    "CACHE_KEYS",
     "DEFAULT_MAX_FRAGMENTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "ENCODE_CACHE_ENTRIES",
@@ -49,6 +50,7 @@ __all__ = [
     "estimate_staging",
     "frame_cache_info",
     "model_buffers",
+    "model_families",
     "model_layers",
     "model_shape_parts",
     "model_summary",
@@ -62,6 +64,7 @@ __all__ = [
 
 __version__: str
 MODEL_PRESETS: list[str]
+CACHE_KEYS: list[str]
 MAX_DESCRIPTORS: int
 MAX_TOKENS: int
 DEFAULT_MAX_PAYLOAD_BYTES: int
@@ -141,12 +144,16 @@ def buffers_from_item_lengths(
     items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...
 def model_shape_parts(
-    config_text: str | None = None, preset: str | None = None, page_size: int | None = None
-) -> tuple[str, tuple[ModelLayer, ...], tuple[int, int, int]]: ...
+    config_text: str | None = None,
+    preset: str | None = None,
+    page_size: int | None = None,
+    family: str | None = None,
+) -> tuple[str, tuple[ModelLayer, ...], tuple[int, int, int], str | None, str | None]: ...
+def model_families() -> list[tuple[str, list[str], list[str], list[str], str]]: ...
 def model_layers(shape: ModelShape) -> tuple[ModelLayer, ...]: ...
 def model_summary(
     shape: ModelShape,
-) -> list[tuple[str, list[int], int, int, int | None]]: ...
+) -> list[tuple[str, list[int], int, int, int | None, int | None]]: ...
 def dtype_bytes(name: str) -> int: ...
 
 @final

@@ -14,36 +14,73 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
 __all__ = [
+    "CACHE_KEYS",
     "MODEL_PRESETS",
     "AttentionLayer",
     "AttentionMamba2Layer",
     "GatedDeltaNetLayer",
     "ItemLengths",
+    "KdaLayer",
     "LayerKindSummary",
+    "LightningAttentionLayer",
     "Mamba1Layer",
     "Mamba2Layer",
     "MlaLayer",
     "MlpLayer",
+    "ModelFamily",
     "ModelLayer",
     "ModelShape",
+    "SharedKvLayer",
+    "ShortConvLayer",
     "buffer_layouts_from_item_lengths",
     "model_buffer_layouts",
+    "model_families",
     "vllm_layer_partition",
 ]
 
 MODEL_PRESETS: tuple[str, ...] = tuple(_core.MODEL_PRESETS)
+
+#: Every ``config.json`` key that changes what a layer caches. A config holding one that its
+#: family's reader does not consume is refused, naming the key.
+CACHE_KEYS: tuple[str, ...] = tuple(_core.CACHE_KEYS)
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family in the registry: the architectures and model types whose configs its reader
+    reads, the cache keys (of ``CACHE_KEYS``) it consumes, and the modeling code its rule
+    follows."""
+
+    name: str
+    architectures: tuple[str, ...]
+    model_types: tuple[str, ...]
+    keys: tuple[str, ...]
+    source: str
+
+
+def model_families() -> tuple[ModelFamily, ...]:
+    """The registry of model families. A config is read by the family its ``architectures``
+    names (then its ``model_type``), or refused; ``ModelShape.from_hf_config(..., family=)``
+    chooses one."""
+    return tuple(
+        ModelFamily(name, tuple(archs), tuple(types), tuple(keys), source)
+        for name, archs, types, keys, source in _core.model_families()
+    )
 
 
 @dataclass(frozen=True)
 class AttentionLayer:
     """Attention with a paged KV cache: K and V of ``kv_heads`` x ``head_dim`` a token (GQA
     replica groups where TP exceeds the heads); a sliding-window layer keeps ``sliding_window``
-    tokens."""
+    tokens, a chunked local-attention layer (Llama 4) its current ``attention_chunk_size``
+    chunk. ``v_head_dim``: V's head dim where it differs from K's (MiMo-V2)."""
 
     kind: ClassVar[str] = "attention"
     kv_heads: int
     head_dim: int
     sliding_window: int | None = None
+    v_head_dim: int | None = None
+    attention_chunk_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -96,8 +133,49 @@ class GatedDeltaNetLayer:
 
 
 @dataclass(frozen=True)
+class KdaLayer:
+    """Kimi Delta Attention (Kimi-Linear): recurrent state ``[heads, head_dim, head_dim]``
+    (sharded by heads), then the conv states of q, k and v (``heads * head_dim`` channels
+    each)."""
+
+    kind: ClassVar[str] = "kda"
+    heads: int
+    head_dim: int
+    conv_kernel: int = 4
+
+
+@dataclass(frozen=True)
+class LightningAttentionLayer:
+    """MiniMax's lightning (linear) attention: state ``[heads, head_dim, head_dim]``, sharded
+    by heads."""
+
+    kind: ClassVar[str] = "lightning"
+    heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class ShortConvLayer:
+    """A short convolution (LFM2): conv state ``[channels, conv_kernel - 1]``, sharded by
+    channels."""
+
+    kind: ClassVar[str] = "short_conv"
+    channels: int
+    conv_kernel: int
+
+
+@dataclass(frozen=True)
+class SharedKvLayer:
+    """Attention that reads layer ``source_layer``'s KV and keeps none of its own (Gemma 3n
+    and 4's last ``num_kv_shared_layers``)."""
+
+    kind: ClassVar[str] = "shared_kv"
+    source_layer: int
+
+
+@dataclass(frozen=True)
 class AttentionMamba2Layer:
-    """Attention and Mamba2 side by side in one layer (Falcon-H1)."""
+    """Attention and Mamba2 side by side in one layer (Falcon-H1; Zamba2's hybrid layers)."""
 
     kind: ClassVar[str] = "attention_mamba2"
     attention: AttentionLayer
@@ -117,7 +195,11 @@ ModelLayer = (
     | Mamba2Layer
     | Mamba1Layer
     | GatedDeltaNetLayer
+    | KdaLayer
+    | LightningAttentionLayer
+    | ShortConvLayer
     | AttentionMamba2Layer
+    | SharedKvLayer
     | MlpLayer
 )
 
@@ -151,6 +233,7 @@ class ModelShape:
     kv_cache_dtype: str | None = None
     state_dtype: str | None = None
     layer_kinds: tuple[ModelLayer, ...] = ()
+    family: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_kinds, list):
@@ -159,29 +242,39 @@ class ModelShape:
     @classmethod
     def preset(cls, name: str, page_size: int = 16) -> ModelShape:
         """A named model (see ``MODEL_PRESETS``), read from its published ``config.json``
-        values."""
+        values by its family's reader."""
         return cls._from_parts(_core.model_shape_parts(preset=name, page_size=page_size), page_size)
 
     @classmethod
-    def from_hf_config(cls, path: str | Path, page_size: int = 16) -> ModelShape:
-        """The model a local Hugging Face ``config.json`` describes, layer by layer (README:
-        "Reading configs" lists the keys read for each family).
+    def from_hf_config(
+        cls, path: str | Path, page_size: int = 16, *, family: str | None = None
+    ) -> ModelShape:
+        """The model a local Hugging Face ``config.json`` describes, layer by layer, read by
+        the reader of its family: the one its ``architectures`` (then ``model_type``) names, or
+        ``family`` (a name from ``model_families()``) when given. A config of an architecture no
+        family covers is refused, naming it and the families; so is a config holding a
+        cache-shaping key (``CACHE_KEYS``) its family's reader does not consume.
 
         The dtype is the one the config names (``dtype`` or ``torch_dtype``), bfloat16 when it
-        names none. A layer pattern or layer kind pdplan does not read is refused by name.
-        Pass ``kv_cache_dtype``/``state_dtype`` with ``dataclasses.replace``."""
+        names none; the state dtype is the config's ``mamba_ssm_cache_dtype`` or
+        ``mamba_ssm_dtype`` where its family keeps state. Pass ``kv_cache_dtype``/
+        ``state_dtype`` with ``dataclasses.replace``."""
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise UnsupportedPDLayoutError(f"cannot read {path}: {exc}") from None
-        parts = _core.model_shape_parts(config_text=text, page_size=page_size)
+        parts = _core.model_shape_parts(config_text=text, page_size=page_size, family=family)
         return cls._from_parts(parts, page_size)
 
     @classmethod
     def _from_parts(
-        cls, parts: tuple[str, tuple[ModelLayer, ...], tuple[int, int, int]], page_size: int
+        cls,
+        parts: tuple[
+            str, tuple[ModelLayer, ...], tuple[int, int, int], str | None, str | None
+        ],
+        page_size: int,
     ) -> ModelShape:
-        dtype, layers, (draft_layers, draft_kv_heads, draft_head_dim) = parts
+        dtype, layers, (draft_layers, draft_kv_heads, draft_head_dim), state, family = parts
         return cls(
             dtype=dtype,
             page_size=page_size,
@@ -189,6 +282,8 @@ class ModelShape:
             draft_layers=draft_layers,
             draft_kv_heads=draft_kv_heads,
             draft_head_dim=draft_head_dim,
+            state_dtype=state,
+            family=family,
         )
 
     @property
@@ -204,8 +299,8 @@ class ModelShape:
     def summary(self) -> tuple[LayerKindSummary, ...]:
         """The model per layer kind, in order of first appearance (then its draft model)."""
         return tuple(
-            LayerKindSummary(label, tuple(layers), token, state, window)
-            for label, layers, token, state, window in _core.model_summary(self)
+            LayerKindSummary(label, tuple(layers), token, state, window, chunk)
+            for label, layers, token, state, window, chunk in _core.model_summary(self)
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -228,6 +323,16 @@ class LayerKindSummary:
     #: Bytes of state one request keeps in one such layer, over all TP ranks.
     state_bytes: int
     sliding_window: int | None
+    attention_chunk_size: int | None = None
+
+    def kept_tokens(self, tokens: int) -> int:
+        """Tokens of a ``tokens``-token request one such layer keeps: the window, the current
+        chunk, or all."""
+        if self.sliding_window is not None:
+            return min(tokens, self.sliding_window)
+        if self.attention_chunk_size is not None:
+            return tokens - tokens // self.attention_chunk_size * self.attention_chunk_size
+        return tokens
 
     def where(self) -> str:
         """The layers as ranges: ``3, 7-9, 12``."""

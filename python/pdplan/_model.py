@@ -113,6 +113,10 @@ class BufferLayout:
     #: A sliding-window attention layer's window (tokens): with token maps (turned on by a
     #: window) a request of ``n`` tokens moves only its tokens ``t >= n - sliding_window``.
     sliding_window: int | None = None
+    #: A chunked local-attention layer's chunk (tokens, Llama 4): with token maps (turned on by
+    #: a chunk) a request of ``n`` tokens moves only its current chunk, tokens ``t >= (n //
+    #: attention_chunk_size) * attention_chunk_size``. Not with ``sliding_window``.
+    attention_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.logical_parts, list):
@@ -159,6 +163,10 @@ class TransferFragment:
     #: A sliding-window buffer's window (wire format v4): a request of ``n`` tokens moves only
     #: tokens ``t >= n - sliding_window``. Needs token geometry.
     sliding_window: int | None = None
+    #: A chunked local-attention buffer's chunk (wire format v5): a request of ``n`` tokens
+    #: moves only tokens ``t >= (n // attention_chunk_size) * attention_chunk_size``. Needs
+    #: token geometry.
+    attention_chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         _core.check_transfer_fragment(self)

@@ -103,11 +103,7 @@ pub fn model_buffers(
     if let Some(draft) = shape.draft {
         check_layer_count(draft.layers)?;
         let from = out.len();
-        let layer = AttentionShape {
-            kv_heads: draft.kv_heads,
-            head_dim: draft.head_dim,
-            sliding_window: None,
-        };
+        let layer = AttentionShape::full(draft.kv_heads, draft.head_dim);
         for _ in 0..draft.layers {
             attention(
                 &layer,
@@ -197,11 +193,7 @@ mod tests {
             .map(|b| b.bytes_per_logical_unit)
             .collect();
         assert_eq!(units, vec![16 * 64, 16 * 64, 16 * 8, 16 * 8]);
-        shape.layers[0] = Layer::Attention(AttentionShape {
-            kv_heads: 8,
-            head_dim: 24,
-            sliding_window: None,
-        });
+        shape.layers[0] = Layer::Attention(AttentionShape::full(8, 24));
         let err = model_buffers(&shape, 2, KvLayout::Hnd).unwrap_err();
         assert!(
             err.message().contains("layer 0") && err.message().contains("scale blocks"),

@@ -81,6 +81,7 @@ pub fn from_item_lengths(
         rows_per_page: item.rows_per_page,
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
+        attention_chunk_size: None,
     };
     let axis = if item.buffer_kind == BufferKind::MambaState {
         LogicalAxis::StateChannel

@@ -13,8 +13,13 @@
 //! - Gated `DeltaNet`: recurrent state `[value_heads, key_head_dim, value_head_dim]` sharded by
 //!   value heads, then the conv state over `q | k | v` (key heads x key dim twice, value
 //!   heads x value dim).
-//! - attention + Mamba2 in one layer (Falcon-H1): the attention buffers, then the Mamba2 ones.
-//! - MLP only: none.
+//! - Kimi Delta Attention (KDA): recurrent state `[heads, head_dim, head_dim]` sharded by heads,
+//!   then the conv states of q, k and v (`heads * head_dim` channels each), as vLLM keeps them.
+//! - lightning attention (`MiniMax`'s linear layers): state `[heads, head_dim, head_dim]`.
+//! - short conv (LFM2): the conv state `[channels, conv_kernel - 1]`.
+//! - attention + Mamba2 in one layer (Falcon-H1, Zamba2's hybrid layers): the attention buffers,
+//!   then the Mamba2 ones.
+//! - MLP only, and attention that reuses an earlier layer's KV (Gemma 3n and 4): none.
 //!
 //! States use the state dtype; conv states the model's dtype (vLLM's `mamba_ssm_cache_dtype`
 //! covers the SSM state only).
@@ -26,9 +31,41 @@ use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, MAX_VAL
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttentionShape {
     pub kv_heads: u64,
+    /// K's head dim (and V's, unless `v_head_dim` says otherwise).
     pub head_dim: u64,
     /// Tokens the layer attends back over; `None` for full attention.
     pub sliding_window: Option<u64>,
+    /// V's head dim where it differs from K's (`MiMo`-V2): K and V buffers of different sizes.
+    pub v_head_dim: Option<u64>,
+    /// Chunked local attention (Llama 4): a token attends only within its chunk of this many
+    /// tokens, so a request of `n` tokens keeps only tokens `t >= (n / chunk) * chunk`.
+    pub attention_chunk: Option<u64>,
+}
+
+impl AttentionShape {
+    /// Full attention of `kv_heads` heads of `head_dim` for K and V.
+    pub const fn full(kv_heads: u64, head_dim: u64) -> Self {
+        Self {
+            kv_heads,
+            head_dim,
+            sliding_window: None,
+            v_head_dim: None,
+            attention_chunk: None,
+        }
+    }
+
+    /// The same heads with a sliding window.
+    #[must_use]
+    pub const fn sliding(self, window: Option<u64>) -> Self {
+        Self {
+            sliding_window: window,
+            ..self
+        }
+    }
+
+    pub fn v_dim(&self) -> u64 {
+        self.v_head_dim.unwrap_or(self.head_dim)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -64,6 +101,25 @@ pub struct GatedDeltaNetShape {
     pub conv_kernel: u64,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KdaShape {
+    pub heads: u64,
+    pub head_dim: u64,
+    pub conv_kernel: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LightningShape {
+    pub heads: u64,
+    pub head_dim: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShortConvShape {
+    pub channels: u64,
+    pub conv_kernel: u64,
+}
+
 /// A model layer as its cache sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layer {
@@ -72,8 +128,13 @@ pub enum Layer {
     Mamba2(Mamba2Shape),
     Mamba1(Mamba1Shape),
     GatedDeltaNet(GatedDeltaNetShape),
+    Kda(KdaShape),
+    Lightning(LightningShape),
+    ShortConv(ShortConvShape),
     /// Attention and Mamba2 side by side in one layer (Falcon-H1).
     AttentionMamba2(AttentionShape, Mamba2Shape),
+    /// Attention that reads an earlier layer's KV and keeps none of its own (Gemma 3n and 4).
+    SharedKv { source_layer: u64 },
     /// A layer without a cache (an MLP or `MoE` block).
     Mlp,
 }
@@ -87,7 +148,11 @@ impl Layer {
             Self::Mamba2(_) => "mamba2",
             Self::Mamba1(_) => "mamba1",
             Self::GatedDeltaNet(_) => "gated_deltanet",
+            Self::Kda(_) => "kda",
+            Self::Lightning(_) => "lightning",
+            Self::ShortConv(_) => "short_conv",
             Self::AttentionMamba2(..) => "attention_mamba2",
+            Self::SharedKv { .. } => "shared_kv",
             Self::Mlp => "mlp",
         }
     }
@@ -95,19 +160,19 @@ impl Layer {
     /// What a reader calls the layer: its kind, with a window or an indexer when it has one.
     pub fn label(&self) -> String {
         match self {
-            Self::Attention(a) => match a.sliding_window {
-                Some(w) => format!("sliding-window attention (window {w})"),
-                None => "full attention".to_owned(),
-            },
+            Self::Attention(a) => a.label(),
             Self::Mla(m) if m.index_head_dim > 0 => "MLA + indexer".to_owned(),
             Self::Mla(_) => "MLA".to_owned(),
             Self::Mamba2(_) => "Mamba2".to_owned(),
             Self::Mamba1(_) => "Mamba1".to_owned(),
             Self::GatedDeltaNet(_) => "Gated DeltaNet".to_owned(),
-            Self::AttentionMamba2(a, _) => match a.sliding_window {
-                Some(w) => format!("sliding-window attention (window {w}) + Mamba2"),
-                None => "attention + Mamba2".to_owned(),
-            },
+            Self::Kda(_) => "Kimi Delta Attention".to_owned(),
+            Self::Lightning(_) => "lightning attention".to_owned(),
+            Self::ShortConv(_) => "short conv".to_owned(),
+            Self::AttentionMamba2(a, _) => format!("{} + Mamba2", a.label()),
+            Self::SharedKv { source_layer } => {
+                format!("attention reusing layer {source_layer}'s KV (no cache)")
+            }
             Self::Mlp => "MLP only (no cache)".to_owned(),
         }
     }
@@ -120,12 +185,33 @@ impl Layer {
             Self::Mamba2(m) => mamba2(m, cache, out),
             Self::Mamba1(m) => mamba1(m, cache, out),
             Self::GatedDeltaNet(g) => gated_deltanet(g, cache, out),
+            Self::Kda(k) => kda(k, cache, out),
+            Self::Lightning(l) => lightning(l, cache, out),
+            Self::ShortConv(c) => conv(&[c.channels], c.conv_kernel, cache).map(|b| out.push(b)),
             Self::AttentionMamba2(a, m) => {
                 attention(a, cache, KV_KINDS, out)?;
                 mamba2(m, cache, out)
             }
-            Self::Mlp => Ok(()),
+            Self::SharedKv { .. } | Self::Mlp => Ok(()),
         }
+    }
+}
+
+impl AttentionShape {
+    fn label(&self) -> String {
+        let base = match (self.sliding_window, self.attention_chunk) {
+            (Some(w), _) => format!("sliding-window attention (window {w})"),
+            (None, Some(c)) => format!("chunked local attention (chunk {c})"),
+            (None, None) => "full attention".to_owned(),
+        };
+        let dims = match self.v_head_dim.filter(|&v| v != self.head_dim) {
+            Some(v) => format!(
+                ", {} KV heads, K dim {} / V dim {v}",
+                self.kv_heads, self.head_dim
+            ),
+            None => String::new(),
+        };
+        base + &dims
     }
 }
 
@@ -202,6 +288,7 @@ fn token_buffer(
         rows_per_page: cache.rows,
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
+        attention_chunk_size: None,
     })
 }
 
@@ -213,24 +300,37 @@ pub fn attention(
     out: &mut Vec<BufferLayout>,
 ) -> PlanResult<()> {
     let what = "the KV cache";
-    positive(&[("kv_heads", a.kv_heads), ("head_dim", a.head_dim)], what)?;
+    positive(
+        &[
+            ("kv_heads", a.kv_heads),
+            ("head_dim", a.head_dim),
+            ("v_head_dim", a.v_dim()),
+        ],
+        what,
+    )?;
+    if a.sliding_window.is_some() && a.attention_chunk.is_some() {
+        bail!("{what}: a layer has a sliding window or an attention chunk, not both");
+    }
     let (replica, local) = head_split(a.kv_heads, cache.tp, what)?;
-    let values = cache.kv.bytes_of(a.head_dim, "a KV head of one token")?;
-    let mut sizes = vec![values, values];
+    // (kind, bytes a head and token) of each buffer: K, V, then with block scales their scales.
+    let mut sizes = vec![
+        (kinds.0, cache.kv.bytes_of(a.head_dim, "a KV head of one token")?),
+        (kinds.1, cache.kv.bytes_of(a.v_dim(), "a KV head of one token")?),
+    ];
     if let Some(block) = cache.kv.scale_block() {
-        if a.head_dim % block != 0 {
-            bail!(
-                "{what}: head_dim={} is not a multiple of {}'s {block}-value scale blocks; \
-                 use another kv_cache_dtype",
-                a.head_dim,
-                cache.kv.as_str()
-            );
+        for dim in [a.head_dim, a.v_dim()] {
+            if dim % block != 0 {
+                bail!(
+                    "{what}: head_dim={dim} is not a multiple of {}'s {block}-value scale \
+                     blocks; use another kv_cache_dtype",
+                    cache.kv.as_str()
+                );
+            }
         }
         // One fp8 scale byte per block, kept as its own buffer per K and V.
-        sizes.extend([a.head_dim / block; 2]);
+        sizes.extend([(kinds.0, a.head_dim / block), (kinds.1, a.v_dim() / block)]);
     }
-    for (i, token_bytes) in sizes.into_iter().enumerate() {
-        let kind = if i % 2 == 0 { kinds.0 } else { kinds.1 };
+    for (kind, token_bytes) in sizes {
         let buffer = token_buffer(cache, kind, token_bytes, what)?;
         let item = product(&[local, buffer.bytes_per_logical_unit], what)?;
         out.push(BufferLayout {
@@ -239,6 +339,7 @@ pub fn attention(
             item_stride_bytes: item,
             tp_replica_group_size: replica,
             sliding_window: a.sliding_window,
+            attention_chunk_size: a.attention_chunk,
             ..buffer
         });
     }
@@ -324,6 +425,7 @@ fn state(parts: &[u64], unit: u64, cache: &Cache, what: &str) -> PlanResult<Buff
             LogicalParts::WHOLE
         },
         sliding_window: None,
+        attention_chunk_size: None,
     })
 }
 
@@ -408,5 +510,35 @@ fn gated_deltanet(
     let qk = product(&[g.key_heads, g.key_head_dim], what)?;
     let v = product(&[g.value_heads, g.value_head_dim], what)?;
     out.push(conv(&[qk, qk, v], g.conv_kernel, cache)?);
+    Ok(())
+}
+
+/// A state of `[heads, head_dim, head_dim]` in the state dtype, sharded by heads.
+fn square_state(heads: u64, head_dim: u64, cache: &Cache, what: &str) -> PlanResult<BufferLayout> {
+    positive(&[("heads", heads), ("head_dim", head_dim)], what)?;
+    split_heads(heads, "heads", cache, what)?;
+    let unit = cache
+        .state
+        .bytes_of(product(&[head_dim, head_dim], what)?, what)?;
+    state(&[heads], unit, cache, what)
+}
+
+fn kda(k: &KdaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
+    let what = "the Kimi Delta Attention state";
+    out.push(square_state(k.heads, k.head_dim, cache, what)?);
+    let channels = product(&[k.heads, k.head_dim], what)?;
+    for _ in ["q", "k", "v"] {
+        out.push(conv(&[channels], k.conv_kernel, cache)?);
+    }
+    Ok(())
+}
+
+fn lightning(l: &LightningShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
+    out.push(square_state(
+        l.heads,
+        l.head_dim,
+        cache,
+        "the lightning attention state",
+    )?);
     Ok(())
 }

@@ -2,10 +2,14 @@
 //! byte lengths a runtime knows, so runtimes and the command line do not hand-build them.
 
 mod buffers;
+mod cache_keys;
+mod config;
 mod dtype;
+mod families;
 mod hf_config;
 mod item_lengths;
 mod layers;
+mod readers;
 mod shape;
 mod summary;
 
@@ -13,7 +17,12 @@ pub use buffers::{model_buffers, pair_buffers};
 pub use dtype::{dtype_bytes, Dtype};
 pub use hf_config::shape_from_hf_config;
 pub use item_lengths::{from_item_lengths, ItemLengths};
-pub use layers::{AttentionShape, GatedDeltaNetShape, Layer, Mamba1Shape, Mamba2Shape, MlaShape};
+pub use cache_keys::CACHE_KEYS;
+pub use families::{Family, FAMILIES};
+pub use layers::{
+    AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
+    MlaShape, ShortConvShape,
+};
 pub use shape::{
     preset, shape_from, DraftShape, KvLayout, ModelShape, MAX_LAYERS, MAX_PAGE_SIZE, PRESET_NAMES,
 };

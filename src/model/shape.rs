@@ -57,6 +57,8 @@ pub struct ModelShape {
     pub state_dtype: Option<Dtype>,
     pub page_size: u64,
     pub draft: Option<DraftShape>,
+    /// The model family whose reader read the shape from a config (`None`: given by hand).
+    pub family: Option<&'static str>,
 }
 
 impl ModelShape {
@@ -70,11 +72,7 @@ impl ModelShape {
     ) -> PlanResult<Self> {
         check_layer_count(layers)?;
         let layer = mla.map_or(
-            Layer::Attention(AttentionShape {
-                kv_heads,
-                head_dim,
-                sliding_window: None,
-            }),
+            Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
             Layer::Mla,
         );
         Ok(Self {
@@ -84,6 +82,7 @@ impl ModelShape {
             state_dtype: None,
             page_size,
             draft: None,
+            family: None,
         })
     }
 
@@ -133,9 +132,10 @@ pub fn shape_from(
     config_text: Option<&str>,
     preset_name: Option<&str>,
     page_size: u64,
+    family: Option<&str>,
 ) -> PlanResult<ModelShape> {
     match (config_text, preset_name) {
-        (Some(text), None) => shape_from_hf_config(text, page_size),
+        (Some(text), None) => shape_from_hf_config(text, page_size, family),
         (None, Some(name)) => preset(name, page_size),
         _ => bail!("give exactly one of config_text and preset"),
     }
@@ -143,7 +143,7 @@ pub fn shape_from(
 
 /// Named models: each the published `config.json` values its shape is read from
 /// (`src/model/presets/`), and a draft model for the EAGLE preset.
-const PRESETS: [(&str, &str, Option<DraftShape>); 16] = [
+const PRESETS: [(&str, &str, Option<DraftShape>); 22] = [
     ("llama-3-8b", include_str!("presets/llama-3-8b.json"), None),
     (
         "llama-3-70b",
@@ -224,6 +224,32 @@ const PRESETS: [(&str, &str, Option<DraftShape>); 16] = [
         include_str!("presets/mamba-codestral-7b.json"),
         None,
     ),
+    (
+        "llama-3.3-nemotron-super-49b",
+        include_str!("presets/llama-3.3-nemotron-super-49b.json"),
+        None,
+    ),
+    (
+        "llama-4-scout",
+        include_str!("presets/llama-4-scout.json"),
+        None,
+    ),
+    (
+        "gemma-4-31b",
+        include_str!("presets/gemma-4-31b.json"),
+        None,
+    ),
+    (
+        "gemma-4-e2b",
+        include_str!("presets/gemma-4-e2b.json"),
+        None,
+    ),
+    (
+        "granite-4.0-h-small",
+        include_str!("presets/granite-4.0-h-small.json"),
+        None,
+    ),
+    ("qwen3.5-27b", include_str!("presets/qwen3.5-27b.json"), None),
 ];
 
 /// The preset names, in the order `PRESETS` lists them.
@@ -246,6 +272,6 @@ pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
     };
     Ok(ModelShape {
         draft: *draft,
-        ..shape_from_hf_config(config, page_size)?
+        ..shape_from_hf_config(config, page_size, None)?
     })
 }

@@ -18,6 +18,7 @@ pub struct KindSummary {
     /// Bytes of state one request keeps in one such layer, over all TP ranks.
     pub state_bytes: u64,
     pub sliding_window: Option<u64>,
+    pub attention_chunk: Option<u64>,
 }
 
 /// Bytes a token and bytes of state of `buffers` as one TP rank holds them at TP 1.
@@ -51,9 +52,11 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
         let mut buffers = Vec::new();
         layer.buffers(&cache, &mut buffers)?;
         let (token_bytes, state_bytes) = sizes(&buffers);
-        let sliding_window = match layer {
-            Layer::Attention(a) | Layer::AttentionMamba2(a, _) => a.sliding_window,
-            _ => None,
+        let (sliding_window, attention_chunk) = match layer {
+            Layer::Attention(a) | Layer::AttentionMamba2(a, _) => {
+                (a.sliding_window, a.attention_chunk)
+            }
+            _ => (None, None),
         };
         kinds.push((
             *layer,
@@ -63,17 +66,14 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
                 token_bytes,
                 state_bytes,
                 sliding_window,
+                attention_chunk,
             },
         ));
     }
     let mut out: Vec<KindSummary> = kinds.into_iter().map(|(_, s)| s).collect();
     if let Some(draft) = shape.draft.filter(|d| d.layers > 0) {
         let mut buffers = Vec::new();
-        let layer = AttentionShape {
-            kv_heads: draft.kv_heads,
-            head_dim: draft.head_dim,
-            sliding_window: None,
-        };
+        let layer = AttentionShape::full(draft.kv_heads, draft.head_dim);
         attention(
             &layer,
             &cache,
@@ -87,6 +87,7 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
             token_bytes: sizes(&buffers).0 * draft.layers,
             state_bytes: 0,
             sliding_window: None,
+            attention_chunk: None,
         });
     }
     Ok(out)

@@ -14,8 +14,8 @@ use crate::layout::{
     MAX_VALUE,
 };
 use crate::model::{
-    AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, Layer, Mamba1Shape,
-    Mamba2Shape, MlaShape, ModelShape,
+    AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, KdaShape, Layer,
+    LightningShape, Mamba1Shape, Mamba2Shape, MlaShape, ModelShape, ShortConvShape,
 };
 use crate::wire;
 
@@ -240,6 +240,10 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
             .optional(name!(f, "sliding_window"))
             .map(|v| to_u64(&v, "sliding_window"))
             .transpose()?,
+        attention_chunk_size: f
+            .optional(name!(f, "attention_chunk_size"))
+            .map(|v| to_u64(&v, "attention_chunk_size"))
+            .transpose()?,
     };
     buffer.validate()?;
     Ok(buffer)
@@ -327,6 +331,7 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
             state_dtype: None,
             page_size,
             draft: None,
+            family: None,
         }
     };
     let optional_dtype = |name: &str| -> Converted<Option<Dtype>> {
@@ -368,6 +373,13 @@ pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
         })?;
         to_u64(&value, name)
     };
+    // A field that may be missing (layer objects written before it) or None.
+    let optional = |name: &str| -> Converted<Option<u64>> {
+        match obj.getattr(name).ok().filter(|v| !v.is_none()) {
+            None => Ok(None),
+            Some(value) => to_u64(&value, name).map(Some),
+        }
+    };
     // A part of a parallel layer: its kind is checked before it is read, so an object that
     // names itself as its own part cannot recurse.
     let part = |name: &str, want: &str| -> Converted<Layer> {
@@ -402,10 +414,9 @@ pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
         "attention" => Layer::Attention(AttentionShape {
             kv_heads: int("kv_heads")?,
             head_dim: int("head_dim")?,
-            sliding_window: f
-                .optional(name!(f, "sliding_window"))
-                .map(|v| to_u64(&v, "sliding_window"))
-                .transpose()?,
+            sliding_window: optional("sliding_window")?,
+            v_head_dim: optional("v_head_dim")?,
+            attention_chunk: optional("attention_chunk_size")?,
         }),
         "mla" => Layer::Mla(MlaShape {
             kv_lora_rank: int("kv_lora_rank")?,
@@ -431,11 +442,27 @@ pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
             value_head_dim: int("value_head_dim")?,
             conv_kernel: int("conv_kernel")?,
         }),
+        "kda" => Layer::Kda(KdaShape {
+            heads: int("heads")?,
+            head_dim: int("head_dim")?,
+            conv_kernel: int("conv_kernel")?,
+        }),
+        "lightning" => Layer::Lightning(LightningShape {
+            heads: int("heads")?,
+            head_dim: int("head_dim")?,
+        }),
+        "short_conv" => Layer::ShortConv(ShortConvShape {
+            channels: int("channels")?,
+            conv_kernel: int("conv_kernel")?,
+        }),
         "attention_mamba2" => Layer::AttentionMamba2(attention()?, mamba2()?),
+        "shared_kv" => Layer::SharedKv {
+            source_layer: int("source_layer")?,
+        },
         "mlp" => Layer::Mlp,
         other => bail!(
             "unknown layer kind {other:?}: use attention, mla, mamba2, mamba1, gated_deltanet, \
-             attention_mamba2 or mlp"
+             kda, lightning, short_conv, attention_mamba2, shared_kv or mlp"
         ),
     })
 }

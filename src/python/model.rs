@@ -116,6 +116,8 @@ fn layer_object<'py>(py: Python<'py>, layer: &model::Layer) -> PyResult<Bound<'p
                 ("kv_heads", Some(a.kv_heads)),
                 ("head_dim", Some(a.head_dim)),
                 ("sliding_window", a.sliding_window),
+                ("v_head_dim", a.v_head_dim),
+                ("attention_chunk_size", a.attention_chunk),
             ],
         ),
         Layer::Mla(m) => (
@@ -154,6 +156,28 @@ fn layer_object<'py>(py: Python<'py>, layer: &model::Layer) -> PyResult<Bound<'p
                 ("conv_kernel", Some(g.conv_kernel)),
             ],
         ),
+        Layer::Kda(k) => (
+            "KdaLayer",
+            &[
+                ("heads", Some(k.heads)),
+                ("head_dim", Some(k.head_dim)),
+                ("conv_kernel", Some(k.conv_kernel)),
+            ],
+        ),
+        Layer::Lightning(l) => (
+            "LightningAttentionLayer",
+            &[("heads", Some(l.heads)), ("head_dim", Some(l.head_dim))],
+        ),
+        Layer::ShortConv(c) => (
+            "ShortConvLayer",
+            &[
+                ("channels", Some(c.channels)),
+                ("conv_kernel", Some(c.conv_kernel)),
+            ],
+        ),
+        Layer::SharedKv { source_layer } => {
+            ("SharedKvLayer", &[("source_layer", Some(*source_layer))])
+        }
         Layer::AttentionMamba2(a, m) => {
             kwargs.set_item("attention", layer_object(py, &Layer::Attention(*a))?)?;
             kwargs.set_item("mamba", layer_object(py, &Layer::Mamba2(*m))?)?;
@@ -185,18 +209,26 @@ fn layer_objects<'py>(py: Python<'py>, layers: &[model::Layer]) -> PyResult<Boun
     PyTuple::new(py, out)
 }
 
-/// A shape's dtype, layer objects and draft model (layers, KV heads, head dim).
-type ShapeParts<'py> = (&'static str, Bound<'py, PyTuple>, (u64, u64, u64));
+/// A shape's dtype, layer objects, draft model (layers, KV heads, head dim), state dtype and
+/// family.
+type ShapeParts<'py> = (
+    &'static str,
+    Bound<'py, PyTuple>,
+    (u64, u64, u64),
+    Option<&'static str>,
+    Option<&'static str>,
+);
 
 /// A config's or a preset's shape, as the parts `ModelShape` is built of: its dtype, its
 /// layers and its draft model (layers, KV heads, head dim).
 #[pyfunction]
-#[pyo3(signature = (config_text=None, preset=None, page_size=None))]
+#[pyo3(signature = (config_text=None, preset=None, page_size=None, family=None))]
 fn model_shape_parts<'py>(
     py: Python<'py>,
     config_text: Option<&Bound<'py, PyAny>>,
     preset: Option<&Bound<'py, PyAny>>,
     page_size: Option<&Bound<'py, PyAny>>,
+    family: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<ShapeParts<'py>> {
     let shape = || -> Converted<model::ModelShape> {
         let page_size = page_size.map_or(Ok(16), |v| to_u64(v, "page_size"))?;
@@ -204,7 +236,13 @@ fn model_shape_parts<'py>(
             .map(|v| string_arg(v, "config_text"))
             .transpose()?;
         let name = preset.map(|v| string_arg(v, "preset")).transpose()?;
-        model::shape_from(config.as_deref(), name.as_deref(), page_size)
+        let family = family.map(|v| string_arg(v, "family")).transpose()?;
+        model::shape_from(
+            config.as_deref(),
+            name.as_deref(),
+            page_size,
+            family.as_deref(),
+        )
     };
     let shape = shape().map_err(to_py_err)?;
     let draft = shape.draft.unwrap_or_default();
@@ -212,7 +250,35 @@ fn model_shape_parts<'py>(
         shape.dtype.as_str(),
         layer_objects(py, &shape.layers)?,
         (draft.layers, draft.kv_heads, draft.head_dim),
+        shape.state_dtype.map(model::Dtype::as_str),
+        shape.family,
     ))
+}
+
+/// One row per model family: (name, architectures, model types, cache keys read, source).
+type FamilyRow = (
+    &'static str,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    Vec<&'static str>,
+    &'static str,
+);
+
+/// The registry of model families, in order.
+#[pyfunction]
+fn model_families() -> Vec<FamilyRow> {
+    model::FAMILIES
+        .iter()
+        .map(|f| {
+            (
+                f.name,
+                f.architectures.to_vec(),
+                f.model_types.to_vec(),
+                f.keys.to_vec(),
+                f.source,
+            )
+        })
+        .collect()
 }
 
 /// A shape's layers, one object each (a uniform shape's expanded).
@@ -222,8 +288,9 @@ fn model_layers<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>) -> PyResult<Bou
     layer_objects(py, &shape.layers)
 }
 
-/// One row per layer kind: (label, layers, bytes a token, bytes of state a request, window).
-type SummaryRow = (String, Vec<u64>, u64, u64, Option<u64>);
+/// One row per layer kind: (label, layers, bytes a token, bytes of state a request, window,
+/// attention chunk).
+type SummaryRow = (String, Vec<u64>, u64, u64, Option<u64>, Option<u64>);
 
 /// The shape per layer kind, in order of first appearance (then the draft model).
 #[pyfunction]
@@ -239,6 +306,7 @@ fn model_summary(shape: &Bound<'_, PyAny>) -> PyResult<Vec<SummaryRow>> {
                 k.token_bytes,
                 k.state_bytes,
                 k.sliding_window,
+                k.attention_chunk,
             )
         })
         .collect())
@@ -268,6 +336,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(buffers_from_item_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(model_shape_parts, m)?)?;
+    m.add_function(wrap_pyfunction!(model_families, m)?)?;
+    m.add("CACHE_KEYS", model::CACHE_KEYS.to_vec())?;
     m.add_function(wrap_pyfunction!(model_layers, m)?)?;
     m.add_function(wrap_pyfunction!(model_summary, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;

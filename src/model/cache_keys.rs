@@ -1,0 +1,112 @@
+//! Every `config.json` key that changes what a layer caches, in one table.
+//!
+//! A family's reader declares which of these it consumes (`families.rs`). A config that holds
+//! one its family does not consume is refused, naming the key: pdplan never reads a model while
+//! ignoring something that shapes its cache. Keys are looked up in the config's top level and
+//! in its `text_config`; a `null` value counts as absent (configs write `null` for "unused").
+
+/// The keys, grouped by what they change.
+pub const CACHE_KEYS: &[&str] = &[
+    // Layer kinds and their pattern.
+    "layer_types",
+    "layers_block_type",
+    "layer_block_types",
+    "block_types",
+    "block_configs",
+    "per_layer_config",
+    "hybrid_override_pattern",
+    "hybrid_layer_pattern",
+    "hybrid_layer_ids",
+    "full_attention_interval",
+    "full_attn_idxs",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "attn_layer_indices",
+    "attention_layer_indices",
+    "attn_type_list",
+    "layer_pattern",
+    "linear_attn_config",
+    "no_rope_layers",
+    "no_rope_layer_interval",
+    "dense_attention_every_n_layers",
+    "new_decoder_architecture",
+    // Windows and chunks.
+    "sliding_window",
+    "sliding_window_size",
+    "sliding_window_pattern",
+    "use_sliding_window",
+    "max_window_layers",
+    "attention_chunk_size",
+    "attention_window",
+    // KV heads, under any name.
+    "num_key_value_heads",
+    "num_kv_heads",
+    "n_head_kv",
+    "multi_query",
+    "multi_query_attention",
+    "multi_query_group_num",
+    "num_global_key_value_heads",
+    "swa_num_key_value_heads",
+    "attention_k_eq_v",
+    // Head dims, K and V.
+    "head_dim",
+    "attention_head_dim",
+    "kv_channels",
+    "global_head_dim",
+    "swa_head_dim",
+    "v_head_dim",
+    "swa_v_head_dim",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    // KV shared between layers.
+    "num_kv_shared_layers",
+    // Latent attention and its indexer.
+    "kv_lora_rank",
+    "index_head_dim",
+    // State sizes.
+    "mamba_d_state",
+    "ssm_state_size",
+    "state_size",
+    "mamba_num_heads",
+    "mamba_n_heads",
+    "n_mamba_heads",
+    "mamba_head_dim",
+    "mamba_d_head",
+    "mamba_headdim",
+    "mamba_d_ssm",
+    "mamba_expand",
+    "expand",
+    "n_groups",
+    "mamba_n_groups",
+    "mamba_ngroups",
+    "mamba_d_conv",
+    "conv_kernel",
+    "conv_L_cache",
+    "conv_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+    // State and cache dtypes.
+    "mamba_ssm_cache_dtype",
+    "mamba_ssm_dtype",
+    "kv_cache_dtype",
+];
+
+/// Whether `key` is in the table.
+pub fn is_cache_key(key: &str) -> bool {
+    CACHE_KEYS.contains(&key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_listed_once() {
+        for (i, key) in CACHE_KEYS.iter().enumerate() {
+            assert!(!CACHE_KEYS[..i].contains(key), "{key} is listed twice");
+        }
+    }
+}

@@ -1,0 +1,321 @@
+//! A `config.json` as a family's reader sees it: parsed leniently (published configs are not
+//! strict JSON), bounded, and read through accessors that name the key in every error and hold
+//! the reader to the cache keys its family declares.
+
+use serde_json::{Map, Value};
+
+use super::cache_keys::is_cache_key;
+use super::dtype::Dtype;
+use crate::error::{bail, PlanError, PlanResult};
+
+/// Largest `config.json` read (published ones are a few kB).
+const MAX_CONFIG_BYTES: usize = 16 << 20;
+
+/// Deepest nesting read: configs nest a few levels (`text_config`, `block_configs[i].attention`).
+const MAX_DEPTH: usize = 64;
+
+/// Python's `json` writes `NaN`, `Infinity` and `-Infinity` bare (Nemotron-H's
+/// `time_step_limit`), which JSON does not allow: they become `null` outside strings.
+pub fn lenient_json(text: &str) -> PlanResult<Value> {
+    if text.len() > MAX_CONFIG_BYTES {
+        bail!(
+            "config.json is {} bytes; at most {MAX_CONFIG_BYTES} are read",
+            text.len()
+        );
+    }
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let (mut in_string, mut escaped, mut depth, mut i) = (false, false, 0usize, 0);
+    'scan: while let Some(&c) = bytes.get(i) {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == b'\\' {
+                escaped = true;
+            } else if c == b'"' {
+                in_string = false;
+            }
+        } else if c == b'"' {
+            in_string = true;
+        } else if c == b'[' || c == b'{' {
+            depth += 1;
+            if depth > MAX_DEPTH {
+                bail!("config.json nests deeper than {MAX_DEPTH} levels");
+            }
+        } else if c == b']' || c == b'}' {
+            depth = depth.saturating_sub(1);
+        } else {
+            for word in ["-Infinity", "Infinity", "NaN"] {
+                if bytes[i..].starts_with(word.as_bytes()) {
+                    out.extend_from_slice(b"null");
+                    i += word.len();
+                    continue 'scan;
+                }
+            }
+        }
+        out.push(c);
+        i += 1;
+    }
+    serde_json::from_slice(&out)
+        .map_err(|e| PlanError::new(format!("config.json is not valid JSON: {e}")))
+}
+
+/// The config's parts: the language model's (multimodal configs nest it in `text_config`) and
+/// the whole, where the architecture, a dtype or the model type may live instead.
+#[derive(Clone, Copy)]
+pub struct Parts<'a> {
+    pub text: &'a Map<String, Value>,
+    pub root: &'a Map<String, Value>,
+}
+
+impl<'a> Parts<'a> {
+    pub fn of(parsed: &'a Value) -> PlanResult<Self> {
+        let Some(root) = parsed.as_object() else {
+            bail!("config.json must hold a JSON object");
+        };
+        let text = match root.get("text_config") {
+            None | Some(Value::Null) => root,
+            Some(Value::Object(text)) => text,
+            Some(other) => bail!("config.json: text_config must be an object, got {other}"),
+        };
+        Ok(Self { text, root })
+    }
+
+    /// The two parts, once each.
+    pub fn each(self) -> impl Iterator<Item = &'a Map<String, Value>> {
+        let root = (!std::ptr::eq(self.text, self.root)).then_some(self.root);
+        std::iter::once(self.text).chain(root)
+    }
+
+    /// Strings of `key` in either part (the text part's first), as a list: `architectures`
+    /// is a list, `model_type` one string.
+    pub fn names(self, key: &str) -> PlanResult<Vec<&'a str>> {
+        let mut out = Vec::new();
+        for part in self.each() {
+            match part.get(key) {
+                None | Some(Value::Null) => {}
+                Some(Value::String(name)) => out.push(name.as_str()),
+                Some(Value::Array(list)) => {
+                    for item in list {
+                        let Some(name) = item.as_str() else {
+                            bail!("config.json: {key} must list strings, got {item}");
+                        };
+                        out.push(name);
+                    }
+                }
+                Some(other) => bail!("config.json: {key} must be a string or a list, got {other}"),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A config read by one family's reader: every cache key it reads must be one it declares.
+#[derive(Clone, Copy)]
+pub struct Config<'a> {
+    pub parts: Parts<'a>,
+    /// The family's name and declared cache keys.
+    pub family: (&'static str, &'static [&'static str]),
+}
+
+impl<'a> Config<'a> {
+    /// The text part's value of `key` (`None` when absent or null).
+    pub fn get(&self, key: &str) -> PlanResult<Option<&'a Value>> {
+        if is_cache_key(key) && !self.family.1.contains(&key) {
+            // A reader that reads an undeclared key would let the unconsumed-key check pass it.
+            bail!(
+                "pdplan's {} reader reads {key} without declaring it (a bug in pdplan)",
+                self.family.0
+            );
+        }
+        Ok(self.parts.text.get(key).filter(|v| !v.is_null()))
+    }
+
+    pub fn has(&self, key: &str) -> PlanResult<bool> {
+        Ok(self.get(key)?.is_some())
+    }
+
+    pub fn u64(&self, key: &str) -> PlanResult<Option<u64>> {
+        self.get(key)?.map(|v| as_u64(v, key)).transpose()
+    }
+
+    /// The first of `keys` the config holds, as an integer.
+    pub fn first_u64(&self, keys: &[&str]) -> PlanResult<Option<u64>> {
+        for key in keys {
+            if let Some(value) = self.u64(key)? {
+                return Ok(Some(value));
+            }
+        }
+        Ok(None)
+    }
+
+    pub fn require(&self, keys: &[&str], what: &str) -> PlanResult<u64> {
+        self.first_u64(keys)?.ok_or_else(|| {
+            PlanError::new(format!(
+                "config.json has no {}, which {what} needs",
+                keys.join(" or ")
+            ))
+        })
+    }
+
+    /// A positive integer, when present.
+    pub fn positive(&self, key: &str) -> PlanResult<Option<u64>> {
+        match self.u64(key)? {
+            Some(0) => bail!("config.json: {key} must be positive"),
+            other => Ok(other),
+        }
+    }
+
+    pub fn bool(&self, key: &str) -> PlanResult<Option<bool>> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(other) => bail!("config.json: {key} must be true or false, got {other}"),
+        }
+    }
+
+    pub fn str(&self, key: &str) -> PlanResult<Option<&'a str>> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => bail!("config.json: {key} must be a string, got {other}"),
+        }
+    }
+
+    pub fn list(&self, key: &str) -> PlanResult<Option<&'a [Value]>> {
+        match self.get(key)? {
+            None => Ok(None),
+            Some(Value::Array(list)) => Ok(Some(list)),
+            Some(other) => bail!("config.json: {key} must be a list, got {other}"),
+        }
+    }
+
+    /// A list of exactly `count` entries (one a layer).
+    pub fn layer_list(&self, key: &str, count: u64) -> PlanResult<Option<&'a [Value]>> {
+        let Some(list) = self.list(key)? else {
+            return Ok(None);
+        };
+        if list.len() as u64 != count {
+            bail!(
+                "config.json: {key} lists {} layers but the model has {count}",
+                list.len()
+            );
+        }
+        Ok(Some(list))
+    }
+
+    /// A list of layer indices, each below `count`; `one_based` for lists that count from 1.
+    pub fn indices(&self, key: &str, count: u64, one_based: bool) -> PlanResult<Option<Vec<u64>>> {
+        let Some(list) = self.list(key)? else {
+            return Ok(None);
+        };
+        list.iter()
+            .map(|v| {
+                let at = as_u64(v, key)?;
+                let index = if one_based {
+                    at.checked_sub(1)
+                } else {
+                    Some(at)
+                };
+                match index {
+                    Some(i) if i < count => Ok(i),
+                    _ => bail!(
+                        "config.json: {key} names layer {at}, outside the model's {count} layers \
+                         (counted from {})",
+                        u8::from(one_based)
+                    ),
+                }
+            })
+            .collect::<PlanResult<Vec<_>>>()
+            .map(Some)
+    }
+
+    /// A dtype named by `key` (in either part).
+    pub fn dtype_key(&self, key: &str) -> PlanResult<Option<Dtype>> {
+        let _ = self.get(key)?;
+        let named = self
+            .parts
+            .each()
+            .find_map(|part| part.get(key).filter(|v| !v.is_null()));
+        match named {
+            None => Ok(None),
+            Some(Value::String(name)) if name == "auto" => Ok(None),
+            Some(Value::String(name)) => Dtype::parse(name)
+                .map(Some)
+                .map_err(|e| PlanError::new(format!("config.json: {key}: {e}"))),
+            Some(other) => {
+                bail!("config.json: {key} must be a string such as \"float32\", got {other}")
+            }
+        }
+    }
+
+    /// The model's dtype: newer configs say `dtype`, older ones `torch_dtype`; multimodal ones
+    /// may keep it outside `text_config`. A config that names none is taken as bfloat16.
+    pub fn dtype(&self) -> PlanResult<Dtype> {
+        let named = self.parts.each().find_map(|part| {
+            ["dtype", "torch_dtype"]
+                .iter()
+                .find_map(|k| part.get(*k).filter(|v| !v.is_null()))
+        });
+        match named {
+            None => Ok(Dtype::BFloat16),
+            Some(Value::String(name)) => {
+                Dtype::parse(name).map_err(|e| PlanError::new(format!("config.json: {e}")))
+            }
+            Some(other) => {
+                bail!("config.json: dtype must be a string such as \"bfloat16\", got {other}")
+            }
+        }
+    }
+}
+
+/// A non-negative integer (`2.0` as published by some converters included), else an error
+/// naming `key`.
+pub fn as_u64(value: &Value, key: &str) -> PlanResult<u64> {
+    if let Some(int) = value.as_u64() {
+        return Ok(int);
+    }
+    if let Some(float) = value.as_f64() {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked whole
+        if float >= 0.0 && float.fract() == 0.0 && float < 9.0e15 {
+            return Ok(float as u64);
+        }
+    }
+    bail!("config.json: {key} must be a non-negative integer, got {value}")
+}
+
+/// A field of a nested object (`block_configs[i].attention`), named in errors by `path`.
+pub fn field<'a>(object: &'a Value, name: &str, path: &str) -> PlanResult<Option<&'a Value>> {
+    let Some(map) = object.as_object() else {
+        bail!("config.json: {path} must be an object, got {object}");
+    };
+    Ok(map.get(name).filter(|v| !v.is_null()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_infinity_and_nan_outside_strings_read_as_null() {
+        let value =
+            lenient_json(r#"{"a": [0.0, Infinity, -Infinity, NaN], "b": "NaN Infinity"}"#).unwrap();
+        assert_eq!(value["a"], serde_json::json!([0.0, null, null, null]));
+        assert_eq!(value["b"], "NaN Infinity");
+        assert!(lenient_json("[").is_err());
+        assert!(lenient_json(r#"{"a": "\"Infinity"}"#).unwrap()["a"] == "\"Infinity");
+        let deep = "[".repeat(100) + &"]".repeat(100);
+        assert!(lenient_json(&deep)
+            .unwrap_err()
+            .message()
+            .contains("nests deeper"));
+    }
+
+    #[test]
+    fn integers_written_as_whole_floats_read() {
+        assert_eq!(as_u64(&serde_json::json!(2.0), "k").unwrap(), 2);
+        assert!(as_u64(&serde_json::json!(2.5), "k").is_err());
+        assert!(as_u64(&serde_json::json!(-1), "k").is_err());
+        assert!(as_u64(&serde_json::json!("2"), "k").is_err());
+    }
+}

@@ -1,0 +1,474 @@
+//! The registry of model families: which reader a `config.json` is read by.
+//!
+//! A config's `architectures` (then its `model_type`, each also under `text_config`) selects
+//! exactly one family, written for it from its modeling code (`readers/`); an architecture no
+//! family covers is refused, naming it and the families that exist, unless the caller chooses
+//! a family. Each family declares the cache keys (`cache_keys.rs`) it consumes: a config that
+//! holds another is refused, naming the key.
+
+use super::cache_keys::CACHE_KEYS;
+use super::config::{Config, Parts};
+use super::layers::Layer;
+use super::readers::{attention as a, state as s};
+use crate::error::{bail, PlanResult};
+
+/// A family's reader: every layer of a model of `count` layers, in order.
+pub type Reader = fn(&Config, u64) -> PlanResult<Vec<Layer>>;
+
+/// One family of models that share a config format and a cache layout rule.
+pub struct Family {
+    pub name: &'static str,
+    /// `architectures` entries it covers, exactly as configs spell them.
+    pub architectures: &'static [&'static str],
+    /// `model_type` values it covers (checked when no architecture matches).
+    pub model_types: &'static [&'static str],
+    /// The cache keys it consumes.
+    pub keys: &'static [&'static str],
+    /// Where its rule comes from.
+    pub source: &'static str,
+    pub read: Reader,
+}
+
+const STATE_DTYPES: [&str; 2] = ["mamba_ssm_cache_dtype", "mamba_ssm_dtype"];
+
+/// Keys of the standard attention layer.
+macro_rules! keys {
+    ($($key:expr),* $(,)?) => { &["num_key_value_heads", "head_dim", $($key),*] };
+}
+
+/// Keys without the standard attention pair.
+macro_rules! own_keys {
+    ($($key:expr),* $(,)?) => { &[$($key),*] };
+}
+
+pub const FAMILIES: &[Family] = &[
+    Family {
+        name: "llama",
+        architectures: &[
+            "LlamaForCausalLM",
+            "AquilaForCausalLM",
+            "AquilaModel",
+            "InternLMForCausalLM",
+            "InternLM2ForCausalLM",
+            "InternLM3ForCausalLM",
+            "XverseForCausalLM",
+            "GraniteForCausalLM",
+            "GraniteMoeForCausalLM",
+            "GraniteMoeSharedForCausalLM",
+            "ArceeForCausalLM",
+        ],
+        model_types: &["llama", "aquila", "internlm", "internlm2", "internlm3", "xverse", "granite", "granitemoe", "granitemoeshared", "arcee"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/llama.py LlamaAttention",
+        read: a::llama,
+    },
+    Family {
+        name: "mistral",
+        architectures: &["MistralForCausalLM", "MixtralForCausalLM"],
+        model_types: &["mistral", "mixtral"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/llama.py LlamaAttention (Mistral runs as Llama), models/mixtral.py",
+        read: a::llama,
+    },
+    Family {
+        name: "phi3",
+        architectures: &["Phi3ForCausalLM", "PhiMoEForCausalLM"],
+        model_types: &["phi3", "phimoe"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/phi3.py (a Llama subclass), models/phimoe.py",
+        read: a::llama,
+    },
+    Family {
+        name: "qwen",
+        architectures: &[
+            "Qwen2ForCausalLM",
+            "Qwen2MoeForCausalLM",
+            "Qwen3ForCausalLM",
+            "Qwen3MoeForCausalLM",
+            "Qwen2VLForConditionalGeneration",
+            "Qwen2_5_VLForConditionalGeneration",
+            "Qwen3VLForConditionalGeneration",
+            "Qwen3VLMoeForConditionalGeneration",
+        ],
+        model_types: &["qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_5_vl", "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl", "qwen3_vl_text", "qwen3_vl_moe", "qwen3_vl_moe_text"],
+        keys: keys!["sliding_window", "use_sliding_window", "max_window_layers", "layer_types"],
+        source: "transformers models/qwen2/configuration_qwen2.py Qwen2Config (layer_types from use_sliding_window and max_window_layers)",
+        read: a::qwen,
+    },
+    Family {
+        name: "gemma",
+        architectures: &["GemmaForCausalLM"],
+        model_types: &["gemma"],
+        keys: keys![],
+        source: "vLLM models/gemma.py GemmaAttention",
+        read: a::dense,
+    },
+    Family {
+        name: "gemma2",
+        architectures: &["Gemma2ForCausalLM"],
+        model_types: &["gemma2"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "transformers models/gemma2/configuration_gemma2.py Gemma2Config (odd layers global)",
+        read: a::gemma2,
+    },
+    Family {
+        name: "gemma3",
+        architectures: &["Gemma3ForCausalLM", "Gemma3ForConditionalGeneration"],
+        model_types: &["gemma3", "gemma3_text"],
+        keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
+        source: "transformers models/gemma3/configuration_gemma3.py Gemma3TextConfig (every sliding_window_pattern-th layer global)",
+        read: a::gemma3,
+    },
+    Family {
+        name: "gemma3n",
+        architectures: &["Gemma3nForConditionalGeneration", "Gemma3nForCausalLM"],
+        model_types: &["gemma3n", "gemma3n_text"],
+        keys: keys!["sliding_window", "sliding_window_pattern", "layer_types", "num_kv_shared_layers"],
+        source: "vLLM models/gemma3n.py Gemma3nAttention (kv_sharing_target_layer_name)",
+        read: a::gemma3n,
+    },
+    Family {
+        name: "gemma4",
+        architectures: &["Gemma4ForConditionalGeneration", "Gemma4ForCausalLM"],
+        model_types: &["gemma4", "gemma4_text"],
+        keys: keys!["sliding_window", "sliding_window_pattern", "layer_types", "num_kv_shared_layers", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v"],
+        source: "vLLM models/gemma4.py Gemma4DecoderLayer and Gemma4Attention; transformers models/gemma4/configuration_gemma4.py Gemma4TextConfig",
+        read: a::gemma4,
+    },
+    Family {
+        name: "cohere",
+        architectures: &["CohereForCausalLM"],
+        model_types: &["cohere"],
+        keys: keys![],
+        source: "vLLM models/commandr.py CohereAttention",
+        read: a::dense,
+    },
+    Family {
+        name: "cohere2",
+        architectures: &["Cohere2ForCausalLM"],
+        model_types: &["cohere2"],
+        keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
+        source: "transformers models/cohere2/configuration_cohere2.py Cohere2Config (every fourth layer global)",
+        read: a::cohere2,
+    },
+    Family {
+        name: "olmo",
+        architectures: &["OlmoForCausalLM", "Olmo2ForCausalLM", "OlmoeForCausalLM"],
+        model_types: &["olmo", "olmo2", "olmoe"],
+        keys: keys![],
+        source: "vLLM models/olmo.py, olmo2.py, olmoe.py",
+        read: a::dense,
+    },
+    Family {
+        name: "olmo3",
+        architectures: &["Olmo3ForCausalLM"],
+        model_types: &["olmo3"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/olmo2.py Olmo2Attention (per-layer window from layer_types)",
+        read: a::olmo3,
+    },
+    Family {
+        name: "exaone",
+        architectures: &["ExaoneForCausalLM"],
+        model_types: &["exaone"],
+        keys: keys![],
+        source: "vLLM models/exaone.py ExaoneAttention",
+        read: a::dense,
+    },
+    Family {
+        name: "exaone4",
+        architectures: &["Exaone4ForCausalLM"],
+        model_types: &["exaone4"],
+        keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
+        source: "transformers models/exaone4/configuration_exaone4.py Exaone4Config",
+        read: a::exaone4,
+    },
+    Family {
+        name: "glm",
+        architectures: &["GlmForCausalLM", "Glm4ForCausalLM", "Glm4MoeForCausalLM"],
+        model_types: &["glm", "glm4", "glm4_moe"],
+        keys: keys![],
+        source: "vLLM models/glm.py, glm4.py, glm4_moe.py",
+        read: a::dense,
+    },
+    Family {
+        name: "chatglm",
+        architectures: &["ChatGLMModel", "ChatGLMForConditionalGeneration"],
+        model_types: &["chatglm"],
+        keys: own_keys!["multi_query_attention", "multi_query_group_num", "kv_channels"],
+        source: "vLLM models/chatglm.py GLMAttention",
+        read: a::chatglm,
+    },
+    Family {
+        name: "deepseek",
+        architectures: &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"],
+        model_types: &["deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"],
+        keys: keys!["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim"],
+        source: "vLLM models/deepseek_v2.py DeepseekV2MLAAttention (Kimi K2 is DeepseekV3ForCausalLM)",
+        read: a::deepseek,
+    },
+    Family {
+        name: "minimax-m2",
+        architectures: &["MiniMaxM2ForCausalLM"],
+        model_types: &["minimax_m2"],
+        keys: keys!["attn_type_list"],
+        source: "vLLM models/minimax_m2.py MiniMaxM2Attention",
+        read: a::minimax_m2,
+    },
+    Family {
+        name: "falcon",
+        architectures: &["FalconForCausalLM", "RWForCausalLM"],
+        model_types: &["falcon", "RefinedWeb", "RefinedWebModel"],
+        keys: own_keys!["multi_query", "num_kv_heads", "n_head_kv", "new_decoder_architecture"],
+        source: "vLLM models/falcon.py FalconAttention",
+        read: a::falcon,
+    },
+    Family {
+        name: "gpt-bigcode",
+        architectures: &["GPTBigCodeForCausalLM"],
+        model_types: &["gpt_bigcode"],
+        keys: own_keys!["multi_query"],
+        source: "vLLM models/gpt_bigcode.py GPTBigCodeAttention",
+        read: a::gpt_bigcode,
+    },
+    Family {
+        name: "llama4",
+        architectures: &["Llama4ForConditionalGeneration", "Llama4ForCausalLM"],
+        model_types: &["llama4", "llama4_text"],
+        keys: keys!["attention_chunk_size", "no_rope_layers", "no_rope_layer_interval"],
+        source: "vLLM models/llama4.py Llama4Attention (nope, ChunkedLocalAttention); transformers models/llama4/configuration_llama4.py Llama4TextConfig",
+        read: a::llama4,
+    },
+    Family {
+        name: "nemotron-nas",
+        architectures: &["DeciLMForCausalLM"],
+        model_types: &["nemotron-nas", "deci"],
+        keys: keys!["block_configs"],
+        source: "vLLM models/nemotron_nas.py DeciLMDecoderLayer",
+        read: a::nemotron_nas,
+    },
+    Family {
+        name: "mimo-v2",
+        architectures: &["MiMoV2FlashForCausalLM"],
+        model_types: &["mimo_v2_flash"],
+        keys: keys!["v_head_dim", "hybrid_layer_pattern", "swa_num_key_value_heads", "swa_head_dim", "swa_v_head_dim", "sliding_window", "sliding_window_size"],
+        source: "vLLM models/mimo_v2_flash.py MiMoV2Attention and its decoder layer (hybrid_layer_pattern[i] == 1 is sliding)",
+        read: a::mimo_v2,
+    },
+    Family {
+        name: "gpt-oss",
+        architectures: &["GptOssForCausalLM"],
+        model_types: &["gpt_oss"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/gpt_oss.py OAIAttention (sliding on layer_types' sliding_attention)",
+        read: a::llama,
+    },
+    Family {
+        name: "nemotron-h",
+        architectures: &["NemotronHForCausalLM"],
+        model_types: &["nemotron_h"],
+        keys: keys!["attention_head_dim", "hybrid_override_pattern", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/nemotron_h.py NemotronHMambaDecoderLayer and NemotronHAttention",
+        read: s::nemotron_h,
+    },
+    Family {
+        name: "jamba",
+        architectures: &["JambaForCausalLM"],
+        model_types: &["jamba"],
+        keys: keys!["attn_layer_period", "attn_layer_offset", "mamba_d_state", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "transformers models/jamba/configuration_jamba.py JambaConfig.layers_block_type; vLLM models/jamba.py",
+        read: s::jamba,
+    },
+    Family {
+        name: "bamba",
+        architectures: &["BambaForCausalLM"],
+        model_types: &["bamba"],
+        keys: keys!["attn_layer_indices", "layers_block_type", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "transformers models/bamba/configuration_bamba.py BambaConfig.layers_block_type; vLLM models/bamba.py",
+        read: s::bamba,
+    },
+    Family {
+        name: "granite-hybrid",
+        architectures: &["GraniteMoeHybridForCausalLM"],
+        model_types: &["granitemoehybrid"],
+        keys: keys!["layer_types", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/granitemoehybrid.py GraniteMoeHybridModel (layer_types mamba and attention)",
+        read: s::granite_hybrid,
+    },
+    Family {
+        name: "falcon-h1",
+        architectures: &["FalconH1ForCausalLM"],
+        model_types: &["falcon_h1"],
+        keys: keys!["mamba_n_heads", "mamba_d_head", "mamba_d_ssm", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/falcon_h1.py FalconH1ParallelHybrid",
+        read: s::falcon_h1,
+    },
+    Family {
+        name: "mamba",
+        architectures: &["MambaForCausalLM"],
+        model_types: &["mamba"],
+        keys: own_keys!["state_size", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/mamba.py MambaDecoderLayer",
+        read: s::mamba,
+    },
+    Family {
+        name: "mamba2",
+        architectures: &["Mamba2ForCausalLM"],
+        model_types: &["mamba2"],
+        keys: own_keys!["head_dim", "state_size", "n_groups", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/mamba2.py Mamba2DecoderLayer",
+        read: s::mamba2_stack,
+    },
+    Family {
+        name: "zamba2",
+        architectures: &["Zamba2ForCausalLM"],
+        model_types: &["zamba2"],
+        keys: own_keys!["num_key_value_heads", "attention_head_dim", "layers_block_type", "hybrid_layer_ids", "n_mamba_heads", "mamba_headdim", "mamba_d_state", "mamba_ngroups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "transformers models/zamba2/configuration_zamba2.py Zamba2Config; vLLM models/zamba2.py Zamba2HybridLayer",
+        read: s::zamba2,
+    },
+    Family {
+        name: "lfm2",
+        architectures: &["Lfm2ForCausalLM", "Lfm2MoeForCausalLM"],
+        model_types: &["lfm2", "lfm2_moe"],
+        keys: keys!["layer_types", "full_attn_idxs", "conv_L_cache", "conv_dim"],
+        source: "vLLM models/lfm2.py Lfm2ShortConvDecoderLayer; vLLM mamba_utils.py short_conv_state_shape",
+        read: s::lfm2,
+    },
+    Family {
+        name: "qwen3-next",
+        architectures: &["Qwen3NextForCausalLM"],
+        model_types: &["qwen3_next"],
+        keys: keys!["layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/qwen3_next.py Qwen3NextDecoderLayer",
+        read: s::qwen3_next,
+    },
+    Family {
+        name: "qwen3.5",
+        architectures: &["Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"],
+        model_types: &["qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"],
+        keys: keys!["layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/qwen3_5.py (the Qwen3-Next layers; mamba_ssm_dtype for the recurrent state)",
+        read: s::qwen3_next,
+    },
+    Family {
+        name: "kimi-linear",
+        architectures: &["KimiLinearForCausalLM"],
+        model_types: &["kimi_linear"],
+        keys: keys!["linear_attn_config", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/kimi_linear.py KimiDecoderLayer; vLLM mamba_utils.py kda_state_shape",
+        read: s::kimi_linear,
+    },
+    Family {
+        name: "minimax-text-01",
+        architectures: &["MiniMaxText01ForCausalLM", "MiniMaxM1ForCausalLM"],
+        model_types: &["minimax", "minimax_text_01", "minimax_m1"],
+        keys: keys!["attn_type_list", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/minimax_text_01.py MiniMaxText01DecoderLayer (attn_type_list 0: lightning attention)",
+        read: s::minimax_text01,
+    },
+];
+
+/// The names, for messages.
+pub fn names() -> Vec<&'static str> {
+    FAMILIES.iter().map(|f| f.name).collect()
+}
+
+pub fn by_name(name: &str) -> PlanResult<&'static Family> {
+    match FAMILIES.iter().find(|f| f.name == name) {
+        Some(family) => Ok(family),
+        None => bail!(
+            "unknown model family {name:?}; the families are {} (pdplan models lists what each \
+             covers)",
+            names().join(", ")
+        ),
+    }
+}
+
+/// The family a config is read by: `chosen`, or the one covering its architecture, else its
+/// model type.
+pub fn select(parts: Parts<'_>, chosen: Option<&str>) -> PlanResult<&'static Family> {
+    if let Some(name) = chosen {
+        return by_name(name);
+    }
+    let architectures = parts.names("architectures")?;
+    for arch in &architectures {
+        if let Some(family) = FAMILIES.iter().find(|f| f.architectures.contains(arch)) {
+            return Ok(family);
+        }
+    }
+    let model_types = parts.names("model_type")?;
+    for model_type in &model_types {
+        if let Some(family) = FAMILIES.iter().find(|f| f.model_types.contains(model_type)) {
+            return Ok(family);
+        }
+    }
+    let named = match (architectures.is_empty(), model_types.is_empty()) {
+        (true, true) => "config.json names no architectures and no model_type".to_owned(),
+        _ => format!(
+            "config.json's architectures {architectures:?} (model_type {model_types:?}) are no \
+             model family pdplan reads"
+        ),
+    };
+    bail!(
+        "{named}: the families are {}. If the model is laid out exactly like one of them, choose \
+         it with family= (--family on the command); else describe its layers with \
+         ModelShape(layer_kinds=...)",
+        names().join(", ")
+    )
+}
+
+/// Refuses a config holding a cache key its family does not consume, naming the key and the
+/// families that do read it.
+pub fn check_keys(parts: Parts<'_>, family: &Family) -> PlanResult<()> {
+    for part in parts.each() {
+        for key in CACHE_KEYS {
+            if part.get(*key).is_none_or(serde_json::Value::is_null) || family.keys.contains(key)
+            {
+                continue;
+            }
+            let readers: Vec<&str> = FAMILIES
+                .iter()
+                .filter(|f| f.keys.contains(key))
+                .map(|f| f.name)
+                .collect();
+            let who = if readers.is_empty() {
+                "no family reads it".to_owned()
+            } else {
+                format!("families that read it: {}", readers.join(", "))
+            };
+            bail!(
+                "config.json has {key}, which shapes what a layer caches, but the {} family's \
+                 reader does not read it, so pdplan would have to guess ({who}); choose the \
+                 family that describes this model with family=, or describe its layers with \
+                 ModelShape(layer_kinds=...)",
+                family.name
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::cache_keys::is_cache_key;
+
+    #[test]
+    fn names_architectures_and_model_types_are_unique_and_keys_are_cache_keys() {
+        for (i, f) in FAMILIES.iter().enumerate() {
+            for g in &FAMILIES[..i] {
+                assert_ne!(f.name, g.name);
+                for arch in f.architectures {
+                    assert!(!g.architectures.contains(arch), "{arch} in {} and {}", f.name, g.name);
+                }
+                for t in f.model_types {
+                    assert!(!g.model_types.contains(t), "{t} in {} and {}", f.name, g.name);
+                }
+            }
+            for key in f.keys {
+                assert!(is_cache_key(key), "{}: {key} is not in the cache-key table", f.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,1251 @@
+"""Every model family in the registry, read from a config.json written here from a published
+model's values (awkward parts included: nulls, `text_config`, string patterns, empty lists,
+bare Infinity). Each case states its expected layers per kind, the bytes a token and the state
+bytes a request, derived here by hand from the modeling code's rule (cited per case) with numpy
+arrays shaped as the runtime allocates them: never from pdplan's reader.
+
+Then the registry's promises: an unknown architecture is refused, and a cache-shaping key that
+a family does not consume is refused for every family, one key at a time."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdplan import (
+    CACHE_KEYS,
+    MODEL_PRESETS,
+    ModelShape,
+    UnsupportedPDLayoutError,
+    model_buffer_layouts,
+    model_families,
+)
+
+BF16 = np.float16  # two bytes a value, as bfloat16
+F32 = np.float32
+
+
+def nbytes(shape: tuple[int, ...], dtype: type = BF16) -> int:
+    return np.zeros(shape, dtype=dtype).nbytes
+
+
+def kv(heads: int, k_dim: int, v_dim: int | None = None) -> int:
+    """One token's K and V over all heads, bfloat16."""
+    return nbytes((heads, k_dim)) + nbytes((heads, v_dim or k_dim))
+
+
+def mamba2_state(
+    heads: int, head_dim: int, state: int, groups: int, kernel: int, ssm: type = BF16
+) -> int:
+    """vLLM's Mamba2 state a request: SSM `[heads, head_dim, state]` in the SSM dtype, conv
+    `[heads * head_dim + 2 * groups * state, kernel - 1]` in the model's."""
+    return nbytes((heads, head_dim, state), ssm) + nbytes(
+        (heads * head_dim + 2 * groups * state, kernel - 1)
+    )
+
+
+def layers(*spans: tuple[int, int] | int) -> list[int]:
+    """Layer indices from ints and half-open (start, stop) spans."""
+    out: list[int] = []
+    for span in spans:
+        out.extend(range(*span) if isinstance(span, tuple) else [span])
+    return out
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    config: dict[str, Any]
+    #: (label, layers, bytes a token, state bytes a request) per kind, in order of appearance.
+    rows: list[tuple[str, list[int], int, int]]
+    #: Where the rule is written.
+    source: str
+    state_dtype: str | None = None
+    preset: str | None = None
+    infinity: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def every(n: int) -> list[int]:
+    return list(range(n))
+
+
+NANO_PATTERN = "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"
+GEMMA3N_TYPES = (["sliding_attention"] * 4 + ["full_attention"]) * 6
+GEMMA4_E2B_TYPES = (["sliding_attention"] * 4 + ["full_attention"]) * 7
+GEMMA4_31B_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 10
+MIMO_PATTERN = [0] + ([1] * 4 + [0]) + ([1] * 5 + [0]) * 7
+# 49 attention blocks, 31 without attention (NVIDIA's counts; the positions are written here).
+SUPER_49B_ATTENTION = set(range(80)) - set(layers((40, 47), (48, 55), (56, 63), (64, 71), 72, 74, 76))
+LFM2_FULL = [2, 5, 8, 10, 12, 14]
+GRANITE_H_ATTENTION = [5, 15, 25, 35]
+KIMI_FULL = [4, 8, 12, 16, 20, 24, 27]  # counted from 1, as the config does
+MINIMAX_TYPES = ([0] * 7 + [1]) * 10
+
+
+def super_49b_blocks() -> list[dict[str, Any]]:
+    attention = {
+        "n_heads_in_group": 8,
+        "no_op": False,
+        "num_sink_tokens": None,
+        "replace_with_linear": False,
+        "sparsify": None,
+        "unshifted_sink": False,
+        "use_prefill_window_in_sink_attention": False,
+        "window_length": None,
+    }
+    no_op = {**attention, "n_heads_in_group": None, "no_op": True}
+    ffn = {"ffn_mult": 5.25, "no_op": False, "replace_with_linear": False, "sparsify": None}
+    return [
+        {"attention": attention if i in SUPER_49B_ATTENTION else no_op, "ffn": ffn}
+        for i in range(80)
+    ]
+
+
+CASES: dict[str, Case] = {
+    "llama-3.2-1b": Case(
+        "llama",
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "num_hidden_layers": 16,
+            "hidden_size": 2048,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "rope_scaling": {"factor": 32.0, "rope_type": "llama3"},
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(16), kv(8, 64), 0)],
+        "vLLM models/llama.py LlamaAttention: num_key_value_heads x head_dim",
+    ),
+    "granite-3.1-8b": Case(
+        "llama",
+        {
+            "architectures": ["GraniteForCausalLM"],
+            "model_type": "granite",
+            "num_hidden_layers": 40,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(40), kv(8, 128), 0)],
+        "vLLM models/granite.py GraniteAttention: head dim hidden_size / heads",
+    ),
+    "mistral-7b-v0.1": Case(
+        "mistral",
+        {
+            "architectures": ["MistralForCausalLM"],
+            "model_type": "mistral",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "sliding_window": 4096,
+            "torch_dtype": "bfloat16",
+        },
+        [("sliding-window attention (window 4096)", every(32), kv(8, 128), 0)],
+        "vLLM models/llama.py (Mistral runs as Llama): a model-wide sliding_window",
+    ),
+    "mixtral-8x7b": Case(
+        "mistral",
+        {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_local_experts": 8,
+            "sliding_window": None,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(32), kv(8, 128), 0)],
+        "vLLM models/mixtral.py MixtralAttention",
+    ),
+    "phi-3-mini-4k": Case(
+        "phi3",
+        {
+            "architectures": ["Phi3ForCausalLM"],
+            "model_type": "phi3",
+            "num_hidden_layers": 32,
+            "hidden_size": 3072,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "sliding_window": 2047,
+            "torch_dtype": "bfloat16",
+        },
+        [("sliding-window attention (window 2047)", every(32), kv(32, 96), 0)],
+        "vLLM models/phi3.py (a Llama subclass): a model-wide sliding_window",
+    ),
+    "qwen2.5-7b": Case(
+        "qwen",
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "num_hidden_layers": 28,
+            "hidden_size": 3584,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "max_window_layers": 28,
+            "sliding_window": 131072,
+            "use_sliding_window": False,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(28), kv(4, 128), 0)],
+        "transformers Qwen2Config: the window counts only with use_sliding_window",
+    ),
+    "qwen2.5-7b-windowed": Case(
+        "qwen",
+        {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "num_hidden_layers": 28,
+            "hidden_size": 3584,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "max_window_layers": 20,
+            "sliding_window": 32768,
+            "use_sliding_window": True,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            ("full attention", every(20), kv(4, 128), 0),
+            ("sliding-window attention (window 32768)", layers((20, 28)), kv(4, 128), 0),
+        ],
+        "transformers Qwen2Config: layers i >= max_window_layers slide",
+    ),
+    "qwen2.5-vl-7b": Case(
+        "qwen",
+        {
+            "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+            "model_type": "qwen2_5_vl",
+            "num_hidden_layers": 28,
+            "hidden_size": 3584,
+            "num_attention_heads": 28,
+            "num_key_value_heads": 4,
+            "max_window_layers": 28,
+            "sliding_window": 32768,
+            "use_sliding_window": False,
+            "vision_config": {"depth": 32, "hidden_size": 1280, "num_heads": 16},
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(28), kv(4, 128), 0)],
+        "transformers Qwen2_5_VLConfig: the text keys at the top level, Qwen2's window rule",
+    ),
+    "qwen3-vl-8b": Case(
+        "qwen",
+        {
+            "architectures": ["Qwen3VLForConditionalGeneration"],
+            "model_type": "qwen3_vl",
+            "text_config": {
+                "model_type": "qwen3_vl_text",
+                "num_hidden_layers": 36,
+                "hidden_size": 4096,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "dtype": "bfloat16",
+            },
+            "vision_config": {"depth": 27, "hidden_size": 1152, "num_heads": 16},
+        },
+        [("full attention", every(36), kv(8, 128), 0)],
+        "vLLM models/qwen3_vl.py: the text model is Qwen3's",
+    ),
+    "gemma-7b": Case(
+        "gemma",
+        {
+            "architectures": ["GemmaForCausalLM"],
+            "model_type": "gemma",
+            "num_hidden_layers": 28,
+            "hidden_size": 3072,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(28), kv(16, 256), 0)],
+        "vLLM models/gemma.py GemmaAttention",
+    ),
+    "gemma-2-9b": Case(
+        "gemma2",
+        {
+            "architectures": ["Gemma2ForCausalLM"],
+            "model_type": "gemma2",
+            "num_hidden_layers": 42,
+            "hidden_size": 3584,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 256,
+            "sliding_window": 4096,
+            "torch_dtype": "float32",
+        },
+        [
+            ("sliding-window attention (window 4096)", list(range(0, 42, 2)), 2 * kv(8, 256), 0),
+            ("full attention", list(range(1, 42, 2)), 2 * kv(8, 256), 0),
+        ],
+        "transformers Gemma2Config: layer i slides when (i + 1) % 2 (float32 weights)",
+    ),
+    "gemma-3-1b": Case(
+        "gemma3",
+        {
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 26,
+            "hidden_size": 1152,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 1,
+            "head_dim": 256,
+            "sliding_window": 512,
+            "sliding_window_pattern": 6,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "sliding-window attention (window 512)",
+                [i for i in range(26) if i % 6 != 5],
+                kv(1, 256),
+                0,
+            ),
+            ("full attention", [5, 11, 17, 23], kv(1, 256), 0),
+        ],
+        "transformers Gemma3TextConfig: every sliding_window_pattern-th layer global",
+    ),
+    "gemma-3n-e2b": Case(
+        "gemma3n",
+        {
+            "architectures": ["Gemma3nForConditionalGeneration"],
+            "model_type": "gemma3n",
+            "text_config": {
+                "model_type": "gemma3n_text",
+                "num_hidden_layers": 30,
+                "hidden_size": 2048,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "head_dim": 256,
+                "sliding_window": 512,
+                "layer_types": GEMMA3N_TYPES,
+                "num_kv_shared_layers": 10,
+                "laurel_rank": 64,
+            },
+            "audio_config": {"model_type": "gemma3n_audio"},
+            "torch_dtype": "bfloat16",
+        },
+        # Layers 20-29 share: a sliding one reads 18 (the last sliding layer before 20), a full
+        # one 19.
+        [
+            (
+                "sliding-window attention (window 512)",
+                layers((0, 4), (5, 9), (10, 14), (15, 19)),
+                kv(2, 256),
+                0,
+            ),
+            ("full attention", [4, 9, 14, 19], kv(2, 256), 0),
+            ("attention reusing layer 18's KV (no cache)", [20, 21, 22, 23, 25, 26, 27, 28], 0, 0),
+            ("attention reusing layer 19's KV (no cache)", [24, 29], 0, 0),
+        ],
+        "vLLM models/gemma3n.py: the last num_kv_shared_layers read the last earlier layer of "
+        "their type",
+    ),
+    "gemma-4-e2b": Case(
+        "gemma4",
+        {
+            "architectures": ["Gemma4ForConditionalGeneration"],
+            "model_type": "gemma4",
+            "text_config": {
+                "model_type": "gemma4_text",
+                "num_hidden_layers": 35,
+                "hidden_size": 1536,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 1,
+                "head_dim": 256,
+                "global_head_dim": 512,
+                "num_global_key_value_heads": None,
+                "hidden_size_per_layer_input": 256,
+                "num_kv_shared_layers": 20,
+                "sliding_window": 512,
+                "layer_types": GEMMA4_E2B_TYPES,
+            },
+            "dtype": "bfloat16",
+        },
+        # Layers 15-34 share: sliding ones read 13, full ones (19, 24, 29, 34) read 14.
+        [
+            ("sliding-window attention (window 512)", layers((0, 4), (5, 9), (10, 14)), kv(1, 256), 0),
+            ("full attention", [4, 9, 14], kv(1, 512), 0),
+            (
+                "attention reusing layer 13's KV (no cache)",
+                [i for i in range(15, 35) if i % 5 != 4],
+                0,
+                0,
+            ),
+            ("attention reusing layer 14's KV (no cache)", [19, 24, 29, 34], 0, 0),
+        ],
+        "vLLM models/gemma4.py Gemma4DecoderLayer: full layers use global_head_dim",
+        preset="gemma-4-e2b",
+    ),
+    "gemma-4-31b": Case(
+        "gemma4",
+        {
+            "architectures": ["Gemma4ForConditionalGeneration"],
+            "model_type": "gemma4",
+            "text_config": {
+                "model_type": "gemma4_text",
+                "num_hidden_layers": 60,
+                "hidden_size": 5376,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 16,
+                "num_global_key_value_heads": 4,
+                "head_dim": 256,
+                "global_head_dim": 512,
+                "attention_k_eq_v": True,
+                "num_kv_shared_layers": 0,
+                "sliding_window": 1024,
+                "layer_types": GEMMA4_31B_TYPES,
+                "final_logit_softcapping": 30.0,
+            },
+            "dtype": "bfloat16",
+        },
+        [
+            (
+                "sliding-window attention (window 1024)",
+                [i for i in range(60) if i % 6 != 5],
+                kv(16, 256),
+                0,
+            ),
+            ("full attention", list(range(5, 60, 6)), kv(4, 512), 0),
+        ],
+        "vLLM models/gemma4.py: with attention_k_eq_v, full layers have "
+        "num_global_key_value_heads (K and V both cached)",
+        preset="gemma-4-31b",
+    ),
+    "command-r": Case(
+        "cohere",
+        {
+            "architectures": ["CohereForCausalLM"],
+            "model_type": "cohere",
+            "num_hidden_layers": 40,
+            "hidden_size": 8192,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "torch_dtype": "float16",
+        },
+        [("full attention", every(40), kv(64, 128), 0)],
+        "vLLM models/commandr.py CohereAttention",
+    ),
+    "command-r7b": Case(
+        "cohere2",
+        {
+            "architectures": ["Cohere2ForCausalLM"],
+            "model_type": "cohere2",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "sliding_window": 4096,
+            "sliding_window_pattern": 4,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "sliding-window attention (window 4096)",
+                [i for i in range(32) if i % 4 != 3],
+                kv(8, 128),
+                0,
+            ),
+            ("full attention", list(range(3, 32, 4)), kv(8, 128), 0),
+        ],
+        "transformers Cohere2Config: every fourth layer global",
+    ),
+    "olmo-2-7b": Case(
+        "olmo",
+        {
+            "architectures": ["Olmo2ForCausalLM"],
+            "model_type": "olmo2",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "torch_dtype": "float32",
+        },
+        [("full attention", every(32), 2 * kv(32, 128), 0)],
+        "vLLM models/olmo2.py Olmo2Attention",
+    ),
+    "olmo-3-7b": Case(
+        "olmo3",
+        {
+            "architectures": ["Olmo3ForCausalLM"],
+            "model_type": "olmo3",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "sliding_window": 4096,
+            "layer_types": (["sliding_attention"] * 3 + ["full_attention"]) * 8,
+            "dtype": "bfloat16",
+        },
+        [
+            (
+                "sliding-window attention (window 4096)",
+                [i for i in range(32) if i % 4 != 3],
+                kv(32, 128),
+                0,
+            ),
+            ("full attention", list(range(3, 32, 4)), kv(32, 128), 0),
+        ],
+        "vLLM models/olmo2.py: the window on layer_types' sliding layers",
+    ),
+    "exaone-3.5-7.8b": Case(
+        "exaone",
+        {
+            "architectures": ["ExaoneForCausalLM"],
+            "model_type": "exaone",
+            "num_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(32), kv(8, 128), 0)],
+        "vLLM models/exaone.py ExaoneAttention (num_layers)",
+    ),
+    "exaone-4.0-32b": Case(
+        "exaone4",
+        {
+            "architectures": ["Exaone4ForCausalLM"],
+            "model_type": "exaone4",
+            "num_hidden_layers": 64,
+            "hidden_size": 5120,
+            "num_attention_heads": 40,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "sliding_window": 4096,
+            "sliding_window_pattern": "LLLG",
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "sliding-window attention (window 4096)",
+                [i for i in range(64) if i % 4 != 3],
+                kv(8, 128),
+                0,
+            ),
+            ("full attention", list(range(3, 64, 4)), kv(8, 128), 0),
+        ],
+        "transformers Exaone4Config: sliding_window_pattern LLLG (three local, one global)",
+    ),
+    "glm-4.5-air": Case(
+        "glm",
+        {
+            "architectures": ["Glm4MoeForCausalLM"],
+            "model_type": "glm4_moe",
+            "num_hidden_layers": 46,
+            "hidden_size": 4096,
+            "num_attention_heads": 96,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(46), kv(8, 128), 0)],
+        "vLLM models/glm4_moe.py Glm4MoeAttention",
+    ),
+    "chatglm3-6b": Case(
+        "chatglm",
+        {
+            "architectures": ["ChatGLMModel"],
+            "model_type": "chatglm",
+            "num_layers": 28,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "kv_channels": 128,
+            "multi_query_attention": True,
+            "multi_query_group_num": 2,
+            "torch_dtype": "float16",
+        },
+        [("full attention", every(28), kv(2, 128), 0)],
+        "vLLM models/chatglm.py GLMAttention: multi_query_group_num KV heads",
+    ),
+    "kimi-k2": Case(
+        "deepseek",
+        {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "kimi_k2",
+            "num_hidden_layers": 61,
+            "hidden_size": 7168,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 1536,
+            "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "torch_dtype": "bfloat16",
+        },
+        [("MLA", every(61), nbytes((512 + 64,)), 0)],
+        "vLLM models/deepseek_v2.py DeepseekV2MLAAttention: one latent of kv_lora_rank + "
+        "qk_rope_head_dim",
+    ),
+    "minimax-m2": Case(
+        "minimax-m2",
+        {
+            "architectures": ["MiniMaxM2ForCausalLM"],
+            "model_type": "minimax_m2",
+            "num_hidden_layers": 62,
+            "hidden_size": 3072,
+            "num_attention_heads": 48,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(62), kv(8, 128), 0)],
+        "vLLM models/minimax_m2.py MiniMaxM2Attention",
+    ),
+    "falcon-40b": Case(
+        "falcon",
+        {
+            "architectures": ["FalconForCausalLM"],
+            "model_type": "falcon",
+            "num_hidden_layers": 60,
+            "hidden_size": 8192,
+            "num_attention_heads": 128,
+            "num_kv_heads": 8,
+            "multi_query": True,
+            "new_decoder_architecture": True,
+            "parallel_attn": True,
+            "alibi": False,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(60), kv(8, 64), 0)],
+        "vLLM models/falcon.py FalconAttention: num_kv_heads with the new decoder architecture",
+    ),
+    "falcon-7b": Case(
+        "falcon",
+        {
+            "architectures": ["FalconForCausalLM"],
+            "model_type": "falcon",
+            "num_hidden_layers": 32,
+            "hidden_size": 4544,
+            "num_attention_heads": 71,
+            "multi_query": True,
+            "new_decoder_architecture": False,
+            "torch_dtype": "bfloat16",
+        },
+        [("full attention", every(32), kv(1, 64), 0)],
+        "vLLM models/falcon.py FalconAttention: one KV head with multi_query",
+    ),
+    "starcoder": Case(
+        "gpt-bigcode",
+        {
+            "architectures": ["GPTBigCodeForCausalLM"],
+            "model_type": "gpt_bigcode",
+            "n_layer": 40,
+            "n_embd": 6144,
+            "n_head": 48,
+            "multi_query": True,
+            "torch_dtype": "float32",
+        },
+        [("full attention", every(40), 2 * kv(1, 128), 0)],
+        "vLLM models/gpt_bigcode.py GPTBigCodeAttention: one KV head with multi_query",
+    ),
+    "llama-4-scout": Case(
+        "llama4",
+        {
+            "architectures": ["Llama4ForConditionalGeneration"],
+            "model_type": "llama4",
+            "text_config": {
+                "model_type": "llama4_text",
+                "num_hidden_layers": 48,
+                "hidden_size": 5120,
+                "num_attention_heads": 40,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "attention_chunk_size": 8192,
+                "no_rope_layers": [],
+                "interleave_moe_layer_step": 1,
+            },
+            "vision_config": {"model_type": "llama4_vision_model"},
+            "torch_dtype": "bfloat16",
+        },
+        # no_rope_layers empty: transformers' default, every fourth layer (3, 7, ...) NoPE.
+        [
+            (
+                "chunked local attention (chunk 8192)",
+                [i for i in range(48) if i % 4 != 3],
+                kv(8, 128),
+                0,
+            ),
+            ("full attention", list(range(3, 48, 4)), kv(8, 128), 0),
+        ],
+        "vLLM models/llama4.py Llama4Attention: NoPE layers full, the others "
+        "ChunkedLocalAttention",
+        preset="llama-4-scout",
+    ),
+    "llama-3.3-nemotron-super-49b": Case(
+        "nemotron-nas",
+        {
+            "architectures": ["DeciLMForCausalLM"],
+            "model_type": "nemotron-nas",
+            "num_hidden_layers": 80,
+            "hidden_size": 8192,
+            "num_attention_heads": 64,
+            "num_key_value_heads": None,
+            "block_configs": super_49b_blocks(),
+            "torch_dtype": "bfloat16",
+        },
+        [
+            ("full attention", sorted(SUPER_49B_ATTENTION), kv(8, 128), 0),
+            ("MLP only (no cache)", sorted(set(range(80)) - SUPER_49B_ATTENTION), 0, 0),
+        ],
+        "vLLM models/nemotron_nas.py DeciLMDecoderLayer: num_attention_heads / "
+        "n_heads_in_group KV heads, none on no_op blocks",
+        preset="llama-3.3-nemotron-super-49b",
+    ),
+    "mimo-v2-flash": Case(
+        "mimo-v2",
+        {
+            "architectures": ["MiMoV2FlashForCausalLM"],
+            "model_type": "mimo_v2_flash",
+            "num_hidden_layers": 48,
+            "hidden_size": 4096,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 4,
+            "head_dim": 192,
+            "v_head_dim": 128,
+            "swa_num_attention_heads": 64,
+            "swa_num_key_value_heads": 8,
+            "swa_head_dim": 192,
+            "swa_v_head_dim": 128,
+            "sliding_window": 128,
+            "hybrid_layer_pattern": MIMO_PATTERN,
+            "moe_layer_freq": [0] + [1] * 47,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "full attention, 4 KV heads, K dim 192 / V dim 128",
+                [0, 5, 11, 17, 23, 29, 35, 41, 47],
+                kv(4, 192, 128),
+                0,
+            ),
+            (
+                "sliding-window attention (window 128), 8 KV heads, K dim 192 / V dim 128",
+                [i for i in range(48) if i not in (0, 5, 11, 17, 23, 29, 35, 41, 47)],
+                kv(8, 192, 128),
+                0,
+            ),
+        ],
+        "vLLM models/mimo_v2_flash.py: hybrid_layer_pattern[i] == 1 slides with the swa_* "
+        "shapes; V heads of v_head_dim",
+    ),
+    "nemotron-3-nano-30b": Case(
+        "nemotron-h",
+        {
+            "architectures": ["NemotronHForCausalLM"],
+            "model_type": "nemotron_h",
+            "num_hidden_layers": 52,
+            "hidden_size": 2688,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 2,
+            "head_dim": 128,
+            "mamba_num_heads": 64,
+            "mamba_head_dim": 64,
+            "ssm_state_size": 128,
+            "n_groups": 8,
+            "conv_kernel": 4,
+            "expand": 2,
+            "hybrid_override_pattern": NANO_PATTERN,
+            "mamba_ssm_cache_dtype": "float32",
+            "time_step_limit": None,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "Mamba2",
+                [i for i, c in enumerate(NANO_PATTERN) if c == "M"],
+                0,
+                mamba2_state(64, 64, 128, 8, 4, ssm=F32),
+            ),
+            ("MLP only (no cache)", [i for i, c in enumerate(NANO_PATTERN) if c == "E"], 0, 0),
+            ("full attention", [i for i, c in enumerate(NANO_PATTERN) if c == "*"], kv(2, 128), 0),
+        ],
+        "vLLM models/nemotron_h.py: the mixer is mamba_num_heads x mamba_head_dim (expand x "
+        "hidden_size is not read); the SSM state in mamba_ssm_cache_dtype",
+        state_dtype="float32",
+        infinity=True,
+    ),
+    "bamba-9b": Case(
+        "bamba",
+        {
+            "architectures": ["BambaForCausalLM"],
+            "model_type": "bamba",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "attn_layer_indices": [9, 18, 27],
+            "mamba_n_heads": 128,
+            "mamba_d_head": 64,
+            "mamba_d_state": 128,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            ("Mamba2", [i for i in range(32) if i not in (9, 18, 27)], 0, mamba2_state(128, 64, 128, 1, 4)),
+            ("full attention", [9, 18, 27], kv(8, 128), 0),
+        ],
+        "transformers BambaConfig.layers_block_type: attention at attn_layer_indices",
+    ),
+    "granite-4.0-h-small": Case(
+        "granite-hybrid",
+        {
+            "architectures": ["GraniteMoeHybridForCausalLM"],
+            "model_type": "granitemoehybrid",
+            "num_hidden_layers": 40,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "layer_types": [
+                "attention" if i in GRANITE_H_ATTENTION else "mamba" for i in range(40)
+            ],
+            "mamba_n_heads": 128,
+            "mamba_d_head": 64,
+            "mamba_d_state": 128,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "Mamba2",
+                [i for i in range(40) if i not in GRANITE_H_ATTENTION],
+                0,
+                mamba2_state(128, 64, 128, 1, 4),
+            ),
+            ("full attention", GRANITE_H_ATTENTION, kv(8, 128), 0),
+        ],
+        "vLLM models/granitemoehybrid.py: layer_types mamba and attention",
+        preset="granite-4.0-h-small",
+    ),
+    "mamba-2.8b": Case(
+        "mamba",
+        {
+            "architectures": ["MambaForCausalLM"],
+            "model_type": "mamba",
+            "num_hidden_layers": 64,
+            "hidden_size": 2560,
+            "intermediate_size": 5120,
+            "state_size": 16,
+            "conv_kernel": 4,
+            "expand": 2,
+            "torch_dtype": "float32",
+        },
+        [("Mamba1", every(64), 0, nbytes((5120, 16), F32) + nbytes((5120, 3), F32))],
+        "vLLM models/mamba.py: SSM [intermediate_size, state_size], conv [intermediate_size, "
+        "conv_kernel - 1]",
+    ),
+    "zamba2-2.7b": Case(
+        "zamba2",
+        {
+            "architectures": ["Zamba2ForCausalLM"],
+            "model_type": "zamba2",
+            "num_hidden_layers": 54,
+            "hidden_size": 2560,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "n_mamba_heads": 80,
+            "mamba_d_state": 64,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_ngroups": 1,
+            "hybrid_layer_ids": [6, 12, 18, 24, 30, 36, 42, 47, 51],
+            "num_mem_blocks": 2,
+            "torch_dtype": "bfloat16",
+        },
+        # The shared block attends over [hidden, embedding]: head dim 2 * 2560 / 32 = 160.
+        [
+            (
+                "Mamba2",
+                [i for i in range(54) if i not in (6, 12, 18, 24, 30, 36, 42, 47, 51)],
+                0,
+                mamba2_state(80, 64, 64, 1, 4),
+            ),
+            (
+                "full attention + Mamba2",
+                [6, 12, 18, 24, 30, 36, 42, 47, 51],
+                kv(32, 160),
+                mamba2_state(80, 64, 64, 1, 4),
+            ),
+        ],
+        "transformers Zamba2Config (attention_head_dim = 2 hidden / heads, mamba_headdim = "
+        "expand hidden / n_mamba_heads); vLLM models/zamba2.py Zamba2HybridLayer",
+    ),
+    "lfm2-1.2b": Case(
+        "lfm2",
+        {
+            "architectures": ["Lfm2ForCausalLM"],
+            "model_type": "lfm2",
+            "num_hidden_layers": 16,
+            "hidden_size": 2048,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "conv_L_cache": 3,
+            "conv_bias": False,
+            "layer_types": ["full_attention" if i in LFM2_FULL else "conv" for i in range(16)],
+            "torch_dtype": "bfloat16",
+        },
+        [
+            ("short conv", [i for i in range(16) if i not in LFM2_FULL], 0, nbytes((2048, 2))),
+            ("full attention", LFM2_FULL, kv(8, 64), 0),
+        ],
+        "vLLM mamba_utils.py short_conv_state_shape: [conv_dim, conv_L_cache - 1]",
+    ),
+    "qwen3.5-27b": Case(
+        "qwen3.5",
+        {
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "text_config": {
+                "model_type": "qwen3_5_text",
+                "num_hidden_layers": 64,
+                "hidden_size": 5120,
+                "num_attention_heads": 24,
+                "num_key_value_heads": 4,
+                "head_dim": 256,
+                "full_attention_interval": 4,
+                "layer_types": [
+                    "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                    for i in range(64)
+                ],
+                "linear_num_key_heads": 16,
+                "linear_num_value_heads": 48,
+                "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128,
+                "linear_conv_kernel_dim": 4,
+                "mamba_ssm_dtype": "float32",
+                "dtype": "bfloat16",
+            },
+            "vision_config": {"depth": 27, "hidden_size": 1152},
+        },
+        [
+            (
+                "Gated DeltaNet",
+                [i for i in range(64) if i % 4 != 3],
+                0,
+                nbytes((48, 128, 128), F32) + nbytes((2 * 16 * 128 + 48 * 128, 3)),
+            ),
+            ("full attention", list(range(3, 64, 4)), kv(4, 256), 0),
+        ],
+        "vLLM models/qwen3_5.py: the recurrent state in mamba_ssm_dtype, conv states in the "
+        "model's dtype",
+        state_dtype="float32",
+        preset="qwen3.5-27b",
+    ),
+    "kimi-linear-48b-a3b": Case(
+        "kimi-linear",
+        {
+            "architectures": ["KimiLinearForCausalLM"],
+            "model_type": "kimi_linear",
+            "num_hidden_layers": 27,
+            "hidden_size": 2304,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "qk_nope_head_dim": 128,
+            "v_head_dim": 128,
+            "linear_attn_config": {
+                "full_attn_layers": KIMI_FULL,
+                "kda_layers": [i for i in range(1, 28) if i not in KIMI_FULL],
+                "num_heads": 32,
+                "head_dim": 128,
+                "short_conv_kernel_size": 4,
+            },
+            "torch_dtype": "bfloat16",
+        },
+        # Counted from 1 in the config: full (MLA) layers 4, 8, ... are indices 3, 7, ...
+        [
+            (
+                "Kimi Delta Attention",
+                [i for i in range(27) if i + 1 not in KIMI_FULL],
+                0,
+                nbytes((32, 128, 128)) + 3 * nbytes((32 * 128, 3)),
+            ),
+            ("MLA", [i - 1 for i in KIMI_FULL], nbytes((512 + 64,)), 0),
+        ],
+        "vLLM mamba_utils.py kda_state_shape (recurrent [heads, dim, dim], conv q, k, v); "
+        "KimiLinearConfig.is_kda_layer counts from 1",
+    ),
+    "minimax-text-01": Case(
+        "minimax-text-01",
+        {
+            "architectures": ["MiniMaxText01ForCausalLM"],
+            "model_type": "minimax_text_01",
+            "num_hidden_layers": 80,
+            "hidden_size": 6144,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "attn_type_list": MINIMAX_TYPES,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "lightning attention",
+                [i for i in range(80) if i % 8 != 7],
+                0,
+                nbytes((64, 128, 128)),
+            ),
+            ("full attention", list(range(7, 80, 8)), kv(8, 128), 0),
+        ],
+        "vLLM models/minimax_text_01.py: attn_type_list 0 is lightning attention (state [heads, "
+        "head_dim, head_dim])",
+    ),
+}
+
+#: Families whose test configs are the existing presets' (written in test_configs.py).
+PRESET_FAMILIES = {
+    "nemotron-h": "nemotron-h-8b",
+    "jamba": "jamba-1.5-mini",
+    "qwen3-next": "qwen3-next-80b-a3b",
+    "gpt-oss": "gpt-oss-20b",
+    "falcon-h1": "falcon-h1-7b",
+    "mamba2": "mamba-codestral-7b",
+    "deepseek": "deepseek-v3.2",
+}
+
+
+def write(tmp_path: Path, config: dict[str, Any], infinity: bool = False) -> Path:
+    text = json.dumps(config, indent=2)
+    if infinity:
+        text = text.replace('"time_step_limit": null', '"time_step_limit": [0.0, Infinity]')
+    path = tmp_path / "config.json"
+    path.write_text(text)
+    return path
+
+
+def rows(shape: ModelShape) -> list[tuple[str, list[int], int, int]]:
+    return [(s.label, list(s.layers), s.token_bytes, s.state_bytes) for s in shape.summary()]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_family_reads_its_config_by_its_modeling_rule(tmp_path: Path, name: str) -> None:
+    case = CASES[name]
+    shape = ModelShape.from_hf_config(write(tmp_path, case.config, case.infinity))
+    assert shape.family == case.family, case.source
+    assert rows(shape) == case.rows, case.source
+    assert shape.state_dtype == case.state_dtype
+    if case.preset:
+        assert ModelShape.preset(case.preset) == shape
+
+
+def test_every_family_has_a_case_and_every_case_cites_its_rule() -> None:
+    assert len(SUPER_49B_ATTENTION) == 49
+    covered = {case.family for case in CASES.values()} | set(PRESET_FAMILIES)
+    assert covered == {f.name for f in model_families()}
+    assert all(case.source for case in CASES.values())
+
+
+def test_the_registry_names_its_families_architectures_and_keys() -> None:
+    families = model_families()
+    for family in families:
+        assert family.architectures and family.model_types and family.source
+        assert set(family.keys) <= set(CACHE_KEYS)
+    covered = [a for f in families for a in f.architectures]
+    assert len(covered) == len(set(covered))
+    for arch in ("LlamaForCausalLM", "DeciLMForCausalLM", "Gemma4ForConditionalGeneration"):
+        assert arch in covered
+
+
+def family_configs() -> list[tuple[str, dict[str, Any]]]:
+    """One config of every family: its case's, or its preset's."""
+    out = [(case.family, case.config) for case in CASES.values()]
+    seen = {family for family, _ in out}
+    root = Path(__file__).parents[1] / "src" / "model" / "presets"
+    for family, preset in PRESET_FAMILIES.items():
+        if family not in seen and (root / f"{preset}.json").exists():
+            out.append((family, json.loads((root / f"{preset}.json").read_text())))
+    by_family: dict[str, dict[str, Any]] = {}
+    for family, config in out:
+        by_family.setdefault(family, config)
+    return sorted(by_family.items())
+
+
+@pytest.mark.parametrize(("family", "config"), family_configs(), ids=lambda v: str(v)[:20])
+def test_every_cache_key_a_family_does_not_consume_is_refused(
+    tmp_path: Path, family: str, config: dict[str, Any]
+) -> None:
+    """The property: add each key of the table, one at a time, to a config the family reads,
+    and the config is refused, naming the key (wherever the family keeps its text part)."""
+    consumed = next(f.keys for f in model_families() if f.name == family)
+    ModelShape.from_hf_config(write(tmp_path, config))  # reads as it is
+    for key in CACHE_KEYS:
+        if key in consumed:
+            continue
+        changed = json.loads(json.dumps(config))
+        part = changed.get("text_config") or changed
+        part[key] = 2
+        with pytest.raises(UnsupportedPDLayoutError, match=f"config.json has {key}, which shapes"):
+            ModelShape.from_hf_config(write(tmp_path, changed))
+        # At the top level of a nested config too.
+        if "text_config" in changed:
+            changed = json.loads(json.dumps(config))
+            changed[key] = 2
+            with pytest.raises(UnsupportedPDLayoutError, match=f"config.json has {key},"):
+                ModelShape.from_hf_config(write(tmp_path, changed))
+
+
+def test_a_null_cache_key_counts_as_absent(tmp_path: Path) -> None:
+    config = {**CASES["llama-3.2-1b"].config, "attention_chunk_size": None, "v_head_dim": None}
+    assert ModelShape.from_hf_config(write(tmp_path, config)).family == "llama"
+
+
+def test_an_unknown_architecture_is_refused_naming_it_and_the_families(tmp_path: Path) -> None:
+    config = {**CASES["llama-3.2-1b"].config, "architectures": ["Phi3SmallForCausalLM"]}
+    config["model_type"] = "phi3small"
+    path = write(tmp_path, config)
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        ModelShape.from_hf_config(path)
+    message = str(refused.value)
+    assert "Phi3SmallForCausalLM" in message and "phi3small" in message
+    for family in model_families():
+        assert family.name in message
+    assert "family=" in message
+    # Chosen by hand, it reads; a family name that does not exist is refused.
+    assert ModelShape.from_hf_config(path, family="llama").num_layers == 16
+    with pytest.raises(UnsupportedPDLayoutError, match='unknown model family "lama"'):
+        ModelShape.from_hf_config(path, family="lama")
+    # No architecture at all, no model type: refused the same way.
+    bare = {k: v for k, v in config.items() if k not in ("architectures", "model_type")}
+    with pytest.raises(UnsupportedPDLayoutError, match="names no architectures"):
+        ModelShape.from_hf_config(write(tmp_path, bare))
+
+
+def test_the_model_type_selects_a_family_when_no_architecture_does(tmp_path: Path) -> None:
+    config = {**CASES["mistral-7b-v0.1"].config}
+    del config["architectures"]
+    assert ModelShape.from_hf_config(write(tmp_path, config)).family == "mistral"
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        # A layer kind no reader of the family knows is refused by the kind, never misread.
+        ("qwen2.5-7b", {"layer_types": ["full_attention", "mamba"] * 14}, r'layer_types\[1\] is "mamba"'),
+        ("granite-4.0-h-small", {"layer_types": ["mamba", "conv"] * 20}, r'layer_types\[1\] is "conv"'),
+        ("lfm2-1.2b", {"layer_types": ["conv"] * 15}, "lists 15 layers but the model has 16"),
+        ("nemotron-3-nano-30b", {"hybrid_override_pattern": "X" * 52}, r"hybrid_override_pattern\[0\] is 'X'"),
+        ("mimo-v2-flash", {"hybrid_layer_pattern": [2] * 48}, r"hybrid_layer_pattern\[0\] is 2"),
+        ("minimax-text-01", {"attn_type_list": [3] * 80}, r"attn_type_list\[0\] is 3"),
+        ("exaone-4.0-32b", {"sliding_window_pattern": "LLXG"}, "letters L"),
+        ("gemma-4-31b", {"global_head_dim": None}, "no global_head_dim"),
+        ("llama-3.3-nemotron-super-49b", {"block_configs": [{"attention": {"no_op": False}}] * 80}, "names no n_heads_in_group"),
+        ("kimi-linear-48b-a3b", {"linear_attn_config": {"kda_layers": [1], "full_attn_layers": [2], "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}, "exactly one of"),
+        ("zamba2-2.7b", {"hybrid_layer_ids": [99]}, "outside the model's 54 layers"),
+        ("falcon-40b", {"num_attention_heads": 100}, "not a multiple"),
+        ("llama-4-scout", {"no_rope_layers": [1, 0]}, "no_rope_layers lists 2 layers"),
+        ("gemma-3n-e2b", {"num_kv_shared_layers": 30}, "leaves none"),
+        ("bamba-9b", {"mamba_expand": 3}, "inner size is 12288"),
+        ("llama-3.2-1b", {"num_key_value_heads": "8"}, "non-negative integer"),
+        ("llama-3.2-1b", {"num_key_value_heads": -1}, "non-negative integer"),
+        ("llama-3.2-1b", {"layer_types": "full_attention"}, "must be a list"),
+        ("qwen2.5-7b", {"use_sliding_window": "yes"}, "must be true or false"),
+        ("qwen3.5-27b", {"mamba_ssm_dtype": "float6"}, "mamba_ssm_dtype: unknown dtype"),
+        ("qwen3.5-27b", {"full_attention_interval": 3}, "disagrees with full_attention_interval"),
+    ],
+)
+def test_wrong_types_and_values_in_the_readers_keys_are_clear_errors(
+    tmp_path: Path, name: str, change: dict[str, Any], message: str
+) -> None:
+    config = json.loads(json.dumps(CASES[name].config))
+    (config.get("text_config") or config).update(change)
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        ModelShape.from_hf_config(write(tmp_path, config))
+
+
+def test_a_chunked_layer_moves_only_the_current_chunk_by_slot_maps() -> None:
+    """Llama 4's chunked layers carry their chunk to the buffers and fragments (wire format
+    v5); by slot maps a request moves only tokens t >= (n // C) * C of those layers, every
+    token of the NoPE ones. Checked on real memory against a first-principles copy."""
+    from dataclasses import replace
+
+    from pdplan import ParallelLayout, PDTransferPlanner, PreparedTransfer
+
+    shape = ModelShape.preset("llama-4-scout", page_size=4)
+    # Two layers keep the test small: a chunked one (0) and a NoPE one (3).
+    small = ModelShape(layer_kinds=(shape.model_layers[0], shape.model_layers[3]), page_size=4)
+    prefill, decode = model_buffer_layouts(small, 2, 1)
+    assert [b.attention_chunk_size for b in prefill] == [8192, 8192, None, None]
+
+    def chunk_of_8(buffers: tuple[Any, ...]) -> list[Any]:
+        return [replace(b, attention_chunk_size=8) if b.attention_chunk_size else b for b in buffers]
+
+    chunked, dchunked = chunk_of_8(prefill), chunk_of_8(decode)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=chunked,
+        decode_buffers=dchunked,
+    )
+    assert planner.token_maps
+    fragments_by_rank = planner.transfer_fragments(0)
+    frags = [f for fs in fragments_by_rank.values() for f in fs]
+    assert {f.attention_chunk_size for f in frags} == {8, None}
+    from pdplan import decode_transfer_fragments, encode_transfer_fragments
+
+    version, payload = encode_transfer_fragments(frags)
+    assert version == b"5" and decode_transfer_fragments(version, payload) == tuple(frags)
+
+    n = 21  # three chunks of 8 begun: the current chunk is tokens 16..20
+    pages = 6
+    for src_rank in sorted(fragments_by_rank):
+        src = [np.arange(b.item_stride_bytes * pages, dtype=np.uint8) % 251 for b in chunked]
+        dst = [np.zeros(b.item_stride_bytes * pages, dtype=np.uint8) for b in dchunked]
+        slots = np.arange(n, dtype=np.int64)
+        prepared = PreparedTransfer(
+            fragments_by_rank[src_rank],
+            [a.ctypes.data for a in src],
+            [a.ctypes.data for a in dst],
+            src_limits=[a.nbytes for a in src],
+            dst_limits=[a.nbytes for a in dst],
+        )
+        d = prepared.token_descriptors(slots, slots)
+        for s_addr, d_addr, length in zip(d.src_addrs, d.dst_addrs, d.lengths):
+            for buf_s, buf_d in zip(src, dst):
+                if buf_s.ctypes.data <= s_addr < buf_s.ctypes.data + buf_s.nbytes:
+                    o_s, o_d = s_addr - buf_s.ctypes.data, d_addr - buf_d.ctypes.data
+                    buf_d[o_d : o_d + length] = buf_s[o_s : o_s + length]
+        # First principles: in head-major pages [head][token][dim], token t of page p sits at
+        # p * item + head * page_size * dim_bytes + (t % page_size) * dim_bytes.
+        for b_index, (bs, bd) in enumerate(zip(chunked, dchunked)):
+            heads_src = bs.item_stride_bytes // bs.bytes_per_logical_unit
+            dim_bytes = bs.bytes_per_logical_unit // bs.page_size
+            first = 16 if bs.attention_chunk_size else 0
+            want = np.zeros_like(dst[b_index])
+            for t in range(first, n):
+                page, offset = divmod(t, 4)
+                for h in range(heads_src):
+                    head = src_rank * heads_src + h
+                    s0 = page * bs.item_stride_bytes + h * 4 * dim_bytes + offset * dim_bytes
+                    d0 = page * bd.item_stride_bytes + head * 4 * dim_bytes + offset * dim_bytes
+                    want[d0 : d0 + dim_bytes] = src[b_index][s0 : s0 + dim_bytes]
+            np.testing.assert_array_equal(dst[b_index], want, err_msg=f"buffer {b_index}")
+
+
+def test_presets_of_the_new_families_are_listed() -> None:
+    for name in (
+        "llama-3.3-nemotron-super-49b",
+        "gemma-4-31b",
+        "gemma-4-e2b",
+        "llama-4-scout",
+        "granite-4.0-h-small",
+        "qwen3.5-27b",
+    ):
+        assert name in MODEL_PRESETS
