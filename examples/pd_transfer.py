@@ -65,6 +65,7 @@ class Buffer:
     planes: int = 0
     decode_planes: int | None = None  # None: as `planes`
     sliding_window: int | None = None  # a window layer's: a request moves its last tokens
+    attention_chunk: int | None = None  # a chunked layer's: a request moves its current chunk
 
     def layout(self, tp: int, replica: int, side: int = 0) -> BufferLayout:
         shards = 1 if self.axis == "replicated" else tp // replica
@@ -88,6 +89,7 @@ class Buffer:
             self.parts,
             self.layer,
             self.sliding_window,
+            self.attention_chunk,
         )
 
 
@@ -428,6 +430,9 @@ def expected_token_cache(s: Scenario, b: BufferLayout, receives: bool, rank: int
     tokens = np.intersect1d(np.arange(*s.tokens.moved), held)
     if b.sliding_window is not None:  # a window layer receives the request's last tokens only
         tokens = tokens[tokens >= s.tokens.num_tokens - b.sliding_window]
+    if b.attention_chunk_size is not None:  # a chunked layer receives its current chunk only
+        chunk = b.attention_chunk_size
+        tokens = tokens[tokens >= s.tokens.num_tokens // chunk * chunk]
     local = np.searchsorted(held, tokens)
     pages = s.page_table("decode", rank)[local // b.page_size]
     assert (pages >= 0).all(), "a moved token on a page the decode rank does not hold"

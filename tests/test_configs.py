@@ -299,7 +299,16 @@ HAND_COUNTS: dict[str, dict[str, list[int]]] = {
     # 31 blocks without attention: 40-46, 48-54, 56-62, 64-70, 72, 74, 76.
     "llama-3.3-nemotron-super-49b": {
         "attention": [
-            *range(40), 47, 55, 63, 71, 73, 75, 77, 78, 79,
+            *range(40),
+            47,
+            55,
+            63,
+            71,
+            73,
+            75,
+            77,
+            78,
+            79,
         ],
         "mlp": [*range(40, 47), *range(48, 55), *range(56, 63), *range(64, 71), 72, 74, 76],
     },

@@ -290,6 +290,27 @@ TOKEN_CASES = [
             for i, kind in enumerate((BufferKind.TARGET_K, BufferKind.TARGET_V))
         ),
     ),
+    # Llama 4's pattern: a chunked local-attention layer (chunks of 64), then a NoPE full
+    # one. Of 150 tokens the chunked layer receives its current chunk, tokens 128-149 only.
+    token_case(
+        "tokens_attention_chunk_64_then_full_of_150_16_to_64_tp8_to_tp2",
+        8,
+        2,
+        tuple(
+            Buffer(
+                2 * layer + i,
+                kind,
+                "kv_head",
+                8,
+                TOKEN,
+                page_sizes=(16, 64),
+                layer=layer,
+                attention_chunk=64 if layer == 0 else None,
+            )
+            for layer in range(2)
+            for i, kind in enumerate((BufferKind.TARGET_K, BufferKind.TARGET_V))
+        ),
+    ),
     token_case(
         "tokens_hybrid_kv_16_to_64_with_mamba_state_tp4_to_tp2",
         4,

@@ -81,7 +81,9 @@ GEMMA4_E2B_TYPES = (["sliding_attention"] * 4 + ["full_attention"]) * 7
 GEMMA4_31B_TYPES = (["sliding_attention"] * 5 + ["full_attention"]) * 10
 MIMO_PATTERN = [0] + ([1] * 4 + [0]) + ([1] * 5 + [0]) * 7
 # 49 attention blocks, 31 without attention (NVIDIA's counts; the positions are written here).
-SUPER_49B_ATTENTION = set(range(80)) - set(layers((40, 47), (48, 55), (56, 63), (64, 71), 72, 74, 76))
+SUPER_49B_ATTENTION = set(range(80)) - set(
+    layers((40, 47), (48, 55), (56, 63), (64, 71), 72, 74, 76)
+)
 LFM2_FULL = [2, 5, 8, 10, 12, 14]
 GRANITE_H_ATTENTION = [5, 15, 25, 35]
 KIMI_FULL = [4, 8, 12, 16, 20, 24, 27]  # counted from 1, as the config does
@@ -376,7 +378,12 @@ CASES: dict[str, Case] = {
         },
         # Layers 15-34 share: sliding ones read 13, full ones (19, 24, 29, 34) read 14.
         [
-            ("sliding-window attention (window 512)", layers((0, 4), (5, 9), (10, 14)), kv(1, 256), 0),
+            (
+                "sliding-window attention (window 512)",
+                layers((0, 4), (5, 9), (10, 14)),
+                kv(1, 256),
+                0,
+            ),
             ("full attention", [4, 9, 14], kv(1, 512), 0),
             (
                 "attention reusing layer 13's KV (no cache)",
@@ -681,8 +688,7 @@ CASES: dict[str, Case] = {
             ),
             ("full attention", list(range(3, 48, 4)), kv(8, 128), 0),
         ],
-        "vLLM models/llama4.py Llama4Attention: NoPE layers full, the others "
-        "ChunkedLocalAttention",
+        "vLLM models/llama4.py Llama4Attention: NoPE layers full, the others ChunkedLocalAttention",
         preset="llama-4-scout",
     ),
     "llama-3.3-nemotron-super-49b": Case(
@@ -797,7 +803,12 @@ CASES: dict[str, Case] = {
             "torch_dtype": "bfloat16",
         },
         [
-            ("Mamba2", [i for i in range(32) if i not in (9, 18, 27)], 0, mamba2_state(128, 64, 128, 1, 4)),
+            (
+                "Mamba2",
+                [i for i in range(32) if i not in (9, 18, 27)],
+                0,
+                mamba2_state(128, 64, 128, 1, 4),
+            ),
             ("full attention", [9, 18, 27], kv(8, 128), 0),
         ],
         "transformers BambaConfig.layers_block_type: attention at attn_layer_indices",
@@ -921,8 +932,7 @@ CASES: dict[str, Case] = {
                 "head_dim": 256,
                 "full_attention_interval": 4,
                 "layer_types": [
-                    "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                    for i in range(64)
+                    "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)
                 ],
                 "linear_num_key_heads": 16,
                 "linear_num_value_heads": 48,
@@ -1138,16 +1148,44 @@ def test_the_model_type_selects_a_family_when_no_architecture_does(tmp_path: Pat
     ("name", "change", "message"),
     [
         # A layer kind no reader of the family knows is refused by the kind, never misread.
-        ("qwen2.5-7b", {"layer_types": ["full_attention", "mamba"] * 14}, r'layer_types\[1\] is "mamba"'),
-        ("granite-4.0-h-small", {"layer_types": ["mamba", "conv"] * 20}, r'layer_types\[1\] is "conv"'),
+        (
+            "qwen2.5-7b",
+            {"layer_types": ["full_attention", "mamba"] * 14},
+            r'layer_types\[1\] is "mamba"',
+        ),
+        (
+            "granite-4.0-h-small",
+            {"layer_types": ["mamba", "conv"] * 20},
+            r'layer_types\[1\] is "conv"',
+        ),
         ("lfm2-1.2b", {"layer_types": ["conv"] * 15}, "lists 15 layers but the model has 16"),
-        ("nemotron-3-nano-30b", {"hybrid_override_pattern": "X" * 52}, r"hybrid_override_pattern\[0\] is 'X'"),
+        (
+            "nemotron-3-nano-30b",
+            {"hybrid_override_pattern": "X" * 52},
+            r"hybrid_override_pattern\[0\] is 'X'",
+        ),
         ("mimo-v2-flash", {"hybrid_layer_pattern": [2] * 48}, r"hybrid_layer_pattern\[0\] is 2"),
         ("minimax-text-01", {"attn_type_list": [3] * 80}, r"attn_type_list\[0\] is 3"),
         ("exaone-4.0-32b", {"sliding_window_pattern": "LLXG"}, "letters L"),
         ("gemma-4-31b", {"global_head_dim": None}, "no global_head_dim"),
-        ("llama-3.3-nemotron-super-49b", {"block_configs": [{"attention": {"no_op": False}}] * 80}, "names no n_heads_in_group"),
-        ("kimi-linear-48b-a3b", {"linear_attn_config": {"kda_layers": [1], "full_attn_layers": [2], "num_heads": 32, "head_dim": 128, "short_conv_kernel_size": 4}}, "exactly one of"),
+        (
+            "llama-3.3-nemotron-super-49b",
+            {"block_configs": [{"attention": {"no_op": False}}] * 80},
+            "names no n_heads_in_group",
+        ),
+        (
+            "kimi-linear-48b-a3b",
+            {
+                "linear_attn_config": {
+                    "kda_layers": [1],
+                    "full_attn_layers": [2],
+                    "num_heads": 32,
+                    "head_dim": 128,
+                    "short_conv_kernel_size": 4,
+                }
+            },
+            "exactly one of",
+        ),
         ("zamba2-2.7b", {"hybrid_layer_ids": [99]}, "outside the model's 54 layers"),
         ("falcon-40b", {"num_attention_heads": 100}, "not a multiple"),
         ("llama-4-scout", {"no_rope_layers": [1, 0]}, "no_rope_layers lists 2 layers"),
@@ -1185,7 +1223,9 @@ def test_a_chunked_layer_moves_only_the_current_chunk_by_slot_maps() -> None:
     assert [b.attention_chunk_size for b in prefill] == [8192, 8192, None, None]
 
     def chunk_of_8(buffers: tuple[Any, ...]) -> list[Any]:
-        return [replace(b, attention_chunk_size=8) if b.attention_chunk_size else b for b in buffers]
+        return [
+            replace(b, attention_chunk_size=8) if b.attention_chunk_size else b for b in buffers
+        ]
 
     chunked, dchunked = chunk_of_8(prefill), chunk_of_8(decode)
     planner = PDTransferPlanner(

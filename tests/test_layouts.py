@@ -154,7 +154,12 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     }
     shape = ModelShape.from_hf_config(write(tmp_path, deepseek))
     assert shape.model_layers == (MlaLayer(kv_lora_rank=512, rope_head_dim=64),) * 61
-    mha = {"model_type": "llama", "num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
+    mha = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "hidden_size": 256,
+    }
     (layer, _) = ModelShape.from_hf_config(write(tmp_path, mha)).model_layers
     assert layer == AttentionLayer(kv_heads=4, head_dim=64)
     nested = {"text_config": {**llama, "architectures": None}, "vision_config": {}}

@@ -358,6 +358,7 @@ def _model_lines(
         f"KV cache {kv}, states {state})"
     ]
     whole = windowed = 0
+    selections = set()
     for kind in shape.summary():
         keeps = []
         if kind.token_bytes:
@@ -370,10 +371,14 @@ def _model_lines(
         )
         whole += kind.token_bytes * len(kind.layers) * tokens
         windowed += kind.token_bytes * len(kind.layers) * kind.kept_tokens(tokens)
+        if kind.sliding_window is not None:
+            selections.add("sliding windows")
+        if kind.attention_chunk_size is not None:
+            selections.add("attention chunks")
     if windowed != whole:
         lines.append(
             f"a {tokens // 1024}k-token request's KV: {windowed / 2**30:.2f} GiB moved with "
-            f"sliding windows and attention chunks, {whole / 2**30:.2f} GiB without"
+            f"{' and '.join(sorted(selections, reverse=True))}, {whole / 2**30:.2f} GiB without"
         )
     return lines
 

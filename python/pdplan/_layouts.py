@@ -269,9 +269,7 @@ class ModelShape:
     @classmethod
     def _from_parts(
         cls,
-        parts: tuple[
-            str, tuple[ModelLayer, ...], tuple[int, int, int], str | None, str | None
-        ],
+        parts: tuple[str, tuple[ModelLayer, ...], tuple[int, int, int], str | None, str | None],
         page_size: int,
     ) -> ModelShape:
         dtype, layers, (draft_layers, draft_kv_heads, draft_head_dim), state, family = parts

@@ -423,8 +423,7 @@ pub fn select(parts: Parts<'_>, chosen: Option<&str>) -> PlanResult<&'static Fam
 pub fn check_keys(parts: Parts<'_>, family: &Family) -> PlanResult<()> {
     for part in parts.each() {
         for key in CACHE_KEYS {
-            if part.get(*key).is_none_or(serde_json::Value::is_null) || family.keys.contains(key)
-            {
+            if part.get(*key).is_none_or(serde_json::Value::is_null) || family.keys.contains(key) {
                 continue;
             }
             let readers: Vec<&str> = FAMILIES
@@ -460,14 +459,28 @@ mod tests {
             for g in &FAMILIES[..i] {
                 assert_ne!(f.name, g.name);
                 for arch in f.architectures {
-                    assert!(!g.architectures.contains(arch), "{arch} in {} and {}", f.name, g.name);
+                    assert!(
+                        !g.architectures.contains(arch),
+                        "{arch} in {} and {}",
+                        f.name,
+                        g.name
+                    );
                 }
                 for t in f.model_types {
-                    assert!(!g.model_types.contains(t), "{t} in {} and {}", f.name, g.name);
+                    assert!(
+                        !g.model_types.contains(t),
+                        "{t} in {} and {}",
+                        f.name,
+                        g.name
+                    );
                 }
             }
             for key in f.keys {
-                assert!(is_cache_key(key), "{}: {key} is not in the cache-key table", f.name);
+                assert!(
+                    is_cache_key(key),
+                    "{}: {key} is not in the cache-key table",
+                    f.name
+                );
             }
         }
     }

@@ -134,7 +134,9 @@ pub enum Layer {
     /// Attention and Mamba2 side by side in one layer (Falcon-H1).
     AttentionMamba2(AttentionShape, Mamba2Shape),
     /// Attention that reads an earlier layer's KV and keeps none of its own (Gemma 3n and 4).
-    SharedKv { source_layer: u64 },
+    SharedKv {
+        source_layer: u64,
+    },
     /// A layer without a cache (an MLP or `MoE` block).
     Mlp,
 }
@@ -314,8 +316,14 @@ pub fn attention(
     let (replica, local) = head_split(a.kv_heads, cache.tp, what)?;
     // (kind, bytes a head and token) of each buffer: K, V, then with block scales their scales.
     let mut sizes = vec![
-        (kinds.0, cache.kv.bytes_of(a.head_dim, "a KV head of one token")?),
-        (kinds.1, cache.kv.bytes_of(a.v_dim(), "a KV head of one token")?),
+        (
+            kinds.0,
+            cache.kv.bytes_of(a.head_dim, "a KV head of one token")?,
+        ),
+        (
+            kinds.1,
+            cache.kv.bytes_of(a.v_dim(), "a KV head of one token")?,
+        ),
     ];
     if let Some(block) = cache.kv.scale_block() {
         for dim in [a.head_dim, a.v_dim()] {

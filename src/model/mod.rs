@@ -14,11 +14,11 @@ mod shape;
 mod summary;
 
 pub use buffers::{model_buffers, pair_buffers};
+pub use cache_keys::CACHE_KEYS;
 pub use dtype::{dtype_bytes, Dtype};
+pub use families::{Family, FAMILIES};
 pub use hf_config::shape_from_hf_config;
 pub use item_lengths::{from_item_lengths, ItemLengths};
-pub use cache_keys::CACHE_KEYS;
-pub use families::{Family, FAMILIES};
 pub use layers::{
     AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
     MlaShape, ShortConvShape,

@@ -249,7 +249,11 @@ const PRESETS: [(&str, &str, Option<DraftShape>); 22] = [
         include_str!("presets/granite-4.0-h-small.json"),
         None,
     ),
-    ("qwen3.5-27b", include_str!("presets/qwen3.5-27b.json"), None),
+    (
+        "qwen3.5-27b",
+        include_str!("presets/qwen3.5-27b.json"),
+        None,
+    ),
 ];
 
 /// The preset names, in the order `PRESETS` lists them.

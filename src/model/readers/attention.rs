@@ -17,7 +17,13 @@ use crate::model::layers::{AttentionShape, Layer};
 pub fn llama(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let full = attention_shape(c, STANDARD)?;
     if let Some(types) = c.layer_list("layer_types", count)? {
-        let sliding = || Ok(Layer::Attention(full.sliding(Some(window(c, "sliding_window", "layer_types")?))));
+        let sliding = || {
+            Ok(Layer::Attention(full.sliding(Some(window(
+                c,
+                "sliding_window",
+                "layer_types",
+            )?))))
+        };
         let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
         let names = [("full_attention", 0), ("sliding_attention", 1)];
         return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
@@ -35,7 +41,13 @@ pub fn qwen(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let named_window = c.u64("sliding_window")?.filter(|&w| w > 0);
     let max_window_layers = c.u64("max_window_layers")?.unwrap_or(28);
     if let Some(types) = c.layer_list("layer_types", count)? {
-        let sliding = || Ok(Layer::Attention(full.sliding(Some(window(c, "sliding_window", "layer_types")?))));
+        let sliding = || {
+            Ok(Layer::Attention(full.sliding(Some(window(
+                c,
+                "sliding_window",
+                "layer_types",
+            )?))))
+        };
         let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
         let names = [("full_attention", 0), ("sliding_attention", 1)];
         return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
@@ -49,18 +61,32 @@ pub fn qwen(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         .collect())
 }
 
-/// Every layer full attention as the standard keys name it (Gemma 1, Command R, OLMo 1/2/E,
+/// Every layer full attention as the standard keys name it (Gemma 1, Command R, `OLMo` 1/2/E,
 /// GLM-4, EXAONE 3; their modeling code reads no window or pattern).
 pub fn dense(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    Ok(uniform(count, Layer::Attention(attention_shape(c, STANDARD)?)))
+    Ok(uniform(
+        count,
+        Layer::Attention(attention_shape(c, STANDARD)?),
+    ))
 }
 
 /// Full and sliding layers from `layer_types`, or else every `period`-th layer full and the
 /// rest sliding (`(i + 1) % period != 0`): transformers' `Gemma2Config` (period 2),
 /// `Gemma3TextConfig` (`sliding_window_pattern`, default 6) and `Cohere2Config` (default 4).
-fn periodic(c: &Config, count: u64, default_period: u64, pattern_key: Option<&str>) -> PlanResult<Vec<Layer>> {
+fn periodic(
+    c: &Config,
+    count: u64,
+    default_period: u64,
+    pattern_key: Option<&str>,
+) -> PlanResult<Vec<Layer>> {
     let full = attention_shape(c, STANDARD)?;
-    let sliding = || Ok(Layer::Attention(full.sliding(Some(window(c, "sliding_window", "the layer pattern")?))));
+    let sliding = || {
+        Ok(Layer::Attention(full.sliding(Some(window(
+            c,
+            "sliding_window",
+            "the layer pattern",
+        )?))))
+    };
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
     if let Some(types) = c.layer_list("layer_types", count)? {
         let names = [("full_attention", 0), ("sliding_attention", 1)];
@@ -141,7 +167,13 @@ fn gemma_types(c: &Config, count: u64, last_full: bool) -> PlanResult<Vec<&'stat
         );
     }
     let mut types: Vec<&str> = (0..count)
-        .map(|i| if (i + 1) % 6 == 0 { "full_attention" } else { "sliding_attention" })
+        .map(|i| {
+            if (i + 1) % 6 == 0 {
+                "full_attention"
+            } else {
+                "sliding_attention"
+            }
+        })
         .collect();
     if last_full {
         if let Some(last) = types.last_mut() {
@@ -159,7 +191,13 @@ pub fn gemma3n(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let sliding = full.sliding(Some(window(c, "sliding_window", "layer_types")?));
     let mut layers: Vec<Layer> = types
         .iter()
-        .map(|t| Layer::Attention(if *t == "full_attention" { full } else { sliding }))
+        .map(|t| {
+            Layer::Attention(if *t == "full_attention" {
+                full
+            } else {
+                sliding
+            })
+        })
         .collect();
     share_tail(c, &mut layers, &types)?;
     Ok(layers)
@@ -212,7 +250,9 @@ pub fn exaone4(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let sliding = Layer::Attention(full.sliding(Some(w)));
     let key = "sliding_window_pattern";
     let slides: Box<dyn Fn(u64) -> PlanResult<bool>> = match c.get(key)? {
-        None => bail!("config.json: EXAONE 4 names a sliding_window but neither layer_types nor {key}"),
+        None => {
+            bail!("config.json: EXAONE 4 names a sliding_window but neither layer_types nor {key}")
+        }
         Some(Value::String(text)) => {
             let chars: Vec<char> = text.chars().collect();
             if chars.is_empty() || chars.iter().any(|ch| !matches!(ch, 'L' | 'G')) {
@@ -229,15 +269,26 @@ pub fn exaone4(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         }
     };
     (0..count)
-        .map(|i| Ok(if slides(i)? { sliding } else { Layer::Attention(full) }))
+        .map(|i| {
+            Ok(if slides(i)? {
+                sliding
+            } else {
+                Layer::Attention(full)
+            })
+        })
         .collect()
 }
 
-/// ChatGLM (vLLM `chatglm.py` `GLMAttention`): `multi_query_group_num` KV heads when
+/// `ChatGLM` (vLLM `chatglm.py` `GLMAttention`): `multi_query_group_num` KV heads when
 /// `multi_query_attention`, else every head; the head dim `hidden_size / num_attention_heads`
 /// (`kv_channels` states it).
 pub fn chatglm(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let keys = AttentionKeys { heads: HEADS, kv_heads: &[], head_dim: &[], hidden: HIDDEN };
+    let keys = AttentionKeys {
+        heads: HEADS,
+        kv_heads: &[],
+        head_dim: &[],
+        hidden: HIDDEN,
+    };
     let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
     if let Some(channels) = c.u64("kv_channels")?.filter(|&k| k != head_dim) {
         bail!("config.json: kv_channels={channels} but hidden_size / num_attention_heads is {head_dim}");
@@ -247,14 +298,22 @@ pub fn chatglm(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     } else {
         heads
     };
-    Ok(uniform(count, Layer::Attention(AttentionShape::full(kv_heads, head_dim))))
+    Ok(uniform(
+        count,
+        Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
+    ))
 }
 
-/// DeepSeek V2/V3/V3.2 and Kimi K2 (vLLM `deepseek_v2.py`, MLA): one latent of `kv_lora_rank
-/// + qk_rope_head_dim` a token, plus V3.2's indexer keys; the head counts and dims shape no
-/// cache (they are read and set aside).
+/// `DeepSeek` V2/V3/V3.2 and Kimi K2 (vLLM `deepseek_v2.py`, MLA): one latent of
+/// `kv_lora_rank` plus `qk_rope_head_dim` values a token, and V3.2's indexer keys; the head
+/// counts and dims shape no cache (they are read and set aside).
 pub fn deepseek(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    for key in ["num_key_value_heads", "qk_nope_head_dim", "v_head_dim", "head_dim"] {
+    for key in [
+        "num_key_value_heads",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "head_dim",
+    ] {
         let _ = c.u64(key)?;
     }
     Ok(uniform(count, Layer::Mla(mla(c, true)?)))
@@ -277,32 +336,53 @@ pub fn minimax_m2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 /// architecture, one with `multi_query`, else every head; the head dim `hidden_size /
 /// num_attention_heads`. Older (`RefinedWeb`) configs say `n_head`, `n_head_kv`, `n_embd`.
 pub fn falcon(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let keys = AttentionKeys { heads: &["num_attention_heads", "n_head"], kv_heads: &[], head_dim: &[], hidden: &["hidden_size", "n_embed"] };
+    let keys = AttentionKeys {
+        heads: &["num_attention_heads", "n_head"],
+        kv_heads: &[],
+        head_dim: &[],
+        hidden: &["hidden_size", "n_embed"],
+    };
     let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
     let kv_heads = if c.bool("new_decoder_architecture")?.unwrap_or(false) {
-        c.first_u64(&["num_kv_heads", "n_head_kv"])?.unwrap_or(heads)
+        c.first_u64(&["num_kv_heads", "n_head_kv"])?
+            .unwrap_or(heads)
     } else if c.bool("multi_query")?.unwrap_or(true) {
         1
     } else {
         heads
     };
-    Ok(uniform(count, Layer::Attention(AttentionShape::full(kv_heads, head_dim))))
+    Ok(uniform(
+        count,
+        Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
+    ))
 }
 
 /// GPT-BigCode and `StarCoder` (vLLM `gpt_bigcode.py` `GPTBigCodeAttention`): one KV head with
 /// `multi_query` (the default), else every head; the head dim `n_embd / n_head`.
 pub fn gpt_bigcode(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let keys = AttentionKeys { heads: &["n_head", "num_attention_heads"], kv_heads: &[], head_dim: &[], hidden: &["n_embd", "hidden_size"] };
+    let keys = AttentionKeys {
+        heads: &["n_head", "num_attention_heads"],
+        kv_heads: &[],
+        head_dim: &[],
+        hidden: &["n_embd", "hidden_size"],
+    };
     let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
-    let kv_heads = if c.bool("multi_query")?.unwrap_or(true) { 1 } else { heads };
-    Ok(uniform(count, Layer::Attention(AttentionShape::full(kv_heads, head_dim))))
+    let kv_heads = if c.bool("multi_query")?.unwrap_or(true) {
+        1
+    } else {
+        heads
+    };
+    Ok(uniform(
+        count,
+        Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
+    ))
 }
 
 /// Llama 4 (vLLM `llama4.py` `Llama4Attention`, transformers `Llama4TextConfig`): a layer with
-/// `no_rope_layers[i] == 0` is a NoPE layer of full attention; the others are chunked local
+/// `no_rope_layers[i] == 0` is a `NoPE` layer of full attention; the others are chunked local
 /// attention of `attention_chunk_size` tokens (full where there is no chunk size). An empty
 /// or absent `no_rope_layers` is transformers' default: every `no_rope_layer_interval`-th
-/// layer (default 4) NoPE.
+/// layer (default 4) `NoPE`.
 pub fn llama4(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let full = attention_shape(c, STANDARD)?;
     let chunk = c.positive("attention_chunk_size")?;
@@ -311,7 +391,10 @@ pub fn llama4(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let rope: Vec<bool> = match listed {
         Some(list) => {
             if list.len() as u64 != count {
-                bail!("config.json: no_rope_layers lists {} layers but the model has {count}", list.len());
+                bail!(
+                    "config.json: no_rope_layers lists {} layers but the model has {count}",
+                    list.len()
+                );
             }
             list.iter()
                 .map(|v| Ok(as_u64(v, "no_rope_layers")? != 0))
@@ -412,7 +495,9 @@ pub fn mimo_v2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         match as_u64(v, "hybrid_layer_pattern")? {
             0 => Ok(0),
             1 => Ok(1),
-            other => bail!("config.json: hybrid_layer_pattern[{i}] is {other}; 0 is full attention, 1 sliding"),
+            other => bail!(
+                "config.json: hybrid_layer_pattern[{i}] is {other}; 0 is full attention, 1 sliding"
+            ),
         }
     })
 }

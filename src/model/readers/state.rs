@@ -30,7 +30,10 @@ pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     };
     let letters: Vec<char> = text.chars().collect();
     if letters.len() as u64 != count {
-        bail!("config.json: {key} has {} layers but num_hidden_layers is {count}", letters.len());
+        bail!(
+            "config.json: {key} has {} layers but num_hidden_layers is {count}",
+            letters.len()
+        );
     }
     let _ = c.u64("expand")?;
     let keys = AttentionKeys {
@@ -40,14 +43,16 @@ pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let attention = || Ok(Layer::Attention(attention_shape(c, keys)?));
     let mamba = || Ok(Layer::Mamba2(mamba2(c, &NEMOTRON_MAMBA, None)?));
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 3] = [&attention, &mamba, &|| Ok(Layer::Mlp)];
-    by_kind(count, &kinds, |i| match letters[usize::try_from(i).unwrap_or(0)] {
-        '*' => Ok(0),
-        'M' => Ok(1),
-        '-' | 'E' => Ok(2),
-        other => bail!(
-            "config.json: {key}[{i}] is {other:?}; pdplan reads M (Mamba2), * (attention), - \
+    by_kind(count, &kinds, |i| {
+        match letters[usize::try_from(i).unwrap_or(0)] {
+            '*' => Ok(0),
+            'M' => Ok(1),
+            '-' | 'E' => Ok(2),
+            other => bail!(
+                "config.json: {key}[{i}] is {other:?}; pdplan reads M (Mamba2), * (attention), - \
              (MLP) and E (MoE)"
-        ),
+            ),
+        }
     })
 }
 
@@ -66,7 +71,9 @@ pub fn jamba(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         let expand = c.require(&["mamba_expand"], what)?;
         let hidden = c.require(&["hidden_size"], what)?;
         Ok(Layer::Mamba1(Mamba1Shape {
-            inner_size: expand.checked_mul(hidden).ok_or_else(|| PlanError::new("config.json: the Mamba inner size overflows"))?,
+            inner_size: expand
+                .checked_mul(hidden)
+                .ok_or_else(|| PlanError::new("config.json: the Mamba inner size overflows"))?,
             state_size: c.require(&["mamba_d_state"], what)?,
             conv_kernel: c.require(&["mamba_d_conv"], what)?,
         }))
@@ -98,7 +105,11 @@ pub fn granite_hybrid(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let attention = || Ok(Layer::Attention(attention_shape(c, STANDARD)?));
     let mamba = || granite_mamba(c);
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&attention, &mamba];
-    by_kind(count, &kinds, named_kinds("layer_types", types, &[("attention", 0), ("mamba", 1)]))
+    by_kind(
+        count,
+        &kinds,
+        named_kinds("layer_types", types, &[("attention", 0), ("mamba", 1)]),
+    )
 }
 
 /// Bamba (transformers `BambaConfig.layers_block_type`): attention at `attn_layer_indices`,
@@ -108,9 +119,19 @@ pub fn bamba(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let mamba = || granite_mamba(c);
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&attention, &mamba];
     if let Some(types) = c.layer_list("layers_block_type", count)? {
-        return by_kind(count, &kinds, named_kinds("layers_block_type", types, &[("attention", 0), ("mamba", 1)]));
+        return by_kind(
+            count,
+            &kinds,
+            named_kinds(
+                "layers_block_type",
+                types,
+                &[("attention", 0), ("mamba", 1)],
+            ),
+        );
     }
-    let at = c.indices("attn_layer_indices", count, false)?.unwrap_or_default();
+    let at = c
+        .indices("attn_layer_indices", count, false)?
+        .unwrap_or_default();
     by_kind(count, &kinds, |i| Ok(usize::from(!at.contains(&i))))
 }
 
@@ -134,8 +155,12 @@ pub fn falcon_h1(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let head_dim = match (head_dim, ssm) {
         (Some(dim), _) => dim,
         (None, Some(ssm)) if heads > 0 && ssm % heads == 0 => ssm / heads,
-        (None, Some(ssm)) => bail!("config.json: mamba_d_ssm={ssm} is not a multiple of mamba_n_heads={heads}"),
-        (None, None) => bail!("config.json has no mamba_d_head or mamba_d_ssm, which a Mamba2 layer needs"),
+        (None, Some(ssm)) => {
+            bail!("config.json: mamba_d_ssm={ssm} is not a multiple of mamba_n_heads={heads}")
+        }
+        (None, None) => {
+            bail!("config.json has no mamba_d_head or mamba_d_ssm, which a Mamba2 layer needs")
+        }
     };
     let m = mamba2(c, &keys, Some(head_dim))?;
     if let Some(ssm) = ssm.filter(|&s| s != heads.saturating_mul(head_dim)) {
@@ -146,7 +171,10 @@ pub fn falcon_h1(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         );
     }
     let _ = c.u64("mamba_expand")?;
-    Ok(uniform(count, Layer::AttentionMamba2(attention_shape(c, STANDARD)?, m)))
+    Ok(uniform(
+        count,
+        Layer::AttentionMamba2(attention_shape(c, STANDARD)?, m),
+    ))
 }
 
 /// Pure Mamba (transformers `MambaConfig`): `intermediate_size` channels (else `expand x
@@ -194,7 +222,9 @@ pub fn mamba2_stack(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 pub fn zamba2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let hybrid: Vec<u64> = if let Some(types) = c.layer_list("layers_block_type", count)? {
         let kind = named_kinds("layers_block_type", types, &[("mamba", 0), ("hybrid", 1)]);
-        (0..count).filter_map(|i| kind(i).map(|k| (k == 1).then_some(i)).transpose()).collect::<PlanResult<_>>()?
+        (0..count)
+            .filter_map(|i| kind(i).map(|k| (k == 1).then_some(i)).transpose())
+            .collect::<PlanResult<_>>()?
     } else if let Some(ids) = c.indices("hybrid_layer_ids", count, false)? {
         ids
     } else {
@@ -227,12 +257,21 @@ pub fn zamba2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let attention_dim = match c.u64("attention_head_dim")? {
         Some(dim) => dim,
         None if heads > 0 && (2 * hidden) % heads == 0 => 2 * hidden / heads,
-        None => bail!("config.json: 2 x hidden_size={} is not a multiple of num_attention_heads={heads}", 2 * hidden),
+        None => bail!(
+            "config.json: 2 x hidden_size={} is not a multiple of num_attention_heads={heads}",
+            2 * hidden
+        ),
     };
     let kv_heads = c.u64("num_key_value_heads")?.unwrap_or(heads);
     let attention = AttentionShape::full(kv_heads, attention_dim);
     Ok((0..count)
-        .map(|i| if hybrid.contains(&i) { Layer::AttentionMamba2(attention, m) } else { Layer::Mamba2(m) })
+        .map(|i| {
+            if hybrid.contains(&i) {
+                Layer::AttentionMamba2(attention, m)
+            } else {
+                Layer::Mamba2(m)
+            }
+        })
         .collect())
 }
 
@@ -254,7 +293,11 @@ pub fn lfm2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     };
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&attention, &conv];
     if let Some(types) = c.layer_list("layer_types", count)? {
-        return by_kind(count, &kinds, named_kinds("layer_types", types, &[("full_attention", 0), ("conv", 1)]));
+        return by_kind(
+            count,
+            &kinds,
+            named_kinds("layer_types", types, &[("full_attention", 0), ("conv", 1)]),
+        );
     }
     let Some(at) = c.indices("full_attn_idxs", count, false)? else {
         bail!("config.json: an LFM2 config must list layer_types or full_attn_idxs");
@@ -272,11 +315,18 @@ pub fn qwen3_next(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&attention, &linear];
     let by_interval = |i: u64| interval.map(|n| usize::from((i + 1) % n != 0));
     if let Some(types) = c.layer_list("layer_types", count)? {
-        let kind = named_kinds("layer_types", types, &[("full_attention", 0), ("linear_attention", 1)]);
+        let kind = named_kinds(
+            "layer_types",
+            types,
+            &[("full_attention", 0), ("linear_attention", 1)],
+        );
         return by_kind(count, &kinds, |i| {
             let k = kind(i)?;
             if by_interval(i).is_some_and(|want| want != k) {
-                bail!("config.json: layer_types[{i}] disagrees with full_attention_interval={}", interval.unwrap_or(0));
+                bail!(
+                    "config.json: layer_types[{i}] disagrees with full_attention_interval={}",
+                    interval.unwrap_or(0)
+                );
             }
             Ok(k)
         });
@@ -324,11 +374,18 @@ pub fn kimi_linear(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         head_dim: number("head_dim")?,
         conv_kernel: number("short_conv_kernel_size")?,
     });
-    for k in ["num_key_value_heads", "qk_nope_head_dim", "v_head_dim", "head_dim"] {
+    for k in [
+        "num_key_value_heads",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "head_dim",
+    ] {
         let _ = c.u64(k)?;
     }
     let latent = Layer::Mla(mla(c, false)?);
-    Ok((0..count).map(|i| if kda_layers.contains(&i) { kda } else { latent }).collect())
+    Ok((0..count)
+        .map(|i| if kda_layers.contains(&i) { kda } else { latent })
+        .collect())
 }
 
 /// `MiniMax`-Text-01 and M1 (vLLM `minimax_text_01.py`): `attn_type_list[i]` 0 is a lightning
@@ -338,7 +395,12 @@ pub fn minimax_text01(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let Some(list) = c.layer_list("attn_type_list", count)? else {
         bail!("config.json: a MiniMax-Text-01 config must list attn_type_list");
     };
-    let keys = AttentionKeys { heads: HEADS, kv_heads: KV_HEADS, head_dim: &["head_dim"], hidden: HIDDEN };
+    let keys = AttentionKeys {
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+        head_dim: &["head_dim"],
+        hidden: HIDDEN,
+    };
     let attention = || Ok(Layer::Attention(attention_shape(c, keys)?));
     let lightning = || {
         let heads = c.require(HEADS, "a lightning attention layer")?;
@@ -349,9 +411,11 @@ pub fn minimax_text01(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         Ok(Layer::Lightning(LightningShape { heads, head_dim }))
     };
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&attention, &lightning];
-    by_kind(count, &kinds, |i| match as_u64(&list[usize::try_from(i).unwrap_or(0)], "attn_type_list")? {
+    by_kind(count, &kinds, |i| {
+        match as_u64(&list[usize::try_from(i).unwrap_or(0)], "attn_type_list")? {
         1 => Ok(0),
         0 => Ok(1),
         other => bail!("config.json: attn_type_list[{i}] is {other}; 0 is lightning attention, 1 full attention"),
+    }
     })
 }
