@@ -1289,3 +1289,52 @@ def test_presets_of_the_new_families_are_listed() -> None:
         "qwen3.5-27b",
     ):
         assert name in MODEL_PRESETS
+
+
+GARBAGE: list[Any] = ["8", -1, 2.5, 1 << 70, [], {}, True, [None], "auto", 0]
+
+
+@pytest.mark.parametrize(("family", "config"), family_configs(), ids=lambda v: str(v)[:20])
+def test_garbage_in_every_key_a_family_reads_is_a_clear_error(
+    tmp_path: Path, family: str, config: dict[str, Any]
+) -> None:
+    """Every consumed key (and the shape keys beside them), set to each wrong type or value:
+    the config reads and lays out, or is refused with UnsupportedPDLayoutError; nothing else
+    escapes (no KeyError, no TypeError, no panic)."""
+    consumed = next(f.keys for f in model_families() if f.name == family)
+    part_of = (lambda c: c.get("text_config") or c) if "text_config" in config else (lambda c: c)
+    keys = [k for k in part_of(config) if k in consumed or not isinstance(part_of(config)[k], dict)]
+    for key in keys:
+        for value in GARBAGE:
+            changed = json.loads(json.dumps(config))
+            part_of(changed)[key] = value
+            try:
+                shape = ModelShape.from_hf_config(write(tmp_path, changed))
+                model_buffer_layouts(shape, 1, 1)
+            except UnsupportedPDLayoutError:
+                pass
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_each_family_case_plans_and_verifies(tmp_path: Path, name: str) -> None:
+    """What each reader reads lays out and plans: at TP 1 always; at higher TP wherever the
+    heads and channels split (else refused naming the layer), verified byte by byte."""
+    from pdplan import ParallelLayout, PDTransferPlanner
+
+    case = CASES[name]
+    shape = ModelShape.from_hf_config(write(tmp_path, case.config, case.infinity))
+    planned = []
+    for prefill_tp, decode_tp in ((1, 1), (2, 1), (4, 2)):
+        try:
+            prefill, decode = model_buffer_layouts(shape, prefill_tp, decode_tp)
+        except UnsupportedPDLayoutError as refused:
+            assert prefill_tp > 1 and "layer " in str(refused)
+            continue
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", prefill_tp),
+            decode_layout=ParallelLayout("decode", decode_tp),
+            prefill_buffers=prefill,
+            decode_buffers=decode,
+        ).verify()
+        planned.append(prefill_tp)
+    assert planned[0] == 1
