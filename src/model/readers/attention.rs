@@ -5,9 +5,9 @@ use serde_json::Value;
 
 use super::{
     attention_shape, by_kind, heads_and_split, mla, named_kinds, uniform, window, AttentionKeys,
-    HEADS, HIDDEN, KV_HEADS, STANDARD,
+    HEADS, KV_HEADS, STANDARD,
 };
-use crate::error::{bail, PlanError, PlanResult};
+use crate::error::{bail, PlanResult};
 use crate::model::config::{as_u64, field, Config};
 use crate::model::layers::{AttentionShape, Layer};
 
@@ -279,29 +279,42 @@ pub fn exaone4(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         .collect()
 }
 
+/// Every layer alike: `kv_heads(heads)` KV heads of `hidden / heads` dims, for the families
+/// whose configs derive the head dim and name the KV heads their own way.
+fn derived_heads(
+    c: &Config,
+    count: u64,
+    keys: AttentionKeys,
+    kv_heads: impl FnOnce(u64) -> PlanResult<u64>,
+) -> PlanResult<Vec<Layer>> {
+    let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
+    let layer = AttentionShape::full(kv_heads(heads)?, head_dim);
+    Ok(uniform(count, Layer::Attention(layer)))
+}
+
 /// `ChatGLM` (vLLM `chatglm.py` `GLMAttention`): `multi_query_group_num` KV heads when
 /// `multi_query_attention`, else every head; the head dim `hidden_size / num_attention_heads`
 /// (`kv_channels` states it).
 pub fn chatglm(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let keys = AttentionKeys {
-        heads: HEADS,
         kv_heads: &[],
         head_dim: &[],
-        hidden: HIDDEN,
+        ..STANDARD
     };
-    let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
+    let (_, head_dim) = heads_and_split(c, keys, "an attention layer")?;
     if let Some(channels) = c.u64("kv_channels")?.filter(|&k| k != head_dim) {
-        bail!("config.json: kv_channels={channels} but hidden_size / num_attention_heads is {head_dim}");
+        bail!(
+            "config.json: kv_channels={channels} but hidden_size / num_attention_heads is \
+             {head_dim}"
+        );
     }
-    let kv_heads = if c.bool("multi_query_attention")?.unwrap_or(false) {
-        c.require(&["multi_query_group_num"], "multi-query attention")?
-    } else {
-        heads
-    };
-    Ok(uniform(
-        count,
-        Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
-    ))
+    derived_heads(c, count, keys, |heads| {
+        if c.bool("multi_query_attention")?.unwrap_or(false) {
+            c.require(&["multi_query_group_num"], "multi-query attention")
+        } else {
+            Ok(heads)
+        }
+    })
 }
 
 /// `DeepSeek` V2/V3/V3.2 and Kimi K2 (vLLM `deepseek_v2.py`, MLA): one latent of
@@ -334,7 +347,7 @@ pub fn minimax_m2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 
 /// Falcon (vLLM `falcon.py` `FalconAttention`): `num_kv_heads` KV heads with the new decoder
 /// architecture, one with `multi_query`, else every head; the head dim `hidden_size /
-/// num_attention_heads`. Older (`RefinedWeb`) configs say `n_head`, `n_head_kv`, `n_embd`.
+/// num_attention_heads`. Older (`RefinedWeb`) configs say `n_head`, `n_head_kv`, `n_embed`.
 pub fn falcon(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let keys = AttentionKeys {
         heads: &["num_attention_heads", "n_head"],
@@ -342,19 +355,16 @@ pub fn falcon(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         head_dim: &[],
         hidden: &["hidden_size", "n_embed"],
     };
-    let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
-    let kv_heads = if c.bool("new_decoder_architecture")?.unwrap_or(false) {
-        c.first_u64(&["num_kv_heads", "n_head_kv"])?
-            .unwrap_or(heads)
-    } else if c.bool("multi_query")?.unwrap_or(true) {
-        1
-    } else {
-        heads
-    };
-    Ok(uniform(
-        count,
-        Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
-    ))
+    derived_heads(c, count, keys, |heads| {
+        Ok(if c.bool("new_decoder_architecture")?.unwrap_or(false) {
+            c.first_u64(&["num_kv_heads", "n_head_kv"])?
+                .unwrap_or(heads)
+        } else if c.bool("multi_query")?.unwrap_or(true) {
+            1
+        } else {
+            heads
+        })
+    })
 }
 
 /// GPT-BigCode and `StarCoder` (vLLM `gpt_bigcode.py` `GPTBigCodeAttention`): one KV head with
@@ -366,16 +376,13 @@ pub fn gpt_bigcode(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         head_dim: &[],
         hidden: &["n_embd", "hidden_size"],
     };
-    let (heads, head_dim) = heads_and_split(c, keys, "an attention layer")?;
-    let kv_heads = if c.bool("multi_query")?.unwrap_or(true) {
-        1
-    } else {
-        heads
-    };
-    Ok(uniform(
-        count,
-        Layer::Attention(AttentionShape::full(kv_heads, head_dim)),
-    ))
+    derived_heads(c, count, keys, |heads| {
+        Ok(if c.bool("multi_query")?.unwrap_or(true) {
+            1
+        } else {
+            heads
+        })
+    })
 }
 
 /// Llama 4 (vLLM `llama4.py` `Llama4Attention`, transformers `Llama4TextConfig`): a layer with
@@ -458,8 +465,7 @@ pub fn nemotron_nas(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
             }
             Ok(Layer::Attention(AttentionShape::full(heads / group, head_dim)))
         })
-        .collect::<PlanResult<Vec<_>>>()
-        .map_err(|e| PlanError::new(e.message().to_owned()))
+        .collect()
 }
 
 /// `MiMo`-V2-Flash (vLLM and `SGLang` `mimo_v2_flash.py`): `hybrid_layer_pattern[i] == 1` is a

@@ -254,12 +254,13 @@ pub fn zamba2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     };
     let m = mamba2(c, &keys, Some(head_dim))?;
     let heads = c.require(HEADS, what)?;
+    // The shared block attends over [hidden state, embedding]: twice the hidden size.
+    let doubled = hidden.saturating_mul(2);
     let attention_dim = match c.u64("attention_head_dim")? {
         Some(dim) => dim,
-        None if heads > 0 && (2 * hidden) % heads == 0 => 2 * hidden / heads,
+        None if heads > 0 && doubled % heads == 0 => doubled / heads,
         None => bail!(
-            "config.json: 2 x hidden_size={} is not a multiple of num_attention_heads={heads}",
-            2 * hidden
+            "config.json: 2 x hidden_size={doubled} is not a multiple of num_attention_heads={heads}"
         ),
     };
     let kv_heads = c.u64("num_key_value_heads")?.unwrap_or(heads);
