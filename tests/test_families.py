@@ -10,7 +10,7 @@ a family does not consume is refused for every family, one key at a time."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -1338,3 +1338,18 @@ def test_each_family_case_plans_and_verifies(tmp_path: Path, name: str) -> None:
         ).verify()
         planned.append(prefill_tp)
     assert planned[0] == 1
+
+
+def test_a_kv_cache_dtype_the_config_names_is_read_by_every_family(tmp_path: Path) -> None:
+    for name in ("llama-3.2-1b", "gemma-4-31b", "kimi-k2"):
+        config = json.loads(json.dumps(CASES[name].config))
+        (config.get("text_config") or config)["kv_cache_dtype"] = "fp8"
+        shape = ModelShape.from_hf_config(write(tmp_path, config))
+        assert shape.kv_cache_dtype == "float8_e4m3fn"
+        prefill, _ = model_buffer_layouts(shape, 1, 1)
+        plain, _ = model_buffer_layouts(replace(shape, kv_cache_dtype=None), 1, 1)
+        # One byte a value instead of two (FlashMLA's FP8 latent: 656 bytes, not 1,152).
+        assert prefill[0].bytes_per_logical_unit < plain[0].bytes_per_logical_unit
+    config = {**CASES["llama-3.2-1b"].config, "kv_cache_dtype": "auto"}
+    assert ModelShape.from_hf_config(write(tmp_path, config)).kv_cache_dtype is None
+    assert all("kv_cache_dtype" in f.keys for f in model_families())

@@ -316,9 +316,12 @@ def _shape(args: argparse.Namespace) -> ModelShape:
     else:
         _core.dtype_bytes(args.dtype)  # refuse unknown names with the known ones listed
         shape = ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
-    # The config's state dtype stands unless the command names one.
-    state_dtype = args.state_dtype or shape.state_dtype
-    return replace(shape, kv_cache_dtype=args.kv_cache_dtype, state_dtype=state_dtype)
+    # The config's dtypes stand unless the command names others.
+    return replace(
+        shape,
+        kv_cache_dtype=args.kv_cache_dtype or shape.kv_cache_dtype,
+        state_dtype=args.state_dtype or shape.state_dtype,
+    )
 
 
 def _model_name(args: argparse.Namespace) -> str | None:

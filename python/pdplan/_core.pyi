@@ -148,7 +148,13 @@ def model_shape_parts(
     preset: str | None = None,
     page_size: int | None = None,
     family: str | None = None,
-) -> tuple[str, tuple[ModelLayer, ...], tuple[int, int, int], str | None, str | None]: ...
+) -> tuple[
+    str,
+    tuple[ModelLayer, ...],
+    tuple[int, int, int],
+    tuple[str | None, str | None],
+    str | None,
+]: ...
 def model_families() -> list[tuple[str, list[str], list[str], list[str], str]]: ...
 def model_layers(shape: ModelShape) -> tuple[ModelLayer, ...]: ...
 def model_summary(

@@ -256,8 +256,9 @@ class ModelShape:
         cache-shaping key (``CACHE_KEYS``) its family's reader does not consume.
 
         The dtype is the one the config names (``dtype`` or ``torch_dtype``), bfloat16 when it
-        names none; the state dtype is the config's ``mamba_ssm_cache_dtype`` or
-        ``mamba_ssm_dtype`` where its family keeps state. Pass ``kv_cache_dtype``/
+        names none; the KV cache dtype the config's ``kv_cache_dtype`` where it names one; the
+        state dtype the config's ``mamba_ssm_cache_dtype`` or ``mamba_ssm_dtype`` where its
+        family keeps state. Pass ``kv_cache_dtype``/
         ``state_dtype`` with ``dataclasses.replace``."""
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -269,10 +270,17 @@ class ModelShape:
     @classmethod
     def _from_parts(
         cls,
-        parts: tuple[str, tuple[ModelLayer, ...], tuple[int, int, int], str | None, str | None],
+        parts: tuple[
+            str,
+            tuple[ModelLayer, ...],
+            tuple[int, int, int],
+            tuple[str | None, str | None],
+            str | None,
+        ],
         page_size: int,
     ) -> ModelShape:
-        dtype, layers, (draft_layers, draft_kv_heads, draft_head_dim), state, family = parts
+        dtype, layers, draft, (kv, state), family = parts
+        draft_layers, draft_kv_heads, draft_head_dim = draft
         return cls(
             dtype=dtype,
             page_size=page_size,
@@ -280,6 +288,7 @@ class ModelShape:
             draft_layers=draft_layers,
             draft_kv_heads=draft_kv_heads,
             draft_head_dim=draft_head_dim,
+            kv_cache_dtype=kv,
             state_dtype=state,
             family=family,
         )

@@ -94,6 +94,10 @@ pub const CACHE_KEYS: &[&str] = &[
     "kv_cache_dtype",
 ];
 
+/// Keys of the table every family's reader consumes: the cache's element type, where a config
+/// names one, is the model's KV cache dtype whatever the family.
+pub const UNIVERSAL_KEYS: &[&str] = &["kv_cache_dtype"];
+
 /// Whether `key` is in the table.
 pub fn is_cache_key(key: &str) -> bool {
     CACHE_KEYS.contains(&key)

@@ -6,6 +6,7 @@ use serde_json::{Map, Value};
 
 use super::cache_keys::is_cache_key;
 use super::dtype::Dtype;
+use super::families::Family;
 use crate::error::{bail, PlanError, PlanResult};
 
 /// Largest `config.json` read (published ones are a few kB).
@@ -110,22 +111,21 @@ impl<'a> Parts<'a> {
     }
 }
 
-/// A config read by one family's reader: every cache key it reads must be one it declares.
+/// A config read by one family's reader: every cache key it reads must be one it consumes.
 #[derive(Clone, Copy)]
 pub struct Config<'a> {
     pub parts: Parts<'a>,
-    /// The family's name and declared cache keys.
-    pub family: (&'static str, &'static [&'static str]),
+    pub family: &'static Family,
 }
 
 impl<'a> Config<'a> {
     /// The text part's value of `key` (`None` when absent or null).
     pub fn get(&self, key: &str) -> PlanResult<Option<&'a Value>> {
-        if is_cache_key(key) && !self.family.1.contains(&key) {
+        if is_cache_key(key) && !self.family.consumes(key) {
             // A reader that reads an undeclared key would let the unconsumed-key check pass it.
             bail!(
                 "pdplan's {} reader reads {key} without declaring it (a bug in pdplan)",
-                self.family.0
+                self.family.name
             );
         }
         Ok(self.parts.text.get(key).filter(|v| !v.is_null()))

@@ -6,11 +6,23 @@
 //! a family. Each family declares the cache keys (`cache_keys.rs`) it consumes: a config that
 //! holds another is refused, naming the key.
 
-use super::cache_keys::CACHE_KEYS;
+use super::cache_keys::{CACHE_KEYS, UNIVERSAL_KEYS};
 use super::config::{Config, Parts};
 use super::layers::Layer;
 use super::readers::{attention as a, state as s};
 use crate::error::{bail, PlanResult};
+
+impl Family {
+    /// Whether the family's reader consumes `key`: one it declares, or one every reader does.
+    pub fn consumes(&self, key: &str) -> bool {
+        self.keys.contains(&key) || UNIVERSAL_KEYS.contains(&key)
+    }
+
+    /// Every cache key it consumes: its own, then the universal ones.
+    pub fn consumed_keys(&self) -> Vec<&'static str> {
+        self.keys.iter().chain(UNIVERSAL_KEYS).copied().collect()
+    }
+}
 
 /// A family's reader: every layer of a model of `count` layers, in order.
 pub type Reader = fn(&Config, u64) -> PlanResult<Vec<Layer>>;
@@ -423,12 +435,12 @@ pub fn select(parts: Parts<'_>, chosen: Option<&str>) -> PlanResult<&'static Fam
 pub fn check_keys(parts: Parts<'_>, family: &Family) -> PlanResult<()> {
     for part in parts.each() {
         for key in CACHE_KEYS {
-            if part.get(*key).is_none_or(serde_json::Value::is_null) || family.keys.contains(key) {
+            if part.get(*key).is_none_or(serde_json::Value::is_null) || family.consumes(key) {
                 continue;
             }
             let readers: Vec<&str> = FAMILIES
                 .iter()
-                .filter(|f| f.keys.contains(key))
+                .filter(|f| f.consumes(key))
                 .map(|f| f.name)
                 .collect();
             let who = if readers.is_empty() {

@@ -28,10 +28,7 @@ pub fn shape_from_hf_config(
 
 fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult<ModelShape> {
     check_keys(parts, family)?;
-    let config = Config {
-        parts,
-        family: (family.name, family.keys),
-    };
+    let config = Config { parts, family };
     let count = config.require(&LAYER_COUNT, "a decoder model")?;
     check_layer_count(count)?;
     let layers = (family.read)(&config, count)?;
@@ -39,14 +36,14 @@ fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult
     // mamba_ssm_cache_dtype; Qwen3.5 says mamba_ssm_dtype).
     let mut state_dtype = None;
     for key in ["mamba_ssm_cache_dtype", "mamba_ssm_dtype"] {
-        if family.keys.contains(&key) && state_dtype.is_none() {
+        if family.consumes(key) && state_dtype.is_none() {
             state_dtype = config.dtype_key(key)?;
         }
     }
     Ok(ModelShape {
         layers,
         dtype: config.dtype()?,
-        kv_cache_dtype: None,
+        kv_cache_dtype: config.dtype_key("kv_cache_dtype")?,
         state_dtype,
         page_size,
         draft: None,

@@ -209,13 +209,13 @@ fn layer_objects<'py>(py: Python<'py>, layers: &[model::Layer]) -> PyResult<Boun
     PyTuple::new(py, out)
 }
 
-/// A shape's dtype, layer objects, draft model (layers, KV heads, head dim), state dtype and
-/// family.
+/// A shape's dtype, layer objects, draft model (layers, KV heads, head dim), KV cache and
+/// state dtypes, and family.
 type ShapeParts<'py> = (
     &'static str,
     Bound<'py, PyTuple>,
     (u64, u64, u64),
-    Option<&'static str>,
+    (Option<&'static str>, Option<&'static str>),
     Option<&'static str>,
 );
 
@@ -250,7 +250,10 @@ fn model_shape_parts<'py>(
         shape.dtype.as_str(),
         layer_objects(py, &shape.layers)?,
         (draft.layers, draft.kv_heads, draft.head_dim),
-        shape.state_dtype.map(model::Dtype::as_str),
+        (
+            shape.kv_cache_dtype.map(model::Dtype::as_str),
+            shape.state_dtype.map(model::Dtype::as_str),
+        ),
         shape.family,
     ))
 }
@@ -274,7 +277,7 @@ fn model_families() -> Vec<FamilyRow> {
                 f.name,
                 f.architectures.to_vec(),
                 f.model_types.to_vec(),
-                f.keys.to_vec(),
+                f.consumed_keys(),
                 f.source,
             )
         })
