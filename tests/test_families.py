@@ -1353,3 +1353,18 @@ def test_a_kv_cache_dtype_the_config_names_is_read_by_every_family(tmp_path: Pat
     config = {**CASES["llama-3.2-1b"].config, "kv_cache_dtype": "auto"}
     assert ModelShape.from_hf_config(write(tmp_path, config)).kv_cache_dtype is None
     assert all("kv_cache_dtype" in f.keys for f in model_families())
+
+
+def test_a_top_level_key_that_contradicts_text_config_is_refused(tmp_path: Path) -> None:
+    """Readers read the language model's part; a top-level copy of one of its keys must agree
+    (some converters keep both), else the config is refused rather than half read."""
+    config = json.loads(json.dumps(CASES["gemma-4-e2b"].config))
+    config["sliding_window"] = 512  # the same as text_config's: fine
+    assert ModelShape.from_hf_config(write(tmp_path, config)).family == "gemma4"
+    config["sliding_window"] = 4096
+    with pytest.raises(UnsupportedPDLayoutError, match="sliding_window at its top level"):
+        ModelShape.from_hf_config(write(tmp_path, config))
+    del config["sliding_window"]
+    config["num_key_value_heads"] = 8  # text_config names 1
+    with pytest.raises(UnsupportedPDLayoutError, match="num_key_value_heads at its top level"):
+        ModelShape.from_hf_config(write(tmp_path, config))

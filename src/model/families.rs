@@ -431,8 +431,21 @@ pub fn select(parts: Parts<'_>, chosen: Option<&str>) -> PlanResult<&'static Fam
 }
 
 /// Refuses a config holding a cache key its family does not consume, naming the key and the
-/// families that do read it.
+/// families that do read it; and one whose top level says other than its `text_config` about
+/// a key the reader consumes (readers read the language model's part).
 pub fn check_keys(parts: Parts<'_>, family: &Family) -> PlanResult<()> {
+    if !std::ptr::eq(parts.text, parts.root) {
+        for key in CACHE_KEYS.iter().filter(|k| family.consumes(k)) {
+            let (text, root) = (parts.text.get(*key), parts.root.get(*key));
+            if root.is_some_and(|v| !v.is_null()) && text != root {
+                bail!(
+                    "config.json has {key} at its top level, but its language model (read from \
+                     text_config) says {}; make the two agree or drop the top-level key",
+                    text.map_or_else(|| "nothing".to_owned(), ToString::to_string)
+                );
+            }
+        }
+    }
     for part in parts.each() {
         for key in CACHE_KEYS {
             if part.get(*key).is_none_or(serde_json::Value::is_null) || family.consumes(key) {
