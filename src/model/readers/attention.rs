@@ -11,22 +11,24 @@ use crate::error::{bail, PlanResult};
 use crate::model::config::{as_u64, field, Config};
 use crate::model::layers::{AttentionShape, Layer};
 
+/// `layer_types` of full and sliding attention of one shape, the window `sliding_window`.
+fn typed(c: &Config, count: u64, full: AttentionShape, types: &[Value]) -> PlanResult<Vec<Layer>> {
+    let sliding = || {
+        let w = window(c, "sliding_window", "layer_types")?;
+        Ok(Layer::Attention(full.sliding(Some(w))))
+    };
+    let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
+    let names = [("full_attention", 0), ("sliding_attention", 1)];
+    by_kind(count, &kinds, named_kinds("layer_types", types, &names))
+}
+
 /// vLLM's `llama.py` (Llama, Mistral, Phi-3 and their derivatives): a layer is sliding where
 /// `layer_types` says `"sliding_attention"`; without `layer_types`, a `sliding_window` applies
 /// to every layer (vLLM's model-wide window).
 pub fn llama(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let full = attention_shape(c, STANDARD)?;
     if let Some(types) = c.layer_list("layer_types", count)? {
-        let sliding = || {
-            Ok(Layer::Attention(full.sliding(Some(window(
-                c,
-                "sliding_window",
-                "layer_types",
-            )?))))
-        };
-        let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
-        let names = [("full_attention", 0), ("sliding_attention", 1)];
-        return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
+        return typed(c, count, full, types);
     }
     let window = c.u64("sliding_window")?.filter(|&w| w > 0);
     Ok(uniform(count, Layer::Attention(full.sliding(window))))
@@ -41,16 +43,7 @@ pub fn qwen(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let named_window = c.u64("sliding_window")?.filter(|&w| w > 0);
     let max_window_layers = c.u64("max_window_layers")?.unwrap_or(28);
     if let Some(types) = c.layer_list("layer_types", count)? {
-        let sliding = || {
-            Ok(Layer::Attention(full.sliding(Some(window(
-                c,
-                "sliding_window",
-                "layer_types",
-            )?))))
-        };
-        let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
-        let names = [("full_attention", 0), ("sliding_attention", 1)];
-        return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
+        return typed(c, count, full, types);
     }
     let window = named_window.filter(|_| use_window);
     Ok((0..count)
@@ -80,22 +73,18 @@ fn periodic(
     pattern_key: Option<&str>,
 ) -> PlanResult<Vec<Layer>> {
     let full = attention_shape(c, STANDARD)?;
-    let sliding = || {
-        Ok(Layer::Attention(full.sliding(Some(window(
-            c,
-            "sliding_window",
-            "the layer pattern",
-        )?))))
-    };
-    let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
     if let Some(types) = c.layer_list("layer_types", count)? {
-        let names = [("full_attention", 0), ("sliding_attention", 1)];
-        return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
+        return typed(c, count, full, types);
     }
     let period = match pattern_key {
         Some(key) => c.positive(key)?.unwrap_or(default_period),
         None => default_period,
     };
+    let sliding = || {
+        let w = window(c, "sliding_window", "the layer pattern")?;
+        Ok(Layer::Attention(full.sliding(Some(w))))
+    };
+    let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
     by_kind(count, &kinds, |i| Ok(usize::from((i + 1) % period != 0)))
 }
 
