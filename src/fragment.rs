@@ -346,11 +346,6 @@ impl Fragment {
         self
     }
 
-    /// The first token of an `n`-token request this fragment moves.
-    pub fn first_kept_token(&self, n: u64) -> u64 {
-        crate::layout::first_kept_token(n, self.sliding_window, self.attention_chunk_size)
-    }
-
     /// Whether the fragment can only move by slot maps: its two sides' pages hold different
     /// token counts, so pages do not pair one to one.
     pub const fn needs_token_maps(&self) -> bool {

@@ -418,8 +418,8 @@ pub struct BufferLayout {
 }
 
 /// The first token of an `n`-token request that a buffer with this window or chunk keeps:
-/// the last `window` tokens, or the current chunk. The one home of that rule (token maps,
-/// the verifier and the command all ask it).
+/// the last `window` tokens, or the current chunk. The one home of that rule: slot-map
+/// descriptors ask it, and the command through `_core.first_kept_token`.
 pub fn first_kept_token(n: u64, sliding_window: Option<u64>, chunk: Option<u64>) -> u64 {
     let by_window = sliding_window.map_or(0, |w| n.saturating_sub(w));
     let by_chunk = chunk.filter(|&c| c > 0).map_or(0, |c| n / c * c);

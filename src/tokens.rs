@@ -1030,9 +1030,13 @@ mod tests {
             *slot = -1;
         }
         let want = brute_force(&head_major(0), &outside, &outside);
-        let moved: u64 = want.iter().map(|d| d.2).sum();
-        assert_eq!(got.lengths.iter().sum::<u64>(), moved);
-        assert_eq!(moved, 4 * 2 * 8);
+        let want = Descriptors {
+            src_addrs: want.iter().map(|d| d.0).collect(),
+            dst_addrs: want.iter().map(|d| d.1).collect(),
+            lengths: want.iter().map(|d| d.2).collect(),
+        };
+        assert_eq!(bytes(&got), bytes(&want));
+        assert_eq!(want.lengths.iter().sum::<u64>(), 4 * 2 * 8);
         let sixteen = build(&[chunked], &slots[..16], &slots[..16], true);
         assert!(sixteen.lengths.is_empty());
         let both = Fragment {

@@ -351,6 +351,18 @@ def test_the_model_is_summarized_per_layer_kind_before_the_plan(
     assert (
         "(scattered pages, by slot maps): " in out and f"moving {windowed / 2**30:.2f} GiB" in out
     )
+    # Llama 4: a 32k-token request ends a chunk of 8,192, so its 36 chunked layers move no
+    # token and only the 12 NoPE layers' KV moves (8 heads x 128 x K and V x 2 bytes).
+    code, out, _ = run(
+        capsys, "check", "--prefill-tp", "8", "--decode-tp", "2", "--model", "llama-4-scout"
+    )
+    nope = 12 * 8 * 128 * 2 * 2 * 32768
+    assert code == 0 and "model: llama-4-scout (family llama4): 48 layers" in out
+    assert (
+        f"{nope / 2**30:.2f} GiB moved with attention chunks, {4 * nope / 2**30:.2f} GiB without"
+        in out
+    )
+    assert f"moving {nope / 2**30:.2f} GiB" in out
     # Cache dtypes from the command line: NVFP4 halves and a bit more (values + scales).
     code, out, _ = run(capsys, *PLAN, "--kv-cache-dtype", "nvfp4", "--state-dtype", "float32")
     assert code == 0 and "KV cache nvfp4, states float32" in out

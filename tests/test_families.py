@@ -1018,17 +1018,138 @@ CASES: dict[str, Case] = {
         "vLLM models/minimax_text_01.py: attn_type_list 0 is lightning attention (state [heads, "
         "head_dim, head_dim])",
     ),
-}
-
-#: Families whose test configs are the existing presets' (written in test_configs.py).
-PRESET_FAMILIES = {
-    "nemotron-h": "nemotron-h-8b",
-    "jamba": "jamba-1.5-mini",
-    "qwen3-next": "qwen3-next-80b-a3b",
-    "gpt-oss": "gpt-oss-20b",
-    "falcon-h1": "falcon-h1-7b",
-    "mamba2": "mamba-codestral-7b",
-    "deepseek": "deepseek-v3.2",
+    "jamba-1.5-mini": Case(
+        "jamba",
+        {
+            "architectures": ["JambaForCausalLM"],
+            "model_type": "jamba",
+            "num_hidden_layers": 32,
+            "hidden_size": 4096,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "attn_layer_period": 8,
+            "attn_layer_offset": 4,
+            "mamba_d_state": 16,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "sliding_window": None,
+            "torch_dtype": "bfloat16",
+        },
+        # Mamba (v1) of 2 x 4096 channels: SSM [8192, 16], conv [8192, 3].
+        [
+            (
+                "Mamba1",
+                [i for i in range(32) if i % 8 != 4],
+                0,
+                nbytes((8192, 16)) + nbytes((8192, 3)),
+            ),
+            ("full attention", [4, 12, 20, 28], kv(8, 128), 0),
+        ],
+        "transformers JambaConfig.layers_block_type: attention where i % period == offset",
+        preset="jamba-1.5-mini",
+    ),
+    "qwen3-next-80b-a3b": Case(
+        "qwen3-next",
+        {
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "num_hidden_layers": 48,
+            "hidden_size": 2048,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "full_attention_interval": 4,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "Gated DeltaNet",
+                [i for i in range(48) if i % 4 != 3],
+                0,
+                nbytes((32, 128, 128)) + nbytes((2 * 16 * 128 + 32 * 128, 3)),
+            ),
+            ("full attention", list(range(3, 48, 4)), kv(2, 256), 0),
+        ],
+        "vLLM models/qwen3_next.py: every full_attention_interval-th layer full, Gated "
+        "DeltaNet elsewhere (mamba_utils.py gated_delta_net_state_shape)",
+        preset="qwen3-next-80b-a3b",
+    ),
+    "gpt-oss-20b": Case(
+        "gpt-oss",
+        {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "num_hidden_layers": 24,
+            "hidden_size": 2880,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 12,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            ("sliding-window attention (window 128)", list(range(0, 24, 2)), kv(8, 64), 0),
+            ("full attention", list(range(1, 24, 2)), kv(8, 64), 0),
+        ],
+        "vLLM models/gpt_oss.py: sliding on layer_types' sliding_attention",
+        preset="gpt-oss-20b",
+    ),
+    "falcon-h1-7b": Case(
+        "falcon-h1",
+        {
+            "architectures": ["FalconH1ForCausalLM"],
+            "model_type": "falcon_h1",
+            "num_hidden_layers": 44,
+            "hidden_size": 3072,
+            "num_attention_heads": 12,
+            "num_key_value_heads": 2,
+            "head_dim": 128,
+            "mamba_n_heads": 24,
+            "mamba_d_head": 128,
+            "mamba_d_ssm": 3072,
+            "mamba_d_state": 256,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            (
+                "full attention + Mamba2",
+                every(44),
+                kv(2, 128),
+                mamba2_state(24, 128, 256, 1, 4),
+            )
+        ],
+        "vLLM models/falcon_h1.py FalconH1ParallelHybrid: attention and Mamba2 in every layer",
+        preset="falcon-h1-7b",
+    ),
+    "mamba-codestral-7b": Case(
+        "mamba2",
+        {
+            "architectures": ["Mamba2ForCausalLM"],
+            "model_type": "mamba2",
+            "num_hidden_layers": 64,
+            "hidden_size": 4096,
+            "num_heads": 128,
+            "head_dim": 64,
+            "state_size": 128,
+            "n_groups": 8,
+            "conv_kernel": 4,
+            "expand": 2,
+            "time_step_limit": None,
+            "torch_dtype": "bfloat16",
+        },
+        [("Mamba2", every(64), 0, mamba2_state(128, 64, 128, 8, 4))],
+        "vLLM models/mamba2.py: num_heads x head_dim channels (= expand x hidden_size)",
+        preset="mamba-codestral-7b",
+        infinity=True,
+    ),
 }
 
 
@@ -1058,7 +1179,7 @@ def test_each_family_reads_its_config_by_its_modeling_rule(tmp_path: Path, name:
 
 def test_every_family_has_a_case_and_every_case_cites_its_rule() -> None:
     assert len(SUPER_49B_ATTENTION) == 49
-    covered = {case.family for case in CASES.values()} | set(PRESET_FAMILIES)
+    covered = {case.family for case in CASES.values()}
     assert covered == {f.name for f in model_families()}
     assert all(case.source for case in CASES.values())
 
@@ -1075,16 +1196,10 @@ def test_the_registry_names_its_families_architectures_and_keys() -> None:
 
 
 def family_configs() -> list[tuple[str, dict[str, Any]]]:
-    """One config of every family: its case's, or its preset's."""
-    out = [(case.family, case.config) for case in CASES.values()]
-    seen = {family for family, _ in out}
-    root = Path(__file__).parents[1] / "src" / "model" / "presets"
-    for family, preset in PRESET_FAMILIES.items():
-        if family not in seen and (root / f"{preset}.json").exists():
-            out.append((family, json.loads((root / f"{preset}.json").read_text())))
+    """One config of every family: its first case's."""
     by_family: dict[str, dict[str, Any]] = {}
-    for family, config in out:
-        by_family.setdefault(family, config)
+    for case in CASES.values():
+        by_family.setdefault(case.family, case.config)
     return sorted(by_family.items())
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "encode_cache_info",
     "encode_transfer_fragments",
     "estimate_staging",
+    "first_kept_token",
     "frame_cache_info",
     "model_buffers",
     "model_families",
@@ -161,6 +162,9 @@ def model_summary(
     shape: ModelShape,
 ) -> list[tuple[str, list[int], int, int, int | None, int | None]]: ...
 def dtype_bytes(name: str) -> int: ...
+def first_kept_token(
+    num_tokens: int, sliding_window: int | None = None, attention_chunk_size: int | None = None
+) -> int: ...
 
 @final
 class Planner:

@@ -335,11 +335,8 @@ class LayerKindSummary:
     def kept_tokens(self, tokens: int) -> int:
         """Tokens of a ``tokens``-token request one such layer keeps: the window, the current
         chunk, or all."""
-        if self.sliding_window is not None:
-            return min(tokens, self.sliding_window)
-        if self.attention_chunk_size is not None:
-            return tokens - tokens // self.attention_chunk_size * self.attention_chunk_size
-        return tokens
+        first = _core.first_kept_token(tokens, self.sliding_window, self.attention_chunk_size)
+        return tokens - first
 
     def where(self) -> str:
         """The layers as ranges: ``3, 7-9, 12``."""

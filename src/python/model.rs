@@ -327,6 +327,25 @@ fn vllm_layer_partition(
     convert().map_err(to_py_err)
 }
 
+/// The first token of an `n`-token request a buffer with this window or chunk keeps.
+#[pyfunction]
+#[pyo3(signature = (num_tokens, sliding_window=None, attention_chunk_size=None))]
+fn first_kept_token(
+    num_tokens: &Bound<'_, PyAny>,
+    sliding_window: Option<&Bound<'_, PyAny>>,
+    attention_chunk_size: Option<&Bound<'_, PyAny>>,
+) -> PyResult<u64> {
+    let convert = || -> Converted<_> {
+        let optional = |v: Option<&Bound<'_, PyAny>>, name| v.map(|v| to_u64(v, name)).transpose();
+        Ok(crate::layout::first_kept_token(
+            to_u64(num_tokens, "num_tokens")?,
+            optional(sliding_window, "sliding_window")?,
+            optional(attention_chunk_size, "attention_chunk_size")?,
+        ))
+    };
+    convert().map_err(to_py_err)
+}
+
 /// Bytes of one element of a dtype name.
 #[pyfunction]
 fn dtype_bytes(name: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -344,6 +363,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(model_layers, m)?)?;
     m.add_function(wrap_pyfunction!(model_summary, m)?)?;
     m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(first_kept_token, m)?)?;
     m.add_function(wrap_pyfunction!(vllm_layer_partition, m)?)?;
     m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
     Ok(())
