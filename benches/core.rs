@@ -31,6 +31,7 @@ fn kv_buffers(tp: u64) -> Vec<BufferLayout> {
             tp_replica_group_size: replica,
             layer: None,
             rows_per_page: 1,
+            page_bytes: None,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,

@@ -127,7 +127,8 @@ pub struct Placed {
     run: u64,
     src: Placement,
     dst: Placement,
-    /// Pages of different token counts on the two sides: only slot maps can move it.
+    /// Pages that do not pair (token counts, or head-major facing token-major): only slot
+    /// maps can move it.
     page_sizes: Option<(u64, u64)>,
 }
 
@@ -230,10 +231,15 @@ impl Placed {
     /// Refuses a fragment whose pages cannot be paired one to one.
     pub fn check_pages_pair(&self) -> PlanResult<()> {
         if let Some((src, dst)) = self.page_sizes {
+            let how = if src == dst {
+                "stored differently (head-major facing token-major)".to_owned()
+            } else {
+                format!("of {src} tokens into pages of {dst}")
+            };
             bail!(
-                "fragment {} (buffer_index={}) moves tokens from pages of {src} tokens into \
-                 pages of {dst}, which do not pair one to one; build its descriptors from slot \
-                 maps with PreparedTransfer.token_descriptors(src_slots, dst_slots)",
+                "fragment {} (buffer_index={}) moves tokens between pages {how}, which do not \
+                 pair one to one; build its descriptors from slot maps with \
+                 PreparedTransfer.token_descriptors(src_slots, dst_slots)",
                 self.position,
                 self.buffer_index
             );

@@ -243,6 +243,10 @@ fragment_schema! {
     /// tokens `t >= (n / attention_chunk_size) * attention_chunk_size`. Needs token geometry;
     /// `None` moves every token.
     attention_chunk_size: Option<u64>, since 5, default FieldValue::OptionalInt(None);
+    /// 1: pages do not pair one to one though both sides' pages hold as many tokens (a
+    /// head-major page facing a token-major one), so only slot maps move the fragment; the
+    /// page fields say where its runs start, as where page sizes differ. Needs token geometry.
+    pages_unpaired: u64, since 6, default FieldValue::Int(0);
 }
 
 /// The newest wire version a field needs.
@@ -315,6 +319,7 @@ impl Fragment {
             dst_token_stride: self.dst_token_stride_bytes,
             src_run_stride: self.src_token_run_stride_bytes,
             dst_run_stride: self.dst_token_run_stride_bytes,
+            pages_unpaired: self.pages_unpaired != 0,
         }
     }
 
@@ -329,6 +334,7 @@ impl Fragment {
         self.dst_token_stride_bytes = span.dst_token_stride;
         self.src_token_run_stride_bytes = span.src_run_stride;
         self.dst_token_run_stride_bytes = span.dst_run_stride;
+        self.pages_unpaired = if span.pages_unpaired { 1 } else { 0 };
         self
     }
 
@@ -347,9 +353,9 @@ impl Fragment {
     }
 
     /// Whether the fragment can only move by slot maps: its two sides' pages hold different
-    /// token counts, so pages do not pair one to one.
+    /// token counts, or store them differently, so pages do not pair one to one.
     pub const fn needs_token_maps(&self) -> bool {
-        self.src_page_size != self.dst_page_size
+        self.token_span().pages_unpaired()
     }
 
     /// The token runs the fragment reads in a source page.
@@ -399,6 +405,9 @@ impl Fragment {
     /// Token geometry is absent (every token field 0) or whole: page sizes and runs in range,
     /// and one side's pieces never overlap each other.
     fn validate_tokens(&self) -> PlanResult<()> {
+        if self.pages_unpaired > 1 {
+            bail!("pages_unpaired={} must be 0 or 1", self.pages_unpaired);
+        }
         let span = self.token_span();
         for (name, tokens) in [
             ("sliding_window", self.sliding_window),

@@ -405,9 +405,13 @@ pub struct BufferLayout {
     /// pipeline stages, which hold layers in order.
     pub layer: Option<u64>,
     /// Rows of a page: each row holds the rank's units in order, a unit taking
-    /// `bytes_per_logical_unit / rows_per_page` bytes of it, rows `item_stride_bytes /
+    /// `bytes_per_logical_unit / rows_per_page` bytes of it, rows `page_bytes() /
     /// rows_per_page` apart. 1 is head-major; `page_size` is token-major (NHD).
     pub rows_per_page: u64,
+    /// Bytes of each page this buffer owns, from the page's start: the rest of the
+    /// `item_stride_bytes` belongs to other buffers (K and V of one fused page). `None`: the
+    /// whole stride.
+    pub page_bytes: Option<u64>,
     pub logical_parts: LogicalParts,
     /// Tokens a sliding-window attention layer keeps: with token maps a request of `n` tokens
     /// moves only its tokens `t >= n - sliding_window`. `None`: every token.
@@ -427,6 +431,21 @@ pub fn first_kept_token(n: u64, sliding_window: Option<u64>, chunk: Option<u64>)
 }
 
 impl BufferLayout {
+    /// Bytes of each page this buffer owns: its own rows, never another buffer's.
+    pub const fn page_extent(&self) -> u64 {
+        match self.page_bytes {
+            Some(owned) => owned,
+            None => self.item_stride_bytes,
+        }
+    }
+
+    /// Whether pages of this buffer and `other` pair one to one: the same tokens a page, in
+    /// the same rows. Otherwise only slot maps move a token-indexed buffer between them
+    /// (head-major facing token-major, or pages of different sizes).
+    pub const fn pages_pair(&self, other: &Self) -> bool {
+        self.page_size == other.page_size && self.rows_per_page == other.rows_per_page
+    }
+
     /// Checks the buffer on its own, as the dataclass does at construction.
     pub fn validate(&self) -> PlanResult<()> {
         let positive = [
@@ -495,13 +514,25 @@ impl BufferLayout {
         if rows == 0 || rows > MAX_ROWS_PER_PAGE {
             bail!("rows_per_page={rows} must be between 1 and {MAX_ROWS_PER_PAGE}");
         }
-        if self.bytes_per_logical_unit % rows != 0 || self.item_stride_bytes % rows != 0 {
+        if let Some(owned) = self.page_bytes {
+            if owned == 0 || owned > self.item_stride_bytes {
+                bail!(
+                    "page_bytes={owned} must be positive and at most item_stride_bytes={}: it \
+                     is the part of each page this buffer owns",
+                    self.item_stride_bytes
+                );
+            }
+        }
+        let (owned, name) = match self.page_bytes {
+            Some(owned) => (owned, "page_bytes"),
+            None => (self.item_stride_bytes, "item_stride_bytes"),
+        };
+        if self.bytes_per_logical_unit % rows != 0 || owned % rows != 0 {
             bail!(
                 "rows_per_page={rows} must divide bytes_per_logical_unit={} (a unit's bytes are \
-                 spread evenly over the rows) and item_stride_bytes={} (rows are evenly spaced); \
+                 spread evenly over the rows) and {name}={owned} (rows are evenly spaced); \
                  check the page layout",
                 self.bytes_per_logical_unit,
-                self.item_stride_bytes
             );
         }
         Ok(())
@@ -550,6 +581,7 @@ pub(crate) mod tests {
             tp_replica_group_size: 1,
             layer: None,
             rows_per_page: 1,
+            page_bytes: None,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,

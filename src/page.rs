@@ -22,7 +22,7 @@ impl PageGeometry {
     pub const fn of(buffer: &BufferLayout) -> Self {
         Self {
             rows: buffer.rows_per_page,
-            row_stride: buffer.item_stride_bytes / buffer.rows_per_page,
+            row_stride: buffer.page_extent() / buffer.rows_per_page,
             unit_row_bytes: buffer.bytes_per_logical_unit / buffer.rows_per_page,
         }
     }
@@ -62,16 +62,20 @@ impl Span {
     }
 
     /// This span with the token runs of local units `units` (`(src first, dst first, count)`)
-    /// between the two token geometries. Where the page sizes differ pages do not pair, so
-    /// the page fields only say where the runs start and what a source page moves.
+    /// between the two token geometries. Where pages do not pair (`pages_pair` false: page
+    /// sizes or rows differ) the page fields only say where the runs start and what a source
+    /// page moves.
     #[must_use]
     pub fn with_tokens(
         self,
         units: (u64, u64, u64),
         (src, dst): (&TokenGeometry, &TokenGeometry),
+        pages_pair: bool,
     ) -> Self {
-        let (tokens, src_offset, dst_offset) = TokenSpan::of_units(units, src, dst);
-        if !tokens.page_sizes_differ() {
+        let (mut tokens, src_offset, dst_offset) = TokenSpan::of_units(units, src, dst);
+        // Pages of different sizes say so by their sizes (wire format v3).
+        tokens.pages_unpaired = !pages_pair && src.page_size == dst.page_size;
+        if pages_pair {
             return Self { tokens, ..self };
         }
         let source_page_bytes = src.page_size * tokens.runs * tokens.run_bytes;
@@ -212,7 +216,7 @@ impl TokenGeometry {
                     unit_stride: unit,
                     token_stride: unit_bytes,
                     plane_stride: 0,
-                    units: buffer.item_stride_bytes / unit,
+                    units: buffer.page_extent() / unit,
                 }
             });
         }
@@ -224,7 +228,7 @@ impl TokenGeometry {
                 name()
             );
         }
-        let row_stride = buffer.item_stride_bytes / rows;
+        let row_stride = buffer.page_extent() / rows;
         // rows divides bytes_per_logical_unit (validated), so a unit's row share is whole.
         let unit_bytes = token_unit / rows;
         Ok(Self {
@@ -308,6 +312,9 @@ pub struct TokenSpan {
     pub dst_token_stride: u64,
     pub src_run_stride: u64,
     pub dst_run_stride: u64,
+    /// Pages do not pair one to one though they may hold as many tokens (head-major facing
+    /// token-major): only slot maps move the fragment.
+    pub pages_unpaired: bool,
 }
 
 impl TokenSpan {
@@ -321,6 +328,7 @@ impl TokenSpan {
         dst_token_stride: 0,
         src_run_stride: 0,
         dst_run_stride: 0,
+        pages_unpaired: false,
     };
 
     /// The token runs of local units `src_local..+len` of a prefill page into `dst_local..+len`
@@ -362,9 +370,10 @@ impl TokenSpan {
         self.src_page_size != 0
     }
 
-    /// Whether the two sides' pages hold different token counts (no page-to-page copy).
-    pub const fn page_sizes_differ(&self) -> bool {
-        self.src_page_size != self.dst_page_size
+    /// Whether the two sides' pages do not pair one to one (different token counts, or rows
+    /// stored differently): no page-to-page copy.
+    pub const fn pages_unpaired(&self) -> bool {
+        self.src_page_size != self.dst_page_size || self.pages_unpaired
     }
 }
 
@@ -441,6 +450,7 @@ mod tests {
             tp_replica_group_size: 1,
             layer: None,
             rows_per_page: 16,
+            page_bytes: None,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,

@@ -28,15 +28,13 @@ impl Same {
     }
 }
 
-/// Whether a pair must be planned by token: a token-indexed buffer whose two sides' pages
-/// hold different token counts cannot be copied page to page, and a sliding window or an
-/// attention chunk is a selection of tokens.
+/// Whether a pair must be planned by token: a token-indexed buffer whose two sides' pages do
+/// not pair (different token counts, or head-major facing token-major) cannot be copied page
+/// to page, and a sliding window or an attention chunk is a selection of tokens.
 pub fn needs_token_maps(prefill: &[BufferLayout], decode: &[BufferLayout]) -> bool {
     prefill.iter().zip(decode).any(|(p, d)| {
         p.logical_axis.is_token_indexed()
-            && (p.page_size != d.page_size
-                || p.sliding_window.is_some()
-                || p.attention_chunk_size.is_some())
+            && (!p.pages_pair(d) || p.sliding_window.is_some() || p.attention_chunk_size.is_some())
     })
 }
 
@@ -75,7 +73,7 @@ fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> 
 }
 
 /// Both sides list the same buffers, in the same order, stored the same way; with
-/// `token_maps`, token by token (page sizes may differ).
+/// `token_maps`, token by token (page sizes and rows may differ).
 pub fn validate_pairs(
     prefill: &[BufferLayout],
     decode: &[BufferLayout],
@@ -116,7 +114,7 @@ pub fn validate_pairs(
         )?;
         if token_maps && p.logical_axis.is_token_indexed() {
             check_token_geometry(position, p, d)?;
-            if p.page_size != d.page_size {
+            if !p.pages_pair(d) {
                 // Token by token: whole units, rows and items need not agree.
                 continue;
             }
@@ -136,7 +134,7 @@ pub fn validate_pairs(
             );
         }
         let replicated = p.logical_axis == LogicalAxis::Replicated;
-        if replicated && p.rows_per_page > 1 && p.item_stride_bytes != d.item_stride_bytes {
+        if replicated && p.rows_per_page > 1 && p.page_extent() != d.page_extent() {
             bail!(
                 "replicated buffer {} ({}) has {} rows a page but items of {} (prefill) and {} \
                  (decode) bytes: whole items are copied byte for byte, so token-major replicated \
@@ -144,19 +142,19 @@ pub fn validate_pairs(
                 p.buffer_index,
                 p.buffer_kind.as_str(),
                 p.rows_per_page,
-                p.item_stride_bytes,
-                d.item_stride_bytes
+                p.page_extent(),
+                d.page_extent()
             );
         }
-        if replicated && d.item_stride_bytes > p.item_stride_bytes {
+        if replicated && d.page_extent() > p.page_extent() {
             bail!(
                 "replicated buffer {} ({}): the decode item ({} bytes) is larger than the \
                  prefill item ({} bytes), so copying it would read past the prefill item; \
                  make the decode item_stride_bytes at most the prefill one",
                 p.buffer_index,
                 p.buffer_kind.as_str(),
-                d.item_stride_bytes,
-                p.item_stride_bytes
+                d.page_extent(),
+                p.page_extent()
             );
         }
     }
@@ -194,7 +192,7 @@ pub fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> Pla
             );
         }
     }
-    let item_units = buffer.item_stride_bytes / buffer.bytes_per_logical_unit;
+    let item_units = buffer.page_extent() / buffer.bytes_per_logical_unit;
     let required_units = buffer.logical_size / effective_tp;
     if item_units < required_units {
         bail!(

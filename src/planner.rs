@@ -80,7 +80,9 @@ impl BufferPair {
     /// `span` with the token runs of local units `units`, when the plan maps tokens.
     fn tokenized(&self, span: Span, units: (u64, u64, u64)) -> Span {
         match &self.tokens {
-            Some((src, dst)) => span.with_tokens(units, (src, dst)),
+            Some((src, dst)) => {
+                span.with_tokens(units, (src, dst), self.prefill.pages_pair(&self.decode))
+            }
             None => span,
         }
     }
@@ -209,7 +211,7 @@ impl Planner {
                 p.tp_replica_group_size == 1
                     && d.tp_replica_group_size == 1
                     && (!p.logical_axis.is_token_indexed() || p.page_size == d.page_size)
-                    && (p.rows_per_page == 1 || p.item_stride_bytes == d.item_stride_bytes)
+                    && (p.rows_per_page == 1 || p.page_extent() == d.page_extent())
             });
         let mut planner = Self {
             prefill,
@@ -572,10 +574,7 @@ impl Planner {
                 .filter(|p| self.class(p).decode_stage == at.stage)
             {
                 // Same TP and shards on both sides; the smaller item is what both hold.
-                let len = pair
-                    .prefill
-                    .item_stride_bytes
-                    .min(pair.decode.item_stride_bytes);
+                let len = pair.prefill.page_extent().min(pair.decode.page_extent());
                 // Token by token: every unit the rank holds (no replica groups here).
                 let units = if pair.prefill.logical_axis.is_sharded() {
                     pair.prefill.logical_size / self.prefill_ranks().tp_size()
@@ -599,7 +598,7 @@ impl Planner {
                 None | Some(None | Some(Route::Nothing)) => {}
                 Some(Some(Route::WholeItem)) => {
                     // The decode item, whole (validated to be at most the prefill item).
-                    let span = Span::contiguous(0, 0, pair.decode.item_stride_bytes);
+                    let span = Span::contiguous(0, 0, pair.decode.page_extent());
                     let span = pair.tokenized(span, (0, 0, 1));
                     for &share in &shares {
                         visit(self.source(at, pair.class, Units::Whole, share), pair, span);
@@ -796,6 +795,7 @@ mod tests {
             tp_replica_group_size: replica,
             layer: None,
             rows_per_page: 1,
+            page_bytes: None,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,

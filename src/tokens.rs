@@ -974,6 +974,7 @@ mod tests {
             dst_token_stride: 8,
             src_run_stride: 32,
             dst_run_stride: 64,
+            pages_unpaired: false,
         })
     }
 

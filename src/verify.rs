@@ -175,7 +175,7 @@ impl<'a> Context<'a> {
         };
         let tokens = self.planner.token_maps() && p.logical_axis.is_token_indexed();
         // Spread tokens move only by slot maps: pages of two ranks hold different tokens.
-        let by_page = p.page_size == d.page_size && !self.planner.holders().any_context();
+        let by_page = p.pages_pair(d) && !self.planner.holders().any_context();
         (tokens, !tokens || by_page)
     }
 
@@ -435,8 +435,8 @@ fn check_token_runs(
         );
     }
     let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
-    if !inside(fragment.src_token_runs().reach(), prefill.item_stride_bytes)
-        || !inside(fragment.dst_token_runs().reach(), decode.item_stride_bytes)
+    if !inside(fragment.src_token_runs().reach(), prefill.page_extent())
+        || !inside(fragment.dst_token_runs().reach(), decode.page_extent())
     {
         bail!("{}: token runs reach past an item", where_());
     }
@@ -513,22 +513,22 @@ fn check_inside_items(
 ) -> PlanResult<()> {
     f.validate()?;
     let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);
-    if !inside(f.src_runs().reach(), p.item_stride_bytes) {
+    if !inside(f.src_runs().reach(), p.page_extent()) {
         bail!(
             "{}: reads bytes {}..+{} past the prefill item of {} bytes",
             where_(),
             f.src_byte_offset,
             f.bytes_per_page,
-            p.item_stride_bytes
+            p.page_extent()
         );
     }
-    if !inside(f.dst_runs().reach(), d.item_stride_bytes) {
+    if !inside(f.dst_runs().reach(), d.page_extent()) {
         bail!(
             "{}: writes bytes {}..+{} past the decode item of {} bytes",
             where_(),
             f.dst_byte_offset,
             f.bytes_per_page,
-            d.item_stride_bytes
+            d.page_extent()
         );
     }
     Ok(())
@@ -806,6 +806,7 @@ mod tests {
             tp_replica_group_size: replica,
             layer: None,
             rows_per_page: 1,
+            page_bytes: None,
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,
@@ -948,6 +949,7 @@ mod tests {
             bytes_per_logical_unit: unit,
             item_stride_bytes: heads / tp * unit,
             rows_per_page: if planes == 0 { 1 } else { planes * page_size },
+            page_bytes: None,
             ..buffer(LogicalAxis::KvHead, heads, tp, 1)
         }
     }

@@ -48,6 +48,10 @@ def planner(prefill_tp: int = 8, decode_tp: int = 2, **kwargs: Any) -> PDTransfe
 
 def test_public_names() -> None:
     assert set(pdplan.__all__) == {
+        "CacheBuffers",
+        "StateSpec",
+        "buffer_from_array",
+        "state_specs",
         "AttentionLayer",
         "AttentionMamba2Layer",
         "GatedDeltaNetLayer",
@@ -135,6 +139,7 @@ def test_public_names() -> None:
                 ("layer", None),
                 ("sliding_window", None),
                 ("attention_chunk_size", None),
+                ("page_bytes", None),
             ],
         ),
         (
@@ -163,6 +168,7 @@ def test_public_names() -> None:
                 ("dst_token_run_stride_bytes", 0),
                 ("sliding_window", None),
                 ("attention_chunk_size", None),
+                ("pages_unpaired", 0),
             ],
         ),
         (
@@ -434,8 +440,10 @@ def test_sides_must_store_pages_alike() -> None:
             decode_buffers=(decode,),
         )
 
-    with pytest.raises(UnsupportedPDLayoutError, match="rows_per_page differ"):
-        build(kv(0, 8, rows_per_page=16), kv(0, 2))
+    # Token-major facing head-major pages of one size plan by slot maps, not pages.
+    assert build(kv(0, 8, rows_per_page=16), kv(0, 2)).token_maps
+    with pytest.raises(UnsupportedPDLayoutError, match="stored differently"):
+        build(kv(0, 8, rows_per_page=32), kv(0, 2))
     with pytest.raises(UnsupportedPDLayoutError, match="logical parts differ"):
         build(kv(0, 8, logical_parts=(4, 4)), kv(0, 2, logical_parts=(2, 6)))
     with pytest.raises(UnsupportedPDLayoutError, match="a logical part of=2 is not divisible"):

@@ -71,6 +71,13 @@ def test_the_schema_gives_the_dataclass_defaults_and_the_wire_keys() -> None:
                     if since[name] == 3 and isinstance(value, int)
                 }
                 changed[selection] = 128
+        if since["pages_unpaired"] == version:  # unpaired pages need token geometry
+            changed = {
+                name: value + 1
+                for name, value in defaults.items()
+                if since[name] == 3 and isinstance(value, int)
+            }
+            changed.update(pages_unpaired=1)
         if "token_runs" in changed:  # one run a token: its run strides stay 0
             changed.update(src_token_run_stride_bytes=0, dst_token_run_stride_bytes=0)
         fragment = dataclasses.replace(plain, **changed)

@@ -205,7 +205,7 @@ def test_largest_integer_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(
-    "version", [b"6", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
+    "version", [b"7", b"0", b"01", b" 1", b"1\n", b"+1", b"\xff", b"v1", b"2 "]
 )
 def test_unknown_versions(version: bytes) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="version"):
@@ -372,4 +372,4 @@ def test_v1_frames_carry_no_row_keys_and_v2_frames_carry_all() -> None:
         "dst_row_stride_bytes": 0,
     }
     assert decode_transfer_fragments(b"2", json.dumps([plain]).encode()) == (GOOD,)
-    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4, 5)
+    assert TRANSFER_PLAN_READABLE_VERSIONS == (1, 2, 3, 4, 5, 6)

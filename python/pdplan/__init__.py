@@ -6,6 +6,7 @@ wire format v1, with intersection, fanout, planning and wire coding done in Rust
 
 from __future__ import annotations
 
+from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, state_specs
 from pdplan._context import token_owners, token_slots
 from pdplan._core import (
     DEFAULT_MAX_FRAGMENTS,
@@ -65,6 +66,7 @@ __all__ = [
     "AttentionMamba2Layer",
     "BufferKind",
     "BufferLayout",
+    "CacheBuffers",
     "CostEstimate",
     "CostModel",
     "GatedDeltaNetLayer",
@@ -87,15 +89,18 @@ __all__ = [
     "SharedKvLayer",
     "ShortConvLayer",
     "StagingPlan",
+    "StateSpec",
     "TransferDescriptors",
     "TransferFragment",
     "UnsupportedPDLayoutError",
     "__version__",
+    "buffer_from_array",
     "buffer_layouts_from_item_lengths",
     "decode_transfer_fragments",
     "encode_transfer_fragments",
     "model_buffer_layouts",
     "model_families",
+    "state_specs",
     "token_owners",
     "token_slots",
     "transfer_descriptors",

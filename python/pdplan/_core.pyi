@@ -38,6 +38,7 @@ __all__ = [
     "StagingPlan",
     "UnsupportedPDLayoutError",
     "__version__",
+    "buffer_from_array",
     "buffers_from_item_lengths",
     "check_buffer_layout",
     "check_cost_model",
@@ -165,6 +166,20 @@ def dtype_bytes(name: str) -> int: ...
 def first_kept_token(
     num_tokens: int, sliding_window: int | None = None, attention_chunk_size: int | None = None
 ) -> int: ...
+def buffer_from_array(
+    buffer_index: int,
+    buffer_kind: str,
+    array: object,
+    axes: Sequence[str],
+    *,
+    logical_size: int | None = None,
+    tp_size: int | None = None,
+    page_size: int | None = None,
+    layer: int | None = None,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
+    logical_parts: Sequence[int] | None = None,
+) -> tuple[BufferLayout, int, int]: ...
 
 @final
 class Planner:

@@ -100,7 +100,7 @@ class BufferLayout:
     item_stride_bytes: int
     tp_replica_group_size: int = 1
     #: Rows a page: each row holds this rank's units in order, a unit taking
-    #: ``bytes_per_logical_unit / rows_per_page`` bytes of it, rows ``item_stride_bytes /
+    #: ``bytes_per_logical_unit / rows_per_page`` bytes of it, rows ``page_bytes /
     #: rows_per_page`` apart. 1: head-major (HND); ``page_size``: token-major (NHD);
     #: ``2 * page_size``: FlashInfer's fused K/V page.
     rows_per_page: int = 1
@@ -117,6 +117,11 @@ class BufferLayout:
     #: a chunk) a request of ``n`` tokens moves only its current chunk, tokens ``t >= (n //
     #: attention_chunk_size) * attention_chunk_size``. Not with ``sliding_window``.
     attention_chunk_size: int | None = None
+    #: Bytes of each page this buffer owns, from the page's start (rows are ``page_bytes /
+    #: rows_per_page`` apart); the rest of ``item_stride_bytes`` belongs to other buffers: K
+    #: and V of one fused page (FlashInfer) are two buffers, each a page stride of the fused
+    #: page and ``page_bytes`` of its half. None: the whole stride.
+    page_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.logical_parts, list):
@@ -167,6 +172,9 @@ class TransferFragment:
     #: moves only tokens ``t >= (n // attention_chunk_size) * attention_chunk_size``. Needs
     #: token geometry.
     attention_chunk_size: int | None = None
+    #: 1: pages do not pair one to one though both sides' hold as many tokens (head-major
+    #: facing token-major, wire format v6): only slot maps move the fragment.
+    pages_unpaired: int = 0
 
     def __post_init__(self) -> None:
         _core.check_transfer_fragment(self)

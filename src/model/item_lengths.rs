@@ -79,6 +79,7 @@ pub fn from_item_lengths(
         tp_replica_group_size: replica,
         layer: None,
         rows_per_page: item.rows_per_page,
+        page_bytes: None,
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
         attention_chunk_size: None,

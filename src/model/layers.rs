@@ -288,6 +288,7 @@ fn token_buffer(
         tp_replica_group_size: 1,
         layer: None,
         rows_per_page: cache.rows,
+        page_bytes: None,
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
         attention_chunk_size: None,
@@ -427,6 +428,7 @@ fn state(parts: &[u64], unit: u64, cache: &Cache, what: &str) -> PlanResult<Buff
         tp_replica_group_size: 1,
         layer: None,
         rows_per_page: 1,
+        page_bytes: None,
         logical_parts: if parts.len() > 1 {
             LogicalParts::new(parts)?
         } else {

@@ -235,6 +235,10 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
             .map(|v| to_u64(&v, "layer"))
             .transpose()?,
         rows_per_page: f.u64_or(name!(f, "rows_per_page"), 1)?,
+        page_bytes: f
+            .optional(name!(f, "page_bytes"))
+            .map(|v| to_u64(&v, "page_bytes"))
+            .transpose()?,
         logical_parts: f.parts(name!(f, "logical_parts"))?,
         sliding_window: f
             .optional(name!(f, "sliding_window"))

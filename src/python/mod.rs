@@ -4,6 +4,7 @@
 //! `to_py_err`. `planner` holds the planner class, `prepared` the per-request class, `model` the
 //! model entry points; this file the wire and descriptor functions and the module itself.
 
+mod arrays;
 mod convert;
 mod encode_cache;
 mod model;
@@ -367,6 +368,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FRAME_CACHE_ENTRIES", crate::frame_cache::MAX_ENTRIES)?;
     m.add("FRAME_CACHE_BYTES", crate::frame_cache::MAX_BYTES)?;
     m.add("ENCODE_CACHE_ENTRIES", encode_cache::MAX_ENTRIES)?;
+    m.add_function(wrap_pyfunction!(arrays::buffer_from_array, m)?)?;
     m.add_function(wrap_pyfunction!(check_parallel_layout, m)?)?;
     m.add_function(wrap_pyfunction!(rank_coordinates, m)?)?;
     m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;

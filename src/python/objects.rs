@@ -242,7 +242,7 @@ where
 }
 
 /// `BufferLayout` fields in dataclass order (a test holds this to `dataclasses.fields`).
-pub const BUFFER_LAYOUT_FIELDS: [&str; 13] = [
+pub const BUFFER_LAYOUT_FIELDS: [&str; 14] = [
     "buffer_index",
     "buffer_kind",
     "logical_axis",
@@ -256,6 +256,7 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 13] = [
     "layer",
     "sliding_window",
     "attention_chunk_size",
+    "page_bytes",
 ];
 
 /// A `BufferLayout` the core made and validated: built without running `__post_init__`, which
@@ -263,7 +264,7 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 13] = [
 pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<Bound<'py, PyAny>> {
     let types = model_types(py)?;
     let parts = b.logical_parts.given();
-    let values: [Bound<'py, PyAny>; 13] = [
+    let values: [Bound<'py, PyAny>; 14] = [
         b.buffer_index.into_pyobject(py)?.into_any(),
         types.kind_object(py, b.buffer_kind)?,
         PyString::new(py, b.logical_axis.as_str()).into_any(),
@@ -281,6 +282,7 @@ pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<
         b.layer.into_pyobject(py)?.into_any(),
         b.sliding_window.into_pyobject(py)?.into_any(),
         b.attention_chunk_size.into_pyobject(py)?.into_any(),
+        b.page_bytes.into_pyobject(py)?.into_any(),
     ];
     let names = BUFFER_LAYOUT_FIELDS.map(|name| PyString::intern(py, name));
     frozen_instance(

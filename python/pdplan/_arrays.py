@@ -1,0 +1,129 @@
+"""Buffers from a runtime's own cache arrays: the shape and strides of each tensor decide its
+``BufferLayout`` (src/array_layout.rs), so nothing is computed by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pdplan import _core
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan._model import BufferKind, BufferLayout
+
+if TYPE_CHECKING:
+    from pdplan._layouts import ModelLayer
+
+__all__ = ["CacheBuffers", "StateSpec", "buffer_from_array", "state_specs"]
+
+
+def buffer_from_array(
+    buffer_index: int,
+    buffer_kind: BufferKind | str,
+    array: Any,
+    axes: Sequence[str],
+    *,
+    logical_size: int | None = None,
+    tp_size: int = 1,
+    page_size: int | None = None,
+    layer: int | None = None,
+    sliding_window: int | None = None,
+    attention_chunk_size: int | None = None,
+    logical_parts: Sequence[int] | None = None,
+) -> tuple[BufferLayout, int, int]:
+    """The ``BufferLayout`` one cache array holds, its base address and its limit (the bytes
+    from the base its own view reaches), ready for ``PDTransferPlanner`` and
+    ``PreparedTransfer``.
+
+    ``array`` is anything with ``__cuda_array_interface__``, ``__array_interface__`` or
+    ``__dlpack__`` (torch, CuPy, numpy): nothing is copied, torch is not imported, and the
+    memory (which may sit on a GPU) is never read. ``axes`` names each dimension:
+
+    - ``"page"``: pages (vLLM's blocks, a state's request slots), the outermost axis;
+    - ``"slot"``: a flat token pool (SGLang), with ``page_size=``: a page is ``page_size``
+      consecutive slots;
+    - ``"token"``: tokens within a page; ``"row"``: a state's rows that are not split (a conv
+      state's kernel taps stored outside its channels);
+    - ``"head"`` (or ``"unit"``, ``"channel"``): the axis split over TP ranks;
+    - ``"plane"``: K and V of one fused token-major page (one buffer of two planes);
+    - ``"dim"`` (or ``"byte"``): the inner elements of one unit, innermost last.
+
+    The strides decide the rest: head-major or token-major pages, the page stride (a view of
+    K in a fused K/V page keeps the fused page as its stride and owns ``page_bytes`` of it),
+    the rows. A KV array without a head axis is replicated (MLA). ``logical_size`` is the
+    whole model's units across TP ranks (KV heads, state channels), not the rank's; TP above
+    the KV heads gives replica groups. A layout pdplan cannot express is refused naming the
+    axis: a page axis that is not outermost, padded, overlapping, flipped or broadcast
+    strides, a dtype of unknown size.
+    """
+    layout, base, limit = _core.buffer_from_array(
+        buffer_index,
+        buffer_kind,
+        array,
+        axes,
+        logical_size=logical_size,
+        tp_size=tp_size,
+        page_size=page_size,
+        layer=layer,
+        sliding_window=sliding_window,
+        attention_chunk_size=attention_chunk_size,
+        logical_parts=logical_parts,
+    )
+    return layout, base, limit
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """What one state tensor of a recurrent layer does not say itself: its channels (or
+    heads) across all TP ranks, and the parts they concatenate (Mamba2's conv ``x | B | C``,
+    each split over TP on its own)."""
+
+    logical_size: int
+    logical_parts: tuple[int, ...] | None = None
+
+
+def state_specs(layer: ModelLayer, dtype: str = "bfloat16") -> tuple[StateSpec, ...]:
+    """The state tensors of one recurrent layer (``Mamba2Layer``, ``GatedDeltaNetLayer``, ...),
+    as the model code derives them, in the order runtimes keep them: the conv states first,
+    then the recurrent state (vLLM's per-layer list, SGLang's ``mamba_cache``)."""
+    from pdplan._layouts import ModelShape, model_buffer_layouts
+
+    shape = ModelShape(layer_kinds=(layer,), dtype=dtype)
+    prefill, _ = model_buffer_layouts(shape, 1, 1)
+    states = tuple(
+        StateSpec(b.logical_size, b.logical_parts)
+        for b in prefill
+        if b.logical_axis == "state_channel"
+    )
+    if not states:
+        raise UnsupportedPDLayoutError(f"{layer!r} caches no state; it has no state specs")
+    # The model code lists the recurrent state first (where the layer has one).
+    return states[1:] + states[:1]
+
+
+@dataclass(frozen=True)
+class CacheBuffers:
+    """One rank's cache as pdplan sees it: ``buffers`` (numbered ``0..n`` in order),
+    ``base_ptrs`` and ``limits`` indexed by ``buffer_index``. Numbering is the same on every
+    runtime, so any two sides pair: K and V of the ``k``-th layer that keeps a KV cache are
+    ``2k`` and ``2k + 1`` (an MLA layer's one buffer is ``k``), and state tensors follow all
+    of them, layer by layer, conv first."""
+
+    buffers: tuple[BufferLayout, ...]
+    base_ptrs: tuple[int, ...]
+    limits: tuple[int, ...]
+
+    @classmethod
+    def of(cls, entries: Iterable[tuple[BufferLayout, int, int]]) -> CacheBuffers:
+        built = tuple(entries)
+        for position, (buffer, _, _) in enumerate(built):
+            if buffer.buffer_index != position:  # the runtimes' adapters number in order
+                raise UnsupportedPDLayoutError(
+                    f"buffer {position} has buffer_index {buffer.buffer_index}; number the "
+                    "buffers 0..n in order"
+                )
+        return cls(
+            tuple(b for b, _, _ in built),
+            tuple(base for _, base, _ in built),
+            tuple(limit for _, _, limit in built),
+        )

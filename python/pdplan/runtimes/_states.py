@@ -1,0 +1,64 @@
+"""State tensors (Mamba, GDN, ...) as buffers, the same on every runtime: the one axis whose
+extent is the rank's share of the channels is the split axis; axes before it are rows, after
+it inner dims."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pdplan._arrays import StateSpec, buffer_from_array
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan._model import BufferKind, BufferLayout
+
+
+def state_buffer(
+    buffer_index: int, array: Any, spec: StateSpec, tp_size: int
+) -> tuple[BufferLayout, int, int]:
+    """One state tensor of one layer, ``(request slots, ...)``, as a buffer."""
+    shape = tuple(int(n) for n in array.shape)
+    share = spec.logical_size // tp_size if tp_size > 0 else 0
+    channel = next((i for i, n in enumerate(shape) if i > 0 and n == share), None)
+    if channel is None or channel > 2:
+        raise UnsupportedPDLayoutError(
+            f"state tensor {buffer_index} of shape {shape}: no axis holds this rank's "
+            f"{share} of {spec.logical_size} channels (TP {tp_size}) right after the slot "
+            "axis or one row axis; check the state spec and tp_size"
+        )
+    axes = ["page"] + ["row"] * (channel - 1) + ["channel"] + ["dim"] * (len(shape) - 1 - channel)
+    return buffer_from_array(
+        buffer_index,
+        BufferKind.MAMBA_STATE,
+        array,
+        axes,
+        logical_size=spec.logical_size,
+        tp_size=tp_size,
+        logical_parts=spec.logical_parts,
+    )
+
+
+def state_buffers(
+    first_index: int,
+    layers: Sequence[Sequence[Any]],
+    states: Sequence[StateSpec] | None,
+    tp_size: int,
+) -> list[tuple[BufferLayout, int, int]]:
+    """Every state tensor of every recurrent layer, layer by layer, numbered from
+    ``first_index``."""
+    if not layers:
+        return []
+    if not states:
+        raise UnsupportedPDLayoutError(
+            f"the cache holds {len(layers)} recurrent layers; pass states= (one StateSpec per "
+            "state tensor of a layer, e.g. pdplan.runtimes.state_specs(layer))"
+        )
+    built: list[tuple[BufferLayout, int, int]] = []
+    for position, tensors in enumerate(layers):
+        if len(tensors) != len(states):
+            raise UnsupportedPDLayoutError(
+                f"recurrent layer {position} holds {len(tensors)} state tensors, but states= "
+                f"describes {len(states)}"
+            )
+        for tensor, spec in zip(tensors, states):
+            built.append(state_buffer(first_index + len(built), tensor, spec, tp_size))
+    return built

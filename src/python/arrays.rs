@@ -1,0 +1,265 @@
+//! An array's metadata through the protocols runtimes' tensors speak: `__cuda_array_interface__`
+//! (`CuPy`, torch on CUDA), `__array_interface__` (numpy), `__dlpack__` (torch, `CuPy`, numpy). No
+//! copy and no import of torch; the memory, which may sit on a device, is never read.
+
+use std::ffi::{c_void, CStr};
+
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyTuple};
+
+use crate::array_layout::{self, ArraySpec, ArrayView, Axis};
+use crate::error::{bail, PlanError};
+use crate::layout::{BufferKind, LogicalParts};
+
+use super::convert::{each, optional_u64, string_arg, to_u64, type_name, Converted};
+use super::objects::buffer_layout_object;
+use super::to_py_err;
+
+/// `pdplan.buffer_from_array`: the `BufferLayout` a runtime's cache array holds, with its base
+/// address and the bytes its view reaches.
+#[pyfunction]
+#[pyo3(signature = (buffer_index, buffer_kind, array, axes, *, logical_size=None, tp_size=None, page_size=None, layer=None, sliding_window=None, attention_chunk_size=None, logical_parts=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn buffer_from_array<'py>(
+    py: Python<'py>,
+    buffer_index: &Bound<'py, PyAny>,
+    buffer_kind: &Bound<'py, PyAny>,
+    array: &Bound<'py, PyAny>,
+    axes: &Bound<'py, PyAny>,
+    logical_size: Option<&Bound<'py, PyAny>>,
+    tp_size: Option<&Bound<'py, PyAny>>,
+    page_size: Option<&Bound<'py, PyAny>>,
+    layer: Option<&Bound<'py, PyAny>>,
+    sliding_window: Option<&Bound<'py, PyAny>>,
+    attention_chunk_size: Option<&Bound<'py, PyAny>>,
+    logical_parts: Option<&Bound<'py, PyAny>>,
+) -> PyResult<(Bound<'py, PyAny>, u64, u64)> {
+    let convert = || -> Converted<_> {
+        if axes.is_instance_of::<pyo3::types::PyString>() {
+            bail!("axes must be a sequence of axis names, one a dimension, not one string");
+        }
+        let names = each(axes, "axes", |a| {
+            Axis::parse(&string_arg(a, "an axis name")?)
+        })?;
+        let parts = match logical_parts.filter(|p| !p.is_none()) {
+            None => LogicalParts::WHOLE,
+            Some(p) => LogicalParts::new(&each(p, "logical_parts", |v| to_u64(v, "a part"))?)?,
+        };
+        let spec = ArraySpec {
+            buffer_index: to_u64(buffer_index, "buffer_index")?,
+            buffer_kind: BufferKind::parse(&string_arg(buffer_kind, "buffer_kind")?)?,
+            logical_size: optional_u64(logical_size, "logical_size")?,
+            tp_size: optional_u64(tp_size, "tp_size")?.unwrap_or(1),
+            page_size: optional_u64(page_size, "page_size")?,
+            layer: optional_u64(layer, "layer")?,
+            sliding_window: optional_u64(sliding_window, "sliding_window")?,
+            attention_chunk_size: optional_u64(attention_chunk_size, "attention_chunk_size")?,
+            logical_parts: parts,
+        };
+        array_layout::buffer_from_array(&array_view(array)?, &names, &spec)
+    };
+    let built = convert().map_err(to_py_err)?;
+    Ok((
+        buffer_layout_object(py, &built.layout)?,
+        built.base,
+        built.limit,
+    ))
+}
+
+const MAX_DIMS: usize = crate::array_layout::MAX_AXES;
+
+/// The metadata of `array`, through the first protocol it speaks.
+pub fn array_view(array: &Bound<'_, PyAny>) -> Converted<ArrayView> {
+    for name in ["__cuda_array_interface__", "__array_interface__"] {
+        // A tensor may have the attribute yet refuse it (torch's bfloat16): try the next.
+        if let Ok(interface) = array.getattr(name) {
+            if let Ok(interface) = interface.cast_into::<PyDict>() {
+                return interface_view(&interface, name);
+            }
+        }
+    }
+    if array.hasattr("__dlpack__").unwrap_or(false) {
+        return dlpack_view(array);
+    }
+    bail!(
+        "expected an array (with __dlpack__, __cuda_array_interface__ or __array_interface__), \
+         got {}",
+        type_name(array)
+    )
+}
+
+fn item<'py>(dict: &Bound<'py, PyDict>, key: &str, name: &str) -> Converted<Bound<'py, PyAny>> {
+    dict.get_item(key)
+        .ok()
+        .flatten()
+        .ok_or_else(|| PlanError::new(format!("{name} has no {key:?}")))
+}
+
+fn ints(value: &Bound<'_, PyAny>, what: &str) -> Converted<Vec<i64>> {
+    let tuple = value
+        .cast::<PyTuple>()
+        .map_err(|_| PlanError::new(format!("{what} must be a tuple")))?;
+    if tuple.len() > MAX_DIMS {
+        bail!(
+            "{what} has {} dimensions, more than {MAX_DIMS}",
+            tuple.len()
+        );
+    }
+    tuple
+        .iter()
+        .map(|v| {
+            v.extract::<i64>()
+                .map_err(|_| PlanError::new(format!("{what} holds a non-integer")))
+        })
+        .collect()
+}
+
+/// Bytes of an element of a typestr (`<f2`, `|u1`, `<V2`), or why it has no known size.
+fn typestr_bytes(typestr: &str) -> Converted<u64> {
+    let mut chars = typestr.chars();
+    let (order, kind) = (chars.next(), chars.next());
+    let size = chars.as_str().parse::<u64>().ok();
+    match (order, kind, size) {
+        (Some('<' | '>' | '|' | '='), Some('b' | 'i' | 'u' | 'f' | 'c' | 'V'), Some(n))
+            if n > 0 =>
+        {
+            Ok(n)
+        }
+        _ => bail!(
+            "the array's dtype {typestr:?} has no size pdplan knows; pass a view of a numeric \
+             or raw-byte dtype"
+        ),
+    }
+}
+
+/// Row-major byte strides of `shape`, for an interface without strides.
+fn compact_strides(shape: &[i64], itemsize: u64) -> Converted<Vec<i64>> {
+    let mut strides = vec![0i64; shape.len()];
+    let mut step = i64::try_from(itemsize).unwrap_or(i64::MAX);
+    for (stride, &extent) in strides.iter_mut().zip(shape).rev() {
+        *stride = step;
+        step = step
+            .checked_mul(extent.max(1))
+            .ok_or_else(|| PlanError::new("the array's extent overflows 64 bits"))?;
+    }
+    Ok(strides)
+}
+
+fn interface_view(dict: &Bound<'_, PyDict>, name: &str) -> Converted<ArrayView> {
+    let shape = ints(&item(dict, "shape", name)?, "shape")?;
+    let typestr: String = item(dict, "typestr", name)?
+        .extract()
+        .map_err(|_| PlanError::new(format!("{name}'s typestr must be a string")))?;
+    let itemsize = typestr_bytes(&typestr)?;
+    let data = item(dict, "data", name)?;
+    let address = data
+        .cast::<PyTuple>()
+        .ok()
+        .and_then(|t| t.get_item(0).ok())
+        .and_then(|p| p.extract::<u64>().ok())
+        .ok_or_else(|| {
+            PlanError::new(format!(
+                "{name}'s data must be (address, read-only); the array exposes no address"
+            ))
+        })?;
+    let strides = match dict.get_item("strides").ok().flatten() {
+        Some(s) if !s.is_none() => ints(&s, "strides")?,
+        _ => compact_strides(&shape, itemsize)?,
+    };
+    view(address, &shape, strides, itemsize)
+}
+
+fn view(data: u64, shape: &[i64], strides: Vec<i64>, itemsize: u64) -> Converted<ArrayView> {
+    let shape = shape
+        .iter()
+        .map(|&n| u64::try_from(n).map_err(|_| PlanError::new("the array's shape is negative")))
+        .collect::<Converted<Vec<u64>>>()?;
+    Ok(ArrayView {
+        data,
+        shape,
+        strides,
+        itemsize,
+    })
+}
+
+/// `DLPack`'s `DLTensor`, as `dlpack.h` lays it out (ABI stable since v0.2). The device
+/// fields are never read (the memory is never touched) but hold their place in the layout.
+#[repr(C)]
+#[allow(dead_code)]
+struct DlTensor {
+    data: *mut c_void,
+    device_type: i32,
+    device_id: i32,
+    ndim: i32,
+    dtype_code: u8,
+    dtype_bits: u8,
+    dtype_lanes: u16,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+const DLTENSOR: &CStr = c"dltensor";
+
+fn dlpack_view(array: &Bound<'_, PyAny>) -> Converted<ArrayView> {
+    let capsule = array.call_method0("__dlpack__").map_err(|e| {
+        PlanError::new(format!(
+            "the array's __dlpack__() failed ({e}); pass a tensor that exports itself"
+        ))
+    })?;
+    // SAFETY: `capsule` is a live object for the whole call; `PyCapsule_IsValid` only reads
+    // its type and name and returns 0 (no error set) for anything but a capsule so named.
+    let valid = unsafe { ffi::PyCapsule_IsValid(capsule.as_ptr(), DLTENSOR.as_ptr()) };
+    if valid == 0 {
+        bail!("__dlpack__() did not return an unconsumed \"dltensor\" capsule");
+    }
+    // SAFETY: the capsule is valid under that name (checked above), so this returns its
+    // non-null pointer, a `DLManagedTensor` whose first member is the `DLTensor`; the
+    // producer keeps it alive until the capsule (held here) is destroyed.
+    let tensor = unsafe {
+        ffi::PyCapsule_GetPointer(capsule.as_ptr(), DLTENSOR.as_ptr()).cast::<DlTensor>()
+    };
+    if tensor.is_null() {
+        bail!("__dlpack__() returned an empty capsule");
+    }
+    // SAFETY: `tensor` points at the producer's live `DLTensor` (see above); it is only read.
+    let t = unsafe { &*tensor };
+    let ndim = usize::try_from(t.ndim).unwrap_or(usize::MAX);
+    if ndim == 0 || ndim > MAX_DIMS || t.shape.is_null() {
+        bail!(
+            "the DLPack tensor has {} dimensions; a cache has 1 to {MAX_DIMS}",
+            t.ndim
+        );
+    }
+    if t.dtype_bits == 0 || t.dtype_bits % 8 != 0 || t.dtype_lanes == 0 {
+        bail!(
+            "the DLPack dtype (code {}, {} bits, {} lanes) has no whole byte size",
+            t.dtype_code,
+            t.dtype_bits,
+            t.dtype_lanes
+        );
+    }
+    let itemsize = u64::from(t.dtype_bits / 8) * u64::from(t.dtype_lanes);
+    // SAFETY: `shape` is non-null (checked) and, per DLPack, holds `ndim` int64 values owned
+    // by the live tensor.
+    let shape = unsafe { std::slice::from_raw_parts(t.shape, ndim) }.to_vec();
+    let strides = if t.strides.is_null() {
+        compact_strides(&shape, itemsize)?
+    } else {
+        // SAFETY: a non-null `strides` holds `ndim` int64 values (in elements), as `shape`.
+        let elements = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
+        let size = i64::try_from(itemsize).unwrap_or(i64::MAX);
+        elements
+            .iter()
+            .map(|&s| {
+                s.checked_mul(size)
+                    .ok_or_else(|| PlanError::new("a DLPack stride overflows 64 bits"))
+            })
+            .collect::<Converted<Vec<i64>>>()?
+    };
+    let address = (t.data as u64)
+        .checked_add(t.byte_offset)
+        .ok_or_else(|| PlanError::new("the DLPack address plus its byte offset overflows"))?;
+    view(address, &shape, strides, itemsize)
+}
