@@ -12,6 +12,7 @@ pub mod holders;
 pub mod host_copy;
 pub mod interval;
 pub mod layout;
+pub mod layout_frame;
 pub mod lru;
 pub mod model;
 pub mod page;

@@ -88,6 +88,11 @@ impl BufferPair {
     }
 }
 
+/// The version of the rules that turn two layouts into plans. Bump it with any change that
+/// makes this build plan the same layouts differently from an earlier one, so that two sides
+/// running such builds see different fingerprints (`layout_frame::fingerprint`).
+pub const PLANNING_RULES_VERSION: u32 = 1;
+
 /// Choices a planner is built with, beyond the two sides' layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct PlanOptions {

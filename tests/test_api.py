@@ -49,6 +49,10 @@ def planner(prefill_tp: int = 8, decode_tp: int = 2, **kwargs: Any) -> PDTransfe
 def test_public_names() -> None:
     assert set(pdplan.__all__) == {
         "CacheBuffers",
+        "LAYOUT_VERSION_FRAME",
+        "PeerLayout",
+        "decode_layout",
+        "encode_layout",
         "StateSpec",
         "buffer_from_array",
         "state_specs",

@@ -21,6 +21,7 @@ from pdplan._core import (
     encode_transfer_fragments,
 )
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
+from pdplan._exchange import LAYOUT_VERSION_FRAME, PeerLayout, decode_layout, encode_layout
 from pdplan._layouts import (
     CACHE_KEYS,
     MODEL_PRESETS,
@@ -59,6 +60,7 @@ __all__ = [
     "CACHE_KEYS",
     "DEFAULT_MAX_FRAGMENTS",
     "DEFAULT_MAX_PAYLOAD_BYTES",
+    "LAYOUT_VERSION_FRAME",
     "MODEL_PRESETS",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "TRANSFER_PLAN_READABLE_VERSIONS",
@@ -83,6 +85,7 @@ __all__ = [
     "ModelShape",
     "PDTransferPlanner",
     "ParallelLayout",
+    "PeerLayout",
     "PreparedTransfer",
     "RankTransferPlan",
     "RoutingTable",
@@ -96,7 +99,9 @@ __all__ = [
     "__version__",
     "buffer_from_array",
     "buffer_layouts_from_item_lengths",
+    "decode_layout",
     "decode_transfer_fragments",
+    "encode_layout",
     "encode_transfer_fragments",
     "model_buffer_layouts",
     "model_families",

@@ -1,7 +1,7 @@
 """Stub of the compiled core (src/python/)."""
 
 from collections.abc import Iterable, Sequence
-from typing import final
+from typing import Literal, final
 
 import numpy as np
 import numpy.typing as npt
@@ -44,9 +44,11 @@ __all__ = [
     "check_cost_model",
     "check_parallel_layout",
     "check_transfer_fragment",
+    "decode_layout",
     "decode_transfer_fragments",
     "dtype_bytes",
     "encode_cache_info",
+    "encode_layout",
     "encode_transfer_fragments",
     "estimate_staging",
     "first_kept_token",
@@ -166,6 +168,32 @@ def dtype_bytes(name: str) -> int: ...
 def first_kept_token(
     num_tokens: int, sliding_window: int | None = None, attention_chunk_size: int | None = None
 ) -> int: ...
+def encode_layout(
+    layout: ParallelLayout,
+    buffers: Iterable[BufferLayout],
+    *,
+    base_ptrs: _Ints | None = None,
+    limits: _Ints | None = None,
+) -> tuple[bytes, bytes]: ...
+def decode_layout(
+    version_frame: bytes, payload_frame: bytes, *, max_payload_bytes: int | None = None
+) -> tuple[
+    tuple[
+        Literal["prefill", "decode"],
+        int,
+        int,
+        int,
+        tuple[int, ...] | None,
+        int,
+        int,
+        Literal["sharded", "replicated"],
+        Literal["interleave", "contiguous", "zigzag"],
+        int,
+    ],
+    tuple[BufferLayout, ...],
+    list[int] | None,
+    list[int] | None,
+]: ...
 def buffer_from_array(
     buffer_index: int,
     buffer_kind: str,
@@ -222,6 +250,9 @@ class Planner:
     def token_maps(self) -> bool: ...
     @property
     def idle_decode_ranks(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+    def check_layout(self, layout: ParallelLayout, buffers: Sequence[BufferLayout]) -> None: ...
 
 def frame_cache_info() -> tuple[int, int, int, int]: ...
 def encode_cache_info() -> tuple[int, int]: ...
@@ -252,6 +283,19 @@ class PreparedTransfer:
         dst_limits: _Ints | None = None,
         max_payload_bytes: int | None = None,
         max_fragments: int | None = None,
+    ) -> PreparedTransfer: ...
+    @staticmethod
+    def from_layouts(
+        planner: object,
+        decode_rank: int,
+        prefill_rank: int,
+        src_base_ptrs: _Ints,
+        dst_base_ptrs: _Ints,
+        *,
+        src_limits: _Ints | None = None,
+        dst_limits: _Ints | None = None,
+        prefill_dp_group: int | None = None,
+        num_tokens: int | None = None,
     ) -> PreparedTransfer: ...
     def descriptors(
         self,

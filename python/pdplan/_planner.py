@@ -132,6 +132,21 @@ class PDTransferPlanner:
         return RoutingTable(*self._core.routing_table())
 
     @property
+    def fingerprint(self) -> str:
+        """A short stable hash (16 hex digits) of both sides' layouts and buffers, the
+        decode-replica mode, token maps, the wire versions and pdplan's planning rules: two
+        sides that built their planners from exchanged layouts compare it once, and equal
+        fingerprints mean equal plans."""
+        return self._core.fingerprint
+
+    def check_layout(self, layout: ParallelLayout, buffers: Sequence[BufferLayout]) -> None:
+        """Refuses a side's layout and buffers (a peer's, from ``decode_layout``) that differ
+        from this planner's own view of that side (``layout.role``), naming the first field
+        that differs: ``decode buffer 17 (layer 8, target_v): bytes_per_logical_unit 256 vs
+        128`` (this planner's value first)."""
+        self._core.check_layout(layout, buffers)
+
+    @property
     def token_maps(self) -> bool:
         """Whether fragments carry token geometry (asked for, page sizes differ, or a buffer
         has a sliding window)."""

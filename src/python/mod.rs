@@ -7,6 +7,7 @@
 mod arrays;
 mod convert;
 mod encode_cache;
+mod layouts;
 mod model;
 mod objects;
 mod planner;
@@ -369,6 +370,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("FRAME_CACHE_BYTES", crate::frame_cache::MAX_BYTES)?;
     m.add("ENCODE_CACHE_ENTRIES", encode_cache::MAX_ENTRIES)?;
     m.add_function(wrap_pyfunction!(arrays::buffer_from_array, m)?)?;
+    m.add_function(wrap_pyfunction!(layouts::encode_layout, m)?)?;
+    m.add_function(wrap_pyfunction!(layouts::decode_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_parallel_layout, m)?)?;
     m.add_function(wrap_pyfunction!(rank_coordinates, m)?)?;
     m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;

@@ -8,6 +8,10 @@ use pyo3::types::PyDict;
 use super::convert::{buffer_layout, each, int_arg, parallel_layout, string_arg, Converted};
 use super::objects::{rank_plan_object, FragmentFactory};
 use super::to_py_err;
+use crate::error::{bail, PlanError};
+use crate::fragment::Fragment;
+use crate::layout::{BufferLayout, ParallelLayout, Role};
+use crate::layout_frame;
 use crate::planner::{PlanOptions, Planner};
 use crate::routing::DecodeReplicas;
 use crate::verify;
@@ -15,7 +19,7 @@ use crate::verify;
 /// The compiled planner behind `pdplan.PDTransferPlanner`.
 #[pyclass(frozen, module = "pdplan._core", name = "Planner")]
 pub struct PyPlanner {
-    inner: Planner,
+    pub(super) inner: Planner,
 }
 
 impl PyPlanner {
@@ -39,6 +43,39 @@ impl PyPlanner {
             .and_then(Planner::num_tokens)
             .map(Some)
             .map_err(to_py_err)
+    }
+
+    /// The fragments `prefill_rank` sends `decode_rank`, planned here without the GIL: what a
+    /// prepared transfer is built from when both sides hold the layouts.
+    pub(super) fn fragments_between(
+        &self,
+        py: Python<'_>,
+        (decode_rank, prefill_rank): (&Bound<'_, PyAny>, &Bound<'_, PyAny>),
+        prefill_dp_group: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<Fragment>> {
+        let rank = self.decode_rank(decode_rank)?;
+        let group = self.prefill_group(prefill_dp_group)?;
+        let tokens = Self::num_tokens(num_tokens)?;
+        let source = int_arg(prefill_rank, "prefill_rank")
+            .and_then(|value| self.inner.prefill().rank_coord(value))
+            .map_err(to_py_err)?;
+        let source = self.inner.prefill_ranks().rank(source);
+        let sources = py
+            .detach(|| self.inner.transfer_fragments(rank, group, tokens))
+            .map_err(to_py_err)?;
+        let names: Vec<u64> = sources.iter().map(|s| s.prefill_rank).collect();
+        sources
+            .into_iter()
+            .find(|s| s.prefill_rank == source)
+            .map(|s| s.fragments)
+            .ok_or_else(|| {
+                to_py_err(PlanError::new(format!(
+                    "prefill rank {source} sends nothing to decode rank {rank}: its sources are \
+                     {names:?}; prepare transfers for those (plan_for_decode_rank(...).\
+                     source_ranks)"
+                )))
+            })
     }
 
     fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -187,6 +224,37 @@ impl PyPlanner {
             table.2.into_pyarray(py),
             table.3.into_pyarray(py),
         )
+    }
+
+    /// A short stable hash of both layouts, the options, the wire versions and the planning
+    /// rules: equal on both sides exactly when they plan alike.
+    #[getter]
+    fn fingerprint(&self) -> String {
+        layout_frame::fingerprint(&self.inner)
+    }
+
+    /// Refuses a side's layout and buffers that differ from the planner's own view of that
+    /// side, naming the first field that differs.
+    fn check_layout(&self, layout: &Bound<'_, PyAny>, buffers: &Bound<'_, PyAny>) -> PyResult<()> {
+        let convert = || -> Converted<_> {
+            let layout = parallel_layout(layout)?;
+            let buffers = each(buffers, "buffers", buffer_layout)?;
+            let pairs = self.inner.buffer_pairs();
+            let (expected, own): (&ParallelLayout, Vec<BufferLayout>) = match layout.role() {
+                Role::Prefill => (self.inner.prefill(), pairs.map(|(p, _)| *p).collect()),
+                Role::Decode => (self.inner.decode(), pairs.map(|(_, d)| *d).collect()),
+            };
+            if let Some(difference) =
+                layout_frame::first_difference((expected, &own), (&layout, &buffers))
+            {
+                bail!(
+                    "the peer's layout does not match this planner's: {difference} (expected \
+                     first); both sides must describe the same layouts"
+                );
+            }
+            Ok(())
+        };
+        convert().map_err(to_py_err)
     }
 
     #[getter]

@@ -10,6 +10,7 @@ use super::convert::{
     buffers, each, fragment_with, frame, i64_column, optional_u64, to_u64, u64_column, Converted,
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
+use super::planner::PyPlanner;
 use super::staging::{counts_tuple, CountsTuple, PyStagingPlan};
 use super::{frame_limits, to_py_err};
 use crate::descriptors::Descriptors;
@@ -120,6 +121,52 @@ impl PyPrepared {
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
             // The decoder validated every fragment it returned (and the cache keeps only those).
             Prepared::from_valid(fragments, &src, &dst)
+        };
+        convert().map(|inner| Self { inner }).map_err(to_py_err)
+    }
+
+    /// Prepared straight from a planner both sides built from exchanged layouts: the
+    /// fragments `prefill_rank` sends `decode_rank`, planned here, never made into objects
+    /// nor framed.
+    #[staticmethod]
+    #[pyo3(signature = (planner, decode_rank, prefill_rank, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, prefill_dp_group=None, num_tokens=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn from_layouts(
+        py: Python<'_>,
+        planner: &Bound<'_, PyAny>,
+        decode_rank: &Bound<'_, PyAny>,
+        prefill_rank: &Bound<'_, PyAny>,
+        src_base_ptrs: &Bound<'_, PyAny>,
+        dst_base_ptrs: &Bound<'_, PyAny>,
+        src_limits: Option<&Bound<'_, PyAny>>,
+        dst_limits: Option<&Bound<'_, PyAny>>,
+        prefill_dp_group: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        // A `PDTransferPlanner` holds its compiled planner as `_core`.
+        let core = match planner.cast::<PyPlanner>() {
+            Ok(core) => core.clone(),
+            Err(_) => planner
+                .getattr("_core")
+                .ok()
+                .and_then(|c| c.cast_into::<PyPlanner>().ok())
+                .ok_or_else(|| {
+                    to_py_err(PlanError::new(
+                        "planner must be a PDTransferPlanner".to_owned(),
+                    ))
+                })?,
+        };
+        let fragments = core.get().fragments_between(
+            py,
+            (decode_rank, prefill_rank),
+            prefill_dp_group,
+            num_tokens,
+        )?;
+        let convert = || -> Converted<_> {
+            let src = buffers(src_base_ptrs, src_limits, "src")?;
+            let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
+            // The planner's fragments are valid by construction.
+            Prepared::from_valid(fragments.into(), &src, &dst)
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
