@@ -113,6 +113,9 @@ pub(crate) struct Placement {
     /// Bytes from a page's start to the end of its last run.
     pub(crate) reach: u64,
     pub(crate) limit: Option<u64>,
+    /// The largest page whose descriptors stay inside 64 bits and the limit (`None`: none
+    /// does), so that a request's check is one comparison (`with_max_page`).
+    pub(crate) max_page: Option<u64>,
 }
 
 /// A fragment placed in its two buffers: everything about its descriptors that does not
@@ -202,7 +205,9 @@ pub fn place(position: usize, f: &Fragment, src: &Buffers, dst: &Buffers) -> Pla
             row_stride: f.src_row_stride_bytes,
             reach: src_reach,
             limit: src_limit,
-        },
+            max_page: None,
+        }
+        .with_max_page(),
         dst: Placement {
             base: dst_base,
             offset: f.dst_byte_offset,
@@ -210,7 +215,9 @@ pub fn place(position: usize, f: &Fragment, src: &Buffers, dst: &Buffers) -> Pla
             row_stride: f.dst_row_stride_bytes,
             reach: dst_reach,
             limit: dst_limit,
-        },
+            max_page: None,
+        }
+        .with_max_page(),
     })
 }
 
@@ -249,6 +256,19 @@ impl Placed {
 }
 
 impl Placement {
+    /// This placement with `max_page` set: page `p` is inside when `p * stride + reach` stays
+    /// below both `2^64 - base` and the limit, that is `p <= (bound - reach) / stride`.
+    #[must_use]
+    pub(crate) fn with_max_page(mut self) -> Self {
+        let bound = self.limit.map_or(u64::MAX - self.base, |limit| {
+            limit.min(u64::MAX - self.base)
+        });
+        self.max_page = bound
+            .checked_sub(self.reach)
+            .map(|room| room.checked_div(self.stride).unwrap_or(u64::MAX));
+        self
+    }
+
     /// Every descriptor up to `largest_page` stays inside 64 bits and the buffer's limit;
     /// since addresses grow with the page, checking the largest checks them all. `who` is
     /// the fragment's position, buffer index and run length, for the message.
@@ -258,6 +278,9 @@ impl Placement {
         (position, index, run): (usize, u64, u64),
         largest_page: u64,
     ) -> PlanResult<()> {
+        if self.max_page.is_some_and(|max| largest_page <= max) {
+            return Ok(());
+        }
         let stride = self.stride;
         let end = largest_page
             .checked_mul(stride)
@@ -356,12 +379,23 @@ fn fill_columns(jobs: &[Job<'_>], out: &mut Descriptors, total: usize) {
             let (src_head, src_rest) = std::mem::take(&mut src).split_at_mut(n);
             let (dst_head, dst_rest) = std::mem::take(&mut dst).split_at_mut(n);
             let (len_head, len_rest) = std::mem::take(&mut len).split_at_mut(n);
-            let src_layout = (job.src_start, job.src_stride, job.src_row_stride);
-            let dst_layout = (job.dst_start, job.dst_stride, job.dst_row_stride);
-            addresses(src_head, job.src_pages, job.rows, src_layout);
-            addresses(dst_head, job.dst_pages, job.rows, dst_layout);
-            for slot in len_head.iter_mut() {
-                slot.write(job.len);
+            if job.rows == 1 {
+                // One descriptor a page (head-major and whole pages): one pass.
+                let pages = job.src_pages.iter().zip(job.dst_pages);
+                let slots = src_head.iter_mut().zip(dst_head.iter_mut()).zip(len_head);
+                for (((s, d), l), (&sp, &dp)) in slots.zip(pages) {
+                    s.write(job.src_start + sp * job.src_stride);
+                    d.write(job.dst_start + dp * job.dst_stride);
+                    l.write(job.len);
+                }
+            } else {
+                let src_layout = (job.src_start, job.src_stride, job.src_row_stride);
+                let dst_layout = (job.dst_start, job.dst_stride, job.dst_row_stride);
+                addresses(src_head, job.src_pages, job.rows, src_layout);
+                addresses(dst_head, job.dst_pages, job.rows, dst_layout);
+                for slot in len_head.iter_mut() {
+                    slot.write(job.len);
+                }
             }
             (src, dst, len) = (src_rest, dst_rest, len_rest);
         }
@@ -489,13 +523,152 @@ pub fn build_placed<P: Borrow<Placed>>(
         lengths: Vec::with_capacity(total),
     };
     fill_columns(&jobs, &mut out, total);
-    if coalesce {
+    if coalesce && Job::any_may_merge(&jobs) {
         out.coalesce(&jobs);
     }
     Ok(out)
 }
 
+/// One fragment of one run a page, every page of the request, pages that pair: where its
+/// descriptor for page 0 starts on each side, and its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FlatJob {
+    src_start: u64,
+    src_stride: u64,
+    dst_start: u64,
+    dst_stride: u64,
+    len: u64,
+}
+
+/// A prepared list whose every fragment makes one descriptor a page of every page pair (the
+/// common case: head-major pages, whole items), flattened once so that a request is one tight
+/// pass and one bounds comparison a side: the fast path of `Prepared::descriptors`. Anything
+/// else (rows, page counts, unpaired pages, descriptors that may coalesce, a page past some
+/// limit, whose message the general path words) goes the general way.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FlatPlan {
+    jobs: Vec<FlatJob>,
+    /// The largest page every fragment may reach on each side.
+    src_max_page: u64,
+    dst_max_page: u64,
+    /// Whether coalescing could merge anything with more than one page pair (with one,
+    /// whether it could at all).
+    merges_across_pages: bool,
+    merges_one_page: bool,
+}
+
+impl FlatPlan {
+    /// The flat plan of `placed`, or `None` when some fragment is not flat.
+    pub fn of<P: Borrow<Placed>>(placed: &[P]) -> Option<Self> {
+        let mut plan = Self {
+            src_max_page: u64::MAX,
+            dst_max_page: u64::MAX,
+            ..Self::default()
+        };
+        let mut previous = None;
+        for p in placed.iter().map(Borrow::borrow) {
+            if p.rows != 1 || p.page_count.is_some() || p.page_sizes.is_some() {
+                return None;
+            }
+            plan.src_max_page = plan.src_max_page.min(p.src.max_page?);
+            plan.dst_max_page = plan.dst_max_page.min(p.dst.max_page?);
+            let same_buffer = previous == Some(p.buffer_index);
+            previous = Some(p.buffer_index);
+            let reaches_next_page = p.run >= p.src.stride && p.run >= p.dst.stride;
+            plan.merges_one_page |= same_buffer || p.run == 0;
+            plan.merges_across_pages |= same_buffer || p.run == 0 || reaches_next_page;
+            // Placed: base + offset + reach fits 64 bits.
+            plan.jobs.push(FlatJob {
+                src_start: p.src.base + p.src.offset,
+                src_stride: p.src.stride,
+                dst_start: p.dst.base + p.dst.offset,
+                dst_stride: p.dst.stride,
+                len: p.run,
+            });
+        }
+        Some(plan)
+    }
+
+    /// Descriptors a request of `pairs` page pairs makes (before coalescing).
+    pub fn count(&self, pairs: usize) -> u64 {
+        (self.jobs.len() as u64).saturating_mul(pairs as u64)
+    }
+
+    /// The request's descriptors, equal to `build_placed` over the same fragments, or `None`
+    /// for the general path to build (or refuse).
+    pub fn build(
+        &self,
+        src_pages: &[u64],
+        dst_pages: &[u64],
+        coalesce: bool,
+    ) -> Option<Descriptors> {
+        let pairs = src_pages.len();
+        if dst_pages.len() != pairs {
+            return None;
+        }
+        let merges = if pairs > 1 {
+            self.merges_across_pages
+        } else {
+            self.merges_one_page
+        };
+        if coalesce && merges {
+            return None;
+        }
+        let largest = |pages: &[u64]| pages.iter().copied().max().unwrap_or(0);
+        if largest(src_pages) > self.src_max_page || largest(dst_pages) > self.dst_max_page {
+            return None;
+        }
+        let total = self.jobs.len().checked_mul(pairs)?;
+        if total as u64 > MAX_DESCRIPTORS || total >= PARALLEL_FROM {
+            return None;
+        }
+        let mut out = Descriptors {
+            src_addrs: Vec::with_capacity(total),
+            dst_addrs: Vec::with_capacity(total),
+            lengths: Vec::with_capacity(total),
+        };
+        if pairs == 0 {
+            return Some(out);
+        }
+        let columns = (
+            out.src_addrs.spare_capacity_mut()[..total].chunks_exact_mut(pairs),
+            out.dst_addrs.spare_capacity_mut()[..total].chunks_exact_mut(pairs),
+            out.lengths.spare_capacity_mut()[..total].chunks_exact_mut(pairs),
+        );
+        let chunks = columns.0.zip(columns.1).zip(columns.2);
+        // Every page is at most its side's max_page, so no sum or product can wrap.
+        for (job, ((src, dst), len)) in self.jobs.iter().zip(chunks) {
+            let slots = src.iter_mut().zip(dst.iter_mut()).zip(len.iter_mut());
+            for (((s, d), l), (&sp, &dp)) in slots.zip(src_pages.iter().zip(dst_pages)) {
+                s.write(job.src_start + sp * job.src_stride);
+                d.write(job.dst_start + dp * job.dst_stride);
+                l.write(job.len);
+            }
+        }
+        // SAFETY: `total` is jobs x pairs, so the chunks of `pairs` slots cover the first
+        // `total` slots of each column exactly, one chunk per job, and the inner loop wrote
+        // every slot of its chunk (both page lists hold `pairs` entries, checked above).
+        unsafe {
+            out.src_addrs.set_len(total);
+            out.dst_addrs.set_len(total);
+            out.lengths.set_len(total);
+        }
+        Some(out)
+    }
+}
+
 impl Job<'_> {
+    /// Whether coalescing can merge anything: some job's descriptors may continue each other,
+    /// or a job follows another of the same buffer.
+    fn any_may_merge(jobs: &[Self]) -> bool {
+        jobs.iter().enumerate().any(|(i, job)| {
+            job.may_merge_within()
+                || i.checked_sub(1)
+                    .and_then(|previous| jobs.get(previous))
+                    .is_some_and(|previous| previous.buffer_index == job.buffer_index)
+        })
+    }
+
     /// Whether two of this job's own descriptors can ever continue each other. Pages only grow
     /// apart by whole strides: a run shorter than the stride to its next row (or page) on
     /// either side can never reach it, whatever the page indices.
@@ -622,6 +795,54 @@ mod tests {
             vec![9000 + 128 + 64, 9000 + 384 + 64, 20000 + 128, 20000 + 384]
         );
         assert_eq!(out.lengths, vec![64, 64, 32, 32]);
+    }
+
+    #[test]
+    fn the_flat_fast_path_builds_what_the_general_path_builds_or_defers() {
+        // Head slices (never merge), whole items (merge across pages), a shared buffer (merge
+        // across fragments); under limits that the largest page passes or not.
+        let whole = Fragment {
+            src_page_stride_bytes: 64,
+            dst_page_stride_bytes: 64,
+            ..fragment(0, 0, 0, 64)
+        };
+        let lists: [&[Fragment]; 3] = [
+            &[fragment(0, 0, 64, 32), fragment(1, 32, 0, 32)],
+            &[whole],
+            &[fragment(0, 0, 0, 32), fragment(0, 32, 32, 32)],
+        ];
+        let pages: [(&[u64], &[u64]); 4] = [
+            (&[3, 1, 2], &[0, 5, 6]),
+            (&[4], &[4]),
+            (&[], &[]),
+            (&[9, 10], &[1, 2]),
+        ];
+        for fragments in lists {
+            for limit in [10_000, 600] {
+                let src = limited(&[1000, 5000], &[limit, limit]);
+                let dst = limited(&[9000, 20000], &[limit, limit]);
+                let placed = place_all(fragments, &src, &dst).unwrap();
+                let flat = FlatPlan::of(&placed).unwrap();
+                for (sp, dp) in pages {
+                    for coalesce in [false, true] {
+                        let general = build_placed(&placed, sp, dp, coalesce);
+                        match flat.build(sp, dp, coalesce) {
+                            Some(fast) => assert_eq!(Ok(fast), general),
+                            // Deferred: a merge to make or a limit to word.
+                            None => assert!(coalesce || general.is_err()),
+                        }
+                    }
+                }
+            }
+        }
+        let rows = Fragment {
+            rows_per_page: 2,
+            src_row_stride_bytes: 32,
+            dst_row_stride_bytes: 64,
+            ..fragment(0, 0, 0, 32)
+        };
+        let placed = place_all(&[rows], &buffers(&[0]), &buffers(&[0])).unwrap();
+        assert!(FlatPlan::of(&placed).is_none());
     }
 
     #[test]

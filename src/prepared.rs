@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 pub use crate::descriptors::Buffers;
-use crate::descriptors::{self, place_all, validate_all, Descriptors, Placed};
+use crate::descriptors::{self, place_all, validate_all, Descriptors, FlatPlan, Placed};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::staging::{Declared, StagingCounts, StagingPlan};
@@ -57,6 +57,8 @@ pub struct PreppedLists {
 pub struct Prepared {
     fragments: Arc<[Fragment]>,
     placed: Vec<Placed>,
+    /// The placed fragments flattened for the fast path, when every one is flat.
+    flat: Option<FlatPlan>,
     /// Per fragment, placed for slot maps when it carries token geometry.
     tokens: Vec<Option<TokenPlaced>>,
     /// Each side's buffers as declared, for host copies through a staging plan.
@@ -90,6 +92,7 @@ impl Prepared {
             .collect::<PlanResult<_>>()?;
         Ok(Self {
             fragments,
+            flat: FlatPlan::of(&placed),
             placed,
             tokens,
             memory: (src.declared(), dst.declared()),
@@ -187,6 +190,9 @@ impl Prepared {
 
     /// How many descriptors a request of `pages` page pairs would produce before coalescing.
     pub fn descriptor_count(&self, pages: usize, selection: &Selection) -> u64 {
+        if let Some(flat) = self.flat.as_ref().filter(|_| *selection == Selection::All) {
+            return flat.count(pages);
+        }
         self.selected(selection)
             .map(|(_, p)| p.count(pages))
             .fold(0, u64::saturating_add)
@@ -213,6 +219,10 @@ impl Prepared {
         coalesce: bool,
     ) -> PlanResult<Descriptors> {
         if *selection == Selection::All {
+            let fast = self.flat.as_ref();
+            if let Some(built) = fast.and_then(|f| f.build(src_pages, dst_pages, coalesce)) {
+                return Ok(built);
+            }
             return descriptors::build_placed(&self.placed, src_pages, dst_pages, coalesce);
         }
         let chosen: Vec<&Placed> = self.selected(selection).map(|(_, p)| p).collect();

@@ -356,7 +356,9 @@ pub fn place_tokens(
                 row_stride: 0,
                 reach,
                 limit,
-            },
+                max_page: None,
+            }
+            .with_max_page(),
             token_stride: runs.token_stride,
             run_stride: runs.run_stride,
         })

@@ -294,18 +294,22 @@ pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<
 /// Three columns as `pdplan.TransferDescriptors`: the one way both descriptor entry points
 /// (`transfer_descriptors`, `PreparedTransfer.descriptors`) hand them out.
 pub fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<'_, PyAny>> {
-    static TYPE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let cls = TYPE.get_or_try_init(py, || {
-        py.import("pdplan._descriptors")?
-            .getattr("TransferDescriptors")
-            .map(Bound::unbind)
+    // `tuple.__new__(TransferDescriptors, columns)`: what the NamedTuple's own `__new__` does,
+    // without running its Python frame (a request's fixed cost).
+    static NEW: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    let (new, cls) = NEW.get_or_try_init(py, || -> PyResult<_> {
+        let cls = py
+            .import("pdplan._descriptors")?
+            .getattr("TransferDescriptors")?;
+        let new = py.get_type::<PyTuple>().getattr("__new__")?;
+        Ok((new.unbind(), cls.unbind()))
     })?;
     let columns = (
         built.src_addrs.into_pyarray(py),
         built.dst_addrs.into_pyarray(py),
         built.lengths.into_pyarray(py),
     );
-    cls.bind(py).call1(columns)
+    new.bind(py).call1((cls.bind(py), columns))
 }
 
 pub fn rank_plan_object<'py>(py: Python<'py>, plan: &RankPlan) -> PyResult<Bound<'py, PyAny>> {
