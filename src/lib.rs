@@ -15,6 +15,7 @@ pub mod layout;
 pub mod layout_frame;
 pub mod lru;
 pub mod model;
+pub mod notify;
 pub mod page;
 pub mod pairs;
 pub mod planner;

@@ -11,6 +11,7 @@ use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::holders::{Holders, Units};
 use crate::layout::{BufferLayout, ParallelLayout};
+use crate::notify::notify_ranks;
 use crate::page::{Span, TokenGeometry};
 use crate::pairs::{needs_token_maps, validate_alignment, validate_context, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
@@ -55,6 +56,9 @@ pub struct RankPlan {
     pub target_dp_group: u64,
     /// Prefill ranks ascending.
     pub sources: Vec<SourcePlan>,
+    /// Prefill ranks of the group that hold some of the decode rank's bytes but send it none,
+    /// ascending: they hear "done" by a notify-only message (`notify`).
+    pub notify: Vec<u64>,
 }
 
 /// Whole-cluster routing, one row per (decode rank, prefill rank) pair that moves data.
@@ -650,11 +654,24 @@ impl Planner {
         for group in 0..decode_ranks.dp_size() {
             let source_group = self.default_prefill_group(group);
             for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
-                for &(prefill_slot, count, bytes) in sources {
+                let mut rows: Vec<(u64, u64, u64)> = sources
+                    .iter()
+                    .map(|&(slot, count, bytes)| {
+                        (
+                            prefill_ranks.rank_in_group(source_group, slot),
+                            count,
+                            bytes,
+                        )
+                    })
+                    .collect();
+                // Notify-only pairs: no fragment, no byte.
+                let read: Vec<u64> = rows.iter().map(|row| row.0).collect();
+                let notify = notify_ranks(self, decode_rank, source_group, None, &read);
+                rows.extend(notify.into_iter().map(|rank| (rank, 0, 0)));
+                rows.sort_unstable();
+                for (prefill_rank, count, bytes) in rows {
                     table.decode_rank.push(decode_rank);
-                    table
-                        .prefill_rank
-                        .push(prefill_ranks.rank_in_group(source_group, prefill_slot));
+                    table.prefill_rank.push(prefill_rank);
                     table.fragment_count.push(count);
                     table.bytes_per_page.push(bytes);
                 }
@@ -759,13 +776,23 @@ impl Planner {
                     fragments: Vec::new(),
                     fanout: self.request_fanout(prefill_rank),
                 }],
+                notify: notify_ranks(
+                    self,
+                    decode_rank,
+                    target_dp_group,
+                    num_tokens,
+                    &[prefill_rank],
+                ),
             });
         }
         let fanout = self.fanout_for(num_tokens);
+        let sources = self.collect_sources(decode_rank, target_dp_group, num_tokens, &fanout)?;
+        let read: Vec<u64> = sources.iter().map(|s| s.prefill_rank).collect();
         Ok(RankPlan {
             kind: PlanKind::Fragmented,
             target_dp_group,
-            sources: self.collect_sources(decode_rank, target_dp_group, num_tokens, &fanout)?,
+            notify: notify_ranks(self, decode_rank, target_dp_group, num_tokens, &read),
+            sources,
         })
     }
 }

@@ -184,6 +184,7 @@ def test_public_names() -> None:
                 ("required_prefill_response_num", None),
                 ("fragments_by_prefill_rank", None),
                 ("required_dst_info_num_by_prefill_rank", None),
+                ("notify_prefill_ranks", ()),
             ],
         ),
     ],

@@ -111,9 +111,11 @@ def test_plan_table_and_dot(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0 and "plan kind: fragmented" in out
     code, out, _ = run(capsys, *args, "--format", "dot")
     assert code == 0 and out.startswith("digraph pdplan {")
-    # GQA: prefill ranks 0 and 2 lead the two replica groups; 1 and 3 send nothing.
-    assert '"P0" -> "D0"' in out and '"P2" -> "D0"' in out and '"P1" -> "D0"' not in out
-    assert "8192 B/page, 4 fragments" in out
+    # GQA: prefill ranks 0 and 2 lead the two replica groups; 1 and 3 send nothing but hold
+    # the same heads, so they hear "done" (a dashed notify edge).
+    assert '"P0" -> "D0" [label="8192 B/page, 4 fragments"]' in out
+    assert '"P2" -> "D0" [label="8192 B/page, 4 fragments"]' in out
+    assert '"P1" -> "D0" [label="notify", style=dashed]' in out
 
 
 def test_config_option(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -404,7 +406,11 @@ def test_context_parallel_options(capsys: pytest.CaptureFixture[str]) -> None:
         assert f"decode DCP 8 (interleave {interleave})" in out
     code, out, _ = run(capsys, "plan", *base, "--format", "routing-json")
     rows = json.loads(out)["pairs"]
-    assert {(r["decode_rank"], r["prefill_rank"]) for r in rows} == {(d, d) for d in range(8)}
+    moving = {(r["decode_rank"], r["prefill_rank"]) for r in rows if r["fragments"]}
+    assert moving == {(d, d) for d in range(8)}
+    # The other seven prefill ranks hold the same MLA cache: each decode rank notifies them.
+    notify = {(r["decode_rank"], r["prefill_rank"]) for r in rows if not r["fragments"]}
+    assert notify == {(d, p) for d in range(8) for p in range(8) if p != d}
     # Prefill DCP 8 -> decode DCP 4: each decode rank reads its residue's two prefill ranks.
     code, out, _ = run(
         capsys,

@@ -254,6 +254,13 @@ def test_sources_and_fanouts_match_brute_force(
             assert set().union(*(held[p][1] & needed for p in sources)) == needed, (d, n)
             if prefill.kv == "sharded" and (axis == "kv_head" and prefill.tp <= heads):
                 assert sources == useful, (d, n)  # nobody else holds those pairs
+            # Who must hear "done": every rank of the group holding some of what this decode
+            # rank holds (needed or not: a replica that reads nothing), that it reads nothing
+            # from.
+            _, mine = decode.holds(d, axis, heads, n)
+            holders = {p for p, (g, pairs) in held.items() if g == group and pairs & mine}
+            assert set(plan.notify_prefill_ranks) == holders - sources, (d, n)
+            assert list(plan.notify_prefill_ranks) == sorted(plan.notify_prefill_ranks)
             for p in sources:
                 readers[p] += 1
                 fanouts[p] = plan.required_dst_info_num_for_prefill_rank(p)

@@ -20,6 +20,7 @@ from pdplan import (
 
 from oracle import (
     check_plan,
+    dealt_units,
     expected_fanout,
     expected_routing,
     fanout_from_deliveries,
@@ -184,7 +185,8 @@ def test_the_routing_table_is_what_the_dealing_says(layout: tuple[Any, ...]) -> 
     )
     identity = planner.plan_for_decode_rank(0).plan_kind == "identity"
     table = planner.routing_table()
-    rows = list(zip(*(column.tolist() for column in table)))
+    # Rows that move data; notify-only rows (no fragment) are checked in test_notify.py.
+    rows = [row for row in zip(*(column.tolist() for column in table)) if row[2]]
     assert rows == expected_routing(*layout, identity=identity)
     moved = [
         (rank, source, len(fragments), sum(f.bytes_per_page for f in fragments))
@@ -192,6 +194,51 @@ def test_the_routing_table_is_what_the_dealing_says(layout: tuple[Any, ...]) -> 
         for source, fragments in planner.transfer_fragments(rank).items()
     ]
     assert rows == moved
+
+
+@settings(max_examples=300, deadline=None)
+@given(layouts(), st.sampled_from(["first", "all"]))
+def test_notify_ranks_are_the_holders_of_a_decode_rank_s_bytes_it_reads_nothing_from(
+    layout: tuple[Any, ...], replicas: str
+) -> None:
+    """Brute force over units: a prefill rank of the group read holds some of a decode rank's
+    bytes when, for some buffer their stages both hold, their dealt units meet (a replicated
+    buffer: always); notify ranks are those holders minus the sources. The routing table's
+    notify rows (no fragment) are the same pairs."""
+    prefill, decode, prefill_buffers, decode_buffers = layout
+    assume(layout_is_valid(*layout))
+    planner = PDTransferPlanner(
+        prefill_layout=prefill,
+        decode_layout=decode,
+        prefill_buffers=prefill_buffers,
+        decode_buffers=decode_buffers,
+        decode_replicas=replicas,  # type: ignore[arg-type]
+    )
+    stages = stages_of(prefill, decode, prefill_buffers)
+    ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
+    expected_rows = set()
+    for d in range(decode.world_size):
+        plan = planner.plan_for_decode_rank(d)
+        _, d_stage, d_tp = where(decode, d)
+        holders = set()
+        for p in range(prefill.world_size):
+            p_group, p_stage, p_tp = where(prefill, p)
+            if p_group != plan.target_dp_group:
+                continue
+            for pb, db, (ps, ds) in zip(prefill_buffers, decode_buffers, stages):
+                if (ps, ds) != (p_stage, d_stage):
+                    continue
+                theirs, mine = dealt_units(pb, ptp, p_tp), dealt_units(db, dtp, d_tp)
+                assert theirs is not None and mine is not None
+                if set(theirs.tolist()) & set(mine.tolist()):
+                    holders.add(p)
+        notify = holders - set(plan.target_prefill_ranks)
+        assert list(plan.notify_prefill_ranks) == sorted(notify), d
+        expected_rows |= {(d, p) for p in notify}
+        event(f"notify ranks: {bool(notify)}")
+    table = planner.routing_table()
+    rows = zip(table.decode_rank.tolist(), table.prefill_rank.tolist(), table.fragment_count)
+    assert {(d, p) for d, p, count in rows if count == 0} == expected_rows
 
 
 def test_the_oracle_catches_broken_plans() -> None:

@@ -581,7 +581,8 @@ def _write_plan_json(
 def _write_routing_json(
     out: TextIO, shape: ModelShape, planner: PDTransferPlanner, ranks: Sequence[int]
 ) -> None:
-    """Who talks to whom: one row per (decode rank, prefill rank) pair, and the fanout."""
+    """Who talks to whom: one row per (decode rank, prefill rank) pair (notify-only pairs have
+    0 fragments and 0 bytes), and the fanout."""
     pairs = [
         {"decode_rank": d, "prefill_rank": p, "fragments": n, "bytes_per_page": b}
         for d, p, n, b in _routing_rows(planner, ranks)
@@ -661,10 +662,8 @@ def _print_table(
         f"{'decode rank':>{width}}  {'prefill rank':>{width}}  {'fragments':>9}  {'bytes/page':>12}"
     )
     for decode_rank, prefill_rank, count, nbytes in _routing_rows(planner, ranks):
-        print(
-            f"{rank(d, decode_rank):>{width}}  {rank(p, prefill_rank):>{width}}  {count:>9}  "
-            f"{nbytes:>12,}"
-        )
+        moved = f"{count:>9}  {nbytes:>12,}" if count else f"{'notify':>9}  {'':>12}"
+        print(f"{rank(d, decode_rank):>{width}}  {rank(p, prefill_rank):>{width}}  {moved}")
     print()
     fanout = planner.source_fanout
     print("fanout (decode ranks each prefill rank waits for, per request):")
@@ -751,6 +750,9 @@ def _print_dot(planner: PDTransferPlanner, ranks: Sequence[int]) -> None:
     for rank in ranks:
         print(f'  "D{rank}" [shape=ellipse, label="decode {rank}"];')
     for decode_rank, prefill_rank, count, nbytes in rows:
+        if count == 0:  # the prefill rank sends nothing but must hear "done"
+            print(f'  "P{prefill_rank}" -> "D{decode_rank}" [label="notify", style=dashed];')
+            continue
         print(
             f'  "P{prefill_rank}" -> "D{decode_rank}" [label="{nbytes} B/page, {count} fragments"];'
         )

@@ -191,6 +191,11 @@ class RankTransferPlan:
     required_prefill_response_num: int
     fragments_by_prefill_rank: dict[int, tuple[TransferFragment, ...]]
     required_dst_info_num_by_prefill_rank: dict[int, int]
+    #: Prefill ranks of the target DP group that hold some of this decode rank's bytes but
+    #: send it none (MLA replicas, GQA replica groups under ``decode_replicas="first"``, CP
+    #: and DCP shares read elsewhere), ascending: the runtime sends them a notify-only
+    #: message so that they free the request's blocks, as vLLM does.
+    notify_prefill_ranks: tuple[int, ...] = ()
 
     def required_dst_info_num_for_prefill_rank(self, prefill_rank: int) -> int:
         try:

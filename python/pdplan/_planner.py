@@ -16,8 +16,10 @@ __all__ = ["PDTransferPlanner", "RoutingTable"]
 
 
 class RoutingTable(NamedTuple):
-    """Whole-cluster routing: one row per (decode rank, prefill rank) pair that moves data,
-    decode rank then prefill rank ascending. Identity pairs count one whole item per buffer."""
+    """Whole-cluster routing: one row per (decode rank, prefill rank) pair that moves data or
+    must hear "done" (a notify-only pair: 0 fragments, 0 bytes; see
+    ``RankTransferPlan.notify_prefill_ranks``), decode rank then prefill rank ascending.
+    Identity pairs count one whole item per buffer."""
 
     decode_rank: npt.NDArray[np.int64]
     prefill_rank: npt.NDArray[np.int64]

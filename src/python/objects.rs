@@ -85,13 +85,14 @@ impl ModelTypes {
 }
 
 /// `RankTransferPlan` fields in dataclass order (a test holds this to `dataclasses.fields`).
-pub const RANK_PLAN_FIELDS: [&str; 6] = [
+pub const RANK_PLAN_FIELDS: [&str; 7] = [
     "plan_kind",
     "target_dp_group",
     "target_prefill_ranks",
     "required_prefill_response_num",
     "fragments_by_prefill_rank",
     "required_dst_info_num_by_prefill_rank",
+    "notify_prefill_ranks",
 ];
 
 /// Builds `TransferFragment` objects without running `__init__` (the values come validated
@@ -325,13 +326,14 @@ pub fn rank_plan_object<'py>(py: Python<'py>, plan: &RankPlan) -> PyResult<Bound
         }
         fanouts.set_item(source.prefill_rank, source.fanout)?;
     }
-    let values: [Bound<'py, PyAny>; 6] = [
+    let values: [Bound<'py, PyAny>; 7] = [
         PyString::new(py, plan.kind.as_str()).into_any(),
         plan.target_dp_group.into_pyobject(py)?.into_any(),
         PyTuple::new(py, &ranks)?.into_any(),
         ranks.len().into_pyobject(py)?.into_any(),
         fragments.into_any(),
         fanouts.into_any(),
+        PyTuple::new(py, &plan.notify)?.into_any(),
     ];
     let names = RANK_PLAN_FIELDS.map(|name| PyString::intern(py, name));
     frozen_instance(types.rank_plan.bind(py), names.iter().zip(values.iter()))

@@ -1,0 +1,96 @@
+//! Who must hear "done": the prefill ranks of the DP group a decode rank reads that hold some
+//! of the bytes its cache holds but send it none (MLA replicas, GQA replica groups under
+//! `DecodeReplicas::First`, CP and DCP shares the plan reads elsewhere). A runtime sends them
+//! notify-only messages so that they free their blocks, as vLLM does.
+
+use std::collections::HashSet;
+
+use crate::context::shares_meet;
+use crate::layout::{BufferLayout, LogicalAxis};
+use crate::planner::Planner;
+use crate::ranks::Slot;
+
+/// What decides whether two ranks hold common bytes of a buffer pair: the stages holding
+/// it, how each side splits its units, and whether it is indexed by token. Buffers alike in
+/// these behave alike, so each kind is checked once.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Holding {
+    stages: (u64, u64),
+    axis: LogicalAxis,
+    parts: Vec<u64>,
+    replicas: (u64, u64),
+}
+
+impl Holding {
+    fn of(p: &BufferLayout, d: &BufferLayout, stages: (u64, u64)) -> Self {
+        Self {
+            stages,
+            axis: p.logical_axis,
+            parts: p.part_sizes().collect(),
+            replicas: (p.tp_replica_group_size, d.tp_replica_group_size),
+        }
+    }
+
+    /// The units (by part, as `[start, end)` of the whole axis) TP rank `tp_rank` of a side
+    /// of TP `tp` holds, its replica group being `replica` ranks.
+    fn units(&self, tp: u64, replica: u64, tp_rank: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let shards = (tp / replica.max(1)).max(1);
+        let shard = tp_rank / replica.max(1);
+        let mut offset = 0;
+        self.parts.iter().map(move |&part| {
+            let per_shard = part / shards;
+            let start = offset + shard * per_shard;
+            offset += part;
+            (start, start + per_shard)
+        })
+    }
+
+    /// Whether the prefill rank at `p` and the decode rank at `d` hold common units.
+    fn units_meet(&self, (prefill_tp, decode_tp): (u64, u64), p: Slot, d: Slot) -> bool {
+        if !self.axis.is_sharded() {
+            return true;
+        }
+        self.units(prefill_tp, self.replicas.0, p.tp_rank)
+            .zip(self.units(decode_tp, self.replicas.1, d.tp_rank))
+            .any(|((a, b), (x, y))| a < y && x < b)
+    }
+}
+
+/// The prefill ranks of DP group `group` that hold some of decode rank `decode_rank`'s bytes
+/// for a request of `num_tokens` tokens (None: any request), except `sources`, ascending.
+pub fn notify_ranks(
+    planner: &Planner,
+    decode_rank: u64,
+    group: u64,
+    num_tokens: Option<u64>,
+    sources: &[u64],
+) -> Vec<u64> {
+    let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
+    let at = decode_ranks.coord(decode_rank).slot();
+    let mut kinds: Vec<Holding> = Vec::new();
+    let mut seen = HashSet::new();
+    for ((p, d), stages) in planner.buffer_pairs().zip(planner.buffer_stages()) {
+        let kind = Holding::of(p, d, stages);
+        if stages.1 == at.stage && seen.insert(kind.clone()) {
+            kinds.push(kind);
+        }
+    }
+    let holders = planner.holders();
+    let tps = (prefill_ranks.tp_size(), decode_ranks.tp_size());
+    let tokens = num_tokens.filter(|_| holders.any_context());
+    let mine = holders.decode.share(at);
+    prefill_ranks
+        .slots()
+        .filter(|&slot| {
+            let shares_meet = shares_meet(holders.prefill.share(slot), mine, tokens);
+            kinds.iter().any(|kind| {
+                kind.stages.0 == slot.stage
+                    && kind.units_meet(tps, slot, at)
+                    && (!kind.axis.is_token_indexed() || shares_meet)
+                    && tokens != Some(0)
+            })
+        })
+        .map(|slot| prefill_ranks.rank_in_group(group, slot))
+        .filter(|rank| !sources.contains(rank))
+        .collect()
+}
