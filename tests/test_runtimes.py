@@ -5,22 +5,16 @@ against hand-written layouts and against real bytes moved between them."""
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from runtime_caches import (
-    RankCache,
-    Side,
-    guarded,
-    guards_intact,
-    move,
-    sglang_mha,
-    sglang_mla,
-    vllm_kv,
-    vllm_mla,
-)
+from runtime_caches import guarded, sglang_mha, sglang_mla, vllm_kv, vllm_mla
+from runtime_pairs import PAIRS, Mover
 
 import pdplan
 from pdplan import (
@@ -250,121 +244,70 @@ def test_state_specs_follow_the_model_code_and_tensors_find_their_channel_axis()
 
 
 # ---------------------------------------------------------------------------------------------
-# Real bytes between runtimes
+# Real bytes between runtimes: in memory here, through the engines in a child process
 
 
-def heads_of(rank: int, tp: int, heads: int) -> Any:
-    if tp <= heads:
-        return lambda local: rank * (heads // tp) + local
-    return lambda local: rank // (tp // heads)
+@pytest.mark.parametrize("name", PAIRS)
+def test_between_runtimes_in_memory(name: str) -> None:
+    mover = Mover()
+    PAIRS[name](mover)
+    assert mover.moved > 0
 
 
-def page_slots(table: list[int], page_size: int, n: int) -> np.ndarray:
-    return np.array([table[t // page_size] * page_size + t % page_size for t in range(n)])
+class DropsOne(Mover):
+    """Moves every descriptor but the last of each request."""
+
+    def __call__(self, descriptors: Any) -> None:
+        src, dst, lengths = descriptors
+        super().__call__((src[:-1], dst[:-1], lengths[:-1]))
 
 
-def run_pair(
-    prefill: tuple[list[CacheBuffers], list[RankCache], list[Side]],
-    decode: tuple[list[CacheBuffers], list[RankCache], list[Side]],
-    heads: int,
-    slots: tuple[np.ndarray, np.ndarray],
-    *,
-    decode_replicas: str = "first",
-) -> PDTransferPlanner:
-    """Plans from the runtimes' own buffers, moves the bytes by slot maps, checks them all."""
-    (p_bufs, p_caches, _), (d_bufs, d_caches, d_sides) = prefill, decode
-    ptp, dtp = len(p_bufs), len(d_bufs)
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", ptp),
-        decode_layout=ParallelLayout("decode", dtp),
-        prefill_buffers=p_bufs[0].buffers,
-        decode_buffers=d_bufs[0].buffers,
-        decode_replicas=decode_replicas,  # type: ignore[arg-type]
-        token_maps=True,
+@pytest.mark.parametrize("name", PAIRS)
+def test_a_missing_descriptor_is_caught_by_the_element_comparison(name: str) -> None:
+    with pytest.raises(AssertionError):
+        PAIRS[name](DropsOne())
+
+
+def through(name: str, engine: str) -> None:
+    script = Path(__file__).resolve().parent / "runtime_pairs.py"
+    done = subprocess.run(
+        [sys.executable, str(script), name, engine],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    planner.verify()
-    for rank, cache in enumerate(p_caches):
-        cache.fill(slots[0], heads_of(rank, ptp, heads))
-    for rank, cache in enumerate(d_caches):
-        # Every decode rank needs a replicated (MLA) buffer; replica groups of a sharded one
-        # receive at their first rank only, unless asked for all.
-        replicated = p_bufs[0].buffers[0].logical_axis == "replicated"
-        receives = replicated or decode_replicas == "all" or dtp <= heads
-        receives = receives or rank % (dtp // heads) == 0
-        tokens = range(len(slots[1])) if receives else range(0)
-        want = cache.expected(slots[1], heads_of(rank, dtp, heads), tokens)
-        for source, fragments in planner.transfer_fragments(rank).items():
-            prepared = PreparedTransfer(
-                fragments,
-                p_bufs[source].base_ptrs,
-                d_bufs[rank].base_ptrs,
-                src_limits=p_bufs[source].limits,
-                dst_limits=d_bufs[rank].limits,
-            )
-            move(prepared.token_descriptors(slots[0], slots[1]))
-        for got, wanted in zip(cache.actual(), want, strict=True):
-            np.testing.assert_array_equal(got, wanted)
-        assert guards_intact(d_sides[rank])
-    return planner
+    assert done.returncode == 0 and f"ok {name}" in done.stdout, done.stdout + done.stderr
 
 
-def vllm_side(
-    tp: int, heads: int, backend: str = "FLASH_ATTN", hnd: bool = False, block_size: int = 16
-) -> tuple[list[CacheBuffers], list[RankCache], list[Side]]:
+@pytest.mark.mooncake
+@pytest.mark.parametrize("name", PAIRS)
+def test_between_runtimes_through_mooncake(name: str, mooncake_engine: None) -> None:
+    through(name, "mooncake")
+
+
+@pytest.mark.nixl
+@pytest.mark.parametrize("name", PAIRS)
+def test_between_runtimes_through_nixl(name: str, nixl_engine: None) -> None:
+    through(name, "nixl")
+
+
+def vllm_side(tp: int, heads: int, hnd: bool = False) -> list[CacheBuffers]:
     sides = [
-        vllm_kv(
-            layers=2,
-            blocks=12,
-            block_size=block_size,
-            heads=max(1, heads // tp),
-            dim=4,
-            backend=backend,
-            hnd=hnd,
-        )
+        vllm_kv(layers=2, blocks=12, block_size=16, heads=max(1, heads // tp), dim=4, hnd=hnd)
         for _ in range(tp)
     ]
     layout = "HND" if hnd else "NHD"
-    bufs = [
-        vllm.buffers(s.tensors, backend=backend, kv_layout=layout, tp_size=tp, num_kv_heads=heads)
+    return [
+        vllm.buffers(
+            s.tensors, backend="FLASH_ATTN", kv_layout=layout, tp_size=tp, num_kv_heads=heads
+        )
         for s in sides
     ]
-    return bufs, [RankCache.of_vllm(s, backend, block_size) for s in sides], sides
-
-
-def sglang_side(
-    tp: int, heads: int, page_size: int
-) -> tuple[list[CacheBuffers], list[RankCache], list[Side]]:
-    made = [
-        sglang_mha(
-            layers=2, size=4 * page_size, page_size=page_size, heads=max(1, heads // tp), dim=4
-        )
-        for _ in range(tp)
-    ]
-    bufs = [sglang.buffers(pool, tp_size=tp, num_kv_heads=heads) for pool, _ in made]
-    return bufs, [RankCache.of_sglang(pool) for pool, _ in made], [s for _, s in made]
-
-
-def test_vllm_flash_attention_tp4_into_an_sglang_pool_of_64_token_pages_tp2() -> None:
-    n = 70
-    src = page_slots([7, 2, 9, 0, 11], 16, n)
-    dst = page_slots([3, 1], 64, n)  # SGLang pages from 1: page 0 is its padding page
-    planner = run_pair(vllm_side(4, 8), sglang_side(2, 8, 64), 8, (src, dst))
-    assert planner.token_maps
-
-
-@pytest.mark.parametrize("replicas", ["first", "all"])
-def test_vllm_hnd_tp2_into_vllm_nhd_tp4_at_equal_pages(replicas: str) -> None:
-    n = 40
-    src = page_slots([5, 0, 8], 16, n)
-    dst = page_slots([1, 10, 4], 16, n)
-    planner = run_pair(vllm_side(2, 8, hnd=True), vllm_side(4, 8), 8, (src, dst))
-    assert planner.token_maps
-    # And with more decode ranks than KV heads (GQA replica groups).
-    run_pair(vllm_side(1, 2, hnd=True), vllm_side(4, 2), 2, (src, dst), decode_replicas=replicas)
 
 
 def test_the_page_path_refuses_head_major_into_token_major_and_names_slot_maps() -> None:
-    (p, _, _), (d, _, _) = vllm_side(2, 8, hnd=True), vllm_side(4, 8)
+    p, d = vllm_side(2, 8, hnd=True), vllm_side(4, 8)
     planner = PDTransferPlanner(
         prefill_layout=ParallelLayout("prefill", 2),
         decode_layout=ParallelLayout("decode", 4),
@@ -380,126 +323,6 @@ def test_the_page_path_refuses_head_major_into_token_major_and_names_slot_maps()
     prepared = PreparedTransfer(fragments, p[0].base_ptrs, d[0].base_ptrs)
     with pytest.raises(UnsupportedPDLayoutError, match=r"stored differently.*token_descriptors"):
         prepared.descriptors([0, 1], [2, 3])
-
-
-def test_flashinfer_fused_pages_into_flash_attention_split_pages() -> None:
-    n = 33
-    src = page_slots([4, 6, 1], 16, n)
-    dst = page_slots([9, 2, 5], 16, n)
-    run_pair(vllm_side(2, 4, backend="FLASHINFER"), vllm_side(2, 4), 4, (src, dst))
-    run_pair(vllm_side(1, 4, backend="FLASHINFER", hnd=True), vllm_side(2, 4), 4, (src, dst))
-
-
-def test_vllm_mla_into_an_sglang_mla_pool() -> None:
-    n = 50
-    src = page_slots([3, 0, 5, 7], 16, n)
-    dst = page_slots([2, 1], 32, n)
-    p_sides = [vllm_mla(layers=2, blocks=9, block_size=16, width=12) for _ in range(2)]
-    p = [vllm.buffers(s.tensors, backend="FLASHMLA", tp_size=2) for s in p_sides]
-    made = [sglang_mla(layers=2, size=128, page_size=32, width=12) for _ in range(4)]
-    d = [sglang.buffers(pool, tp_size=4) for pool, _ in made]
-    run_pair(
-        (p, [RankCache.of_vllm(s, "FLASHMLA", 16) for s in p_sides], p_sides),
-        (d, [RankCache.of_sglang(pool) for pool, _ in made], [s for _, s in made]),
-        1,
-        (src, dst),
-    )
-
-
-def state_label(layer: int, tensor: int, channel: int, rest: int) -> int:
-    return ((layer * 4 + tensor) * 4096 + channel) * 1024 + rest + 7
-
-
-def global_channel(local: int, rank: int, tp: int, parts: tuple[int, ...]) -> int:
-    """Which model channel a rank's local channel is: each part split over TP on its own."""
-    offset = 0
-    for part in parts:
-        share = part // tp
-        if local < share:
-            return offset + rank * share + local
-        local -= share
-        offset += part
-    raise AssertionError("local channel past the rank's share")
-
-
-def test_a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool() -> None:
-    layer = Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2, conv_kernel=4)
-    specs = pdplan.state_specs(layer)
-    conv_spec = specs[0]
-    conv_parts = conv_spec.logical_parts
-    assert conv_parts is not None
-    ptp, dtp, slots_p, slots_d = 2, 1, 6, 5
-
-    def vllm_rank(rank: int) -> tuple[list[Any], Side, list[list[np.ndarray]]]:
-        kv = vllm_kv(layers=2, blocks=12, block_size=16, heads=4 // ptp, dim=4)
-        states = []
-        for _ in range(2):  # vLLM's dim-first conv layout, the same as SGLang's
-            conv = kv.keep(guarded((slots_p, conv_spec.logical_size // ptp, 3)))
-            ssm = kv.keep(guarded((slots_p, 4 // ptp, 2, 3)))
-            states.append([conv, ssm])
-        caches = [kv.tensors[0], states[0], kv.tensors[1], states[1]]
-        return caches, kv, states
-
-    prefill = [vllm_rank(r) for r in range(ptp)]
-    p_bufs = [
-        vllm.buffers(c, backend="FLASH_ATTN", tp_size=ptp, num_kv_heads=4, states=specs)
-        for c, _, _ in prefill
-    ]
-    pool, d_side = sglang_mha(layers=2, size=128, page_size=64, heads=4, dim=4)
-    conv_d = d_side.keep(guarded((2, slots_d, conv_spec.logical_size, 3)))
-    temporal_d = d_side.keep(guarded((2, slots_d, 4, 2, 3)))
-    mamba_pool = SimpleNamespace(mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d))
-    d_bufs = sglang.buffers(pool, tp_size=dtp, mamba_pool=mamba_pool, states=specs)
-    assert [b.buffer_kind for b in d_bufs.buffers] == [K, V, K, V] + [BufferKind.MAMBA_STATE] * 4
-    assert [b.buffer_kind for b in p_bufs[0].buffers] == [b.buffer_kind for b in d_bufs.buffers]
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", ptp),
-        decode_layout=ParallelLayout("decode", dtp),
-        prefill_buffers=p_bufs[0].buffers,
-        decode_buffers=d_bufs.buffers,
-        token_maps=True,
-    )
-    planner.verify()
-    n, src_state, dst_state = 21, 4, 2
-    src = page_slots([3, 8], 16, n)
-    dst = page_slots([1], 64, n)
-    for rank, (_, kv, states) in enumerate(prefill):
-        RankCache.of_vllm(kv, "FLASH_ATTN", 16).fill(src, heads_of(rank, ptp, 4))
-        for li, (conv, ssm) in enumerate(states):
-            for c in range(conv.shape[1]):
-                channel = global_channel(c, rank, ptp, conv_parts)
-                conv[src_state, c] = [state_label(li, 0, channel, x) for x in range(3)]
-            for h in range(ssm.shape[1]):
-                ssm[src_state, h] = np.array(
-                    [state_label(li, 1, rank * ssm.shape[1] + h, x) for x in range(6)]
-                ).reshape(2, 3)
-    kv_cache = RankCache.of_sglang(pool)
-    want = kv_cache.expected(dst, heads_of(0, dtp, 4), range(n))
-    want_conv = conv_d.copy()
-    want_temporal = temporal_d.copy()
-    for li in range(2):
-        for c in range(conv_d.shape[2]):
-            want_conv[li, dst_state, c] = [state_label(li, 0, c, x) for x in range(3)]
-        for h in range(4):
-            want_temporal[li, dst_state, h] = np.array(
-                [state_label(li, 1, h, x) for x in range(6)]
-            ).reshape(2, 3)
-    kv_buffers, state_range = range(4), range(4, 8)
-    for source, fragments in planner.transfer_fragments(0).items():
-        prepared = PreparedTransfer(
-            fragments,
-            p_bufs[source].base_ptrs,
-            d_bufs.base_ptrs,
-            src_limits=p_bufs[source].limits,
-            dst_limits=d_bufs.limits,
-        )
-        move(prepared.token_descriptors(src, dst, buffers=kv_buffers))
-        move(prepared.descriptors([src_state], [dst_state], buffers=state_range))
-    for got, wanted in zip(kv_cache.actual(), want, strict=True):
-        np.testing.assert_array_equal(got, wanted)
-    np.testing.assert_array_equal(conv_d, want_conv)
-    np.testing.assert_array_equal(temporal_d, want_temporal)
-    assert guards_intact(d_side)
 
 
 def test_state_layouts_that_differ_between_runtimes_are_refused_naming_the_rows() -> None:
