@@ -235,12 +235,12 @@ impl Planner {
             fanout_per_slot: Vec::new(),
         };
         if replicas == DecodeReplicas::All || holders.prefill.context.cp_replicas() > 1 {
-            let needs = planner
+            let needs: Vec<Vec<Need>> = planner
                 .decode_ranks()
                 .slots()
                 .map(|at| planner.needs(at))
                 .collect();
-            planner.spread = Spread::choose(planner.prefill_ranks(), needs);
+            planner.spread = Spread::choose(planner.prefill_ranks(), &needs);
         }
         planner.fanout_per_slot = planner.count_fanout(None);
         Ok(planner)
@@ -937,8 +937,17 @@ mod tests {
             ),
             // Prefill TP 2 -> decode TP 8: decode r holds head r, prefill rank r / 4 holds it.
             ((2, 8, 8), (0..8).map(|d| (d, d / 4, 2, 2 * head)).collect()),
-            // 2 heads over prefill TP 4 (replica groups {0, 1}, {2, 3}) -> TP 1: the leaders.
-            ((4, 1, 2), vec![(0, 0, 2, 2 * head), (0, 2, 2, 2 * head)]),
+            // 2 heads over prefill TP 4 (replica groups {0, 1}, {2, 3}) -> TP 1: the leaders,
+            // and the other two holders as notify-only rows.
+            (
+                (4, 1, 2),
+                vec![
+                    (0, 0, 2, 2 * head),
+                    (0, 1, 0, 0),
+                    (0, 2, 2, 2 * head),
+                    (0, 3, 0, 0),
+                ],
+            ),
             // Same TP: whole items (two heads each) rank to rank.
             ((4, 4, 8), (0..4).map(|r| (r, r, 2, 2 * 2 * head)).collect()),
         ];

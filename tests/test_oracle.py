@@ -169,6 +169,45 @@ def test_every_decode_rank_served_with_the_least_fanout(layout: tuple[Any, ...])
         assert max(planner.source_fanout.values()) == least
 
 
+def test_needs_with_few_holders_are_served_before_ranks_that_could_read_anywhere() -> None:
+    """Decode stage 0 reads one head that all eight prefill TP ranks of stage 0 hold; stage 1
+    reads four heads each held by two of them. Served decode rank by decode rank, stage 0's
+    ranks took two of those eight first and left a pair with both members loaded (largest
+    fanout 2); fewest choices first, every prefill rank serves one decode rank."""
+    prefill = ParallelLayout("prefill", 16, 1, 2, (2, 1))
+    decode = ParallelLayout("decode", 4, 1, 2, (1, 2))
+
+    def kv(index: int, heads: int, replica: int, item: int, layer: int) -> BufferLayout:
+        return BufferLayout(
+            index, BufferKind.TARGET_K, "kv_head", heads, 16, 1, item, replica, layer=layer
+        )
+
+    layout = (
+        prefill,
+        decode,
+        (
+            kv(0, 4, 2, 1, 1),
+            kv(1, 1, 8, 1, 0),
+            BufferLayout(2, BufferKind.TARGET_K, "replicated", 1, 16, 1, 1, 2, layer=2),
+        ),
+        (
+            kv(0, 4, 1, 2, 1),
+            kv(1, 1, 2, 1, 0),
+            BufferLayout(2, BufferKind.TARGET_K, "replicated", 1, 16, 1, 1, 2, layer=2),
+        ),
+    )
+    assert layout_is_valid(*layout)
+    planner = PDTransferPlanner(
+        prefill_layout=prefill,
+        decode_layout=decode,
+        prefill_buffers=layout[2],
+        decode_buffers=layout[3],
+        decode_replicas="all",
+    )
+    check_every_rank(planner, layout, "all")
+    assert max(planner.source_fanout.values()) == least_largest_fanout(*layout) == 1
+
+
 @settings(max_examples=300, deadline=None)
 @given(layouts())
 def test_the_routing_table_is_what_the_dealing_says(layout: tuple[Any, ...]) -> None:
