@@ -124,8 +124,11 @@ def large_world_table(repeat: int) -> list[dict[str, Any]]:
     t_ours, staged_plans = best_of(
         lambda: [staged_planner.plan_for_decode_rank(r) for r in ranks], repeat
     )
-    pairs = len(staged_planner.routing_table().decode_rank)
+    table = staged_planner.routing_table()
+    pairs = int((table.fragment_count > 0).sum())  # notify-only rows move nothing
     assert sum(len(p.target_prefill_ranks) for p in staged_plans) == pairs
+    notified = sum(len(p.notify_prefill_ranks) for p in staged_plans)
+    assert notified == len(table.decode_rank) - pairs
     rows.append(
         row(f"plan_for_decode_rank x {len(ranks)}, PP 2 on both sides", None, None, t_ours, None)
     )

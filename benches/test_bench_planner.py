@@ -103,4 +103,6 @@ def test_decode_pure_python(benchmark: Any, fragment_lists: Any) -> None:
 @pytest.mark.benchmark(group="routing table")
 def test_routing_table_pdplan(benchmark: Any, planners: Any) -> None:
     table = benchmark(planners[0].routing_table)
-    assert len(table.decode_rank) == 2 * WORLD.decode.world_size
+    # Two sources a decode rank, and two notify-only pairs (the sources' replicas).
+    assert int((table.fragment_count > 0).sum()) == 2 * WORLD.decode.world_size
+    assert len(table.decode_rank) == 4 * WORLD.decode.world_size
