@@ -42,6 +42,17 @@ def sides() -> dict[str, Any]:
     )
 
 
+def planner_of(s: dict[str, Any]) -> PDTransferPlanner:
+    """The planner of both sides' own layouts and rank 0's buffers."""
+    (p_layout, p), (d_layout, d) = s["prefill"], s["decode"]
+    return PDTransferPlanner(
+        prefill_layout=p_layout,
+        decode_layout=d_layout,
+        prefill_buffers=p[0].buffers,
+        decode_buffers=d[0].buffers,
+    )
+
+
 def test_a_side_round_trips_through_its_frames() -> None:
     s = sides()
     layout, caches = s["prefill"]
@@ -112,13 +123,8 @@ def test_both_sides_build_the_same_planner_and_agree_on_its_fingerprint() -> Non
 
 def test_a_peer_whose_layout_differs_is_refused_naming_the_first_field() -> None:
     s = sides()
-    (p_layout, p), (d_layout, d) = s["prefill"], s["decode"]
-    planner = PDTransferPlanner(
-        prefill_layout=p_layout,
-        decode_layout=d_layout,
-        prefill_buffers=p[0].buffers,
-        decode_buffers=d[0].buffers,
-    )
+    (_, p), (d_layout, d) = s["prefill"], s["decode"]
+    planner = planner_of(s)
     planner.check_layout(d_layout, d[1].buffers)  # another rank of the same side: the same
     other = list(d[1].buffers)
     other[5] = dataclasses.replace(other[5], bytes_per_logical_unit=64 * 2 * 8, layer=2)
@@ -182,13 +188,8 @@ def test_garbage_is_refused_never_raised_otherwise(noise: bytes, cut: int) -> No
 
 def test_from_layouts_gives_the_descriptors_of_the_frames_path() -> None:
     s = sides()
-    (p_layout, p), (d_layout, d) = s["prefill"], s["decode"]
-    planner = PDTransferPlanner(
-        prefill_layout=p_layout,
-        decode_layout=d_layout,
-        prefill_buffers=p[0].buffers,
-        decode_buffers=d[0].buffers,
-    )
+    (_, p), (_, d) = s["prefill"], s["decode"]
+    planner = planner_of(s)
     n = 90
     src = np.array([7, 3, 11, 0, 5, 9][: -(-n // 16)])
     src_slots = np.array([src[t // 16] * 16 + t % 16 for t in range(n)])
