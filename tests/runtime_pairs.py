@@ -3,7 +3,7 @@ SGLang's tensors, `runtime_caches`), through memmove or a transfer engine: each 
 the buffers `pdplan.runtimes` reads, moves the bytes by the descriptors pdplan builds, and
 checks every element of every decode rank's cache and the guard bytes around it.
 
-    python tests/runtime_pairs.py CASE ENGINE    # ENGINE: memory, mooncake or nixl
+    python tests/runtime_pairs.py CASE|all ENGINE    # ENGINE: memory, mooncake or nixl
 
 run as a child process by the engine tests (NIXL's agents crash in their destructors at
 interpreter exit, so the child leaves with os._exit once its verdict is printed).
@@ -60,6 +60,8 @@ class Mover:
         self.moved = 0
 
     def register(self, prefill: Sequence[Side], decode: Sequence[Side]) -> None:
+        """Registers each side's memory with fresh engines, one a side: memory a case freed may
+        come back at the same addresses, which an engine would refuse to register twice."""
         if self.engine == "memory":
             return
         from pd_transfer import make_engine
@@ -336,11 +338,12 @@ PAIRS: dict[str, Callable[[Mover], None]] = {
 
 
 def main() -> None:
-    name, engine = sys.argv[1], sys.argv[2]
-    mover = Mover(engine)
+    chosen, engine = sys.argv[1], sys.argv[2]
     try:
-        PAIRS[name](mover)
-        print(f"ok {name} through {engine}: {mover.moved} bytes", flush=True)
+        for name in PAIRS if chosen == "all" else [chosen]:
+            mover = Mover(engine)
+            PAIRS[name](mover)
+            print(f"ok {name} through {engine}: {mover.moved} bytes", flush=True)
         code = 0
     except BaseException:  # the verdict, whatever went wrong
         traceback.print_exc()

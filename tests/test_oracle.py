@@ -235,7 +235,7 @@ def test_the_routing_table_is_what_the_dealing_says(layout: tuple[Any, ...]) -> 
     assert rows == moved
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(layouts(), st.sampled_from(["first", "all"]))
 def test_notify_ranks_are_the_holders_of_a_decode_rank_s_bytes_it_reads_nothing_from(
     layout: tuple[Any, ...], replicas: str
