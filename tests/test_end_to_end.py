@@ -525,7 +525,8 @@ STAGING_CASES = [
 #: processes): what they vary is tokens, contexts or staging, not processes; the page cases
 #: keep a process a rank. One process a side saves about 6 s a case.
 # One process a side (its ranks sharing one engine; the bytes still cross processes) keeps CI
-# short; the other page cases, TP 8 -> 2 and 2 -> 8 among them, run one process a rank.
+# short; TP 8 -> 2 and 2 -> 8, the GQA and identity cases and one conv-parts case run one
+# process a rank.
 PER_SIDE = {c.name for c in TOKEN_CASES + CP_CASES + STAGING_CASES} | {
     "nhd_tp16_to_tp32_every_decode_rank",
     "nhd_tp2_to_tp8",
@@ -534,6 +535,12 @@ PER_SIDE = {c.name for c in TOKEN_CASES + CP_CASES + STAGING_CASES} | {
     "pp1_tp4_to_pp2_tp2",
     "pp_uneven_5_layers_3_2_to_2_3",
     "hybrid_mamba_mlp_attention_pp_3_2_tp2_to_pp_2_3_tp4",
+    "mamba_state_tp4_to_tp2",
+    "mla_replicated_tp4_to_tp2",
+    "two_dp_groups_each_side",
+    "fused_kv_pages_tp4_to_tp2",
+    "mamba2_conv_parts_tp2_to_tp4",
+    "mamba2_conv_parts_tp4_to_tp1",
 }
 
 
