@@ -206,6 +206,17 @@ def test_sglang_pools_give_the_hand_written_layouts() -> None:
     )
     with pytest.raises(UnsupportedPDLayoutError, match="not a pool pdplan reads"):
         sglang.buffers(SimpleNamespace(page_size=1), tp_size=1)
+    # Objects that look half like a pool are refused, naming what is missing.
+    half = SimpleNamespace(k_buffer=pool.k_buffer, v_buffer=pool.v_buffer[:1], head_num=4)
+    with pytest.raises(UnsupportedPDLayoutError, match="no 'page_size'"):
+        sglang.buffers(half, tp_size=2)
+    half.page_size = 64
+    with pytest.raises(UnsupportedPDLayoutError, match="2 K buffers but 1 V"):
+        sglang.buffers(half, tp_size=2)
+    with pytest.raises(UnsupportedPDLayoutError, match="no 'temporal'"):
+        sglang.buffers(SimpleNamespace(mamba_cache=SimpleNamespace(conv=[])), tp_size=1)
+    with pytest.raises(UnsupportedPDLayoutError, match="no 'shape'"):
+        vllm.buffers([object()], backend="FLASH_ATTN", tp_size=1, num_kv_heads=1)
 
 
 MAMBA = Mamba2Layer(heads=8, head_dim=4, state_size=4, groups=2, conv_kernel=4)

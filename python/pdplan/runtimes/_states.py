@@ -12,11 +12,30 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
 
+def attribute(obj: Any, name: str, what: str) -> Any:
+    """A runtime object's attribute, or a clear refusal naming what is missing."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        raise UnsupportedPDLayoutError(
+            f"{what} ({type(obj).__name__}) has no {name!r}; pass the runtime's own object"
+        ) from None
+
+
+def shape_of(array: Any, what: str) -> tuple[int, ...]:
+    """An array's shape as ints, or a clear refusal for what is not an array."""
+    shape = attribute(array, "shape", what)
+    try:
+        return tuple(int(n) for n in shape)
+    except (TypeError, ValueError):
+        raise UnsupportedPDLayoutError(f"{what} has a shape that is not a tuple of ints") from None
+
+
 def state_buffer(
     buffer_index: int, array: Any, spec: StateSpec, tp_size: int
 ) -> tuple[BufferLayout, int, int]:
     """One state tensor of one layer, ``(request slots, ...)``, as a buffer."""
-    shape = tuple(int(n) for n in array.shape)
+    shape = shape_of(array, f"state tensor {buffer_index}")
     share = spec.logical_size // tp_size if tp_size > 0 else 0
     channel = next((i for i, n in enumerate(shape) if i > 0 and n == share), None)
     if channel is None or channel > 2:

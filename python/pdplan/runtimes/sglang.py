@@ -16,7 +16,7 @@ from typing import Any
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
-from pdplan.runtimes._states import state_buffers
+from pdplan.runtimes._states import attribute, shape_of, state_buffers
 
 __all__ = ["buffers"]
 
@@ -24,11 +24,18 @@ __all__ = ["buffers"]
 def _kv_buffers(
     pool: Any, tp_size: int, num_kv_heads: int | None, windows: dict[int, int]
 ) -> list[tuple[BufferLayout, int, int]]:
-    page_size = int(pool.page_size)
     built: list[tuple[BufferLayout, int, int]] = []
     if hasattr(pool, "k_buffer") and hasattr(pool, "v_buffer"):
-        heads = num_kv_heads if num_kv_heads is not None else int(pool.head_num) * tp_size
-        for position, (k, v) in enumerate(zip(pool.k_buffer, pool.v_buffer, strict=True)):
+        page_size = int(attribute(pool, "page_size", "the KV pool"))
+        heads = num_kv_heads
+        if heads is None:
+            heads = int(attribute(pool, "head_num", "the KV pool")) * tp_size
+        keys, values = list(pool.k_buffer), list(pool.v_buffer)
+        if len(keys) != len(values):
+            raise UnsupportedPDLayoutError(
+                f"the KV pool holds {len(keys)} K buffers but {len(values)} V buffers"
+            )
+        for position, (k, v) in enumerate(zip(keys, values)):
             for plane, (kind, array) in enumerate(
                 ((BufferKind.TARGET_K, k), (BufferKind.TARGET_V, v))
             ):
@@ -46,6 +53,7 @@ def _kv_buffers(
                 )
         return built
     if hasattr(pool, "kv_buffer"):
+        page_size = int(attribute(pool, "page_size", "the MLA pool"))
         for position, array in enumerate(pool.kv_buffer):
             built.append(
                 buffer_from_array(
@@ -67,10 +75,11 @@ def _kv_buffers(
 
 def _state_layers(mamba_pool: Any) -> list[list[Any]]:
     """Each recurrent layer's state tensors, conv first: views of the pool's tensors."""
-    cache = mamba_pool.mamba_cache
-    conv = cache.conv if isinstance(cache.conv, (list, tuple)) else [cache.conv]
-    tensors = [*conv, cache.temporal]
-    layers = {int(t.shape[0]) for t in tensors}
+    cache = attribute(mamba_pool, "mamba_cache", "the Mamba pool")
+    conv = attribute(cache, "conv", "the Mamba pool's mamba_cache")
+    conv = conv if isinstance(conv, (list, tuple)) else [conv]
+    tensors = [*conv, attribute(cache, "temporal", "the Mamba pool's mamba_cache")]
+    layers = {(shape_of(t, "a Mamba pool state tensor") or (0,))[0] for t in tensors}
     if len(layers) != 1:
         raise UnsupportedPDLayoutError(
             f"the MambaPool's state tensors hold different layer counts {sorted(layers)}"

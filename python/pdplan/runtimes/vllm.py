@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
-from pdplan.runtimes._states import state_buffers
+from pdplan.runtimes._states import shape_of, state_buffers
 
 __all__ = ["BACKENDS", "buffers"]
 
@@ -43,7 +43,7 @@ def _is_state(entry: Any) -> bool:
 
 def _planes(tensor: Any, backend: str, position: int) -> tuple[Any, Any]:
     """K and V of one layer's tensor: two views, nothing copied."""
-    shape = tuple(int(n) for n in tensor.shape)
+    shape = shape_of(tensor, f"layer {position}'s KV tensor")
     split = backend == "FLASH_ATTN"
     axis = 0 if split else 1
     if len(shape) != 5 or shape[axis] != 2:
