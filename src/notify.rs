@@ -14,7 +14,7 @@ use crate::ranks::Slot;
 /// it, how each side splits its units, and whether it is indexed by token. Buffers alike in
 /// these behave alike, so each kind is checked once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Holding {
+pub struct Holding {
     stages: (u64, u64),
     axis: LogicalAxis,
     parts: Vec<u64>,
@@ -56,25 +56,32 @@ impl Holding {
     }
 }
 
+/// The distinct kinds of holding of a planner's buffer pairs: worked out once, then asked for
+/// every decode rank (the routing table asks for all of them).
+pub fn holdings(planner: &Planner) -> Vec<Holding> {
+    let mut kinds: Vec<Holding> = Vec::new();
+    let mut seen = HashSet::new();
+    for ((p, d), stages) in planner.buffer_pairs().zip(planner.buffer_stages()) {
+        let kind = Holding::of(p, d, stages);
+        if seen.insert(kind.clone()) {
+            kinds.push(kind);
+        }
+    }
+    kinds
+}
+
 /// The prefill ranks of DP group `group` that hold some of decode rank `decode_rank`'s bytes
-/// for a request of `num_tokens` tokens (None: any request), except `sources`, ascending.
+/// for a request of `num_tokens` tokens (None: any request), except `sources`, ascending;
+/// `kinds` is `holdings(planner)`.
 pub fn notify_ranks(
     planner: &Planner,
-    decode_rank: u64,
-    group: u64,
+    kinds: &[Holding],
+    (decode_rank, group): (u64, u64),
     num_tokens: Option<u64>,
     sources: &[u64],
 ) -> Vec<u64> {
     let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     let at = decode_ranks.coord(decode_rank).slot();
-    let mut kinds: Vec<Holding> = Vec::new();
-    let mut seen = HashSet::new();
-    for ((p, d), stages) in planner.buffer_pairs().zip(planner.buffer_stages()) {
-        let kind = Holding::of(p, d, stages);
-        if stages.1 == at.stage && seen.insert(kind.clone()) {
-            kinds.push(kind);
-        }
-    }
     let holders = planner.holders();
     let tps = (prefill_ranks.tp_size(), decode_ranks.tp_size());
     let tokens = num_tokens.filter(|_| holders.any_context());
@@ -84,7 +91,7 @@ pub fn notify_ranks(
         .filter(|&slot| {
             let shares_meet = shares_meet(holders.prefill.share(slot), mine, tokens);
             kinds.iter().any(|kind| {
-                kind.stages.0 == slot.stage
+                kind.stages == (slot.stage, at.stage)
                     && kind.units_meet(tps, slot, at)
                     && (!kind.axis.is_token_indexed() || shares_meet)
                     && tokens != Some(0)

@@ -11,7 +11,7 @@ use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::holders::{Holders, Units};
 use crate::layout::{BufferLayout, ParallelLayout};
-use crate::notify::notify_ranks;
+use crate::notify::{holdings, notify_ranks};
 use crate::page::{Span, TokenGeometry};
 use crate::pairs::{needs_token_maps, validate_alignment, validate_context, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
@@ -651,6 +651,7 @@ impl Planner {
             })
             .collect();
         let mut table = RoutingTable::default();
+        let kinds = holdings(self);
         for group in 0..decode_ranks.dp_size() {
             let source_group = self.default_prefill_group(group);
             for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
@@ -666,7 +667,7 @@ impl Planner {
                     .collect();
                 // Notify-only pairs: no fragment, no byte.
                 let read: Vec<u64> = rows.iter().map(|row| row.0).collect();
-                let notify = notify_ranks(self, decode_rank, source_group, None, &read);
+                let notify = notify_ranks(self, &kinds, (decode_rank, source_group), None, &read);
                 rows.extend(notify.into_iter().map(|rank| (rank, 0, 0)));
                 rows.sort_unstable();
                 for (prefill_rank, count, bytes) in rows {
@@ -778,8 +779,8 @@ impl Planner {
                 }],
                 notify: notify_ranks(
                     self,
-                    decode_rank,
-                    target_dp_group,
+                    &holdings(self),
+                    (decode_rank, target_dp_group),
                     num_tokens,
                     &[prefill_rank],
                 ),
@@ -791,7 +792,13 @@ impl Planner {
         Ok(RankPlan {
             kind: PlanKind::Fragmented,
             target_dp_group,
-            notify: notify_ranks(self, decode_rank, target_dp_group, num_tokens, &read),
+            notify: notify_ranks(
+                self,
+                &holdings(self),
+                (decode_rank, target_dp_group),
+                num_tokens,
+                &read,
+            ),
             sources,
         })
     }
