@@ -80,9 +80,8 @@ class Request:
                 scattered(TOKENS // PAGE // TP, 2 + d),
                 PAGE,
                 TOKENS,
-                cp_size=TP,
-                cp_rank=d,
-                interleave=interleave,
+                layout=self.planner.decode_layout,
+                rank=d,
             )
             for d in range(TP)
         ]

@@ -45,7 +45,6 @@ from pdplan import (
     PreparedTransfer,
     StagingPlan,
     TransferDescriptors,
-    _core,
     model_buffer_layouts,
     token_slots,
 )
@@ -125,8 +124,8 @@ class Pair:
                     tables[side],
                     PAGE,
                     TOKENS,
-                    cp_size=_core.rank_token_share(layouts[side], ranks[side])[0],
-                    cp_rank=_core.rank_token_share(layouts[side], ranks[side])[1],
+                    layout=layouts[side],
+                    rank=ranks[side],
                 )
                 for side in (0, 1)
             )

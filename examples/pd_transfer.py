@@ -265,16 +265,17 @@ class Scenario:
         """A rank's slot map of the request, from its page table, as a runtime makes it."""
         t = self.tokens
         assert t is not None
-        c = self.context(role)
+        layout = self.prefill if role == "prefill" else self.decode
+        # The harness deals tokens by its own rule; the layout must say the same share.
+        share = layout.token_share(rank)
+        assert (share.cp_size, share.cp_rank) == (self.context(role).ways, self.share(role, rank))
         return pdplan.token_slots(
             self.page_table(role, rank),
             self.page_size(role),
             t.num_tokens,
             tokens=range(*t.moved),
-            cp_size=c.ways,
-            cp_rank=self.share(role, rank),
-            cp_split=c.split,  # type: ignore[arg-type]
-            interleave=c.interleave,
+            layout=layout,
+            rank=rank,
         )
 
     def slot_maps(

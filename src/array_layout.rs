@@ -5,10 +5,8 @@
 //! fused plane outside head-major units) is refused naming the axis.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, MAX_VALUE};
-
-/// Most axes an array may have.
-pub const MAX_AXES: usize = 8;
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::limits::{self, MAX_VALUE};
 
 /// What one axis of a cache array indexes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,9 +145,7 @@ fn named_axes(view: &ArrayView, axes: &[Axis]) -> PlanResult<Vec<Named>> {
             view.shape
         );
     }
-    if ndim == 0 || ndim > MAX_AXES {
-        bail!("a cache array has 1 to {MAX_AXES} dimensions, got {ndim}");
-    }
+    limits::ARRAY_AXES.check("a cache array's dimensions", ndim as u64)?;
     if view.itemsize == 0 || view.itemsize > 64 {
         bail!(
             "the array's elements are {} bytes; a dtype of known size (1 to 64 bytes) is needed",

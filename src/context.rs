@@ -16,9 +16,7 @@
 //! shares tokens with whom depends on it.
 
 use crate::error::{bail, PlanResult};
-
-/// Most tokens an interleave block may hold.
-pub const MAX_INTERLEAVE: u64 = 1 << 20;
+use crate::limits;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum CpSplit {
@@ -144,12 +142,8 @@ impl TokenDeal {
         if ways == 0 {
             bail!("a context-parallel size must be positive");
         }
-        if interleave == 0 || interleave > MAX_INTERLEAVE {
-            bail!("cp_interleave={interleave} must be between 1 and {MAX_INTERLEAVE} tokens");
-        }
-        if page_size == 0 {
-            bail!("page_size must be positive");
-        }
+        limits::INTERLEAVE.check("cp_interleave", interleave)?;
+        limits::PAGE_SIZE.check("page_size", page_size)?;
         let block = match split {
             CpSplit::Interleave => interleave,
             CpSplit::Contiguous => page_size,
@@ -399,6 +393,7 @@ pub fn shares_meet(a: TokenShare, b: TokenShare, num_tokens: Option<u64>) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::MAX_INTERLEAVE;
 
     fn deal(ways: u64, split: CpSplit, interleave: u64, page: u64) -> TokenDeal {
         TokenDeal::new(ways, split, interleave, page).unwrap()

@@ -13,9 +13,14 @@ use std::mem::MaybeUninit;
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
 
-/// Most descriptors one call may produce (24 bytes each: 6 GiB); a larger request is refused
-/// before anything is allocated for it, rather than exhausting memory.
-pub const MAX_DESCRIPTORS: u64 = 1 << 28;
+use crate::limits::{self, MAX_DESCRIPTORS};
+
+/// The one check of a call's descriptor count, before anything is allocated for it.
+pub fn check_descriptor_count(total: u64) -> PlanResult<()> {
+    limits::DESCRIPTORS
+        .check("one call's descriptors", total)
+        .map(drop)
+}
 
 /// One side's buffers, where descriptors point: per `buffer_index`, a base address and
 /// optionally how many bytes from it may be touched.
@@ -488,12 +493,7 @@ pub fn build_placed<P: Borrow<Placed>>(
         p.src.check("src", who, src_page)?;
         p.dst.check("dst", who, dst_page)?;
     }
-    if total > MAX_DESCRIPTORS {
-        bail!(
-            "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split the \
-             request's pages or fragments"
-        );
-    }
+    check_descriptor_count(total)?;
     let total = usize::try_from(total).unwrap_or(0);
     let jobs: Vec<Job<'_>> = placed
         .iter()

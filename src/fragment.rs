@@ -4,7 +4,8 @@
 //! keys of each version, the Python objects and validation are all derived from.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::{BufferKind, MAX_PAGE_SIZE, MAX_ROWS_PER_PAGE, MAX_VALUE};
+use crate::layout::BufferKind;
+use crate::limits::{self, MAX_VALUE};
 use crate::page::{RowRuns, TokenRuns, TokenSpan};
 
 /// What a field holds.
@@ -437,17 +438,11 @@ impl Fragment {
             ("src_page_size", span.src_page_size),
             ("dst_page_size", span.dst_page_size),
         ] {
-            if size == 0 || size > MAX_PAGE_SIZE {
-                bail!("{name}={size} must be between 1 and {MAX_PAGE_SIZE} tokens");
-            }
+            limits::PAGE_SIZE.check(name, size)?;
         }
-        if span.runs == 0 || span.runs > MAX_ROWS_PER_PAGE || span.run_bytes == 0 {
-            bail!(
-                "token_runs={} must be between 1 and {MAX_ROWS_PER_PAGE}, and token_run_bytes={} \
-                 positive",
-                span.runs,
-                span.run_bytes
-            );
+        limits::ROWS_PER_PAGE.check("token_runs", span.runs)?;
+        if span.run_bytes == 0 {
+            bail!("token_run_bytes must be positive");
         }
         for (side, runs) in [
             ("src", self.src_token_runs()),
@@ -479,10 +474,7 @@ impl Fragment {
     }
 
     fn validate_rows(&self) -> PlanResult<()> {
-        let rows = self.rows_per_page;
-        if rows == 0 || rows > MAX_ROWS_PER_PAGE {
-            bail!("rows_per_page={rows} must be between 1 and {MAX_ROWS_PER_PAGE}");
-        }
+        let rows = limits::ROWS_PER_PAGE.check("rows_per_page", self.rows_per_page)?;
         if rows == 1 {
             if self.src_row_stride_bytes != 0 || self.dst_row_stride_bytes != 0 {
                 bail!(

@@ -12,10 +12,8 @@ use crate::fragment::Fragment;
 use crate::lru::{Lru, Shared, Stats};
 use crate::wire::{self, FrameLimits};
 
-/// Most frame pairs the shared cache keeps.
-pub const MAX_ENTRIES: usize = 1024;
-/// Most payload bytes the shared cache keeps (frames larger than an eighth of it are not kept).
-pub const MAX_BYTES: usize = 64 << 20;
+/// Most frame pairs and payload bytes the shared cache keeps.
+pub use crate::limits::{FRAME_CACHE_BYTES as MAX_BYTES, FRAME_CACHE_ENTRIES as MAX_ENTRIES};
 
 /// A parsed frame pair: the bytes it was parsed from and what they hold.
 pub struct Entry {

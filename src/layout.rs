@@ -1,23 +1,10 @@
 //! What each side looks like: its parallel layout (role, rank space, how its pipeline stages
 //! split the layers) and the buffers it caches, each validated on its own at construction.
 
-use crate::context::{CpKv, CpSplit, TokenDeal, TokenShare, MAX_INTERLEAVE};
+use crate::context::{CpKv, CpSplit, TokenDeal, TokenShare};
 use crate::error::{bail, PlanError, PlanResult};
+use crate::limits::{self, MAX_PARTS, MAX_VALUE};
 use crate::ranks::{index_below, RankCoord, RankSpace, Slot};
-pub use crate::ranks::{MAX_STAGES, MAX_WORLD_SIZE};
-
-/// Most parts a split axis may be made of (Mamba2's conv state has three: x, B, C).
-pub const MAX_PARTS: usize = 8;
-
-/// Most tokens a page may hold.
-pub const MAX_PAGE_SIZE: u64 = 1 << 20;
-
-/// Most rows a page may have (tokens of a token-major page, twice that for fused K/V pages).
-pub const MAX_ROWS_PER_PAGE: u64 = 1 << 20;
-
-/// Every size, offset and index is below 2^63, so it survives any signed 64-bit consumer
-/// (Python's C API, numpy int64, the wire format) and byte arithmetic cannot wrap.
-pub const MAX_VALUE: u64 = i64::MAX as u64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
@@ -293,6 +280,13 @@ impl ParallelLayout {
     }
 
     /// Where rank `value` (whatever integer a caller gave) sits, or why it is no rank here.
+    /// The share of a request's tokens rank `value` holds (the whole request without context
+    /// parallelism), a contiguous split dealt in blocks of `page_size` tokens.
+    pub fn token_share(&self, value: i128, page_size: u64) -> PlanResult<TokenShare> {
+        let slot = self.rank_coord(value)?.slot();
+        Ok(self.context.share(self.context.deal(page_size)?, slot))
+    }
+
     pub fn rank_coord(&self, value: i128) -> PlanResult<RankCoord> {
         let world = self.world_size();
         let Some(rank) = index_below(value, world) else {
@@ -326,12 +320,7 @@ fn check_context(role: Role, ranks: RankSpace, context: &ContextParallel) -> Pla
              only: give it CP ranks of their own (cp_size) or DCP inside TP (dcp_size), not both"
         );
     }
-    if context.interleave == 0 || context.interleave > MAX_INTERLEAVE {
-        bail!(
-            "cp_interleave={} must be between 1 and {MAX_INTERLEAVE} tokens",
-            context.interleave
-        );
-    }
+    limits::INTERLEAVE.check("cp_interleave", context.interleave)?;
     if dcp > 1 && context.kv == CpKv::Replicated {
         bail!(
             "cp_kv='replicated' describes CP ranks of their own (cp_size); DCP ranks always hold \
@@ -358,12 +347,7 @@ impl LogicalParts {
     };
 
     pub fn new(sizes: &[u64]) -> PlanResult<Self> {
-        if sizes.is_empty() || sizes.len() > MAX_PARTS {
-            bail!(
-                "logical_parts must hold 1 to {MAX_PARTS} part sizes, got {}",
-                sizes.len()
-            );
-        }
+        limits::PARTS.check("len(logical_parts)", sizes.len() as u64)?;
         let mut parts = Self::WHOLE;
         for (slot, &size) in parts.sizes.iter_mut().zip(sizes) {
             if size == 0 || size > MAX_VALUE {
@@ -469,12 +453,7 @@ impl BufferLayout {
         if let Some(layer) = self.layer.filter(|&l| l > MAX_VALUE) {
             bail!("layer={layer} must be below 2^63");
         }
-        if self.tp_replica_group_size > MAX_WORLD_SIZE {
-            bail!(
-                "tp_replica_group_size={} is above the largest world size {MAX_WORLD_SIZE}",
-                self.tp_replica_group_size
-            );
-        }
+        limits::WORLD_SIZE.check("tp_replica_group_size", self.tp_replica_group_size)?;
         match self.logical_size.checked_mul(self.bytes_per_logical_unit) {
             Some(total) if total <= MAX_VALUE => {}
             _ => bail!(
@@ -510,10 +489,7 @@ impl BufferLayout {
     }
 
     fn validate_rows(&self) -> PlanResult<()> {
-        let rows = self.rows_per_page;
-        if rows == 0 || rows > MAX_ROWS_PER_PAGE {
-            bail!("rows_per_page={rows} must be between 1 and {MAX_ROWS_PER_PAGE}");
-        }
+        let rows = limits::ROWS_PER_PAGE.check("rows_per_page", self.rows_per_page)?;
         if let Some(owned) = self.page_bytes {
             if owned == 0 || owned > self.item_stride_bytes {
                 bail!(
@@ -601,7 +577,7 @@ pub(crate) mod tests {
         assert!(ParallelLayout::new(Role::Prefill, 8, 0).is_err());
         assert!(ParallelLayout::new(Role::Prefill, 8, 3).is_err());
         let err = ParallelLayout::new(Role::Decode, 1 << 31, 1).unwrap_err();
-        assert!(err.message().contains("maximum"), "{err}");
+        assert!(err.message().contains("MAX_WORLD_SIZE"), "{err}");
     }
 
     #[test]

@@ -16,16 +16,14 @@ use crate::fragment::LATEST_VERSION;
 use crate::layout::{
     BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
 };
+use crate::limits;
 use crate::planner::{Planner, PLANNING_RULES_VERSION};
 
 /// The layout frame's version, as its version frame spells it.
 pub const LAYOUT_VERSION_FRAME: &[u8] = b"layout/1";
 
 /// Most bytes a layout payload may hold before anything is parsed (1 MiB: some 3,000 buffers).
-pub const DEFAULT_MAX_LAYOUT_BYTES: u64 = 1 << 20;
-
-/// Most buffers a layout may list.
-pub const MAX_LAYOUT_BUFFERS: usize = 1 << 16;
+pub use crate::limits::DEFAULT_MAX_LAYOUT_BYTES;
 
 /// One side as a frame holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -154,12 +152,7 @@ pub fn encode(
 }
 
 fn check_buffers(buffers: &[BufferLayout]) -> PlanResult<()> {
-    if buffers.len() > MAX_LAYOUT_BUFFERS {
-        bail!(
-            "a layout lists {} buffers, more than {MAX_LAYOUT_BUFFERS}",
-            buffers.len()
-        );
-    }
+    limits::LAYOUT_BUFFERS.check("a layout's buffers", buffers.len() as u64)?;
     for b in buffers {
         b.validate()?;
     }
@@ -266,12 +259,7 @@ pub fn decode(version: &[u8], payload: &[u8], max_payload_bytes: u64) -> PlanRes
     }
     let wire: LayoutWire = serde_json::from_slice(payload)
         .map_err(|e| PlanError::new(format!("layout payload is not a valid layout: {e}")))?;
-    if wire.buffers.len() > MAX_LAYOUT_BUFFERS {
-        bail!(
-            "a layout lists {} buffers, more than {MAX_LAYOUT_BUFFERS}",
-            wire.buffers.len()
-        );
-    }
+    limits::LAYOUT_BUFFERS.check("a layout's buffers", wire.buffers.len() as u64)?;
     let context = ContextParallel {
         cp_size: wire.cp_size,
         dcp_size: wire.dcp_size,

@@ -13,6 +13,7 @@ pub mod host_copy;
 pub mod interval;
 pub mod layout;
 pub mod layout_frame;
+pub mod limits;
 pub mod lru;
 pub mod model;
 pub mod notify;

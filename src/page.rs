@@ -4,8 +4,9 @@
 //! Token geometry says where each token's bytes sit, so that slot maps can move tokens between
 //! pages of different sizes.
 
-use crate::error::{bail, PlanResult};
-use crate::layout::{BufferLayout, LogicalAxis, MAX_PAGE_SIZE};
+use crate::error::{bail, PlanError, PlanResult};
+use crate::layout::{BufferLayout, LogicalAxis};
+use crate::limits;
 use crate::routing::UnitOverlap;
 
 /// How a rank's units lie in one page of its item: `rows` rows `row_stride` bytes apart, each
@@ -174,12 +175,9 @@ impl TokenGeometry {
                 name()
             );
         }
-        if size > MAX_PAGE_SIZE {
-            bail!(
-                "{}: page_size={size} must be at most {MAX_PAGE_SIZE}",
-                name()
-            );
-        }
+        limits::PAGE_SIZE
+            .check("page_size", size)
+            .map_err(|e| PlanError::new(format!("{}: {e}", name())))?;
         // Bytes one token takes of the whole item's units (a replicated item is one unit).
         let replicated = buffer.logical_axis == LogicalAxis::Replicated;
         let token_unit = if replicated {

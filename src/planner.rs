@@ -11,6 +11,7 @@ use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::holders::{Holders, Units};
 use crate::layout::{BufferLayout, ParallelLayout};
+use crate::limits;
 use crate::notify::{holdings, notify_ranks};
 use crate::page::{Span, TokenGeometry};
 use crate::pairs::{needs_token_maps, validate_alignment, validate_context, validate_pairs};
@@ -18,11 +19,6 @@ use crate::ranks::{index_below, RankSpace, Slot};
 use crate::routing::{route, Class, DecodeReplicas, Route, Sharding};
 use crate::spread::{Need, Spread};
 use crate::stages::{buffer_stages, is_staged, layer_count};
-use crate::tokens::MAX_TOKENS;
-
-/// Most fragments one decode rank's plan may hold (each becomes a Python object): a layout
-/// past it is refused rather than exhausting memory.
-pub const MAX_PLAN_FRAGMENTS: u64 = 1 << 24;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanKind {
@@ -499,10 +495,10 @@ impl Planner {
 
     /// A request's token count as a caller gave it, checked.
     pub fn num_tokens(value: i128) -> PlanResult<u64> {
-        let Some(count) = index_below(value, MAX_TOKENS + 1) else {
-            bail!("num_tokens={value} must be between 0 and {MAX_TOKENS}");
+        let Ok(count) = u64::try_from(value) else {
+            bail!("num_tokens={value} must not be negative");
         };
-        Ok(count)
+        limits::TOKENS.check("num_tokens", count)
     }
 
     /// The fragments decode rank `decode_rank` receives, by prefill rank, for both plan kinds:
@@ -703,12 +699,8 @@ impl Planner {
         let at = self.decode_ranks().coord(decode_rank).slot();
         let prefill_ranks = self.prefill_ranks();
         let fragments = self.fragment_count(at, num_tokens);
-        if fragments > MAX_PLAN_FRAGMENTS {
-            bail!(
-                "decode rank {decode_rank} would receive {fragments} fragments (more than \
-                 {MAX_PLAN_FRAGMENTS}); plan fewer buffers or a smaller prefill TP per call"
-            );
-        }
+        limits::PLAN_FRAGMENTS
+            .check(&format!("decode rank {decode_rank}'s fragments"), fragments)?;
         // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
@@ -1003,7 +995,7 @@ mod tests {
 
     #[test]
     fn plans_too_large_to_build_are_refused_before_allocating() {
-        let world = crate::layout::MAX_WORLD_SIZE;
+        let world = crate::limits::MAX_WORLD_SIZE;
         let buffer = |tp: u64, index| BufferLayout {
             buffer_index: index,
             item_stride_bytes: world / tp * 2,
@@ -1019,7 +1011,7 @@ mod tests {
         )
         .unwrap();
         let err = p.plan_for_decode_rank(0, None, None).unwrap_err();
-        assert!(err.message().contains("fragments (more than"), "{err}");
+        assert!(err.message().contains("MAX_PLAN_FRAGMENTS"), "{err}");
     }
 
     #[test]

@@ -290,9 +290,7 @@ impl Prepared {
             }
         }
         let total = self.descriptor_count(src_pages.len(), selection);
-        if total > descriptors::MAX_DESCRIPTORS {
-            bail!("{total} descriptors exceed the limit of one call; split the request");
-        }
+        descriptors::check_descriptor_count(total)?;
         let total = usize::try_from(total).unwrap_or(0);
         let (mut src, mut dst) = (Vec::with_capacity(total), Vec::with_capacity(total));
         let mut first_row = 0u64;

@@ -10,13 +10,7 @@
 use std::ops::Range;
 
 use crate::error::{bail, PlanResult};
-
-/// Largest accepted world size. Fanout and routing tables hold one entry per rank, so the
-/// bound keeps every per-rank allocation finite (and rank products inside 64 bits).
-pub const MAX_WORLD_SIZE: u64 = 1 << 20;
-
-/// Most pipeline stages a side may have.
-pub const MAX_STAGES: u64 = 1 << 10;
+use crate::limits;
 
 /// `value` as an index below `bound`, if it is one (callers pass whatever integer they got).
 pub fn index_below(value: i128, bound: u64) -> Option<u64> {
@@ -81,24 +75,14 @@ impl RankSpace {
         pp_size: u64,
         cp_size: u64,
     ) -> PlanResult<Self> {
-        if world_size == 0 {
-            bail!("world_size must be positive");
-        }
+        limits::WORLD_SIZE.check("world_size", world_size)?;
         if dp_size == 0 {
             bail!("dp_size must be positive");
-        }
-        if world_size > MAX_WORLD_SIZE {
-            bail!(
-                "world_size={world_size} is above the supported maximum of {MAX_WORLD_SIZE} \
-                 ranks; plan one slice of the cluster at a time"
-            );
         }
         if world_size % dp_size != 0 {
             bail!("world_size={world_size} must be divisible by dp_size={dp_size}");
         }
-        if pp_size == 0 || pp_size > MAX_STAGES {
-            bail!("pp_size={pp_size} must be between 1 and {MAX_STAGES}");
-        }
+        limits::STAGES.check("pp_size", pp_size)?;
         if (world_size / dp_size) % pp_size != 0 {
             bail!(
                 "world_size={world_size} must be divisible by dp_size x pp_size = {} (each DP \
@@ -279,6 +263,6 @@ mod tests {
         assert!(RankSpace::from_world(8, 2, 3, 1).is_err());
         assert!(RankSpace::from_world(8, 1, 0, 1).is_err());
         let err = RankSpace::from_world(1 << 31, 1, 1, 1).unwrap_err();
-        assert!(err.message().contains("maximum"), "{err}");
+        assert!(err.message().contains("MAX_WORLD_SIZE"), "{err}");
     }
 }

@@ -5,7 +5,8 @@
 //! instead; `vllm_partition` computes it, to pass as the partition.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::{BufferLayout, ParallelLayout, MAX_STAGES};
+use crate::layout::{BufferLayout, ParallelLayout};
+use crate::limits;
 
 /// Whether a side runs pipeline stages: the one test of it. A one-stage side (even with a
 /// one-entry partition) holds every layer on stage 0.
@@ -20,21 +21,30 @@ pub struct Stages {
     layers: u64,
 }
 
-/// As evenly as possible, the first stages taking one more.
+/// As evenly as possible, the first stages taking one more: pdplan's default partition.
 pub fn even_partition(layers: u64, pp_size: u64) -> Vec<u64> {
     let (base, extra) = (layers / pp_size, layers % pp_size);
     (0..pp_size).map(|s| base + u64::from(s < extra)).collect()
 }
 
+/// `even_partition` of a caller's numbers, checked.
+pub fn checked_even_partition(layers: u64, pp_size: u64) -> PlanResult<Vec<u64>> {
+    check_split(layers, pp_size)?;
+    Ok(even_partition(layers, pp_size))
+}
+
+fn check_split(layers: u64, pp_size: u64) -> PlanResult<()> {
+    limits::STAGES.check("pp_size", pp_size)?;
+    if layers < pp_size {
+        bail!("cannot split {layers} layers over {pp_size} stages: give at least a layer a stage");
+    }
+    Ok(())
+}
+
 /// vLLM's default partition: as evenly as possible, the extra layers going to the stages just
 /// before the last (vLLM's `get_pp_indices`), since the last stage also runs the LM head.
 pub fn vllm_partition(layers: u64, pp_size: u64) -> PlanResult<Vec<u64>> {
-    if pp_size == 0 || pp_size > MAX_STAGES || layers < pp_size {
-        bail!(
-            "cannot split {layers} layers over {pp_size} stages: pp_size must be between 1 and \
-             the layer count (and at most {MAX_STAGES})"
-        );
-    }
+    check_split(layers, pp_size)?;
     let (base, extra) = (layers / pp_size, layers % pp_size);
     Ok((0..pp_size)
         .map(|s| base + u64::from(s + 1 < pp_size && s + 1 + extra >= pp_size))

@@ -11,8 +11,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use crate::descriptors::{Descriptors, MAX_DESCRIPTORS};
+use crate::descriptors::Descriptors;
 use crate::error::{bail, PlanResult};
+use crate::limits;
 
 /// One side's memory as the caller declared it: `[base, base + limit)` per buffer, or `None`
 /// when no limits were given (descriptors are then unchecked, and nothing may copy through
@@ -238,13 +239,11 @@ impl StagingPlan {
             }
         }
         let count = self.transfer_count();
-        if count > MAX_DESCRIPTORS {
-            bail!(
-                "{need} bytes in chunks of {} make {count} descriptors, over the limit of \
-                 {MAX_DESCRIPTORS}; use larger chunks",
-                self.chunk_bytes.unwrap_or(need)
-            );
-        }
+        let what = format!(
+            "{need} bytes in chunks of {}: descriptors",
+            self.chunk_bytes.unwrap_or(need)
+        );
+        limits::DESCRIPTORS.check_advising(&what, count, "use larger chunks")?;
         let chunk = self.chunk_bytes.unwrap_or(need.max(1));
         let mut out = Descriptors::default();
         let mut offset = 0;

@@ -17,13 +17,10 @@ use std::borrow::Borrow;
 use std::mem::MaybeUninit;
 
 use crate::context::TokenShare;
-use crate::descriptors::{split_in_half, Buffers, Descriptors, Placement, MAX_DESCRIPTORS};
+use crate::descriptors::{check_descriptor_count, split_in_half, Buffers, Descriptors, Placement};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
-use crate::layout::MAX_PAGE_SIZE;
-
-/// Most tokens one slot map may name (a slot map of 2^28 tokens is 2 GiB of int64).
-pub const MAX_TOKENS: u64 = 1 << 28;
+use crate::limits;
 
 /// Consecutive tokens whose slots advance together inside one page on each side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,12 +59,7 @@ fn check_slot_lengths(src: &[i64], dst: &[i64]) -> PlanResult<()> {
             dst.len()
         );
     }
-    if src.len() as u64 > MAX_TOKENS {
-        bail!(
-            "{} tokens exceed the limit of {MAX_TOKENS} for one call",
-            src.len()
-        );
-    }
+    limits::TOKENS.check("len(src_slots)", src.len() as u64)?;
     Ok(())
 }
 
@@ -655,24 +647,13 @@ impl Request {
                 } else {
                     segs.tokens
                 };
-                if unmerged.saturating_mul(shape.0.runs) > MAX_DESCRIPTORS {
-                    bail!(
-                        "fragment {} alone would make more than {MAX_DESCRIPTORS} descriptors; \
-                         split the request's tokens",
-                        p.position
-                    );
-                }
+                check_descriptor_count(unmerged.saturating_mul(shape.0.runs))?;
                 templates.push((shape, Template::of(&shape.0, &segs.list, coalesce)));
                 templates.len() - 1
             };
             let count = templates[template].1.count() as u64;
             total = total.saturating_add(count);
-            if total > MAX_DESCRIPTORS {
-                bail!(
-                "{total} descriptors exceed the limit of {MAX_DESCRIPTORS} for one call; split \
-                 the request's tokens or fragments"
-            );
-            }
+            check_descriptor_count(total)?;
             which.push(template);
             counts.push(count);
         }
@@ -874,12 +855,8 @@ pub fn token_slots(
     tokens: Option<TokenRange>,
     share: TokenShare,
 ) -> PlanResult<Vec<i64>> {
-    if page_size == 0 || page_size > MAX_PAGE_SIZE {
-        bail!("page_size={page_size} must be between 1 and {MAX_PAGE_SIZE} tokens");
-    }
-    if num_tokens > MAX_TOKENS {
-        bail!("num_tokens={num_tokens} is above the limit of {MAX_TOKENS} tokens a request");
-    }
+    limits::PAGE_SIZE.check("page_size", page_size)?;
+    limits::TOKENS.check("num_tokens", num_tokens)?;
     let all = TokenRange {
         start: 0,
         stop: i64::try_from(num_tokens).unwrap_or(i64::MAX),

@@ -15,7 +15,8 @@ use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::{
     FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, LATEST_VERSION, SETTERS,
 };
-use crate::layout::{BufferKind, MAX_VALUE};
+use crate::layout::BufferKind;
+use crate::limits::MAX_VALUE;
 
 /// The version the reference speaks, and what a list of reference-shaped fragments is encoded as.
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -42,8 +43,8 @@ impl FrameLimits {
     /// 16 MiB and 65,536 fragments: a plan of 160 buffers from 400 sources, far above one
     /// (prefill rank, decode rank) pair's.
     pub const DEFAULT: Self = Self {
-        max_payload_bytes: 16 << 20,
-        max_fragments: 1 << 16,
+        max_payload_bytes: crate::limits::DEFAULT_MAX_PAYLOAD_BYTES,
+        max_fragments: crate::limits::DEFAULT_MAX_FRAGMENTS,
     };
 }
 

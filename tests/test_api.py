@@ -49,6 +49,10 @@ def planner(prefill_tp: int = 8, decode_tp: int = 2, **kwargs: Any) -> PDTransfe
 def test_public_names() -> None:
     assert set(pdplan.__all__) == {
         "CacheBuffers",
+        "limits",
+        "RankCoordinates",
+        "TokenShare",
+        "even_layer_partition",
         "LAYOUT_VERSION_FRAME",
         "PeerLayout",
         "decode_layout",
@@ -235,7 +239,7 @@ def test_string_buffer_kind_becomes_the_enum_member() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("prefill", 0), "world_size must be positive"),
+        (("prefill", 0), "world_size=0 must be between 1 and"),
         (("prefill", 8, 0), "dp_size must be positive"),
         (("prefill", 8, 3), "divisible"),
         (("prefill", -8), "world_size"),
@@ -243,7 +247,7 @@ def test_string_buffer_kind_becomes_the_enum_member() -> None:
         (("prefill", True), "world_size"),
         (("prefill", 8.0), "world_size"),
         (("prefill", "8"), "world_size"),
-        (("prefill", 2**31), "maximum"),
+        (("prefill", 2**31), "MAX_WORLD_SIZE.*one slice"),
         (("prefill", 2**70), "world_size"),
     ],
 )
@@ -393,7 +397,7 @@ def test_identity_plan_and_idle_prefill_groups() -> None:
 
 
 def test_planning_a_huge_world_is_refused_at_once() -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match="maximum"):
+    with pytest.raises(UnsupportedPDLayoutError, match="MAX_WORLD_SIZE"):
         planner(prefill_tp=2**31)
 
 
@@ -420,8 +424,8 @@ def test_the_suite_runs_against_the_package_it_was_asked_to() -> None:
         ({"rows_per_page": 0}, "rows_per_page=0 must be between 1"),
         ({"rows_per_page": 3}, "rows_per_page=3 must divide"),
         ({"logical_parts": (4, 3)}, "must add up to logical_size=8"),
-        ({"logical_parts": ()}, "1 to 8 part sizes"),
-        ({"logical_parts": (1,) * 9}, "1 to 8 part sizes"),
+        ({"logical_parts": ()}, "between 1 and 8 parts"),
+        ({"logical_parts": (1,) * 9}, "between 1 and 8 parts"),
         ({"logical_parts": (8, 0)}, "positive"),
         ({"logical_axis": "replicated", "logical_parts": (4, 4)}, "replicated buffer"),
     ],
@@ -569,3 +573,32 @@ def test_ranks_are_placed_by_the_core() -> None:
         pdplan._core.rank_coordinates(layout, 24)
     with pytest.raises(UnsupportedPDLayoutError, match="rank must be an int, got str"):
         pdplan._core.rank_coordinates(layout, "3")  # type: ignore[arg-type]
+
+
+def test_a_planner_is_read_only_over_what_it_was_built_from() -> None:
+    prefill = [BufferLayout(0, BufferKind.TARGET_K, "kv_head", 8, 16, 64, 64 * 4)]
+    decode = [BufferLayout(0, BufferKind.TARGET_K, "kv_head", 8, 16, 64, 64 * 8)]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    prefill.clear()  # the caller's list is not the planner's
+    assert len(planner.prefill_buffers) == 1 and not planner.is_staged
+    for name in ("prefill_layout", "decode_layout", "prefill_buffers", "decode_buffers"):
+        with pytest.raises(AttributeError):
+            setattr(planner, name, None)
+    assert planner.decode_buffers[0].is_token_indexed
+    state = BufferLayout(1, BufferKind.MAMBA_STATE, "state_channel", 8, 1, 64, 64 * 8)
+    assert not state.is_token_indexed
+
+
+def test_the_even_layer_partition_is_the_one_planners_use() -> None:
+    for layers, pp in [(5, 2), (10, 4), (7, 7), (64, 3)]:
+        split = pdplan.even_layer_partition(layers, pp)
+        # As even as possible, the extra layers first.
+        assert sum(split) == layers and max(split) - min(split) <= 1
+        assert list(split) == sorted(split, reverse=True)
+    with pytest.raises(UnsupportedPDLayoutError, match="cannot split 2 layers over 3"):
+        pdplan.even_layer_partition(2, 3)

@@ -317,7 +317,7 @@ def test_page_sizes_that_differ_plan_by_token_and_count_a_request(
     code, out, _ = run(capsys, *check)
     assert code == 0 and "by pages): 2,621,440 descriptors" in out
     code, _, err = run(capsys, *check, "--decode-page-size", "2097152")
-    assert code == 2 and "page_size=2097152 must be at most 1048576" in err
+    assert code == 2 and "page_size=2097152 must be between 1 and 1048576 tokens" in err
 
 
 def test_the_model_is_summarized_per_layer_kind_before_the_plan(

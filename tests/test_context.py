@@ -31,6 +31,8 @@ SPLITS = [
     (3, "zigzag", 1, 16),
 ]
 LENGTHS = [1, 2, 5, 16, 17, 47, 100, 129]
+# Two CP ranks of TP 1 (a page table of one 16-token page holds 16 tokens).
+CP2 = ParallelLayout("prefill", 2, cp_size=2)
 
 
 def owners_by_definition(n: int, cp: int, split: str, interleave: int, page: int) -> list[int]:
@@ -75,15 +77,15 @@ def test_each_rank_stores_its_tokens_in_order_in_its_own_pages(
         for rank in range(cp):
             held = np.flatnonzero(owners == rank)
             table = rng.permutation(64)[: -(-len(held) // page)]
-            slots = token_slots(
-                table,
-                page,
-                n,
+            layout = ParallelLayout(
+                "prefill",
+                cp,
                 cp_size=cp,
-                cp_rank=rank,
                 cp_split=split,  # type: ignore[arg-type]
-                interleave=interleave,
+                cp_interleave=interleave,
             )
+            assert layout.token_share(rank) == (cp, rank, split, interleave)
+            slots = token_slots(table, page, n, layout=layout, rank=rank)
             assert (slots[owners != rank] == -1).all()
             local = np.arange(len(held))
             assert slots[held].tolist() == (table[local // page] * page + local % page).tolist()
@@ -113,7 +115,8 @@ def test_dcp_slot_maps_equal_vllms_virtual_block_tables(
     for n in (1, 100, 1000, 4097):
         for rank in range(dcp):
             table = rng.permutation(512)[: -(-n // (block * dcp))]
-            ours = token_slots(table, block, n, cp_size=dcp, cp_rank=rank, interleave=interleave)
+            layout = ParallelLayout("decode", dcp, dcp_size=dcp, cp_interleave=interleave)
+            ours = token_slots(table, block, n, layout=layout, rank=rank)
             assert ours.tolist() == vllm_dcp_slots(table, block, n, dcp, rank, interleave).tolist()
 
 
@@ -383,11 +386,13 @@ def kv(tp: int, heads: int = 8, page: int = 16, replica: int = 1) -> BufferLayou
             ),
             "pages of different sizes",
         ),
-        (lambda: token_slots([0], 16, 16, cp_size=2, cp_rank=2), "cp_rank=2 is out of range"),
-        (lambda: token_slots([0], 16, 16, cp_size=0), "context-parallel size must be positive"),
-        (lambda: token_slots([0], 16, 16, cp_size=2, interleave=0), "cp_interleave=0"),
-        (lambda: token_slots([0], 16, 16, cp_size=2, cp_split="ring"), "cp_split must be"),  # type: ignore[arg-type]
-        (lambda: token_slots([0], 16, 40, cp_size=2), "page table has 1 entries"),
+        (lambda: token_slots([0], 16, 16, layout=CP2, rank=2), "rank=2 is out of range"),
+        (lambda: token_slots([0], 16, 16, layout=CP2), "layout= and rank= together"),
+        (lambda: token_slots([0], 16, 16, rank=0), "layout= and rank= together"),
+        (lambda: token_owners(16, 0), "cp_size=0 must be between 1"),
+        (lambda: token_owners(16, 2, interleave=0), "cp_interleave=0"),
+        (lambda: token_owners(16, 2, cp_split="ring"), "cp_split must be"),  # type: ignore[arg-type]
+        (lambda: token_slots([0], 16, 40, layout=CP2, rank=0), "page table has 1 entries"),
         (lambda: token_owners(-1, 2), "num_tokens"),
         (lambda: token_owners(1 << 29, 2), "above the limit"),
     ],
@@ -404,7 +409,7 @@ def test_request_lengths_are_checked() -> None:
         prefill_buffers=[kv(1)],
         decode_buffers=[kv(1)],
     )
-    for bad in (-1, pdplan._core.MAX_TOKENS + 1):
+    for bad in (-1, pdplan.limits.MAX_TOKENS + 1):
         with pytest.raises(UnsupportedPDLayoutError, match="num_tokens"):
             planner.plan_for_decode_rank(0, num_tokens=bad)
     with pytest.raises(UnsupportedPDLayoutError, match="num_tokens"):
@@ -428,3 +433,21 @@ def test_layouts_without_cp_plan_as_before() -> None:
         "sharded",
         "interleave",
     )
+
+
+def test_a_rank_share_comes_from_its_layout() -> None:
+    """DCP ranks are TP ranks mod dcp_size inside each DP group; CP ranks their own axis."""
+    dcp = ParallelLayout("decode", 16, 2, dcp_size=4, cp_interleave=16)
+    for rank in range(16):
+        tp_rank = rank % 8
+        assert dcp.token_share(rank) == (4, tp_rank % 4, "interleave", 16)
+        assert dcp.rank_coordinates(rank) == (rank // 8, 0, 0, tp_rank)
+    cp = ParallelLayout("prefill", 8, cp_size=2, cp_split="zigzag")  # TP 4 x CP 2
+    assert [cp.token_share(r).cp_rank for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert ParallelLayout("prefill", 4).token_share(3) == (1, 0, "interleave", 1)
+    # Replicated CP ranks hold every token: one share.
+    assert ParallelLayout("prefill", 4, cp_size=2, cp_kv="replicated").token_share(3)[:2] == (1, 0)
+    # The slot map of a DCP rank holds exactly the tokens its share's owner says.
+    owners = token_owners(100, 4, interleave=16)
+    slots = token_slots(np.arange(8), 16, 100, layout=dcp, rank=13)
+    assert np.array_equal(slots >= 0, owners == 1)

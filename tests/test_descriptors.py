@@ -250,11 +250,11 @@ def test_refusals(kwargs: dict[str, Any], message: str) -> None:
 
 
 def test_too_many_descriptors_are_refused_before_allocating() -> None:
-    from pdplan._core import MAX_DESCRIPTORS
+    from pdplan.limits import MAX_DESCRIPTORS
 
     pages = np.zeros(1 << 16, dtype=np.int64)
     fragments = [frag()] * (MAX_DESCRIPTORS // len(pages) + 1)
-    with pytest.raises(UnsupportedPDLayoutError, match="exceed the limit"):
+    with pytest.raises(UnsupportedPDLayoutError, match="MAX_DESCRIPTORS"):
         transfer_descriptors(fragments, [0], [0], pages, pages, coalesce=False)
 
 

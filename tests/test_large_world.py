@@ -16,7 +16,7 @@ from pdplan import (
     PDTransferPlanner,
     UnsupportedPDLayoutError,
 )
-from pdplan._core import MAX_WORLD_SIZE
+from pdplan.limits import MAX_WORLD_SIZE
 
 from layouts import plan_to_dict
 from oracle import expected_routing
@@ -90,9 +90,9 @@ def test_the_scale_target_world_routes_every_rank_and_verifies() -> None:
 
 
 def test_a_world_past_the_limit_is_refused_at_once() -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match="maximum"):
+    with pytest.raises(UnsupportedPDLayoutError, match="MAX_WORLD_SIZE"):
         ParallelLayout("prefill", MAX_WORLD_SIZE + 1)
-    with pytest.raises(UnsupportedPDLayoutError, match="maximum"):
+    with pytest.raises(UnsupportedPDLayoutError, match="MAX_WORLD_SIZE"):
         ParallelLayout("decode", 2**31)
     # The limit itself plans, without per-rank loops over buffers.
     planner = cluster(MAX_WORLD_SIZE // 8, 8, 1, 1, layers=1)

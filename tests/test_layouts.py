@@ -306,17 +306,17 @@ def test_item_length_refusals(entry: ItemLengths, tps: tuple[int, int], message:
             lambda: model_buffer_layouts(ModelShape(2, 4, 64, dtype=5), 2, 2),  # type: ignore[arg-type]
             "dtype must be a string",
         ),
-        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 0, 2), "positive"),
+        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 0, 2), "tp_size=0 must be between 1"),
         (lambda: model_buffer_layouts(ModelShape(2, 4, 64), True, 2), "prefill_tp"),
         (lambda: model_buffer_layouts("llama", 2, 2), "field, got str"),  # type: ignore[arg-type]
-        (lambda: model_buffer_layouts(ModelShape(2**40, 4, 64), 2, 2), "implausibly large"),
+        (lambda: model_buffer_layouts(ModelShape(2**40, 4, 64), 2, 2), "MAX_LAYERS"),
         (
             lambda: model_buffer_layouts(
                 ModelShape(2, 4, 64, mla_kv_lora_rank=2**62, mla_rope_head_dim=2**62), 2, 2
             ),
             "overflow",
         ),
-        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 2**40, 2), "largest world size"),
+        (lambda: model_buffer_layouts(ModelShape(2, 4, 64), 2**40, 2), "MAX_WORLD_SIZE"),
         (lambda: buffer_layouts_from_item_lengths([item(1, 1)], 2**62, 2), "between 1 and"),
     ],
 )

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pdplan
 from pdplan import (
     DEFAULT_MAX_FRAGMENTS,
     ModelShape,
@@ -134,7 +135,9 @@ def test_byte_equal_frames_reuse_the_parsed_fragments_and_others_never_do() -> N
     assert not other.shares_fragments_with(first)
     assert other.fragments[0].dst_rank == 3 and first.fragments[0].dst_rank == 1
     entries, held = _core.frame_cache_info()[2:]
-    assert 0 < entries <= _core.FRAME_CACHE_ENTRIES and held <= _core.FRAME_CACHE_BYTES
+    assert (
+        0 < entries <= pdplan.limits.FRAME_CACHE_ENTRIES and held <= pdplan.limits.FRAME_CACHE_BYTES
+    )
 
 
 def test_frame_limits_hold_for_prepared_transfers_too() -> None:

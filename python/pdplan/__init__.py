@@ -6,8 +6,9 @@ wire format v1, with intersection, fanout, planning and wire coding done in Rust
 
 from __future__ import annotations
 
+from pdplan import limits
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, state_specs
-from pdplan._context import token_owners, token_slots
+from pdplan._context import TokenShare, token_owners, token_slots
 from pdplan._core import (
     DEFAULT_MAX_FRAGMENTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -42,6 +43,7 @@ from pdplan._layouts import (
     SharedKvLayer,
     ShortConvLayer,
     buffer_layouts_from_item_lengths,
+    even_layer_partition,
     model_buffer_layouts,
     model_families,
     vllm_layer_partition,
@@ -50,6 +52,7 @@ from pdplan._model import (
     BufferKind,
     BufferLayout,
     ParallelLayout,
+    RankCoordinates,
     RankTransferPlan,
     TransferFragment,
 )
@@ -87,12 +90,14 @@ __all__ = [
     "ParallelLayout",
     "PeerLayout",
     "PreparedTransfer",
+    "RankCoordinates",
     "RankTransferPlan",
     "RoutingTable",
     "SharedKvLayer",
     "ShortConvLayer",
     "StagingPlan",
     "StateSpec",
+    "TokenShare",
     "TransferDescriptors",
     "TransferFragment",
     "UnsupportedPDLayoutError",
@@ -103,6 +108,8 @@ __all__ = [
     "decode_transfer_fragments",
     "encode_layout",
     "encode_transfer_fragments",
+    "even_layer_partition",
+    "limits",
     "model_buffer_layouts",
     "model_families",
     "state_specs",

@@ -26,6 +26,7 @@ from pdplan._layouts import (
     MODEL_PRESETS,
     LayerKindSummary,
     ModelShape,
+    even_layer_partition,
     model_buffer_layouts,
     model_families,
 )
@@ -478,8 +479,7 @@ class Deployment:
             # layers with a cache): pdplan's default split of all of them.
             if given is not None or pp == 1:
                 return given
-            layers = shape.num_layers
-            return tuple(layers // pp + (stage < layers % pp) for stage in range(pp))
+            return even_layer_partition(shape.num_layers, pp)
 
         def buffers(page_size: int | None) -> tuple[tuple[BufferLayout, ...], ...]:
             sized = shape if page_size is None else replace(shape, page_size=page_size)
@@ -648,14 +648,13 @@ def _print_table(
     for line in _request_lines(planner, model, chunk_bytes):
         print(line)
     print()
-    staged: bool = planner._core.is_staged
+    staged = planner.is_staged
 
     def rank(layout: ParallelLayout, number: int) -> str:
         """A rank, with its pipeline stage when stages are in play."""
         if not staged:
             return str(number)
-        _, stage, _, _ = _core.rank_coordinates(layout, number)
-        return f"{number} (stage {stage})"
+        return f"{number} (stage {layout.rank_coordinates(number).stage})"
 
     width = 18 if staged else 12
     print(

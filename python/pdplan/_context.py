@@ -4,7 +4,7 @@ runs in Rust (src/context.rs)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pdplan import _core
 
@@ -12,9 +12,23 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-__all__ = ["CpSplit", "token_owners", "token_slots"]
+    from pdplan._model import ParallelLayout
+
+__all__ = ["CpSplit", "TokenShare", "token_owners", "token_slots"]
 
 CpSplit = Literal["interleave", "contiguous", "zigzag"]
+
+
+class TokenShare(NamedTuple):
+    """Which of a request's tokens one rank holds (``ParallelLayout.token_share``): the
+    ``cp_rank``-th of ``cp_size`` shares, dealt by ``cp_split`` (``token_owners``). Without
+    context parallelism, the one share of every token (``cp_size=1``); for decode context
+    parallel, ``cp_rank`` is the DCP rank."""
+
+    cp_size: int
+    cp_rank: int
+    cp_split: CpSplit
+    interleave: int
 
 
 def token_slots(
@@ -23,28 +37,20 @@ def token_slots(
     num_tokens: int,
     *,
     tokens: range | None = None,
-    cp_size: int = 1,
-    cp_rank: int = 0,
-    cp_split: CpSplit = "interleave",
-    interleave: int = 1,
+    layout: ParallelLayout | None = None,
+    rank: int | None = None,
 ) -> npt.NDArray[np.int64]:
     """One rank's slot map for a request of ``num_tokens`` tokens (int64, -1 for tokens it
     holds no slot for), for ``token_descriptors``.
 
-    The rank holds the tokens of ``tokens`` (a range, default all) that CP rank ``cp_rank`` of
-    ``cp_size`` holds (``token_owners``; for DCP, ``cp_rank`` is the DCP rank ``tp_rank %
-    dcp_size``). Its tokens, in order, are its local tokens ``0, 1, ...``; local token ``i``
-    sits at ``page_table[i // page_size] * page_size + i % page_size``. A page-table entry of
-    -1 is a page the rank does not hold (a token asked for on one is refused)."""
+    The rank holds the tokens of ``tokens`` (a range, default all); with ``layout`` and
+    ``rank``, only those of its share (``layout.token_share(rank)``: its CP or DCP share,
+    dealt as the layout says). Its tokens, in order, are its local tokens ``0, 1, ...``; local
+    token ``i`` sits at ``page_table[i // page_size] * page_size + i % page_size``. A
+    page-table entry of -1 is a page the rank does not hold (a token asked for on one is
+    refused)."""
     return _core.token_slots(
-        page_table,
-        page_size,
-        num_tokens,
-        tokens=tokens,
-        cp_size=cp_size,
-        cp_rank=cp_rank,
-        cp_split=cp_split,
-        interleave=interleave,
+        page_table, page_size, num_tokens, tokens=tokens, layout=layout, rank=rank
     )
 
 

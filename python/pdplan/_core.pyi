@@ -19,12 +19,26 @@ __all__ = [
     "BUFFER_LAYOUT_FIELDS",
     "CACHE_KEYS",
     "DEFAULT_MAX_FRAGMENTS",
+    "DEFAULT_MAX_LAYOUT_BYTES",
     "DEFAULT_MAX_PAYLOAD_BYTES",
     "ENCODE_CACHE_ENTRIES",
+    "ENCODE_CACHE_ITEMS",
     "FRAME_CACHE_BYTES",
     "FRAME_CACHE_ENTRIES",
+    "MAX_ARRAY_AXES",
+    "MAX_CONFIG_BYTES",
+    "MAX_CONFIG_DEPTH",
     "MAX_DESCRIPTORS",
+    "MAX_INTERLEAVE",
+    "MAX_LAYERS",
+    "MAX_LAYOUT_BUFFERS",
+    "MAX_PAGE_SIZE",
+    "MAX_PARTS",
+    "MAX_PLAN_FRAGMENTS",
+    "MAX_ROWS_PER_PAGE",
+    "MAX_STAGES",
     "MAX_TOKENS",
+    "MAX_VALUE",
     "MAX_WORLD_SIZE",
     "MODEL_PRESETS",
     "RANK_TRANSFER_PLAN_FIELDS",
@@ -51,8 +65,10 @@ __all__ = [
     "encode_layout",
     "encode_transfer_fragments",
     "estimate_staging",
+    "even_layer_partition",
     "first_kept_token",
     "frame_cache_info",
+    "is_token_indexed",
     "model_buffers",
     "model_families",
     "model_layers",
@@ -69,20 +85,34 @@ __all__ = [
 __version__: str
 MODEL_PRESETS: list[str]
 CACHE_KEYS: list[str]
-MAX_DESCRIPTORS: int
-MAX_TOKENS: int
-DEFAULT_MAX_PAYLOAD_BYTES: int
-DEFAULT_MAX_FRAGMENTS: int
 TRANSFER_PLAN_PROTOCOL_VERSION: int
 TRANSFER_PLAN_READABLE_VERSIONS: tuple[int, ...]
-MAX_WORLD_SIZE: int
 TRANSFER_FRAGMENT_FIELDS: list[str]
 TRANSFER_FRAGMENT_SINCE: list[tuple[str, int]]
 TRANSFER_FRAGMENT_DEFAULTS: dict[str, int | str | None]
+RANK_TRANSFER_PLAN_FIELDS: list[str]
+MAX_WORLD_SIZE: int
+MAX_STAGES: int
+MAX_PAGE_SIZE: int
+MAX_ROWS_PER_PAGE: int
+MAX_PARTS: int
+MAX_INTERLEAVE: int
+MAX_TOKENS: int
+MAX_PLAN_FRAGMENTS: int
+MAX_DESCRIPTORS: int
+MAX_LAYERS: int
+MAX_ARRAY_AXES: int
+MAX_LAYOUT_BUFFERS: int
+MAX_CONFIG_BYTES: int
+MAX_CONFIG_DEPTH: int
+MAX_VALUE: int
+DEFAULT_MAX_PAYLOAD_BYTES: int
+DEFAULT_MAX_FRAGMENTS: int
+DEFAULT_MAX_LAYOUT_BYTES: int
 FRAME_CACHE_ENTRIES: int
 FRAME_CACHE_BYTES: int
 ENCODE_CACHE_ENTRIES: int
-RANK_TRANSFER_PLAN_FIELDS: list[str]
+ENCODE_CACHE_ITEMS: int
 BUFFER_LAYOUT_FIELDS: list[str]
 
 class UnsupportedPDLayoutError(ValueError):
@@ -90,7 +120,10 @@ class UnsupportedPDLayoutError(ValueError):
 
 def check_parallel_layout(layout: ParallelLayout) -> int: ...
 def rank_coordinates(layout: ParallelLayout, rank: int) -> tuple[int, int, int, int]: ...
-def rank_token_share(layout: ParallelLayout, rank: int) -> tuple[int, int]: ...
+def rank_token_share(
+    layout: ParallelLayout, rank: int
+) -> tuple[int, int, Literal["interleave", "contiguous", "zigzag"], int]: ...
+def is_token_indexed(logical_axis: str) -> bool: ...
 def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
 def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
@@ -118,10 +151,8 @@ def token_slots(
     num_tokens: int,
     *,
     tokens: range | None = None,
-    cp_size: int | None = None,
-    cp_rank: int | None = None,
-    cp_split: str | None = None,
-    interleave: int | None = None,
+    layout: ParallelLayout | None = None,
+    rank: int | None = None,
 ) -> npt.NDArray[np.int64]: ...
 def token_owners(
     num_tokens: int,
@@ -144,6 +175,7 @@ def model_buffers(
     decode_dcp: int | None = None,
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...
 def vllm_layer_partition(layers: int, pp_size: int) -> list[int]: ...
+def even_layer_partition(layers: int, pp_size: int) -> list[int]: ...
 def buffers_from_item_lengths(
     items: Iterable[ItemLengths], prefill_tp: int, decode_tp: int
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]: ...

@@ -33,6 +33,7 @@ __all__ = [
     "SharedKvLayer",
     "ShortConvLayer",
     "buffer_layouts_from_item_lengths",
+    "even_layer_partition",
     "model_buffer_layouts",
     "model_families",
     "vllm_layer_partition",
@@ -413,6 +414,13 @@ def buffer_layouts_from_item_lengths(
     in replica groups (pass ``logical_size`` when both sides do). Anything else is refused
     with the reason."""
     return _core.buffers_from_item_lengths(items, prefill_tp, decode_tp)
+
+
+def even_layer_partition(layers: int, pp_size: int) -> tuple[int, ...]:
+    """pdplan's default split of ``layers`` over ``pp_size`` stages (``pp_layer_partition``
+    left None): as even as possible, the first stages taking one more (5 over 2: ``(3, 2)``).
+    Give it the model's ``num_layers`` to split layers that keep no cache too."""
+    return tuple(_core.even_layer_partition(layers, pp_size))
 
 
 def vllm_layer_partition(layers: int, pp_size: int) -> tuple[int, ...]:

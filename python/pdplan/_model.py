@@ -4,19 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pdplan import _core
+from pdplan._context import TokenShare
 from pdplan._core import UnsupportedPDLayoutError
 
 __all__ = [
     "BufferKind",
     "BufferLayout",
     "ParallelLayout",
+    "RankCoordinates",
     "RankTransferPlan",
     "TransferFragment",
     "UnsupportedPDLayoutError",
 ]
+
+
+class RankCoordinates(NamedTuple):
+    """Where one rank sits on its side (``ParallelLayout.rank_coordinates``)."""
+
+    dp_group: int
+    stage: int
+    cp_rank: int
+    tp_rank: int
 
 
 class BufferKind(str, Enum):
@@ -54,7 +65,7 @@ class ParallelLayout:
     the TP size and every KV-head replica group). ``cp_kv="replicated"`` says CP ranks hold
     every token (after an all-gather) and are replicas to read from. ``cp_split`` and
     ``cp_interleave`` say how tokens are dealt (see ``token_owners``). Plans with CP move
-    tokens by slot maps (``token_slots(..., cp_size=, cp_rank=)``).
+    tokens by slot maps (``token_slots(..., layout=, rank=)``).
     """
 
     role: Literal["prefill", "decode"]
@@ -80,6 +91,17 @@ class ParallelLayout:
         without PP and CP); DCP ranks are among them."""
         tp: int = self.__dict__["_tp_size"]
         return tp
+
+    def rank_coordinates(self, rank: int) -> RankCoordinates:
+        """Where rank ``rank`` sits: its DP group, pipeline stage, CP rank and TP rank."""
+        return RankCoordinates(*_core.rank_coordinates(self, rank))
+
+    def token_share(self, rank: int) -> TokenShare:
+        """Which of a request's tokens rank ``rank`` holds: its CP share (``cp_size``), its
+        DCP share (``dcp_size``: DCP rank ``tp_rank % dcp_size``, always interleaved), or every
+        token. ``token_slots(..., layout=, rank=)`` builds its slot map from it."""
+        cp_size, cp_rank, cp_split, interleave = _core.rank_token_share(self, rank)
+        return TokenShare(cp_size, cp_rank, cp_split, interleave)
 
 
 @dataclass(frozen=True)
@@ -128,6 +150,12 @@ class BufferLayout:
             object.__setattr__(self, "logical_parts", tuple(self.logical_parts))
         _core.check_buffer_layout(self)
         _coerce_kind(self)
+
+    @property
+    def is_token_indexed(self) -> bool:
+        """Whether the buffer holds a value per token (``kv_head``, ``replicated``): moved by
+        slot maps with token maps. State (``state_channel``) is one value per request."""
+        return _core.is_token_indexed(self.logical_axis)
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,11 +56,11 @@ class PDTransferPlanner:
         token-indexed buffer's page sizes differ between the sides, which only slot maps can
         move, or a buffer has a ``sliding_window``, which selects tokens. Such fragment lists
         encode as wire format v3 (v4 with a window)."""
-        self.prefill_layout = prefill_layout
-        self.decode_layout = decode_layout
-        self.prefill_buffers = prefill_buffers
-        self.decode_buffers = decode_buffers
-        self.decode_replicas = decode_replicas
+        self._prefill_layout = prefill_layout
+        self._decode_layout = decode_layout
+        self._prefill_buffers = tuple(prefill_buffers)
+        self._decode_buffers = tuple(decode_buffers)
+        self._decode_replicas = decode_replicas
         self._core = _core.Planner(
             prefill_layout,
             decode_layout,
@@ -69,6 +69,32 @@ class PDTransferPlanner:
             decode_replicas,
             token_maps,
         )
+
+    # What the planner was built from, read-only: a plan is only ever of these.
+    @property
+    def prefill_layout(self) -> ParallelLayout:
+        return self._prefill_layout
+
+    @property
+    def decode_layout(self) -> ParallelLayout:
+        return self._decode_layout
+
+    @property
+    def prefill_buffers(self) -> tuple[BufferLayout, ...]:
+        return self._prefill_buffers
+
+    @property
+    def decode_buffers(self) -> tuple[BufferLayout, ...]:
+        return self._decode_buffers
+
+    @property
+    def decode_replicas(self) -> Literal["first", "all"]:
+        return self._decode_replicas
+
+    @property
+    def is_staged(self) -> bool:
+        """Whether either side runs pipeline stages (and buffers are placed by ``layer``)."""
+        return self._core.is_staged
 
     def plan_for_decode_rank(
         self,

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pdplan import _core
 from pdplan._context import token_slots
 from pdplan._core import PreparedTransfer
 from pdplan._planner import PDTransferPlanner
@@ -56,10 +55,8 @@ def request_pairs(
     # Every other page, backwards: neighbours in the request are never neighbours in memory.
     tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
     capacity = 2 * max(counts)
-    by_token = [
-        b.buffer_index for b in planner.prefill_buffers if b.logical_axis != "state_channel"
-    ]
-    state = [b.buffer_index for b in planner.prefill_buffers if b.logical_axis == "state_channel"]
+    by_token = [b.buffer_index for b in planner.prefill_buffers if b.is_token_indexed]
+    state = [b.buffer_index for b in planner.prefill_buffers if not b.is_token_indexed]
     src_limits = [b.item_stride_bytes * capacity for b in planner.prefill_buffers]
     dst_limits = [b.item_stride_bytes * capacity for b in planner.decode_buffers]
     bases = [1 << 40] * len(src_limits)
@@ -67,20 +64,10 @@ def request_pairs(
 
     def slots(side: int, rank: int) -> npt.NDArray[np.int64]:
         # The rank's share of the tokens (all of them without CP), in its own pages.
-        ways, index = _core.rank_token_share(layouts[side], rank)
-        layout = layouts[side]
-        return token_slots(
-            tables[side],
-            sizes[side],
-            tokens,
-            cp_size=ways,
-            cp_rank=index,
-            cp_split=layout.cp_split,
-            interleave=layout.cp_interleave,
-        )
+        return token_slots(tables[side], sizes[side], tokens, layout=layouts[side], rank=rank)
 
     for rank in range(planner.decode_layout.world_size):
-        if _core.rank_coordinates(planner.decode_layout, rank)[0] != 0:
+        if planner.decode_layout.rank_coordinates(rank).dp_group != 0:
             continue
         dst_slots = slots(1, rank) if planner.token_maps else None
         sources = planner.transfer_fragments(rank, num_tokens=tokens)

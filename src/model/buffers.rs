@@ -7,10 +7,9 @@
 
 use super::layers::{attention, AttentionShape, Cache, Layer};
 use super::shape::{check_layer_count, KvLayout, ModelShape};
-use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{
-    BufferKind, BufferLayout, ContextParallel, ParallelLayout, Role, MAX_STAGES, MAX_WORLD_SIZE,
-};
+use crate::error::{PlanError, PlanResult};
+use crate::layout::{BufferKind, BufferLayout, ContextParallel, ParallelLayout, Role};
+use crate::limits;
 use crate::pairs::validate_context;
 
 /// Both sides' buffers for `shape`: prefill at TP `prefill_tp` with `prefill_pp` stages, decode
@@ -23,9 +22,7 @@ pub fn pair_buffers(
     contexts: [ContextParallel; 2],
 ) -> PlanResult<(Vec<BufferLayout>, Vec<BufferLayout>)> {
     for (name, pp) in [("prefill_pp", prefill_stages), ("decode_pp", decode_stages)] {
-        if pp == 0 || pp > MAX_STAGES {
-            bail!("{name}={pp} must be between 1 and {MAX_STAGES}");
-        }
+        limits::STAGES.check(name, pp)?;
     }
     let side = |tp, role: Role, context| {
         let in_role = |e: PlanError| PlanError::new(format!("{} side: {e}", role.as_str()));
@@ -72,12 +69,8 @@ pub fn model_buffers(
     tp: u64,
     kv_layout: KvLayout,
 ) -> PlanResult<Vec<BufferLayout>> {
-    if tp == 0 || shape.page_size == 0 {
-        bail!("TP size and page_size must be positive");
-    }
-    if tp > MAX_WORLD_SIZE {
-        bail!("TP {tp} is above the largest world size {MAX_WORLD_SIZE}");
-    }
+    limits::WORLD_SIZE.check("tp_size", tp)?;
+    limits::PAGE_SIZE.check("page_size", shape.page_size)?;
     check_layer_count(shape.layers.len() as u64)?;
     shape.check_dtypes()?;
     let cache = Cache {

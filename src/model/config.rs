@@ -9,24 +9,15 @@ use super::dtype::Dtype;
 use super::families::Family;
 use crate::error::{bail, PlanError, PlanResult};
 
-/// Largest `config.json` read (published ones are a few kB).
-const MAX_CONFIG_BYTES: usize = 16 << 20;
-
-/// Deepest nesting read: configs nest a few levels (`text_config`, `block_configs[i].attention`).
-const MAX_DEPTH: usize = 64;
+use crate::limits;
 
 /// Python's `json` writes `NaN`, `Infinity` and `-Infinity` bare (Nemotron-H's
 /// `time_step_limit`), which JSON does not allow: they become `null` outside strings.
 pub fn lenient_json(text: &str) -> PlanResult<Value> {
-    if text.len() > MAX_CONFIG_BYTES {
-        bail!(
-            "config.json is {} bytes; at most {MAX_CONFIG_BYTES} are read",
-            text.len()
-        );
-    }
+    limits::CONFIG_BYTES.check("config.json's bytes", text.len() as u64)?;
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
-    let (mut in_string, mut escaped, mut depth, mut i) = (false, false, 0usize, 0);
+    let (mut in_string, mut escaped, mut depth, mut i) = (false, false, 0u64, 0);
     'scan: while let Some(&c) = bytes.get(i) {
         if in_string {
             if escaped {
@@ -40,9 +31,7 @@ pub fn lenient_json(text: &str) -> PlanResult<Value> {
             in_string = true;
         } else if c == b'[' || c == b'{' {
             depth += 1;
-            if depth > MAX_DEPTH {
-                bail!("config.json nests deeper than {MAX_DEPTH} levels");
-            }
+            limits::CONFIG_DEPTH.check("config.json's nesting", depth)?;
         } else if c == b']' || c == b'}' {
             depth = depth.saturating_sub(1);
         } else {
@@ -308,7 +297,7 @@ mod tests {
         assert!(lenient_json(&deep)
             .unwrap_err()
             .message()
-            .contains("nests deeper"));
+            .contains("MAX_CONFIG_DEPTH"));
     }
 
     #[test]

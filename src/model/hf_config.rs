@@ -5,8 +5,9 @@
 
 use super::config::{lenient_json, Config, Parts};
 use super::families::{check_keys, select, Family};
-use super::shape::{check_layer_count, check_page_size, ModelShape};
+use super::shape::{check_layer_count, ModelShape};
 use crate::error::{PlanError, PlanResult};
+use crate::limits;
 
 /// Keys a layer count goes by.
 const LAYER_COUNT: [&str; 3] = ["num_hidden_layers", "n_layer", "num_layers"];
@@ -18,7 +19,7 @@ pub fn shape_from_hf_config(
     page_size: u64,
     family: Option<&str>,
 ) -> PlanResult<ModelShape> {
-    check_page_size(page_size)?;
+    limits::PAGE_SIZE.check("page_size", page_size)?;
     let parsed = lenient_json(text)?;
     let parts = Parts::of(&parsed)?;
     let family = select(parts, family)?;

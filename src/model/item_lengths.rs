@@ -1,7 +1,8 @@
 //! Buffer layouts inferred from the byte lengths a runtime knows of each buffer.
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, MAX_WORLD_SIZE};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::limits;
 
 /// What a runtime knows of one buffer: its per-rank item length on each side and the length
 /// of one logical unit (a head, a channel) in a page.
@@ -56,12 +57,10 @@ pub fn from_item_lengths(
         item.buffer_kind.as_str()
     );
     let [prefill_units, decode_units] = unit_counts(item, &name)?;
-    if prefill_tp == 0
-        || decode_tp == 0
-        || prefill_tp > MAX_WORLD_SIZE
-        || decode_tp > MAX_WORLD_SIZE
-    {
-        bail!("{name}: TP sizes must be between 1 and {MAX_WORLD_SIZE}");
+    for (what, tp) in [("prefill_tp", prefill_tp), ("decode_tp", decode_tp)] {
+        limits::WORLD_SIZE
+            .check(what, tp)
+            .map_err(|e| PlanError::new(format!("{name}: {e}")))?;
     }
     let prefill_global = prefill_units.checked_mul(prefill_tp);
     let decode_global = decode_units.checked_mul(decode_tp);

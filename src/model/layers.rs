@@ -26,7 +26,8 @@
 
 use super::dtype::Dtype;
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, MAX_VALUE};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::limits::MAX_VALUE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttentionShape {

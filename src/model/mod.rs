@@ -23,7 +23,5 @@ pub use layers::{
     AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
     MlaShape, ShortConvShape,
 };
-pub use shape::{
-    preset, shape_from, DraftShape, KvLayout, ModelShape, MAX_LAYERS, MAX_PAGE_SIZE, PRESET_NAMES,
-};
+pub use shape::{preset, shape_from, DraftShape, KvLayout, ModelShape, PRESET_NAMES};
 pub use summary::{summarize, KindSummary};

@@ -5,6 +5,7 @@ use super::dtype::Dtype;
 use super::hf_config::shape_from_hf_config;
 use super::layers::{AttentionShape, Layer, MlaShape};
 use crate::error::{bail, PlanResult};
+use crate::limits;
 
 /// How a KV page stores its tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -42,9 +43,6 @@ pub struct DraftShape {
     pub kv_heads: u64,
     pub head_dim: u64,
 }
-
-/// Most layers a model may have: buffers are listed one by one.
-pub const MAX_LAYERS: u64 = 1 << 16;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelShape {
@@ -111,21 +109,8 @@ impl ModelShape {
 }
 
 pub fn check_layer_count(layers: u64) -> PlanResult<()> {
-    if layers > MAX_LAYERS {
-        bail!("{layers} layers is implausibly large; at most {MAX_LAYERS}");
-    }
-    Ok(())
+    limits::LAYERS.check("num_hidden_layers", layers).map(drop)
 }
-
-/// Tokens a page: positive, and small enough that a page's bytes stay countable.
-pub fn check_page_size(page_size: u64) -> PlanResult<()> {
-    if page_size == 0 || page_size > MAX_PAGE_SIZE {
-        bail!("page_size={page_size} must be between 1 and {MAX_PAGE_SIZE} tokens");
-    }
-    Ok(())
-}
-
-pub use crate::layout::MAX_PAGE_SIZE;
 
 /// The shape of exactly one of a `config.json` text and a preset name.
 pub fn shape_from(

@@ -11,6 +11,7 @@ use pyo3::types::{PyDict, PyTuple};
 use crate::array_layout::{self, ArraySpec, ArrayView, Axis};
 use crate::error::{bail, PlanError};
 use crate::layout::{BufferKind, LogicalParts};
+use crate::limits;
 
 use super::convert::{each, optional_u64, string_arg, to_u64, type_name, Converted};
 use super::objects::buffer_layout_object;
@@ -67,8 +68,6 @@ pub fn buffer_from_array<'py>(
     ))
 }
 
-const MAX_DIMS: usize = crate::array_layout::MAX_AXES;
-
 /// The metadata of `array`, through the first protocol it speaks.
 pub fn array_view(array: &Bound<'_, PyAny>) -> Converted<ArrayView> {
     for name in ["__cuda_array_interface__", "__array_interface__"] {
@@ -100,12 +99,7 @@ fn ints(value: &Bound<'_, PyAny>, what: &str) -> Converted<Vec<i64>> {
     let tuple = value
         .cast::<PyTuple>()
         .map_err(|_| PlanError::new(format!("{what} must be a tuple")))?;
-    if tuple.len() > MAX_DIMS {
-        bail!(
-            "{what} has {} dimensions, more than {MAX_DIMS}",
-            tuple.len()
-        );
-    }
+    limits::ARRAY_AXES.check(&format!("{what}'s dimensions"), tuple.len() as u64)?;
     tuple
         .iter()
         .map(|v| {
@@ -225,13 +219,13 @@ fn dlpack_view(array: &Bound<'_, PyAny>) -> Converted<ArrayView> {
     }
     // SAFETY: `tensor` points at the producer's live `DLTensor` (see above); it is only read.
     let t = unsafe { &*tensor };
-    let ndim = usize::try_from(t.ndim).unwrap_or(usize::MAX);
-    if ndim == 0 || ndim > MAX_DIMS || t.shape.is_null() {
-        bail!(
-            "the DLPack tensor has {} dimensions; a cache has 1 to {MAX_DIMS}",
-            t.ndim
-        );
+    let ndim = u64::try_from(t.ndim).unwrap_or(u64::MAX);
+    limits::ARRAY_AXES.check("the DLPack tensor's dimensions", ndim)?;
+    if t.shape.is_null() {
+        bail!("the DLPack tensor has no shape");
     }
+    #[allow(clippy::cast_possible_truncation)] // at most MAX_ARRAY_AXES
+    let ndim = ndim as usize;
     if t.dtype_bits == 0 || t.dtype_bits % 8 != 0 || t.dtype_lanes == 0 {
         bail!(
             "the DLPack dtype (code {}, {} bits, {} lanes) has no whole byte size",

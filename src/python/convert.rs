@@ -11,8 +11,8 @@ use crate::error::{bail, PlanError};
 use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
-    MAX_VALUE,
 };
+use crate::limits::MAX_VALUE;
 use crate::model::{
     AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, KdaShape, Layer,
     LightningShape, Mamba1Shape, Mamba2Shape, MlaShape, ModelShape, ShortConvShape,

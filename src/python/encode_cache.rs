@@ -12,10 +12,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::lru::Shared;
 
-/// Most fragment lists kept.
-pub const MAX_ENTRIES: usize = 1024;
-/// Most fragment objects kept alive by the cache in all.
-pub const MAX_ITEMS: usize = 1 << 18;
+/// Most fragment lists kept, and fragment objects kept alive by the cache in all.
+use crate::limits::{ENCODE_CACHE_ENTRIES as MAX_ENTRIES, ENCODE_CACHE_ITEMS as MAX_ITEMS};
 
 struct Entry {
     items: Vec<Py<PyAny>>,

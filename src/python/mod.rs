@@ -24,7 +24,8 @@ use crate::context::{CpSplit, TokenDeal, TokenShare};
 use crate::descriptors;
 use crate::error::{bail, PlanError};
 use crate::fragment::FieldValue;
-use crate::ranks::MAX_WORLD_SIZE;
+use crate::layout::LogicalAxis;
+use crate::limits;
 use crate::{tokens, wire};
 use convert::{
     buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, optional_u64,
@@ -71,14 +72,31 @@ fn rank_coordinates(
 }
 
 /// Which share of a request's tokens rank `rank` of a layout holds: (ranks the tokens are
-/// dealt over, its index among them), for `token_slots(cp_size=, cp_rank=)`.
+/// dealt over, its index among them, the split, the interleave).
 #[pyfunction]
-fn rank_token_share(layout: &Bound<'_, PyAny>, rank: &Bound<'_, PyAny>) -> PyResult<(u64, u64)> {
+fn rank_token_share(
+    layout: &Bound<'_, PyAny>,
+    rank: &Bound<'_, PyAny>,
+) -> PyResult<(u64, u64, &'static str, u64)> {
     let convert = || -> Converted<_> {
         let layout = parallel_layout(layout)?;
         let at = layout.rank_coord(int_arg(rank, "rank")?)?;
         let context = layout.context();
-        Ok((context.ways(), context.share_index(at.slot())))
+        Ok((
+            context.ways(),
+            context.share_index(at.slot()),
+            context.split.as_str(),
+            context.interleave,
+        ))
+    };
+    convert().map_err(to_py_err)
+}
+
+/// Whether buffers of `logical_axis` hold a value per token (slot maps apply).
+#[pyfunction]
+fn is_token_indexed(logical_axis: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let convert = || -> Converted<_> {
+        Ok(LogicalAxis::parse(&string_arg(logical_axis, "logical_axis")?)?.is_token_indexed())
     };
     convert().map_err(to_py_err)
 }
@@ -207,61 +225,47 @@ fn token_deal(
         None => CpSplit::Interleave,
         Some(value) => CpSplit::parse(&string_arg(value, "cp_split")?)?,
     };
-    let ways = to_u64(cp_size, "cp_size")?;
-    if ways > MAX_WORLD_SIZE {
-        bail!("cp_size={ways} is above the largest world size {MAX_WORLD_SIZE}");
-    }
-    TokenDeal::new(
-        ways,
-        split,
-        to_u64(interleave, "interleave")?,
-        page_size.max(1),
-    )
+    let ways = limits::WORLD_SIZE.check("cp_size", to_u64(cp_size, "cp_size")?)?;
+    TokenDeal::new(ways, split, to_u64(interleave, "interleave")?, page_size)
 }
 
 /// One rank's slot map for a request: for each token `t` of `tokens` (a `range`, default all)
-/// that CP rank `cp_rank` holds, at local index `i`,
+/// that rank `rank` of `layout` holds (all of them without a layout), at local index `i`,
 /// `page_table[i // page_size] * page_size + i % page_size`; -1 elsewhere.
 #[pyfunction]
-#[pyo3(signature = (page_table, page_size, num_tokens, *, tokens=None, cp_size=None, cp_rank=None, cp_split=None, interleave=None))]
-#[allow(clippy::too_many_arguments)] // the keyword arguments of the Python function
+#[pyo3(signature = (page_table, page_size, num_tokens, *, tokens=None, layout=None, rank=None))]
 fn token_slots<'py>(
     py: Python<'py>,
     page_table: &Bound<'py, PyAny>,
     page_size: &Bound<'py, PyAny>,
     num_tokens: &Bound<'py, PyAny>,
     tokens: Option<&Bound<'py, PyAny>>,
-    cp_size: Option<&Bound<'py, PyAny>>,
-    cp_rank: Option<&Bound<'py, PyAny>>,
-    cp_split: Option<&Bound<'py, PyAny>>,
-    interleave: Option<&Bound<'py, PyAny>>,
+    layout: Option<&Bound<'py, PyAny>>,
+    rank: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-    let one = 1u64.into_pyobject(py)?.into_any();
-    let zero = 0u64.into_pyobject(py)?.into_any();
-    let or = |value: Option<&Bound<'py, PyAny>>, default: &Bound<'py, PyAny>| {
-        value.filter(|v| !v.is_none()).unwrap_or(default).clone()
-    };
+    let given = |value: Option<&Bound<'py, PyAny>>| value.filter(|v| !v.is_none()).cloned();
     let convert = || -> Converted<_> {
-        let range = match tokens.filter(|t| !t.is_none()) {
+        let range = match given(tokens) {
             None => None,
-            Some(value) => Some(token_range(value)?),
+            Some(value) => Some(token_range(&value)?),
         };
         let size = to_u64(page_size, "page_size")?;
-        let deal = token_deal(&or(cp_size, &one), cp_split, &or(interleave, &one), size)?;
-        let index = to_u64(&or(cp_rank, &zero), "cp_rank")?;
-        if index >= deal.ways() {
-            bail!(
-                "cp_rank={index} is out of range: there are {} CP ranks (0..{})",
-                deal.ways(),
-                deal.ways()
-            );
-        }
+        let share = match (given(layout), given(rank)) {
+            (None, None) => TokenShare::WHOLE,
+            (Some(layout), Some(rank)) => {
+                parallel_layout(&layout)?.token_share(int_arg(&rank, "rank")?, size)?
+            }
+            _ => bail!(
+                "token_slots takes layout= and rank= together (the rank's share of the tokens), \
+                 or neither (every token)"
+            ),
+        };
         Ok((
             i64_column(page_table, "page_table")?,
             size,
             to_u64(num_tokens, "num_tokens")?,
             range,
-            TokenShare { deal, index },
+            share,
         ))
     };
     let (table, size, count, range, share) = convert().map_err(to_py_err)?;
@@ -288,13 +292,7 @@ fn token_owners<'py>(
     let convert = || -> Converted<_> {
         let size = to_u64(&or(page_size), "page_size")?;
         let deal = token_deal(cp_size, cp_split, &or(interleave), size)?;
-        let count = to_u64(num_tokens, "num_tokens")?;
-        if count > tokens::MAX_TOKENS {
-            bail!(
-                "num_tokens={count} is above the limit of {} tokens a request",
-                tokens::MAX_TOKENS
-            );
-        }
+        let count = limits::TOKENS.check("num_tokens", to_u64(num_tokens, "num_tokens")?)?;
         Ok((deal, count))
     };
     let (deal, count) = convert().map_err(to_py_err)?;
@@ -343,6 +341,25 @@ fn fragment_defaults(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     Ok(defaults)
 }
 
+/// Every bound of `crate::limits` as a module constant (`pdplan.limits` re-exports them).
+fn add_limits(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    for limit in limits::ALL {
+        m.add(limit.name, limit.max)?;
+    }
+    m.add("MAX_VALUE", limits::MAX_VALUE)?;
+    m.add(
+        "DEFAULT_MAX_PAYLOAD_BYTES",
+        limits::DEFAULT_MAX_PAYLOAD_BYTES,
+    )?;
+    m.add("DEFAULT_MAX_FRAGMENTS", limits::DEFAULT_MAX_FRAGMENTS)?;
+    m.add("DEFAULT_MAX_LAYOUT_BYTES", limits::DEFAULT_MAX_LAYOUT_BYTES)?;
+    m.add("FRAME_CACHE_ENTRIES", limits::FRAME_CACHE_ENTRIES)?;
+    m.add("FRAME_CACHE_BYTES", limits::FRAME_CACHE_BYTES)?;
+    m.add("ENCODE_CACHE_ENTRIES", limits::ENCODE_CACHE_ENTRIES)?;
+    m.add("ENCODE_CACHE_ITEMS", limits::ENCODE_CACHE_ITEMS)?;
+    Ok(())
+}
+
 /// `gil_used = true`: no free-threaded interpreter runs the suite here, so the module does not
 /// claim to be safe without the GIL (a free-threaded `CPython` re-enables the GIL on import).
 #[pymodule(gil_used = true)]
@@ -357,7 +374,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "TRANSFER_PLAN_READABLE_VERSIONS",
         PyTuple::new(py, wire::READABLE_VERSIONS)?,
     )?;
-    m.add("MAX_WORLD_SIZE", crate::layout::MAX_WORLD_SIZE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<planner::PyPlanner>()?;
     m.add_class::<prepared::PyPrepared>()?;
@@ -366,9 +382,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::check_cost_model, m)?)?;
     m.add_function(wrap_pyfunction!(prepared::frame_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(encode_cache_info, m)?)?;
-    m.add("FRAME_CACHE_ENTRIES", crate::frame_cache::MAX_ENTRIES)?;
-    m.add("FRAME_CACHE_BYTES", crate::frame_cache::MAX_BYTES)?;
-    m.add("ENCODE_CACHE_ENTRIES", encode_cache::MAX_ENTRIES)?;
     m.add_function(wrap_pyfunction!(arrays::buffer_from_array, m)?)?;
     m.add_function(wrap_pyfunction!(layouts::encode_layout, m)?)?;
     m.add_function(wrap_pyfunction!(layouts::decode_layout, m)?)?;
@@ -382,17 +395,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(token_slots, m)?)?;
     m.add_function(wrap_pyfunction!(token_owners, m)?)?;
     m.add_function(wrap_pyfunction!(rank_token_share, m)?)?;
-    m.add("MAX_TOKENS", tokens::MAX_TOKENS)?;
+    m.add_function(wrap_pyfunction!(is_token_indexed, m)?)?;
     model::register(m)?;
-    m.add("MAX_DESCRIPTORS", descriptors::MAX_DESCRIPTORS)?;
-    m.add(
-        "DEFAULT_MAX_PAYLOAD_BYTES",
-        wire::FrameLimits::DEFAULT.max_payload_bytes,
-    )?;
-    m.add(
-        "DEFAULT_MAX_FRAGMENTS",
-        wire::FrameLimits::DEFAULT.max_fragments,
-    )?;
+    add_limits(m)?;
     // The field orders the binding fills objects in; a test holds them to `dataclasses.fields`.
     let fields = crate::fragment::FIELDS;
     m.add(

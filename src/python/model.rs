@@ -327,6 +327,18 @@ fn vllm_layer_partition(
     convert().map_err(to_py_err)
 }
 
+/// pdplan's default layer partition over pipeline stages.
+#[pyfunction]
+fn even_layer_partition(
+    layers: &Bound<'_, PyAny>,
+    pp_size: &Bound<'_, PyAny>,
+) -> PyResult<Vec<u64>> {
+    let convert = || -> Converted<_> {
+        stages::checked_even_partition(to_u64(layers, "layers")?, to_u64(pp_size, "pp_size")?)
+    };
+    convert().map_err(to_py_err)
+}
+
 /// The first token of an `n`-token request a buffer with this window or chunk keeps.
 #[pyfunction]
 #[pyo3(signature = (num_tokens, sliding_window=None, attention_chunk_size=None))]
@@ -365,6 +377,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dtype_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(first_kept_token, m)?)?;
     m.add_function(wrap_pyfunction!(vllm_layer_partition, m)?)?;
+    m.add_function(wrap_pyfunction!(even_layer_partition, m)?)?;
     m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
     Ok(())
 }
