@@ -217,7 +217,7 @@ def request_rows() -> list[str]:
     for layout in LAYOUTS:
         pairs = list(request_pairs(layout.planner(), TOKENS, model))
         direct = sum(p.descriptors for p in pairs)
-        staged = sum(p.estimate.transfer_descriptors for p in pairs)
+        staged = sum(p.estimate.wire_descriptors for p in pairs)
         nbytes = sum(p.bytes for p in pairs)
         choices = {p.estimate.choice for p in pairs}
         e = pairs[0].estimate
@@ -252,7 +252,7 @@ def measure_pair(layout: Layout, layers: int, model: CostModel, repeat: int) -> 
     nixl = Nixl([*pair.src, src_staging], [*pair.dst, dst_staging])
     direct = pair.direct()
     direct_s = min(nixl.write(direct) for _ in range(3))
-    transfer = plan.transfer_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data)
+    transfer = plan.wire_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data)
 
     def staged() -> float:
         started = time.perf_counter()

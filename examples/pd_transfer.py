@@ -765,7 +765,7 @@ class RankServer:
         )
         plan = self.staging_plan(prepared, self.rank, decode_rank)
         plan.pack(self.staging)
-        d = plan.transfer_descriptors(
+        d = plan.wire_descriptors(
             self.staging.ctypes.data,
             target[0],
             src_staging_bytes=self.staging.nbytes,

@@ -390,6 +390,89 @@ pub fn shares_meet(a: TokenShare, b: TokenShare, num_tokens: Option<u64>) -> boo
     }
 }
 
+/// Tokens `start..stop` stepping by `step` (a Python `range`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRange {
+    pub start: i64,
+    pub stop: i64,
+    pub step: i64,
+}
+
+/// One rank's slot map for a request of `num_tokens` tokens: for each token `t` of `tokens`
+/// that the rank's `share` holds, at local index `i` among the rank's tokens (`i = t` without
+/// context parallelism), `page_table[i / page_size] * page_size + i % page_size`, and -1 for
+/// every other token. A page-table entry of -1 is a page the rank does not hold; a token asked
+/// for on one is refused, as is a table too short for the tokens asked for.
+pub fn token_slots(
+    page_table: &[i64],
+    page_size: u64,
+    num_tokens: u64,
+    tokens: Option<TokenRange>,
+    share: TokenShare,
+) -> PlanResult<Vec<i64>> {
+    limits::PAGE_SIZE.check("page_size", page_size)?;
+    limits::TOKENS.check("num_tokens", num_tokens)?;
+    let all = TokenRange {
+        start: 0,
+        stop: i64::try_from(num_tokens).unwrap_or(i64::MAX),
+        step: 1,
+    };
+    let TokenRange { start, stop, step } = tokens.unwrap_or(all);
+    if step <= 0 {
+        bail!("tokens must be an ascending range, got a step of {step}");
+    }
+    let stop = stop.max(start);
+    if start < 0 || u64::try_from(stop).unwrap_or(0) > num_tokens {
+        bail!(
+            "tokens range({start}, {stop}, {step}) must lie inside the request's \
+             {num_tokens} tokens"
+        );
+    }
+    let mut slots = vec![-1i64; usize::try_from(num_tokens).unwrap_or(0)];
+    let size = i64::try_from(page_size).unwrap_or(i64::MAX);
+    let whole = share.is_whole();
+    for t in (start..stop).step_by(usize::try_from(step).unwrap_or(usize::MAX)) {
+        let token = t.unsigned_abs();
+        let local = if whole {
+            t
+        } else if share.holds(token, num_tokens) {
+            i64::try_from(share.deal.local_index(token, num_tokens)).unwrap_or(i64::MAX)
+        } else {
+            continue;
+        };
+        let (page, position) = (local / size, local % size);
+        let Some(&entry) = usize::try_from(page).ok().and_then(|p| page_table.get(p)) else {
+            bail!(
+                "token {t} (local token {local} of this rank) is on page {page} of the rank's \
+                 tokens, but the page table has {} entries; give an entry for every page the \
+                 tokens asked for touch",
+                page_table.len()
+            );
+        };
+        if entry < 0 {
+            bail!(
+                "token {t} is on page {page}, whose page-table entry is {entry}: {}; ask only \
+                 for tokens on pages the rank holds (tokens=range(...))",
+                if entry == -1 {
+                    "the rank does not hold that page"
+                } else {
+                    "entries are page indices or -1"
+                }
+            );
+        }
+        let Some(slot) = entry
+            .checked_mul(size)
+            .and_then(|s| s.checked_add(position))
+        else {
+            bail!("page-table entry {entry} x page_size {page_size} does not fit 64 bits");
+        };
+        if let Some(out) = usize::try_from(t).ok().and_then(|t| slots.get_mut(t)) {
+            *out = slot;
+        }
+    }
+    Ok(slots)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -94,14 +94,6 @@ impl Holders {
             .filter(move |&index| shares_meet(TokenShare { deal, index }, mine, num_tokens))
     }
 
-    /// How many prefill shares `shares` yields (each source of a unit run is one fragment).
-    pub fn share_count(&self, at: Slot, num_tokens: Option<u64>) -> u64 {
-        if self.prefill.deal.ways() == 1 && self.decode.deal.ways() == 1 {
-            return u64::from(num_tokens != Some(0));
-        }
-        self.shares(at, num_tokens).count() as u64
-    }
-
     /// Decode ranks of a replica group of `replica` that receive under `DecodeReplicas::First`:
     /// the first of each DCP share.
     pub const fn first_receivers(&self, replica: u64) -> u64 {

@@ -26,7 +26,8 @@ pub mod routing;
 pub mod spread;
 pub mod stages;
 pub mod staging;
-pub mod tokens;
+pub mod token_descriptors;
+pub mod token_scan;
 pub mod verify;
 pub mod wire;
 

@@ -6,9 +6,9 @@
 use std::collections::HashSet;
 
 use crate::context::shares_meet;
+use crate::holders::Holders;
 use crate::layout::{BufferLayout, LogicalAxis};
-use crate::planner::Planner;
-use crate::ranks::Slot;
+use crate::ranks::{RankSpace, Slot};
 
 /// What decides whether two ranks hold common bytes of a buffer pair: the stages holding
 /// it, how each side splits its units, and whether it is indexed by token. Buffers alike in
@@ -56,12 +56,14 @@ impl Holding {
     }
 }
 
-/// The distinct kinds of holding of a planner's buffer pairs: worked out once, then asked for
-/// every decode rank (the routing table asks for all of them).
-pub fn holdings(planner: &Planner) -> Vec<Holding> {
+/// The distinct kinds of holding of a planner's buffer pairs (with the stages holding each):
+/// worked out once, then asked for every decode rank (the routing table asks for all of them).
+pub fn holdings<'a>(
+    pairs: impl IntoIterator<Item = ((&'a BufferLayout, &'a BufferLayout), (u64, u64))>,
+) -> Vec<Holding> {
     let mut kinds: Vec<Holding> = Vec::new();
     let mut seen = HashSet::new();
-    for ((p, d), stages) in planner.buffer_pairs().zip(planner.buffer_stages()) {
+    for ((p, d), stages) in pairs {
         let kind = Holding::of(p, d, stages);
         if seen.insert(kind.clone()) {
             kinds.push(kind);
@@ -72,17 +74,16 @@ pub fn holdings(planner: &Planner) -> Vec<Holding> {
 
 /// The prefill ranks of DP group `group` that hold some of decode rank `decode_rank`'s bytes
 /// for a request of `num_tokens` tokens (None: any request), except `sources`, ascending;
-/// `kinds` is `holdings(planner)`.
+/// `kinds` is `holdings` of the buffer pairs, `holders` who holds which tokens.
 pub fn notify_ranks(
-    planner: &Planner,
+    (prefill_ranks, decode_ranks): (RankSpace, RankSpace),
+    holders: &Holders,
     kinds: &[Holding],
     (decode_rank, group): (u64, u64),
     num_tokens: Option<u64>,
     sources: &[u64],
 ) -> Vec<u64> {
-    let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     let at = decode_ranks.coord(decode_rank).slot();
-    let holders = planner.holders();
     let tps = (prefill_ranks.tp_size(), decode_ranks.tp_size());
     let tokens = num_tokens.filter(|_| holders.any_context());
     let mine = holders.decode.share(at);

@@ -27,11 +27,6 @@ impl PageGeometry {
             unit_row_bytes: buffer.bytes_per_logical_unit / buffer.rows_per_page,
         }
     }
-
-    /// The byte within row `row` where local unit `unit` starts.
-    pub const fn unit_byte(self, row: u64, unit: u64) -> u64 {
-        row * self.row_stride + unit * self.unit_row_bytes
-    }
 }
 
 /// The bytes one fragment moves in each page: `rows` runs of `bytes_per_page / rows` bytes,

@@ -12,7 +12,7 @@ use crate::fragment::Fragment;
 use crate::holders::{Holders, Units};
 use crate::layout::{BufferLayout, ParallelLayout};
 use crate::limits;
-use crate::notify::{holdings, notify_ranks};
+use crate::notify::{holdings, notify_ranks, Holding};
 use crate::page::{Span, TokenGeometry};
 use crate::pairs::{needs_token_maps, validate_alignment, validate_context, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
@@ -263,6 +263,23 @@ impl Planner {
         self.buffers
             .iter()
             .map(|pair| (&pair.prefill, &pair.decode))
+    }
+
+    /// The distinct kinds of holding of the buffer pairs, for `notify_ranks`.
+    fn holdings(&self) -> Vec<Holding> {
+        holdings(self.buffer_pairs().zip(self.buffer_stages()))
+    }
+
+    /// The prefill ranks of `group` a decode rank must notify (see `notify::notify_ranks`).
+    fn notify_ranks(
+        &self,
+        kinds: &[Holding],
+        ranks: (u64, u64),
+        num_tokens: Option<u64>,
+        sources: &[u64],
+    ) -> Vec<u64> {
+        let spaces = (self.prefill_ranks(), self.decode_ranks());
+        notify_ranks(spaces, &self.holders, kinds, ranks, num_tokens, sources)
     }
 
     /// The (prefill, decode) stages holding each buffer, in buffer order.
@@ -647,7 +664,7 @@ impl Planner {
             })
             .collect();
         let mut table = RoutingTable::default();
-        let kinds = holdings(self);
+        let kinds = self.holdings();
         for group in 0..decode_ranks.dp_size() {
             let source_group = self.default_prefill_group(group);
             for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
@@ -663,7 +680,7 @@ impl Planner {
                     .collect();
                 // Notify-only pairs: no fragment, no byte.
                 let read: Vec<u64> = rows.iter().map(|row| row.0).collect();
-                let notify = notify_ranks(self, &kinds, (decode_rank, source_group), None, &read);
+                let notify = self.notify_ranks(&kinds, (decode_rank, source_group), None, &read);
                 rows.extend(notify.into_iter().map(|rank| (rank, 0, 0)));
                 rows.sort_unstable();
                 for (prefill_rank, count, bytes) in rows {
@@ -769,9 +786,8 @@ impl Planner {
                     fragments: Vec::new(),
                     fanout: self.request_fanout(prefill_rank),
                 }],
-                notify: notify_ranks(
-                    self,
-                    &holdings(self),
+                notify: self.notify_ranks(
+                    &self.holdings(),
                     (decode_rank, target_dp_group),
                     num_tokens,
                     &[prefill_rank],
@@ -784,9 +800,8 @@ impl Planner {
         Ok(RankPlan {
             kind: PlanKind::Fragmented,
             target_dp_group,
-            notify: notify_ranks(
-                self,
-                &holdings(self),
+            notify: self.notify_ranks(
+                &self.holdings(),
                 (decode_rank, target_dp_group),
                 num_tokens,
                 &read,

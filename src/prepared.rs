@@ -10,7 +10,9 @@ use crate::descriptors::{self, place_all, validate_all, Descriptors, FlatPlan, P
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::staging::{Declared, StagingCounts, StagingPlan};
-use crate::tokens::{place_tokens, plan_tokens_of, untokenized, PlannedTokens, TokenPlaced};
+use crate::token_descriptors::{
+    place_tokens, plan_tokens_of, untokenized, PlannedTokens, TokenPlaced,
+};
 
 /// Which buffers a request moves: all, a range of buffer indexes, or a list of them.
 #[derive(Debug, Clone, PartialEq, Eq)]

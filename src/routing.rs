@@ -20,7 +20,7 @@ pub enum DecodeReplicas {
 }
 
 impl DecodeReplicas {
-    pub fn parse(text: &str) -> crate::PlanResult<Self> {
+    pub fn parse(text: &str) -> crate::error::PlanResult<Self> {
         match text {
             "first" => Ok(Self::First),
             "all" => Ok(Self::All),

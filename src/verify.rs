@@ -5,18 +5,23 @@
 //! ranks whose plans name it.
 //!
 //! It reads only the layouts and the plans (identity plans as their whole-item fragments), not
-//! the planner's routing, so a routing bug shows up as a named gap or overlap.
+//! the planner's routing, so a routing bug shows up as a named gap or overlap. From the
+//! planner it takes the two layouts and the buffer pairs as given, the options it was built
+//! with (`decode_replicas`, token maps) and the plans and fanout it checks; each buffer's stage
+//! and each rank's token share it derives from the layouts itself.
 
 use std::collections::HashMap;
 
 use crate::context::shares_meet;
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::Fragment;
+use crate::holders::Holders;
 use crate::interval::Interval;
 use crate::layout::{BufferLayout, LogicalAxis};
 use crate::page::{PageGeometry, TokenGeometry};
 use crate::planner::{Planner, SourcePlan};
 use crate::routing::DecodeReplicas;
+use crate::stages::{buffer_stages, layer_count};
 
 /// The logical units a rank holds, in its item's order, as runs `(first unit, count)`: its
 /// shard of each part in turn (any rank of a replica group holds the group's), or everything.
@@ -85,19 +90,32 @@ struct Written {
     end: u64,
 }
 
-struct Context<'a> {
+/// One verification pass: what the plans are checked against, derived from the layouts.
+struct Check<'a> {
     planner: &'a Planner,
     /// The request's length, when checking the plans of one.
     num_tokens: Option<u64>,
     pairs: Vec<(&'a BufferLayout, &'a BufferLayout)>,
     /// The (prefill, decode) pipeline stages holding each buffer.
     stages: Vec<(u64, u64)>,
+    /// Which tokens each rank of either side holds.
+    holders: Holders,
     position_of: HashMap<u64, usize>,
 }
 
-impl<'a> Context<'a> {
+impl<'a> Check<'a> {
     fn of(planner: &'a Planner, num_tokens: Option<u64>) -> PlanResult<Self> {
         let pairs: Vec<_> = planner.buffer_pairs().collect();
+        let (prefill, decode) = (planner.prefill(), planner.decode());
+        let (prefill_buffers, decode_buffers): (Vec<BufferLayout>, Vec<BufferLayout>) =
+            pairs.iter().map(|&(p, d)| (*p, *d)).unzip();
+        // Stages and token shares from the layouts, not from the planner's routing.
+        let layers = layer_count(prefill, decode, &prefill_buffers)?;
+        let stages = buffer_stages(prefill, &prefill_buffers, layers)?
+            .into_iter()
+            .zip(buffer_stages(decode, &decode_buffers, layers)?)
+            .collect();
+        let holders = Holders::of((prefill, decode), (&prefill_buffers, &decode_buffers))?;
         let mut position_of = HashMap::new();
         for (position, (p, _)) in pairs.iter().enumerate() {
             if position_of.insert(p.buffer_index, position).is_some() {
@@ -112,7 +130,8 @@ impl<'a> Context<'a> {
             planner,
             num_tokens,
             pairs,
-            stages: planner.buffer_stages().collect(),
+            stages,
+            holders,
             position_of,
         })
     }
@@ -126,7 +145,7 @@ impl<'a> Context<'a> {
         written: &mut [BufferWrites],
     ) -> PlanResult<()> {
         // Which tokens the source holds: its share of the prefill side's deal.
-        let holders = self.planner.holders();
+        let holders = &self.holders;
         let share = holders.prefill.share(
             self.planner
                 .prefill_ranks()
@@ -175,7 +194,7 @@ impl<'a> Context<'a> {
         };
         let tokens = self.planner.token_maps() && p.logical_axis.is_token_indexed();
         // Spread tokens move only by slot maps: pages of two ranks hold different tokens.
-        let by_page = p.pages_pair(d) && !self.planner.holders().any_context();
+        let by_page = p.pages_pair(d) && !self.holders.any_context();
         (tokens, !tokens || by_page)
     }
 
@@ -237,7 +256,7 @@ impl<'a> Context<'a> {
         shape: (u64, u64),
         writes: &mut [(u64, Written)],
     ) -> PlanResult<()> {
-        let holders = self.planner.holders();
+        let holders = &self.holders;
         let at = self.planner.decode_ranks().coord(decode_rank).slot();
         let mine = holders.decode.share(at);
         let deal = holders.prefill.deal;
@@ -724,12 +743,12 @@ pub fn verify_plans(
     num_tokens: Option<u64>,
     mut plans_for: impl FnMut(u64) -> PlanResult<Vec<SourcePlan>>,
 ) -> PlanResult<()> {
-    let context = Context::of(planner, num_tokens)?;
+    let check = Check::of(planner, num_tokens)?;
     let (prefill_ranks, decode_ranks) = (planner.prefill_ranks(), planner.decode_ranks());
     // Decode ranks of the current decode DP group reading each prefill rank (by its slot in
     // the group) of its source.
     let mut readers = vec![0u64; usize::try_from(prefill_ranks.group_size()).unwrap_or(0)];
-    let mut written: Vec<BufferWrites> = vec![BufferWrites::default(); context.pairs.len()];
+    let mut written: Vec<BufferWrites> = vec![BufferWrites::default(); check.pairs.len()];
     for group in 0..decode_ranks.dp_size() {
         let source_group = planner.default_prefill_group(group);
         for decode_rank in decode_ranks.group_ranks(group) {
@@ -754,9 +773,9 @@ pub fn verify_plans(
                 {
                     *count += 1;
                 }
-                context.add_source(decode_rank, &source, &mut written)?;
+                check.add_source(decode_rank, &source, &mut written)?;
             }
-            context.check_rank_coverage(decode_rank, &mut written)?;
+            check.check_rank_coverage(decode_rank, &mut written)?;
         }
         check_fanout(planner, (group, source_group), num_tokens, &mut readers)?;
     }

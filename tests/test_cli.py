@@ -90,7 +90,7 @@ def test_chosen_decode_ranks_and_routing_json(capsys: pytest.CaptureFixture[str]
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
     assert [row[:2] for row in rows] == [["2", "0"], ["2", "1"]]
     code, _, err = run(capsys, *wide, "--decode-rank", "4")
-    assert code == 2 and "--decode-rank 4 is out of range" in err
+    assert code == 2 and "--decode-rank: rank=4 is out of range" in err
 
 
 def test_plan_table_and_dot(capsys: pytest.CaptureFixture[str]) -> None:

@@ -116,7 +116,7 @@ def staged_through(plan: StagingPlan, p: Pair) -> None:
     src_staging = np.zeros(plan.staging_bytes + 7, dtype=np.uint8)
     dst_staging = np.zeros(plan.staging_bytes + 3, dtype=np.uint8)
     plan.pack(src_staging)
-    memmove_all(plan.transfer_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data))
+    memmove_all(plan.wire_descriptors(src_staging.ctypes.data, dst_staging.ctypes.data))
     plan.unpack(dst_staging)
 
 
@@ -146,7 +146,7 @@ def test_staging_writes_exactly_what_the_direct_descriptors_write(
     assert plan.staging_bytes == direct.total_bytes
     assert plan.num_direct_descriptors == direct.num_descriptors
     if chunk is not None and plan.staging_bytes:
-        assert plan.num_transfer_descriptors == -(-plan.staging_bytes // chunk)
+        assert plan.num_wire_descriptors == -(-plan.staging_bytes // chunk)
 
 
 def check_partition(offsets: np.ndarray, lengths: np.ndarray, total: int) -> None:
@@ -247,14 +247,14 @@ def test_overlapping_writes_unpack_in_order_like_the_direct_descriptors() -> Non
 def test_chunks_cover_the_staging_buffer_exactly() -> None:
     p = pair(NHD_8_TO_2, 1, 6, pages=12)
     plan = p.prepared.staging_plan(range(12), range(12), chunk_bytes=1000)
-    t = plan.transfer_descriptors(1 << 20, 1 << 30)
+    t = plan.wire_descriptors(1 << 20, 1 << 30)
     assert plan.chunk_bytes == 1000
     assert t.src_addrs.tolist() == list(range(1 << 20, (1 << 20) + plan.staging_bytes, 1000))
     assert t.dst_addrs.tolist() == [a - (1 << 20) + (1 << 30) for a in t.src_addrs.tolist()]
     assert t.total_bytes == plan.staging_bytes and int(t.lengths.max()) == 1000
-    whole = p.prepared.staging_plan(range(12), range(12)).transfer_descriptors(0, 0)
+    whole = p.prepared.staging_plan(range(12), range(12)).wire_descriptors(0, 0)
     assert whole.num_descriptors == 1
-    assert p.prepared.staging_plan([], []).transfer_descriptors(0, 0).num_descriptors == 0
+    assert p.prepared.staging_plan([], []).wire_descriptors(0, 0).num_descriptors == 0
 
 
 def refused(match: str, call: Any, *args: Any, **kwargs: Any) -> None:
@@ -289,8 +289,8 @@ def test_every_bad_staging_request_is_refused_with_the_fix() -> None:
     refused(
         "dst_limits", unlimited.staging_plan(range(4), range(4)).unpack, np.zeros(need, np.uint8)
     )
-    refused("dst staging buffer holds 5", plan.transfer_descriptors, 0, 0, dst_staging_bytes=5)
-    refused("src_staging_base", plan.transfer_descriptors, -1, 0)
+    refused("dst staging buffer holds 5", plan.wire_descriptors, 0, 0, dst_staging_bytes=5)
+    refused("src_staging_base", plan.wire_descriptors, -1, 0)
     # Slot maps need token geometry, as for token_descriptors.
     refused("token", p.prepared.token_staging_plan, [0], [0])
 
@@ -323,7 +323,7 @@ def test_the_default_model_stages_tiny_descriptors_and_not_whole_head_slices() -
     assert nhd.choice == "staging" and nhd.bytes_per_descriptor == 256
     hnd = model.estimate(*request_pair(llama70b(2, 8, "HND"), 0, 32768, 64))
     assert hnd.choice == "direct" and hnd.bytes_per_descriptor == 16384
-    assert hnd.transfer_descriptors == 1 and hnd.direct_descriptors == 80 * 2 * 512
+    assert hnd.wire_descriptors == 1 and hnd.direct_descriptors == 80 * 2 * 512
     # 16-token pages make 4 KiB slices: a quarter of the bytes a descriptor, and then the
     # descriptors (0.27 µs each) outlast the bytes on a 400 Gb/s wire.
     small_pages = model.estimate(*request_pair(llama70b(2, 8, "HND", 16), 0, 32768, 16))
@@ -376,7 +376,7 @@ def test_counts_without_a_plan_are_the_plans_counts() -> None:
             g, sc = plan.gather, plan.scatter
             assert plan.counts == (
                 plan.num_direct_descriptors,
-                plan.num_transfer_descriptors,
+                plan.num_wire_descriptors,
                 g.num_descriptors,
                 sc.num_descriptors,
                 g.total_bytes,

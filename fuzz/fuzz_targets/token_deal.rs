@@ -10,7 +10,7 @@ mod common;
 use common::Input;
 use libfuzzer_sys::fuzz_target;
 use pdplan::context::{shares_meet, CpSplit, TokenDeal, TokenShare};
-use pdplan::tokens::token_slots;
+use pdplan::context::token_slots;
 
 fn deal(input: &mut Input<'_>) -> Option<TokenDeal> {
     let split = match input.int(1) % 3 {

@@ -8,7 +8,7 @@ mod common;
 use common::{assert_inside, Input};
 use libfuzzer_sys::fuzz_target;
 use pdplan::descriptors::Buffers;
-use pdplan::tokens::{build_tokens, place_all_tokens};
+use pdplan::token_descriptors::{build_tokens, place_all_tokens};
 use pdplan::{BufferKind, Fragment};
 
 fuzz_target!(|data: &[u8]| {

@@ -534,10 +534,10 @@ def _chosen_ranks(args: argparse.Namespace, planner: PDTransferPlanner) -> list[
     if not args.decode_rank:
         return list(range(world))
     for rank in args.decode_rank:
-        if rank >= world:
-            raise UserError(
-                f"--decode-rank {rank} is out of range: the decode side has {world} ranks"
-            )
+        try:
+            planner.decode_layout.rank_coordinates(rank)
+        except UnsupportedPDLayoutError as error:
+            raise UserError(f"--decode-rank: {error}") from None
     return list(dict.fromkeys(args.decode_rank))
 
 
@@ -701,7 +701,7 @@ def _request_lines(
     groups: dict[tuple[int, int, int, str], list[PairRequest]] = {}
     for p in pairs:
         e = p.estimate
-        groups.setdefault((p.descriptors, p.bytes, e.transfer_descriptors, e.choice), []).append(p)
+        groups.setdefault((p.descriptors, p.bytes, e.wire_descriptors, e.choice), []).append(p)
     for (count, nbytes, transfers, choice), members in groups.items():
         e = members[0].estimate
         named = ", ".join(f"{m.decode_rank}<-{m.prefill_rank}" for m in members[:4])

@@ -14,6 +14,7 @@ from pdplan._model import (
     RankTransferPlan,
     TransferFragment,
 )
+from pdplan._staging import StagingCounts
 
 __all__ = [
     "BUFFER_LAYOUT_FIELDS",
@@ -368,7 +369,7 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
-    ) -> tuple[int, int, int, int, int]: ...
+    ) -> StagingCounts: ...
     def token_staging_counts(
         self,
         src_slots: _Ints,
@@ -376,7 +377,7 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
-    ) -> tuple[int, int, int, int, int]: ...
+    ) -> StagingCounts: ...
     def nixl_prepped_lists(
         self, src_capacity_pages: int, dst_capacity_pages: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
@@ -407,16 +408,16 @@ class StagingPlan:
     @property
     def chunk_bytes(self) -> int | None: ...
     @property
-    def counts(self) -> tuple[int, int, int, int, int]: ...
+    def counts(self) -> StagingCounts: ...
     @property
     def num_direct_descriptors(self) -> int: ...
     @property
-    def num_transfer_descriptors(self) -> int: ...
+    def num_wire_descriptors(self) -> int: ...
     @property
     def num_gather_descriptors(self) -> int: ...
     @property
     def num_scatter_descriptors(self) -> int: ...
-    def transfer_descriptors(
+    def wire_descriptors(
         self,
         src_staging_base: int,
         dst_staging_base: int,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from pdplan._context import token_slots
 from pdplan._core import PreparedTransfer
 from pdplan._planner import PDTransferPlanner
-from pdplan._staging import CostEstimate, CostModel
+from pdplan._staging import CostEstimate, CostModel, StagingCounts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,7 +75,7 @@ def request_pairs(
             prepared = PreparedTransfer(
                 fragments, bases, bases, src_limits=src_limits, dst_limits=dst_limits
             )
-            parts: list[tuple[int, int, int, int, int]] = []
+            parts: list[StagingCounts] = []
             if dst_slots is not None:
                 src_slots = slots(0, prefill_rank)
                 parts.append(
@@ -94,7 +94,7 @@ def request_pairs(
             yield PairRequest(
                 rank,
                 prefill_rank,
-                sum(c[0] for c in parts),
-                sum(c[4] for c in parts),
+                sum(c.direct_descriptors for c in parts),
+                sum(c.bytes for c in parts),
                 CostEstimate.total([model.estimate_counts(c) for c in parts]),
             )

@@ -7,7 +7,7 @@ a transfer and a scatter; this module weighs the two ways with a handful of figu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pdplan import _core
 from pdplan._core import UnsupportedPDLayoutError
@@ -23,7 +23,19 @@ if TYPE_CHECKING:
     IntColumn = npt.NDArray[np.integer] | Sequence[int]
     Buffers = range | IntColumn | None
 
-__all__ = ["CostEstimate", "CostModel"]
+__all__ = ["CostEstimate", "CostModel", "StagingCounts"]
+
+
+class StagingCounts(NamedTuple):
+    """What one request's staging plan counts (``StagingPlan.counts``,
+    ``PreparedTransfer.staging_counts``): descriptors sent directly, descriptors of the wire
+    hop between the staging buffers, of the gather and of the scatter, and the bytes moved."""
+
+    direct_descriptors: int
+    wire_descriptors: int
+    gather_descriptors: int
+    scatter_descriptors: int
+    bytes: int
 
 
 @dataclass(frozen=True)
@@ -36,7 +48,7 @@ class CostEstimate:
     wire_s: float
     scatter_s: float
     direct_descriptors: int
-    transfer_descriptors: int
+    wire_descriptors: int
     bytes: int
 
     @classmethod
@@ -99,9 +111,8 @@ class CostModel:
         a, b, c, d, e = figures
         return a, b, c, d, e
 
-    def estimate_counts(self, counts: tuple[int, int, int, int, int]) -> CostEstimate:
-        """The estimate for a request's staging counts: ``(direct, transfer, gather, scatter
-        descriptors, bytes)``, as ``StagingPlan.counts`` and
+    def estimate_counts(self, counts: StagingCounts) -> CostEstimate:
+        """The estimate for a request's staging counts, as ``StagingPlan.counts`` and
         ``PreparedTransfer.staging_counts`` give them."""
         direct, staging, gather, wire, scatter = _core.estimate_staging(counts, *self._figures())
         return CostEstimate(
@@ -110,9 +121,9 @@ class CostModel:
             gather_s=gather,
             wire_s=wire,
             scatter_s=scatter,
-            direct_descriptors=counts[0],
-            transfer_descriptors=counts[1],
-            bytes=counts[4],
+            direct_descriptors=counts.direct_descriptors,
+            wire_descriptors=counts.wire_descriptors,
+            bytes=counts.bytes,
         )
 
     def estimate_plan(self, plan: StagingPlan) -> CostEstimate:

@@ -124,7 +124,7 @@ mod tests {
     use super::*;
     use crate::layout::LogicalAxis;
     use crate::model::dtype::Dtype;
-    use crate::model::shape::preset;
+    use crate::model::preset;
 
     #[test]
     fn llama_70b_tp8_holds_one_head_per_rank_and_tp16_replicates() {

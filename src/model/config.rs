@@ -4,9 +4,8 @@
 
 use serde_json::{Map, Value};
 
-use super::cache_keys::is_cache_key;
+use super::cache_keys::{is_cache_key, UNIVERSAL_KEYS};
 use super::dtype::Dtype;
-use super::families::Family;
 use crate::error::{bail, PlanError, PlanResult};
 
 use crate::limits;
@@ -104,17 +103,20 @@ impl<'a> Parts<'a> {
 #[derive(Clone, Copy)]
 pub struct Config<'a> {
     pub parts: Parts<'a>,
-    pub family: &'static Family,
+    /// The reading family's name and the cache keys it declares it consumes.
+    pub reader: &'static str,
+    pub keys: &'static [&'static str],
 }
 
 impl<'a> Config<'a> {
     /// The text part's value of `key` (`None` when absent or null).
     pub fn get(&self, key: &str) -> PlanResult<Option<&'a Value>> {
-        if is_cache_key(key) && !self.family.consumes(key) {
+        let declared = self.keys.contains(&key) || UNIVERSAL_KEYS.contains(&key);
+        if is_cache_key(key) && !declared {
             // A reader that reads an undeclared key would let the unconsumed-key check pass it.
             bail!(
                 "pdplan's {} reader reads {key} without declaring it (a bug in pdplan)",
-                self.family.name
+                self.reader
             );
         }
         Ok(self.parts.text.get(key).filter(|v| !v.is_null()))

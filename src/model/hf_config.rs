@@ -5,8 +5,8 @@
 
 use super::config::{lenient_json, Config, Parts};
 use super::families::{check_keys, select, Family};
-use super::shape::{check_layer_count, ModelShape};
-use crate::error::{PlanError, PlanResult};
+use super::shape::{check_layer_count, DraftShape, ModelShape};
+use crate::error::{bail, PlanError, PlanResult};
 use crate::limits;
 
 /// Keys a layer count goes by.
@@ -29,7 +29,11 @@ pub fn shape_from_hf_config(
 
 fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult<ModelShape> {
     check_keys(parts, family)?;
-    let config = Config { parts, family };
+    let config = Config {
+        parts,
+        reader: family.name,
+        keys: family.keys,
+    };
     let count = config.require(&LAYER_COUNT, "a decoder model")?;
     check_layer_count(count)?;
     let layers = (family.read)(&config, count)?;
@@ -49,6 +53,159 @@ fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult
         page_size,
         draft: None,
         family: Some(family.name),
+    })
+}
+
+/// The shape of exactly one of a `config.json` text and a preset name.
+pub fn shape_from(
+    config_text: Option<&str>,
+    preset_name: Option<&str>,
+    page_size: u64,
+    family: Option<&str>,
+) -> PlanResult<ModelShape> {
+    match (config_text, preset_name) {
+        (Some(text), None) => shape_from_hf_config(text, page_size, family),
+        (None, Some(name)) => preset(name, page_size),
+        _ => bail!("give exactly one of config_text and preset"),
+    }
+}
+
+/// Named models: each the published `config.json` values its shape is read from
+/// (`src/model/presets/`), and a draft model for the EAGLE preset.
+const PRESETS: [(&str, &str, Option<DraftShape>); 22] = [
+    ("llama-3-8b", include_str!("presets/llama-3-8b.json"), None),
+    (
+        "llama-3-70b",
+        include_str!("presets/llama-3-70b.json"),
+        None,
+    ),
+    (
+        "llama-3-70b-eagle",
+        include_str!("presets/llama-3-70b.json"),
+        Some(DraftShape {
+            layers: 1,
+            kv_heads: 8,
+            head_dim: 128,
+        }),
+    ),
+    (
+        "qwen2.5-32b",
+        include_str!("presets/qwen2.5-32b.json"),
+        None,
+    ),
+    (
+        "qwen3-235b-a22b",
+        include_str!("presets/qwen3-235b-a22b.json"),
+        None,
+    ),
+    (
+        "qwen3-next-80b-a3b",
+        include_str!("presets/qwen3-next-80b-a3b.json"),
+        None,
+    ),
+    (
+        "deepseek-v3",
+        include_str!("presets/deepseek-v3.json"),
+        None,
+    ),
+    (
+        "deepseek-v3.2",
+        include_str!("presets/deepseek-v3.2.json"),
+        None,
+    ),
+    (
+        "nemotron-h-8b",
+        include_str!("presets/nemotron-h-8b.json"),
+        None,
+    ),
+    (
+        "nemotron-h-56b",
+        include_str!("presets/nemotron-h-56b.json"),
+        None,
+    ),
+    (
+        "jamba-1.5-mini",
+        include_str!("presets/jamba-1.5-mini.json"),
+        None,
+    ),
+    (
+        "gpt-oss-20b",
+        include_str!("presets/gpt-oss-20b.json"),
+        None,
+    ),
+    (
+        "gpt-oss-120b",
+        include_str!("presets/gpt-oss-120b.json"),
+        None,
+    ),
+    (
+        "gemma-3-27b",
+        include_str!("presets/gemma-3-27b.json"),
+        None,
+    ),
+    (
+        "falcon-h1-7b",
+        include_str!("presets/falcon-h1-7b.json"),
+        None,
+    ),
+    (
+        "mamba-codestral-7b",
+        include_str!("presets/mamba-codestral-7b.json"),
+        None,
+    ),
+    (
+        "llama-3.3-nemotron-super-49b",
+        include_str!("presets/llama-3.3-nemotron-super-49b.json"),
+        None,
+    ),
+    (
+        "llama-4-scout",
+        include_str!("presets/llama-4-scout.json"),
+        None,
+    ),
+    (
+        "gemma-4-31b",
+        include_str!("presets/gemma-4-31b.json"),
+        None,
+    ),
+    (
+        "gemma-4-e2b",
+        include_str!("presets/gemma-4-e2b.json"),
+        None,
+    ),
+    (
+        "granite-4.0-h-small",
+        include_str!("presets/granite-4.0-h-small.json"),
+        None,
+    ),
+    (
+        "qwen3.5-27b",
+        include_str!("presets/qwen3.5-27b.json"),
+        None,
+    ),
+];
+
+/// The preset names, in the order `PRESETS` lists them.
+pub const PRESET_NAMES: [&str; PRESETS.len()] = {
+    let mut names = [""; PRESETS.len()];
+    let mut i = 0;
+    while i < PRESETS.len() {
+        names[i] = PRESETS[i].0;
+        i += 1;
+    }
+    names
+};
+
+pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
+    let Some((_, config, draft)) = PRESETS.iter().find(|(n, _, _)| *n == name) else {
+        bail!(
+            "unknown model preset {name:?}; choose one of {}",
+            PRESET_NAMES.join(", ")
+        );
+    };
+    Ok(ModelShape {
+        draft: *draft,
+        ..shape_from_hf_config(config, page_size, None)?
     })
 }
 

@@ -17,11 +17,11 @@ pub use buffers::{model_buffers, pair_buffers};
 pub use cache_keys::CACHE_KEYS;
 pub use dtype::{dtype_bytes, Dtype};
 pub use families::{Family, FAMILIES};
-pub use hf_config::shape_from_hf_config;
+pub use hf_config::{preset, shape_from, shape_from_hf_config, PRESET_NAMES};
 pub use item_lengths::{from_item_lengths, ItemLengths};
 pub use layers::{
     AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
     MlaShape, ShortConvShape,
 };
-pub use shape::{preset, shape_from, DraftShape, KvLayout, ModelShape, PRESET_NAMES};
+pub use shape::{described_once, DraftShape, KvLayout, ModelShape};
 pub use summary::{summarize, KindSummary};

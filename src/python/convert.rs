@@ -14,8 +14,8 @@ use crate::layout::{
 };
 use crate::limits::MAX_VALUE;
 use crate::model::{
-    AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, KdaShape, Layer,
-    LightningShape, Mamba1Shape, Mamba2Shape, MlaShape, ModelShape, ShortConvShape,
+    described_once, AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, KdaShape,
+    Layer, LightningShape, Mamba1Shape, Mamba2Shape, MlaShape, ModelShape, ShortConvShape,
 };
 use crate::wire;
 
@@ -306,6 +306,7 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
         None => Vec::new(),
     };
     let uniform = field("layers")?;
+    described_once(uniform, kinds.len())?;
     let mut shape = if kinds.is_empty() {
         let mla = MlaShape {
             kv_lora_rank: field("mla_kv_lora_rank")?,
@@ -321,13 +322,6 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
             page_size,
         )?
     } else {
-        if uniform > 0 {
-            bail!(
-                "give the model either as layers=N (a uniform stack) or as layer_kinds, not \
-                 both (layers={uniform}, {} layer_kinds)",
-                kinds.len()
-            );
-        }
         ModelShape {
             layers: kinds,
             dtype,

@@ -26,7 +26,7 @@ use crate::error::{bail, PlanError};
 use crate::fragment::FieldValue;
 use crate::layout::LogicalAxis;
 use crate::limits;
-use crate::{tokens, wire};
+use crate::{context, wire};
 use convert::{
     buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, optional_u64,
     parallel_layout, string_arg, to_u64, u64_column, Converted,
@@ -270,7 +270,7 @@ fn token_slots<'py>(
     };
     let (table, size, count, range, share) = convert().map_err(to_py_err)?;
     let slots = py
-        .detach(|| tokens::token_slots(&table, size, count, range, share))
+        .detach(|| context::token_slots(&table, size, count, range, share))
         .map_err(to_py_err)?;
     Ok(slots.into_pyarray(py))
 }
@@ -301,7 +301,7 @@ fn token_owners<'py>(
 }
 
 /// A Python `range` of tokens.
-fn token_range(value: &Bound<'_, PyAny>) -> Converted<tokens::TokenRange> {
+fn token_range(value: &Bound<'_, PyAny>) -> Converted<context::TokenRange> {
     let Ok(range) = value.cast::<PyRange>() else {
         bail!(
             "tokens must be a range of token positions (range(start, stop)), got {}",
@@ -317,7 +317,7 @@ fn token_range(value: &Bound<'_, PyAny>) -> Converted<tokens::TokenRange> {
             .and_then(|v| v.extract::<i64>())
             .map_err(|_| PlanError::new(format!("tokens: range {name} must fit 64 bits")))
     };
-    Ok(tokens::TokenRange {
+    Ok(context::TokenRange {
         start: field("start")?,
         stop: field("stop")?,
         step: field("step")?,

@@ -3,6 +3,7 @@
 //! request turns its pages into descriptors, or into indices of NIXL's prepped lists.
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
+use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::types::{PyRange, PyTuple};
 
@@ -11,7 +12,7 @@ use super::convert::{
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
 use super::planner::PyPlanner;
-use super::staging::{counts_tuple, CountsTuple, PyStagingPlan};
+use super::staging::{counts_object, PyStagingPlan};
 use super::{frame_limits, to_py_err};
 use crate::descriptors::Descriptors;
 use crate::error::PlanError;
@@ -29,7 +30,30 @@ const DETACH_FROM: u64 = 1 << 14;
 /// ones are copied and read without it.
 const READ_IN_PLACE_UP_TO: usize = 1 << 20;
 /// Above this many payload bytes frames are parsed with the GIL released.
-const DETACH_PAYLOAD_FROM: usize = 1 << 16;
+const DETACH_PAYLOAD_FROM: u64 = 1 << 16;
+
+/// Runs `work` without the GIL when it is larger than `from` (descriptors, bytes): releasing
+/// and taking the GIL back costs more than a small request.
+fn detach_above_size<T, F>(py: Python<'_>, size: u64, from: u64, work: F) -> T
+where
+    F: Ungil + FnOnce() -> T,
+    T: Ungil,
+{
+    if size > from {
+        py.detach(work)
+    } else {
+        work()
+    }
+}
+
+/// `detach_above_size` for a request of `descriptors` descriptors.
+fn detach_above<T, F>(py: Python<'_>, descriptors: u64, work: F) -> T
+where
+    F: Ungil + FnOnce() -> T,
+    T: Ungil,
+{
+    detach_above_size(py, descriptors, DETACH_FROM, work)
+}
 
 /// One transfer between two ranks, checked once, for many requests. Thread-safe to share.
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedTransfer")]
@@ -112,11 +136,8 @@ impl PyPrepared {
             let parse = || frame_cache::decode_cached(version, payload, limits);
             // Bytes are immutable and the caller holds them: large new frames parse without
             // the GIL; a small or known frame costs less than releasing it.
-            let fragments = if payload.map_or(0, <[u8]>::len) > DETACH_PAYLOAD_FROM {
-                py.detach(parse)?
-            } else {
-                parse()?
-            };
+            let payload_len = payload.map_or(0, <[u8]>::len) as u64;
+            let fragments = detach_above_size(py, payload_len, DETACH_PAYLOAD_FROM, parse)?;
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
             // The decoder validated every fragment it returned (and the cache keeps only those).
@@ -191,11 +212,7 @@ impl PyPrepared {
         };
         let (src, dst, chosen) = convert().map_err(to_py_err)?;
         let request = || self.inner.descriptors(&src, &dst, &chosen, coalesce);
-        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
-            py.detach(request)
-        } else {
-            request()
-        };
+        let made = detach_above(py, self.inner.descriptor_count(src.len(), &chosen), request);
         descriptors_object(py, made.map_err(to_py_err)?)
     }
 
@@ -235,11 +252,7 @@ impl PyPrepared {
         };
         let (src, dst, chosen, chunk) = convert().map_err(to_py_err)?;
         let request = || self.inner.staging_plan((&src, &dst), &chosen, chunk);
-        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
-            py.detach(request)
-        } else {
-            request()
-        };
+        let made = detach_above(py, self.inner.descriptor_count(src.len(), &chosen), request);
         made.map(PyStagingPlan::from).map_err(to_py_err)
     }
 
@@ -257,25 +270,21 @@ impl PyPrepared {
         let chunk = optional_u64(chunk_bytes, "chunk_bytes").map_err(to_py_err)?;
         let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
         let stage = || self.inner.stage(&direct, chunk);
-        let made = if direct.len() as u64 > DETACH_FROM {
-            py.detach(stage)
-        } else {
-            stage()
-        };
+        let made = detach_above(py, direct.len() as u64, stage);
         made.map(PyStagingPlan::from).map_err(to_py_err)
     }
 
     /// What `staging_plan` would count, without building its columns: (direct, transfer,
     /// gather, scatter descriptors, bytes), for a cost model.
     #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, chunk_bytes=None))]
-    fn staging_counts(
+    fn staging_counts<'py>(
         &self,
-        py: Python<'_>,
-        src_pages: &Bound<'_, PyAny>,
-        dst_pages: &Bound<'_, PyAny>,
-        buffers: Option<&Bound<'_, PyAny>>,
-        chunk_bytes: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<CountsTuple> {
+        py: Python<'py>,
+        src_pages: &Bound<'py, PyAny>,
+        dst_pages: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+        chunk_bytes: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let convert = || -> Converted<_> {
             Ok((
                 u64_column(src_pages, "src_pages")?,
@@ -286,33 +295,25 @@ impl PyPrepared {
         };
         let (src, dst, chosen, chunk) = convert().map_err(to_py_err)?;
         let request = || self.inner.staging_counts((&src, &dst), &chosen, chunk);
-        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
-            py.detach(request)
-        } else {
-            request()
-        };
-        made.map(counts_tuple).map_err(to_py_err)
+        let made = detach_above(py, self.inner.descriptor_count(src.len(), &chosen), request);
+        counts_object(py, made.map_err(to_py_err)?)
     }
 
     /// What `token_staging_plan` would count, without building its columns.
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, chunk_bytes=None))]
-    fn token_staging_counts(
+    fn token_staging_counts<'py>(
         &self,
-        py: Python<'_>,
-        src_slots: &Bound<'_, PyAny>,
-        dst_slots: &Bound<'_, PyAny>,
-        buffers: Option<&Bound<'_, PyAny>>,
-        chunk_bytes: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<CountsTuple> {
+        py: Python<'py>,
+        src_slots: &Bound<'py, PyAny>,
+        dst_slots: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+        chunk_bytes: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let chunk = optional_u64(chunk_bytes, "chunk_bytes").map_err(to_py_err)?;
         let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
         let count = || StagingCounts::of(&direct, chunk);
-        let made = if direct.len() as u64 > DETACH_FROM {
-            py.detach(count)
-        } else {
-            count()
-        };
-        made.map(counts_tuple).map_err(to_py_err)
+        let made = detach_above(py, direct.len() as u64, count);
+        counts_object(py, made.map_err(to_py_err)?)
     }
 
     /// NIXL's prepped lists for this pair, made once per peer: (local, remote) N x 5 uint64
@@ -358,11 +359,7 @@ impl PyPrepared {
                 .prepped_indices(&src, &dst, &chosen, (src_cap, dst_cap))
         };
         // As many entries as `descriptors` makes: released on the same large requests.
-        let made = if self.inner.descriptor_count(src.len(), &chosen) > DETACH_FROM {
-            py.detach(request)
-        } else {
-            request()
-        };
+        let made = detach_above(py, self.inner.descriptor_count(src.len(), &chosen), request);
         let (local, remote) = made.map_err(to_py_err)?;
         Ok((local.into_pyarray(py), remote.into_pyarray(py)))
     }
@@ -409,12 +406,7 @@ impl PyPrepared {
                 .inner
                 .plan_token_descriptors(src, dst, &chosen, coalesce)
                 .map_err(to_py_err)?;
-            let made = if planned.total() > DETACH_FROM {
-                py.detach(|| planned.write())
-            } else {
-                planned.write()
-            };
-            return Ok(made);
+            return Ok(detach_above(py, planned.total(), || planned.write()));
         }
         let convert = || -> Converted<_> {
             Ok((
@@ -424,11 +416,11 @@ impl PyPrepared {
         };
         let (src, dst) = convert().map_err(to_py_err)?;
         let request = || self.inner.token_descriptors(&src, &dst, &chosen, coalesce);
-        let made = if src.len() as u64 * self.inner.fragments().len() as u64 > DETACH_FROM {
-            py.detach(request)
-        } else {
-            request()
-        };
+        let made = detach_above(
+            py,
+            src.len() as u64 * self.inner.fragments().len() as u64,
+            request,
+        );
         made.map_err(to_py_err)
     }
 }

@@ -3,6 +3,7 @@
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 use super::convert::{optional_u64, to_u64, Converted};
 use super::objects::descriptors_object;
@@ -53,8 +54,8 @@ impl PyStagingPlan {
 
     /// (direct, transfer, gather, scatter descriptors, bytes): what a cost model weighs.
     #[getter]
-    fn counts(&self) -> CountsTuple {
-        counts_tuple(self.inner.counts())
+    fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        counts_object(py, self.inner.counts())
     }
 
     #[getter]
@@ -63,7 +64,7 @@ impl PyStagingPlan {
     }
 
     #[getter]
-    fn num_transfer_descriptors(&self) -> u64 {
+    fn num_wire_descriptors(&self) -> u64 {
         self.inner.counts().transfer
     }
 
@@ -77,9 +78,10 @@ impl PyStagingPlan {
         self.inner.counts().scatter
     }
 
-    /// The engine's descriptors between the two staging buffers: one, or one per chunk.
+    /// The engine's descriptors between the two staging buffers (the wire hop): one, or one
+    /// per chunk.
     #[pyo3(signature = (src_staging_base, dst_staging_base, *, src_staging_bytes=None, dst_staging_bytes=None))]
-    fn transfer_descriptors<'py>(
+    fn wire_descriptors<'py>(
         &self,
         py: Python<'py>,
         src_staging_base: &Bound<'py, PyAny>,
@@ -147,11 +149,20 @@ fn staging_array<'a, 'py>(
 /// bytes).
 pub type CountsTuple = (u64, u64, u64, u64, u64);
 
-pub fn counts_tuple(c: StagingCounts) -> CountsTuple {
-    (c.direct, c.transfer, c.gather, c.scatter, c.bytes)
+/// A request's counts as `pdplan.StagingCounts`.
+pub fn counts_object(py: Python<'_>, c: StagingCounts) -> PyResult<Bound<'_, PyAny>> {
+    static COUNTS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let cls = COUNTS.get_or_try_init(py, || -> PyResult<_> {
+        Ok(py
+            .import("pdplan._staging")?
+            .getattr("StagingCounts")?
+            .unbind())
+    })?;
+    cls.bind(py)
+        .call1((c.direct, c.transfer, c.gather, c.scatter, c.bytes))
 }
 
-/// The cost model's figures for a request's counts (`counts_tuple`), in seconds: direct,
+/// The cost model's figures for a request's counts (`StagingPlan.counts`), in seconds: direct,
 /// staging, gather, wire, scatter.
 #[pyfunction]
 #[pyo3(signature = (counts, per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s))]
