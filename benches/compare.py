@@ -24,10 +24,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import pdplan
 
+import provenance
 import pure_python
 from scenarios import Scenario, cluster, large_world, llama70b_request
 
-RESULTS = Path(__file__).parent / "results"
+RESULTS = provenance.RESULTS
 
 
 def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -429,11 +430,11 @@ def main() -> None:
     if args.reference:
         print("\n## the same world against the reference planner itself\n")
         table += "\n\n" + reference_table(args.reference, args.repeat)
-    (RESULTS / "large_world.md").write_text(table + "\n")
+    provenance.write("large_world.md", table)
     print("\n## per-request descriptors: 70B model, 32k tokens, prefill TP 8 -> decode TP 2\n")
-    (RESULTS / "descriptors.md").write_text(descriptor_table(args.repeat) + "\n")
+    provenance.write("descriptors.md", descriptor_table(args.repeat))
     print("\n## the same request with token-major (NHD) pages\n")
-    (RESULTS / "descriptors_nhd.md").write_text(nhd_descriptor_table(args.repeat) + "\n")
+    provenance.write("descriptors_nhd.md", nhd_descriptor_table(args.repeat))
     if not args.no_plot:
         print("\nscaling:")
         points = scaling(max(1, args.repeat // 2))

@@ -30,9 +30,10 @@ from pdplan import (
 )
 
 import callgrind
+import provenance
 from tokens import best_of, fmt
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = provenance.RESULTS
 TOKENS = 32768
 LAYERS = 61
 LATENT = 576 * 2  # bytes of a token's latent
@@ -204,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     text = tables(args.repeat, args.callgrind)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "context.md").write_text(text + "\n")
+    provenance.write("context.md", text)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,10 @@ from pdplan import (
 )
 
 import callgrind
+import provenance
 from scenarios import cluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = provenance.RESULTS
 PAGES = 4
 DECODE_RANK, PREFILL_RANK = 1, 5
 
@@ -157,7 +158,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "exchanged.md").write_text(text + "\n")
+    provenance.write("exchanged.md", text)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,11 @@ import pdplan
 from pdplan import PreparedTransfer, decode_transfer_fragments, encode_transfer_fragments
 
 import callgrind
+import provenance
 import pure_python
 from scenarios import llama70b_request
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = provenance.RESULTS
 PAGES = (4, 64, 2048)
 
 
@@ -295,7 +296,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "per_request.md").write_text(text + "\n")
+    provenance.write("per_request.md", text)
     if args.nixl:
         # nixl-cu12 1.5.1's agents crash in their destructors at interpreter exit (even with
         # every handle released); the results are written, so leave without running them.

@@ -50,9 +50,10 @@ from pdplan import (
 )
 from pdplan._request import request_pairs
 
+import provenance
 from tokens import best_of, fmt
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = provenance.RESULTS
 TOKENS = 32768
 PAGE = 64
 
@@ -380,7 +381,7 @@ def main() -> None:
     ]
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "staging.md").write_text(text)
+    provenance.write("staging.md", text)
     print(text)
 
 

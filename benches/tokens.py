@@ -29,9 +29,10 @@ import numpy as np
 from pdplan import PDTransferPlanner, PreparedTransfer, token_slots
 
 import callgrind
+import provenance
 from scenarios import cluster
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = provenance.RESULTS
 TOKENS = 32768
 CAPACITY = 8192  # pages each buffer holds
 
@@ -234,7 +235,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "tokens.md").write_text(tables(args.repeat, args.callgrind) + "\n")
+    provenance.write("tokens.md", tables(args.repeat, args.callgrind))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,63 @@
+"""Where a benchmark figure comes from: the header every script writes above its results."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benches" / "results"
+
+
+def _run(*command: str) -> str:
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return done.stdout.strip()
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def invocation() -> str:
+    """The command line this process runs, as a reader would type it again."""
+    script = Path(sys.argv[0]).resolve()
+    try:
+        shown = str(script.relative_to(ROOT))
+    except ValueError:
+        shown = sys.argv[0]
+    return " ".join(["python", shown, *sys.argv[1:]])
+
+
+def header(command: str | None = None) -> str:
+    """The lines that say how, where and on what the figures below were measured."""
+    command = command or invocation()
+    commit = _run("git", "rev-parse", "--short=12", "HEAD")
+    if _run("git", "status", "--porcelain", "--untracked-files=no") not in ("", "unknown"):
+        commit += " (with uncommitted changes)"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            f"<!-- written by `{command}` -->",
+            f"Measured {when} at commit {commit}, on {_cpu()} ({os.cpu_count()} cores),",
+            f"CPython {platform.python_version()}, {_run('rustc', '--version')}.",
+            "",
+        ]
+    )
+
+
+def write(name: str, text: str) -> None:
+    """Writes `benches/results/<name>` with the header above `text`."""
+    (RESULTS / name).write_text(header() + "\n" + text.rstrip("\n") + "\n")
