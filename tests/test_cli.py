@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pdplan import ModelShape, ParallelLayout, PDTransferPlanner, __version__, model_buffer_layouts
-from pdplan._cli import main
+from pdplan.cli import main
 
 from layouts import fragment_to_dict
 
