@@ -41,6 +41,7 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_VALUE",
     "MAX_WORLD_SIZE",
+    "LAYER_KINDS",
     "MODEL_PRESETS",
     "RANK_TRANSFER_PLAN_FIELDS",
     "TRANSFER_FRAGMENT_DEFAULTS",
@@ -85,6 +86,8 @@ __all__ = [
 
 __version__: str
 MODEL_PRESETS: list[str]
+#: The layer-kind schema: (kind, class, what it keeps, [(field, type, default, doc)]).
+LAYER_KINDS: list[tuple[str, str, str, list[tuple[str, str, int | None, str]]]]
 CACHE_KEYS: list[str]
 TRANSFER_PLAN_PROTOCOL_VERSION: int
 TRANSFER_PLAN_READABLE_VERSIONS: tuple[int, ...]

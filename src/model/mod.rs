@@ -8,6 +8,7 @@ mod dtype;
 mod families;
 mod hf_config;
 mod item_lengths;
+mod layer_kinds;
 mod layers;
 mod readers;
 mod shape;
@@ -19,6 +20,7 @@ pub use dtype::{dtype_bytes, Dtype};
 pub use families::{Family, FAMILIES};
 pub use hf_config::{preset, shape_from, shape_from_hf_config, PRESET_NAMES};
 pub use item_lengths::{from_item_lengths, ItemLengths};
+pub use layer_kinds::{kind_of, KindField, KindType, KindValue, LayerKind, LAYER_KINDS};
 pub use layers::{
     AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
     MlaShape, ShortConvShape,

@@ -14,8 +14,8 @@ use crate::layout::{
 };
 use crate::limits::MAX_VALUE;
 use crate::model::{
-    described_once, AttentionShape, DraftShape, Dtype, GatedDeltaNetShape, ItemLengths, KdaShape,
-    Layer, LightningShape, Mamba1Shape, Mamba2Shape, MlaShape, ModelShape, ShortConvShape,
+    described_once, kind_of, DraftShape, Dtype, ItemLengths, KindType, KindValue, Layer, MlaShape,
+    ModelShape,
 };
 use crate::wire;
 
@@ -361,108 +361,44 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
 /// One layer object (`AttentionLayer`, `Mamba2Layer`, ...), by its `kind`.
 pub fn layer(obj: &Bound<'_, PyAny>) -> Converted<Layer> {
     let f = Fields { obj };
-    let kind = f.string(name!(f, "kind"))?;
-    let int = |name: &str| -> Converted<u64> {
-        let value = obj.getattr(name).map_err(|_| {
+    let kind = kind_of(&f.string(name!(f, "kind"))?)?;
+    let name = kind.kind;
+    let field = |field: &str| -> Converted<Bound<'_, PyAny>> {
+        obj.getattr(field).map_err(|_| {
             PlanError::new(format!(
-                "a {kind} layer needs a {name:?} field, got {}",
+                "a {name} layer needs a {field:?} field, got {}",
                 repr(obj)
             ))
-        })?;
-        to_u64(&value, name)
+        })
     };
-    // A field that may be missing (layer objects written before it) or None.
-    let optional = |name: &str| -> Converted<Option<u64>> {
-        match obj.getattr(name).ok().filter(|v| !v.is_none()) {
-            None => Ok(None),
-            Some(value) => to_u64(&value, name).map(Some),
-        }
-    };
-    // A part of a parallel layer: its kind is checked before it is read, so an object that
-    // names itself as its own part cannot recurse.
-    let part = |name: &str, want: &str| -> Converted<Layer> {
-        let value = obj.getattr(name).map_err(|_| {
-            PlanError::new(format!(
-                "a {kind} layer needs a {name:?} field, got {}",
-                repr(obj)
-            ))
-        })?;
-        let got = Fields { obj: &value }.string(pyo3::intern!(obj.py(), "kind"))?;
-        if got != want {
-            bail!(
-                "the {name} of a {kind} layer must be a {want} layer, got {}",
-                repr(&value)
-            );
-        }
-        layer(&value)
-    };
-    let attention = || -> Converted<AttentionShape> {
-        match part("attention", "attention")? {
-            Layer::Attention(a) => Ok(a),
-            _ => bail!("the attention of a {kind} layer must be an AttentionLayer"),
-        }
-    };
-    let mamba2 = || -> Converted<Mamba2Shape> {
-        match part("mamba", "mamba2")? {
-            Layer::Mamba2(m) => Ok(m),
-            _ => bail!("the mamba of a {kind} layer must be a Mamba2Layer"),
-        }
-    };
-    Ok(match kind.as_str() {
-        "attention" => Layer::Attention(AttentionShape {
-            kv_heads: int("kv_heads")?,
-            head_dim: int("head_dim")?,
-            sliding_window: optional("sliding_window")?,
-            v_head_dim: optional("v_head_dim")?,
-            attention_chunk: optional("attention_chunk_size")?,
-        }),
-        "mla" => Layer::Mla(MlaShape {
-            kv_lora_rank: int("kv_lora_rank")?,
-            rope_head_dim: int("rope_head_dim")?,
-            index_head_dim: int("index_head_dim")?,
-        }),
-        "mamba2" => Layer::Mamba2(Mamba2Shape {
-            heads: int("heads")?,
-            head_dim: int("head_dim")?,
-            state_size: int("state_size")?,
-            groups: int("groups")?,
-            conv_kernel: int("conv_kernel")?,
-        }),
-        "mamba1" => Layer::Mamba1(Mamba1Shape {
-            inner_size: int("inner_size")?,
-            state_size: int("state_size")?,
-            conv_kernel: int("conv_kernel")?,
-        }),
-        "gated_deltanet" => Layer::GatedDeltaNet(GatedDeltaNetShape {
-            key_heads: int("key_heads")?,
-            value_heads: int("value_heads")?,
-            key_head_dim: int("key_head_dim")?,
-            value_head_dim: int("value_head_dim")?,
-            conv_kernel: int("conv_kernel")?,
-        }),
-        "kda" => Layer::Kda(KdaShape {
-            heads: int("heads")?,
-            head_dim: int("head_dim")?,
-            conv_kernel: int("conv_kernel")?,
-        }),
-        "lightning" => Layer::Lightning(LightningShape {
-            heads: int("heads")?,
-            head_dim: int("head_dim")?,
-        }),
-        "short_conv" => Layer::ShortConv(ShortConvShape {
-            channels: int("channels")?,
-            conv_kernel: int("conv_kernel")?,
-        }),
-        "attention_mamba2" => Layer::AttentionMamba2(attention()?, mamba2()?),
-        "shared_kv" => Layer::SharedKv {
-            source_layer: int("source_layer")?,
-        },
-        "mlp" => Layer::Mlp,
-        other => bail!(
-            "unknown layer kind {other:?}: use attention, mla, mamba2, mamba1, gated_deltanet, \
-             kda, lightning, short_conv, attention_mamba2, shared_kv or mlp"
-        ),
-    })
+    let mut values = Vec::with_capacity(kind.fields.len());
+    for spec in kind.fields {
+        values.push(match spec.ty {
+            KindType::Int(_) => KindValue::Int(to_u64(&field(spec.name)?, spec.name)?),
+            KindType::OptionalInt => {
+                // A field that may be missing (layer objects written before it) or None.
+                match obj.getattr(spec.name).ok().filter(|v| !v.is_none()) {
+                    None => KindValue::OptionalInt(None),
+                    Some(value) => KindValue::OptionalInt(Some(to_u64(&value, spec.name)?)),
+                }
+            }
+            KindType::Layer(want) => {
+                // A part's kind is checked before it is read, so an object that names itself
+                // as its own part cannot recurse.
+                let value = field(spec.name)?;
+                let got = Fields { obj: &value }.string(pyo3::intern!(obj.py(), "kind"))?;
+                if got != want {
+                    bail!(
+                        "the {} of a {name} layer must be a {want} layer, got {}",
+                        spec.name,
+                        repr(&value)
+                    );
+                }
+                KindValue::Layer(layer(&value)?)
+            }
+        });
+    }
+    Layer::from_values(kind, values)
 }
 
 /// An `ItemLengths` entry.

@@ -3,13 +3,13 @@
 //! types here; every rule is the core's (`crate::model`, `crate::stages`).
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::convert::{each, item_lengths, model_shape, string_arg, to_u64, Converted};
 use super::objects::buffer_layout_object;
 use super::to_py_err;
 use crate::layout::{BufferLayout, ContextParallel};
-use crate::model;
+use crate::model::{self, KindType, KindValue};
 use crate::stages;
 
 /// Both sides' layouts as two tuples of `BufferLayout`.
@@ -105,92 +105,40 @@ fn buffers_from_item_lengths<'py>(
     layout_tuples(py, pairs.into_iter().unzip())
 }
 
-/// A layer as its Python class (`pdplan._layouts`), built with keywords.
+/// A layer as its Python class (`pdplan._layouts`), built with keywords from its schema row.
 fn layer_object<'py>(py: Python<'py>, layer: &model::Layer) -> PyResult<Bound<'py, PyAny>> {
-    use model::Layer;
+    let kind = layer.schema();
     let kwargs = PyDict::new(py);
-    let (class, fields): (&str, &[(&str, Option<u64>)]) = match layer {
-        Layer::Attention(a) => (
-            "AttentionLayer",
-            &[
-                ("kv_heads", Some(a.kv_heads)),
-                ("head_dim", Some(a.head_dim)),
-                ("sliding_window", a.sliding_window),
-                ("v_head_dim", a.v_head_dim),
-                ("attention_chunk_size", a.attention_chunk),
-            ],
-        ),
-        Layer::Mla(m) => (
-            "MlaLayer",
-            &[
-                ("kv_lora_rank", Some(m.kv_lora_rank)),
-                ("rope_head_dim", Some(m.rope_head_dim)),
-                ("index_head_dim", Some(m.index_head_dim)),
-            ],
-        ),
-        Layer::Mamba2(m) => (
-            "Mamba2Layer",
-            &[
-                ("heads", Some(m.heads)),
-                ("head_dim", Some(m.head_dim)),
-                ("state_size", Some(m.state_size)),
-                ("groups", Some(m.groups)),
-                ("conv_kernel", Some(m.conv_kernel)),
-            ],
-        ),
-        Layer::Mamba1(m) => (
-            "Mamba1Layer",
-            &[
-                ("inner_size", Some(m.inner_size)),
-                ("state_size", Some(m.state_size)),
-                ("conv_kernel", Some(m.conv_kernel)),
-            ],
-        ),
-        Layer::GatedDeltaNet(g) => (
-            "GatedDeltaNetLayer",
-            &[
-                ("key_heads", Some(g.key_heads)),
-                ("value_heads", Some(g.value_heads)),
-                ("key_head_dim", Some(g.key_head_dim)),
-                ("value_head_dim", Some(g.value_head_dim)),
-                ("conv_kernel", Some(g.conv_kernel)),
-            ],
-        ),
-        Layer::Kda(k) => (
-            "KdaLayer",
-            &[
-                ("heads", Some(k.heads)),
-                ("head_dim", Some(k.head_dim)),
-                ("conv_kernel", Some(k.conv_kernel)),
-            ],
-        ),
-        Layer::Lightning(l) => (
-            "LightningAttentionLayer",
-            &[("heads", Some(l.heads)), ("head_dim", Some(l.head_dim))],
-        ),
-        Layer::ShortConv(c) => (
-            "ShortConvLayer",
-            &[
-                ("channels", Some(c.channels)),
-                ("conv_kernel", Some(c.conv_kernel)),
-            ],
-        ),
-        Layer::SharedKv { source_layer } => {
-            ("SharedKvLayer", &[("source_layer", Some(*source_layer))])
+    for (field, value) in kind.fields.iter().zip(layer.values()) {
+        match value {
+            KindValue::Int(v) => kwargs.set_item(field.name, v)?,
+            KindValue::OptionalInt(v) => kwargs.set_item(field.name, v)?,
+            KindValue::Layer(part) => kwargs.set_item(field.name, layer_object(py, &part)?)?,
         }
-        Layer::AttentionMamba2(a, m) => {
-            kwargs.set_item("attention", layer_object(py, &Layer::Attention(*a))?)?;
-            kwargs.set_item("mamba", layer_object(py, &Layer::Mamba2(*m))?)?;
-            ("AttentionMamba2Layer", &[])
-        }
-        Layer::Mlp => ("MlpLayer", &[]),
-    };
-    for (name, value) in fields {
-        kwargs.set_item(*name, *value)?;
     }
     py.import("pdplan._layouts")?
-        .getattr(class)?
+        .getattr(kind.class)?
         .call((), Some(&kwargs))
+}
+
+/// The layer-kind schema, for the parity test and the docs: per kind (kind, class, what it
+/// keeps, fields as (name, type, default, doc)); a type is `int`, `int | None` or the kind of a
+/// part layer.
+fn layer_kinds(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
+    let rows = PyList::empty(py);
+    for kind in model::LAYER_KINDS {
+        let fields = PyList::empty(py);
+        for field in kind.fields {
+            let (ty, default) = match field.ty {
+                KindType::Int(default) => ("int", default),
+                KindType::OptionalInt => ("int | None", None),
+                KindType::Layer(part) => (part, None),
+            };
+            fields.append((field.name, ty, default, field.doc))?;
+        }
+        rows.append((kind.kind, kind.class, kind.keeps, fields))?;
+    }
+    Ok(rows)
 }
 
 /// The layers of a shape as layer objects; kinds repeat as the same object.
@@ -379,5 +327,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(vllm_layer_partition, m)?)?;
     m.add_function(wrap_pyfunction!(even_layer_partition, m)?)?;
     m.add("MODEL_PRESETS", model::PRESET_NAMES.to_vec())?;
+    m.add("LAYER_KINDS", layer_kinds(m.py())?)?;
     Ok(())
 }

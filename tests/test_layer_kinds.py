@@ -1,0 +1,76 @@
+"""The Python layer classes are the core's layer-kind schema (src/model/layer_kinds.rs): the
+same kinds, classes, fields in order and defaults, and every one public."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import pytest
+
+import pdplan
+from pdplan import _core, _layouts
+
+SCHEMA = _core.LAYER_KINDS
+
+
+def test_every_kind_is_a_public_class() -> None:
+    classes = [cls for _, cls, _, _ in SCHEMA]
+    assert len(set(classes)) == len(classes)
+    assert set(classes) <= set(_layouts.__all__) and set(classes) <= set(pdplan.__all__)
+    union = {cls.__name__ for cls in typing.get_args(_layouts.ModelLayer)}
+    assert union == set(classes)
+
+
+@pytest.mark.parametrize(("kind", "cls", "keeps", "fields"), SCHEMA, ids=[r[0] for r in SCHEMA])
+def test_a_class_is_its_schema_row(
+    kind: str, cls: str, keeps: str, fields: list[tuple[str, str, int | None, str]]
+) -> None:
+    layer_class = getattr(_layouts, cls)
+    assert layer_class.kind == kind and keeps
+    own = dataclasses.fields(layer_class)
+    assert [f.name for f in own] == [name for name, _, _, _ in fields]
+    hints = typing.get_type_hints(layer_class)
+    for f, (name, ty, default, doc) in zip(own, fields):
+        assert doc, name
+        if ty == "int":
+            assert hints[name] is int, name
+            expected = dataclasses.MISSING if default is None else default
+            assert f.default == expected, name
+        elif ty == "int | None":
+            assert hints[name] == int | None and f.default is None, name
+        else:
+            part = next(c for k, c, _, _ in SCHEMA if k == ty)
+            assert hints[name] is getattr(_layouts, part), name
+            assert f.default is dataclasses.MISSING, name
+
+
+def test_every_kind_survives_the_core_both_ways() -> None:
+    """One layer of every kind, each field its own value, read by the core and built back."""
+    values = iter(range(2, 1000))
+
+    def sample(cls: str) -> object:
+        row = next(r for r in SCHEMA if r[1] == cls)
+        kwargs: dict[str, object] = {}
+        for name, ty, _, _ in row[3]:
+            if name == "attention_chunk_size":
+                kwargs[name] = None  # a window or a chunk, not both
+            elif ty in ("int", "int | None"):
+                kwargs[name] = 16 * next(values)
+            else:
+                kwargs[name] = sample(next(c for k, c, _, _ in SCHEMA if k == ty))
+        return getattr(_layouts, cls)(**kwargs)
+
+    layers = tuple(sample(cls) for _, cls, _, _ in SCHEMA)
+    shape = pdplan.ModelShape(layer_kinds=layers)  # type: ignore[arg-type]
+    assert _core.model_layers(shape) == layers
+
+
+def test_an_unknown_kind_is_refused_naming_the_kinds() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Rwkv:
+        kind: typing.ClassVar[str] = "rwkv"
+
+    shape = pdplan.ModelShape(layer_kinds=(Rwkv(),))  # type: ignore[arg-type]
+    with pytest.raises(pdplan.UnsupportedPDLayoutError, match="attention, mla, mamba2"):
+        _core.model_layers(shape)
