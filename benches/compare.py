@@ -3,7 +3,7 @@
     pip install '.[bench]' && python benches/compare.py [--reference path/to/transfer_plan.py]
 
 Prints a markdown table (times are the best of several runs; ratio = pure Python / pdplan),
-the peak memory of a 65,536-rank planner, and writes benches/results/scaling.png: the time to
+the peak memory of a 65,536-rank planner, and writes docs/images/scaling.png: the time to
 plan a whole cluster (construction + every decode rank's plan) against world size.
 """
 
@@ -438,9 +438,9 @@ def main() -> None:
     if not args.no_plot:
         print("\nscaling:")
         points = scaling(max(1, args.repeat // 2))
-        plot(points, RESULTS / "scaling.png")
+        plot(points, provenance.ROOT / "docs" / "images" / "scaling.png")
         (RESULTS / "scaling.json").write_text(json.dumps(points, indent=1) + "\n")
-        print(f"wrote {RESULTS / 'scaling.png'}")
+        print("wrote docs/images/scaling.png")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,11 @@ def header(command: str | None = None) -> str:
     """The lines that say how, where and on what the figures below were measured."""
     command = command or invocation()
     commit = _run("git", "rev-parse", "--short=12", "HEAD")
-    if _run("git", "status", "--porcelain", "--untracked-files=no") not in ("", "unknown"):
+    # Results a run writes are not changes to what was measured.
+    changed = _run(
+        "git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benches/results"
+    )
+    if changed not in ("", "unknown"):
         commit += " (with uncommitted changes)"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(

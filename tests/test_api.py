@@ -52,6 +52,7 @@ def test_public_names() -> None:
         "limits",
         "RankCoordinates",
         "TokenShare",
+        "StagingCounts",
         "even_layer_partition",
         "LAYOUT_VERSION_FRAME",
         "PeerLayout",

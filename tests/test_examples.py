@@ -1,4 +1,4 @@
-"""The README's example script runs as documented."""
+"""The example script runs as the docs describe it (docs/guides/engines.md)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ from pdplan._model import (
     TransferFragment,
 )
 from pdplan._planner import PDTransferPlanner, RoutingTable
-from pdplan._staging import CostEstimate, CostModel
+from pdplan._staging import CostEstimate, CostModel, StagingCounts
 
 __all__ = [
     "CACHE_KEYS",
@@ -95,6 +95,7 @@ __all__ = [
     "RoutingTable",
     "SharedKvLayer",
     "ShortConvLayer",
+    "StagingCounts",
     "StagingPlan",
     "StateSpec",
     "TokenShare",

@@ -26,6 +26,8 @@ __all__ = [
     "ENCODE_CACHE_ITEMS",
     "FRAME_CACHE_BYTES",
     "FRAME_CACHE_ENTRIES",
+    "LAYER_KINDS",
+    "LIMITS",
     "MAX_ARRAY_AXES",
     "MAX_CONFIG_BYTES",
     "MAX_CONFIG_DEPTH",
@@ -41,7 +43,6 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_VALUE",
     "MAX_WORLD_SIZE",
-    "LAYER_KINDS",
     "MODEL_PRESETS",
     "RANK_TRANSFER_PLAN_FIELDS",
     "TRANSFER_FRAGMENT_DEFAULTS",
@@ -88,6 +89,8 @@ __version__: str
 MODEL_PRESETS: list[str]
 #: The layer-kind schema: (kind, class, what it keeps, [(field, type, default, doc)]).
 LAYER_KINDS: list[tuple[str, str, str, list[tuple[str, str, int | None, str]]]]
+#: Every bound: (name, least, most, unit, advice).
+LIMITS: list[tuple[str, int, int, str, str]]
 CACHE_KEYS: list[str]
 TRANSFER_PLAN_PROTOCOL_VERSION: int
 TRANSFER_PLAN_READABLE_VERSIONS: tuple[int, ...]

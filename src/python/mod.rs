@@ -346,6 +346,12 @@ fn add_limits(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for limit in limits::ALL {
         m.add(limit.name, limit.max)?;
     }
+    // Each bound's (name, least, most, unit, advice), for the docs' table.
+    let rows: Vec<_> = limits::ALL
+        .iter()
+        .map(|l| (l.name, l.min, l.max, l.unit, l.advice))
+        .collect();
+    m.add("LIMITS", rows)?;
     m.add("MAX_VALUE", limits::MAX_VALUE)?;
     m.add(
         "DEFAULT_MAX_PAYLOAD_BYTES",
