@@ -139,9 +139,7 @@ impl TokenDeal {
     /// A deal over `ways` ranks; `interleave` matters for interleave splits, `page_size` for
     /// contiguous ones.
     pub fn new(ways: u64, split: CpSplit, interleave: u64, page_size: u64) -> PlanResult<Self> {
-        if ways == 0 {
-            bail!("a context-parallel size must be positive");
-        }
+        limits::WORLD_SIZE.check("cp_size", ways)?;
         limits::INTERLEAVE.check("cp_interleave", interleave)?;
         limits::PAGE_SIZE.check("page_size", page_size)?;
         let block = match split {
@@ -218,11 +216,12 @@ impl TokenDeal {
         }
     }
 
-    /// The owner of every token of a request of `num_tokens` tokens.
-    pub fn owners(self, num_tokens: u64) -> Vec<i64> {
-        (0..num_tokens)
+    /// The owner of every token of a request of `num_tokens` tokens (at most `MAX_TOKENS`).
+    pub fn owners(self, num_tokens: u64) -> PlanResult<Vec<i64>> {
+        limits::TOKENS.check("num_tokens", num_tokens)?;
+        Ok((0..num_tokens)
             .map(|t| i64::try_from(self.owner(t, num_tokens)).unwrap_or(-1))
-            .collect()
+            .collect())
     }
 
     /// Where token `token` sits among its owner's tokens.

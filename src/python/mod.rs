@@ -225,7 +225,7 @@ fn token_deal(
         None => CpSplit::Interleave,
         Some(value) => CpSplit::parse(&string_arg(value, "cp_split")?)?,
     };
-    let ways = limits::WORLD_SIZE.check("cp_size", to_u64(cp_size, "cp_size")?)?;
+    let ways = to_u64(cp_size, "cp_size")?;
     TokenDeal::new(ways, split, to_u64(interleave, "interleave")?, page_size)
 }
 
@@ -292,11 +292,10 @@ fn token_owners<'py>(
     let convert = || -> Converted<_> {
         let size = to_u64(&or(page_size), "page_size")?;
         let deal = token_deal(cp_size, cp_split, &or(interleave), size)?;
-        let count = limits::TOKENS.check("num_tokens", to_u64(num_tokens, "num_tokens")?)?;
-        Ok((deal, count))
+        Ok((deal, to_u64(num_tokens, "num_tokens")?))
     };
     let (deal, count) = convert().map_err(to_py_err)?;
-    let owners = py.detach(|| deal.owners(count));
+    let owners = py.detach(|| deal.owners(count)).map_err(to_py_err)?;
     Ok(owners.into_pyarray(py))
 }
 
