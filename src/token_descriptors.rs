@@ -658,6 +658,16 @@ mod tests {
         out
     }
 
+    /// `brute_force` of one slot map on both sides, as columns.
+    fn brute_force_columns(f: &Fragment, slots: &[i64]) -> Descriptors {
+        let want = brute_force(f, slots, slots);
+        Descriptors {
+            src_addrs: want.iter().map(|d| d.0).collect(),
+            dst_addrs: want.iter().map(|d| d.1).collect(),
+            lengths: want.iter().map(|d| d.2).collect(),
+        }
+    }
+
     fn bytes(d: &Descriptors) -> Vec<(u64, u64)> {
         let mut pairs: Vec<(u64, u64)> = (0..d.len())
             .flat_map(|i| (0..d.lengths[i]).map(move |b| (d.src_addrs[i] + b, d.dst_addrs[i] + b)))
@@ -676,12 +686,7 @@ mod tests {
         for slot in &mut outside[..16] {
             *slot = -1;
         }
-        let want = brute_force(&head_major(0), &outside, &outside);
-        let want = Descriptors {
-            src_addrs: want.iter().map(|d| d.0).collect(),
-            dst_addrs: want.iter().map(|d| d.1).collect(),
-            lengths: want.iter().map(|d| d.2).collect(),
-        };
+        let want = brute_force_columns(&head_major(0), &outside);
         assert_eq!(bytes(&got), bytes(&want));
         assert_eq!(want.lengths.iter().sum::<u64>(), 4 * 2 * 8);
         let sixteen = build(&[chunked], &slots[..16], &slots[..16], true);
@@ -703,12 +708,7 @@ mod tests {
         for slot in &mut outside[..14] {
             *slot = -1;
         }
-        let want = brute_force(&head_major(0), &outside, &outside);
-        let want = Descriptors {
-            src_addrs: want.iter().map(|d| d.0).collect(),
-            dst_addrs: want.iter().map(|d| d.1).collect(),
-            lengths: want.iter().map(|d| d.2).collect(),
-        };
+        let want = brute_force_columns(&head_major(0), &outside);
         assert_eq!(bytes(&got), bytes(&want));
         // A window longer than the request moves all of it; windows of two lengths in one
         // request each keep their own tokens.

@@ -263,16 +263,24 @@ fn model_summary(shape: &Bound<'_, PyAny>) -> PyResult<Vec<SummaryRow>> {
         .collect())
 }
 
+/// `layers` split over `pp_size` stages by `rule`.
+fn partition(
+    layers: &Bound<'_, PyAny>,
+    pp_size: &Bound<'_, PyAny>,
+    rule: fn(u64, u64) -> crate::error::PlanResult<Vec<u64>>,
+) -> PyResult<Vec<u64>> {
+    let convert =
+        || -> Converted<_> { rule(to_u64(layers, "layers")?, to_u64(pp_size, "pp_size")?) };
+    convert().map_err(to_py_err)
+}
+
 /// vLLM's default layer partition over pipeline stages.
 #[pyfunction]
 fn vllm_layer_partition(
     layers: &Bound<'_, PyAny>,
     pp_size: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<u64>> {
-    let convert = || -> Converted<_> {
-        stages::vllm_partition(to_u64(layers, "layers")?, to_u64(pp_size, "pp_size")?)
-    };
-    convert().map_err(to_py_err)
+    partition(layers, pp_size, stages::vllm_partition)
 }
 
 /// pdplan's default layer partition over pipeline stages.
@@ -281,10 +289,7 @@ fn even_layer_partition(
     layers: &Bound<'_, PyAny>,
     pp_size: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<u64>> {
-    let convert = || -> Converted<_> {
-        stages::checked_even_partition(to_u64(layers, "layers")?, to_u64(pp_size, "pp_size")?)
-    };
-    convert().map_err(to_py_err)
+    partition(layers, pp_size, stages::checked_even_partition)
 }
 
 /// The first token of an `n`-token request a buffer with this window or chunk keeps.
