@@ -601,5 +601,21 @@ def test_the_even_layer_partition_is_the_one_planners_use() -> None:
         # As even as possible, the extra layers first.
         assert sum(split) == layers and max(split) - min(split) <= 1
         assert list(split) == sorted(split, reverse=True)
+        # A planner left to its default holds consecutive layers in those counts: one K
+        # buffer a layer, prefill TP 1 a stage, and each stage's rank sends its own layers.
+        buffers = [
+            BufferLayout(i, BufferKind.TARGET_K, "kv_head", 8, 16, 64, 8 * 64, layer=i)
+            for i in range(layers)
+        ]
+        planner = PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", pp, pp_size=pp),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=buffers,
+            decode_buffers=buffers,
+        )
+        sent = planner.transfer_fragments(0)
+        held = [sorted(f.buffer_index for f in sent.get(stage, ())) for stage in range(pp)]
+        starts = [sum(split[:s]) for s in range(pp)]
+        assert held == [list(range(a, a + n)) for a, n in zip(starts, split)]
     with pytest.raises(UnsupportedPDLayoutError, match="cannot split 2 layers over 3"):
         pdplan.even_layer_partition(2, 3)

@@ -535,3 +535,18 @@ def test_check_weighs_staging_per_rank_pair(capsys: pytest.CaptureFixture[str]) 
         with pytest.raises(SystemExit) as exit_:
             main([*llama, "--prefill-tp", "2", "--decode-tp", "8", flag, value])
         assert exit_.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_the_command_runs_as_a_module_too() -> None:
+    import subprocess
+    import sys
+
+    import pdplan
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pdplan.cli", "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == f"pdplan {pdplan.__version__}"

@@ -448,6 +448,6 @@ def test_a_rank_share_comes_from_its_layout() -> None:
     # Replicated CP ranks hold every token: one share.
     assert ParallelLayout("prefill", 4, cp_size=2, cp_kv="replicated").token_share(3)[:2] == (1, 0)
     # The slot map of a DCP rank holds exactly the tokens its share's owner says.
-    owners = token_owners(100, 4, interleave=16)
+    owners = np.array(owners_by_definition(100, 4, "interleave", 16, 16))
     slots = token_slots(np.arange(8), 16, 100, layout=dcp, rank=13)
     assert np.array_equal(slots >= 0, owners == 1)

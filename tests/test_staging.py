@@ -414,3 +414,19 @@ def test_one_plan_packs_for_threads_at_once() -> None:
     for thread in threads:
         thread.join()
     assert all(np.array_equal(out, expected) for out in outputs)
+
+
+def test_the_cost_model_takes_counts_as_a_plain_tuple_too() -> None:
+    from pdplan import CostModel, StagingCounts, UnsupportedPDLayoutError
+
+    model = CostModel()
+    named = model.estimate_counts(StagingCounts(1000, 1, 10, 10, 1 << 20))
+    plain = model.estimate_counts((1000, 1, 10, 10, 1 << 20))
+    assert named == plain and plain.direct_descriptors == 1000 and plain.wire_descriptors == 1
+    # The wire alone: 1000 descriptors at the model's cost each, or the bytes at its rate.
+    assert plain.direct_s == max(
+        1000 * model.per_descriptor_s, (1 << 20) / model.network_bytes_per_s
+    )
+    for bad in ((1, 2), "12345", None):
+        with pytest.raises(UnsupportedPDLayoutError, match="five staging counts"):
+            model.estimate_counts(bad)  # type: ignore[arg-type]

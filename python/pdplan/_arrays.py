@@ -91,9 +91,7 @@ def state_specs(layer: ModelLayer, dtype: str = "bfloat16") -> tuple[StateSpec, 
     shape = ModelShape(layer_kinds=(layer,), dtype=dtype)
     prefill, _ = model_buffer_layouts(shape, 1, 1)
     states = tuple(
-        StateSpec(b.logical_size, b.logical_parts)
-        for b in prefill
-        if b.logical_axis == "state_channel"
+        StateSpec(b.logical_size, b.logical_parts) for b in prefill if not b.is_token_indexed
     )
     if not states:
         raise UnsupportedPDLayoutError(f"{layer!r} caches no state; it has no state specs")

@@ -32,7 +32,7 @@ class PairRequest:
 
 def page_sizes(planner: PDTransferPlanner) -> tuple[int, int]:
     """Tokens a page on each side (of the token-indexed buffers; models use one size a side)."""
-    kv = [i for i, b in enumerate(planner.prefill_buffers) if b.logical_axis != "state_channel"]
+    kv = [i for i, b in enumerate(planner.prefill_buffers) if b.is_token_indexed]
     first = kv[0] if kv else 0
     return planner.prefill_buffers[first].page_size, planner.decode_buffers[first].page_size
 

@@ -111,9 +111,17 @@ class CostModel:
         a, b, c, d, e = figures
         return a, b, c, d, e
 
-    def estimate_counts(self, counts: StagingCounts) -> CostEstimate:
+    def estimate_counts(
+        self, counts: StagingCounts | tuple[int, int, int, int, int]
+    ) -> CostEstimate:
         """The estimate for a request's staging counts, as ``StagingPlan.counts`` and
-        ``PreparedTransfer.staging_counts`` give them."""
+        ``PreparedTransfer.staging_counts`` give them (or the same five as a plain tuple)."""
+        if not isinstance(counts, tuple) or len(counts) != len(StagingCounts._fields):
+            raise UnsupportedPDLayoutError(
+                "estimate_counts takes the five staging counts (StagingCounts: "
+                f"{', '.join(StagingCounts._fields)}), got {counts!r}"
+            )
+        counts = StagingCounts(*counts)
         direct, staging, gather, wire, scatter = _core.estimate_staging(counts, *self._figures())
         return CostEstimate(
             direct_s=direct,

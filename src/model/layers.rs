@@ -143,21 +143,9 @@ pub enum Layer {
 }
 
 impl Layer {
-    /// The kind's name, as the Python layer classes give it.
-    pub const fn kind(&self) -> &'static str {
-        match self {
-            Self::Attention(_) => "attention",
-            Self::Mla(_) => "mla",
-            Self::Mamba2(_) => "mamba2",
-            Self::Mamba1(_) => "mamba1",
-            Self::GatedDeltaNet(_) => "gated_deltanet",
-            Self::Kda(_) => "kda",
-            Self::Lightning(_) => "lightning",
-            Self::ShortConv(_) => "short_conv",
-            Self::AttentionMamba2(..) => "attention_mamba2",
-            Self::SharedKv { .. } => "shared_kv",
-            Self::Mlp => "mlp",
-        }
+    /// The kind's name, as the Python layer classes give it (its layer-kind schema row's).
+    pub fn kind(&self) -> &'static str {
+        self.schema().kind
     }
 
     /// What a reader calls the layer: its kind, with a window or an indexer when it has one.

@@ -274,8 +274,8 @@ impl PyPrepared {
         made.map(PyStagingPlan::from).map_err(to_py_err)
     }
 
-    /// What `staging_plan` would count, without building its columns: (direct, transfer,
-    /// gather, scatter descriptors, bytes), for a cost model.
+    /// What `staging_plan` would count, without building its columns: a `StagingCounts`
+    /// (direct, wire, gather, scatter descriptors, bytes), for a cost model.
     #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, chunk_bytes=None))]
     fn staging_counts<'py>(
         &self,

@@ -52,7 +52,7 @@ impl PyStagingPlan {
         self.inner.chunk_bytes()
     }
 
-    /// (direct, transfer, gather, scatter descriptors, bytes): what a cost model weighs.
+    /// `StagingCounts` (direct, wire, gather, scatter descriptors, bytes): what a cost model weighs.
     #[getter]
     fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         counts_object(py, self.inner.counts())
@@ -145,7 +145,7 @@ fn staging_array<'a, 'py>(
         .map_err(|_| to_py_err(PlanError::new(STAGING_ARRAY)))
 }
 
-/// A request's staging counts as Python gets them: (direct, transfer, gather, scatter,
+/// A request's staging counts as Python gets them: (direct, wire, gather, scatter,
 /// bytes).
 pub type CountsTuple = (u64, u64, u64, u64, u64);
 

@@ -88,6 +88,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = ["main"]
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -59,7 +59,7 @@ def demo() -> None:
             total_bytes += d.total_bytes
         return total, total_bytes
 
-    # Timed as the README's figures are: warm, the best of a few runs (the first call also
+    # Timed as the benchmarks' figures are: warm, the best of a few runs (the first call also
     # pays for faulting the arrays' pages in).
     times = []
     for _ in range(DEMO_RUNS):
@@ -74,5 +74,5 @@ def demo() -> None:
     )
     print(
         "  benches/compare.py times this beside numpy and the plain Python loop "
-        "(see README, Per-request descriptors)"
+        "(docs/performance.md, Per-request descriptors)"
     )
