@@ -150,6 +150,33 @@ macro_rules! fragment_schema {
                 [$(FieldType::into_value(self.$name)),*]
             }
 
+            /// Field `index`'s value (schema order), if there is such a field.
+            pub fn field_value(&self, index: usize) -> Option<FieldValue> {
+                let mut field = 0;
+                $(
+                    if field == index {
+                        return Some(FieldType::into_value(self.$name));
+                    }
+                    field += 1;
+                )*
+                let _ = field;
+                None
+            }
+
+            /// A bit per field (schema order) whose value differs from `other`'s.
+            pub fn differing_fields(&self, other: &Self) -> u64 {
+                let mut bit = 1;
+                let mut mask = 0;
+                $(
+                    if self.$name != other.$name {
+                        mask |= bit;
+                    }
+                    bit <<= 1;
+                )*
+                let _ = bit;
+                mask
+            }
+
             /// Every integer field OR-ed together: below 2^63 exactly when each of them is.
             fn int_bits(&self) -> u64 {
                 0 $(| FieldType::int_bits(&self.$name))*

@@ -118,6 +118,9 @@ pub struct Planner {
     /// Fanout of each prefill rank of a DP group that decode ranks read from, by its slot
     /// index in the group; groups beyond the decode side's DP count serve nobody.
     fanout_per_slot: Vec<u64>,
+    /// The distinct kinds of holding of the buffer pairs (`notify::holdings`), found once: every
+    /// plan asks who else holds its bytes.
+    holdings: Vec<Holding>,
 }
 
 impl Planner {
@@ -229,7 +232,9 @@ impl Planner {
             identity,
             token_maps,
             fanout_per_slot: Vec::new(),
+            holdings: Vec::new(),
         };
+        planner.holdings = holdings(planner.buffer_pairs().zip(planner.buffer_stages()));
         if replicas == DecodeReplicas::All || holders.prefill.context.cp_replicas() > 1 {
             let needs: Vec<Vec<Need>> = planner
                 .decode_ranks()
@@ -263,11 +268,6 @@ impl Planner {
         self.buffers
             .iter()
             .map(|pair| (&pair.prefill, &pair.decode))
-    }
-
-    /// The distinct kinds of holding of the buffer pairs, for `notify_ranks`.
-    fn holdings(&self) -> Vec<Holding> {
-        holdings(self.buffer_pairs().zip(self.buffer_stages()))
     }
 
     /// The prefill ranks of `group` a decode rank must notify (see `notify::notify_ranks`).
@@ -664,7 +664,7 @@ impl Planner {
             })
             .collect();
         let mut table = RoutingTable::default();
-        let kinds = self.holdings();
+        let kinds = &self.holdings;
         for group in 0..decode_ranks.dp_size() {
             let source_group = self.default_prefill_group(group);
             for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
@@ -680,7 +680,7 @@ impl Planner {
                     .collect();
                 // Notify-only pairs: no fragment, no byte.
                 let read: Vec<u64> = rows.iter().map(|row| row.0).collect();
-                let notify = self.notify_ranks(&kinds, (decode_rank, source_group), None, &read);
+                let notify = self.notify_ranks(kinds, (decode_rank, source_group), None, &read);
                 rows.extend(notify.into_iter().map(|rank| (rank, 0, 0)));
                 rows.sort_unstable();
                 for (prefill_rank, count, bytes) in rows {
@@ -787,7 +787,7 @@ impl Planner {
                     fanout: self.request_fanout(prefill_rank),
                 }],
                 notify: self.notify_ranks(
-                    &self.holdings(),
+                    &self.holdings,
                     (decode_rank, target_dp_group),
                     num_tokens,
                     &[prefill_rank],
@@ -801,7 +801,7 @@ impl Planner {
             kind: PlanKind::Fragmented,
             target_dp_group,
             notify: self.notify_ranks(
-                &self.holdings(),
+                &self.holdings,
                 (decode_rank, target_dp_group),
                 num_tokens,
                 &read,

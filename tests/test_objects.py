@@ -10,6 +10,7 @@ import json
 import pickle
 import weakref
 
+import numpy as np
 import pytest
 
 from pdplan import (
@@ -17,6 +18,7 @@ from pdplan import (
     BufferLayout,
     RankTransferPlan,
     TransferFragment,
+    UnsupportedPDLayoutError,
     _core,
     decode_transfer_fragments,
     encode_transfer_fragments,
@@ -96,20 +98,86 @@ def test_fragments_have_no_dict_so_no_stray_attribute_can_close_a_cycle() -> Non
         fragment.src_rank = 3  # type: ignore[misc]
 
 
-def test_a_cycle_through_a_field_slot_is_collected() -> None:
-    class Holder:
+def test_fragments_pdplan_makes_are_not_walked_by_the_collector() -> None:
+    """A fragment holds ints, None and a BufferKind member, none of which can reach it, and its
+    tuple's items never change: the cyclic collector is told to skip both (walking hundreds of
+    thousands of them was most of a large plan's cost). Fragments built in Python stay tracked."""
+    plan = planner(8, 2).plan_for_decode_rank(1)
+    fragments = plan.fragments_by_prefill_rank[5]
+    assert not gc.is_tracked(fragments) and not any(map(gc.is_tracked, fragments))
+    assert not gc.is_tracked(plan.fragments_by_prefill_rank)  # a dict of untracked tuples
+    decoded = decode_transfer_fragments(*encode_transfer_fragments(fragments))
+    assert decoded == fragments and not any(map(gc.is_tracked, (decoded, *decoded)))
+    made_in_python = dataclasses.replace(fragments[0])
+    assert gc.is_tracked(made_in_python) and made_in_python == fragments[0]
+    # What the collector skips is still freed by reference counting.
+    alive = weakref.ref(plan)
+    del plan, fragments, decoded
+    assert alive() is None
+
+
+def test_fragments_are_made_and_read_through_their_slots_on_this_python() -> None:
+    """The slot layout is probed on a real instance at import; on every CPython the wheel
+    supports it must check out, or every fragment would take the slower attribute path."""
+    assert _core.fragment_slots_checked()
+
+
+def fields_of(fragment: object) -> dict[str, object]:
+    return {name: getattr(fragment, name) for name in _core.TRANSFER_FRAGMENT_FIELDS}
+
+
+def test_objects_that_are_not_exactly_transfer_fragments_take_the_attribute_path() -> None:
+    fragments = planner(8, 2).plan_for_decode_rank(1).fragments_by_prefill_rank[5]
+    frames = encode_transfer_fragments(fragments)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Tagged(TransferFragment):
+        tag: str = "x"  # one more slot: another layout
+
+    class Loose(TransferFragment):  # a subclass with a __dict__
         pass
 
+    class Duck:
+        def __init__(self, values: dict[str, object]) -> None:
+            self.__dict__.update(values)
+
+    for make in (lambda f: Tagged(**fields_of(f)), lambda f: Loose(**fields_of(f))):
+        others = [make(f) for f in fragments]
+        assert encode_transfer_fragments(others) == frames
+    ducks = [Duck(fields_of(f)) for f in fragments]
+    assert encode_transfer_fragments(ducks) == frames
+    mixed = [ducks[0], *fragments[1:]]  # the reader's reuse of values across both paths
+    assert encode_transfer_fragments(mixed) == frames
+
+
+def test_a_field_slot_never_set_or_set_to_garbage_is_refused_by_name() -> None:
     fragment = rust_built_fragment()
-    assert gc.is_tracked(fragment)
-    holder = Holder()
-    holder.fragment = fragment  # type: ignore[attr-defined]
-    # Only object.__setattr__ gets past the frozen setter; it can still close a cycle.
-    object.__setattr__(fragment, "page_count", holder)
-    alive = weakref.ref(holder)
-    del fragment, holder
-    gc.collect()
-    assert alive() is None, "a cycle through a fragment was never collected"
+    half = object.__new__(TransferFragment)
+    for name, value in fields_of(fragment).items():
+        if name != "bytes_per_page":
+            object.__setattr__(half, name, value)
+    with pytest.raises(UnsupportedPDLayoutError, match="bytes_per_page"):
+        encode_transfer_fragments([fragment, half])
+    odd = copy.copy(fragment)
+    object.__setattr__(odd, "src_rank", "5")
+    with pytest.raises(UnsupportedPDLayoutError, match=r"fragments\[1\].*src_rank"):
+        encode_transfer_fragments([fragment, odd])
+
+
+def test_equal_values_in_other_objects_read_the_same() -> None:
+    """The reader reuses a value while a field holds the same object; an equal value in
+    another object (a numpy integer, a big int made anew) must read the same."""
+    fragments = planner(8, 2).plan_for_decode_rank(1).fragments_by_prefill_rank[5]
+    frames = encode_transfer_fragments(fragments)
+    renumbered = [
+        dataclasses.replace(
+            f,
+            src_page_stride_bytes=np.uint64(f.src_page_stride_bytes),
+            dst_byte_offset=int(str(f.dst_byte_offset)),
+        )
+        for f in fragments
+    ]
+    assert encode_transfer_fragments(renumbered) == frames
 
 
 def test_rust_built_fragments_keep_the_dataclass_contract() -> None:

@@ -70,6 +70,7 @@ __all__ = [
     "estimate_staging",
     "even_layer_partition",
     "first_kept_token",
+    "fragment_slots_checked",
     "frame_cache_info",
     "is_token_indexed",
     "model_buffers",
@@ -295,6 +296,7 @@ class Planner:
 
 def frame_cache_info() -> tuple[int, int, int, int]: ...
 def encode_cache_info() -> tuple[int, int]: ...
+def fragment_slots_checked() -> bool: ...
 
 _Ints = npt.NDArray[np.integer] | Sequence[int]
 

@@ -8,7 +8,7 @@ use super::objects::{field_names, ModelTypes};
 use crate::context::{CpKv, CpSplit};
 use crate::descriptors::Buffers;
 use crate::error::{bail, PlanError};
-use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, SETTERS};
+use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
 };
@@ -258,32 +258,96 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
 /// may be missing or `None` (objects written for the reference) and then take their defaults.
 /// `types` enables the identity fast path for `BufferKind` members.
 pub fn fragment_with(obj: &Bound<'_, PyAny>, types: Option<&ModelTypes>) -> Converted<Fragment> {
-    let f = Fields { obj };
-    // Fields not given (later ones, on objects that predate them) keep their defaults.
-    let mut fragment = Fragment::default();
-    let names = field_names(obj.py());
-    for ((field, set), name) in FIELDS.iter().zip(SETTERS).zip(names) {
-        let name = name.bind(obj.py());
-        let given = if field.since == wire::PROTOCOL_VERSION {
-            f.get(name)?
-        } else {
-            match f.optional(name) {
-                Some(value) => value,
-                None => continue,
-            }
-        };
-        let value = match field.kind {
-            FieldKind::Int => FieldValue::Int(to_u64(&given, field.name)?),
-            FieldKind::OptionalInt if given.is_none() => FieldValue::OptionalInt(None),
-            FieldKind::OptionalInt => FieldValue::OptionalInt(Some(to_u64(&given, field.name)?)),
-            FieldKind::Kind => FieldValue::Kind(kind_value(&given, types)?),
-        };
-        if !set(&mut fragment, value) {
-            bail!("{}: a value of the wrong kind", field.name);
+    FragmentReader::new(types).read(obj)
+}
+
+/// A sequence of fragments (`what` names it in errors), read by one `FragmentReader`.
+pub fn fragments_of(
+    items: &Bound<'_, PyAny>,
+    what: &str,
+    types: &ModelTypes,
+) -> Converted<Vec<Fragment>> {
+    let mut reader = FragmentReader::new(Some(types));
+    each(items, what, |f| reader.read(f))
+}
+
+/// Reads many fragments in one call. A `TransferFragment` is read from its slots (see
+/// `fragment_slots`); anything else through its attributes. A field holding the same int,
+/// `None` or `BufferKind` object as the previous fragment's reuses its value (fragments of a
+/// list share most of their values): the reader keeps that object alive, so the same address
+/// is the same immutable object.
+pub struct FragmentReader<'a, 'py> {
+    types: Option<&'a ModelTypes>,
+    last: [Option<(Bound<'py, PyAny>, FieldValue)>; FIELD_COUNT],
+}
+
+impl<'a, 'py> FragmentReader<'a, 'py> {
+    pub fn new(types: Option<&'a ModelTypes>) -> Self {
+        Self {
+            types,
+            last: std::array::from_fn(|_| None),
         }
     }
-    fragment.validate()?;
-    Ok(fragment)
+
+    pub fn read(&mut self, obj: &Bound<'py, PyAny>) -> Converted<Fragment> {
+        // Fields not given (later ones, on objects that predate them) keep their defaults.
+        let mut fragment = Fragment::default();
+        let slots = self
+            .types
+            .and_then(|t| t.fragment_slots.as_ref())
+            .and_then(|slots| slots.read(obj));
+        let f = Fields { obj };
+        let names = field_names(obj.py());
+        for (index, ((field, set), name)) in FIELDS.iter().zip(SETTERS).zip(names).enumerate() {
+            let given = match slots.as_ref().and_then(|values| values.get(index)) {
+                Some(value) => value.clone(),
+                None if field.since == wire::PROTOCOL_VERSION => f.get(name.bind(obj.py()))?,
+                None => match obj.getattr(name.bind(obj.py())) {
+                    Ok(value) => value,
+                    Err(_) => continue,
+                },
+            };
+            // A later field holding None (an object that predates it) keeps its default.
+            if field.since != wire::PROTOCOL_VERSION && given.is_none() {
+                continue;
+            }
+            let value = self.value(index, field.kind, &given, field.name)?;
+            if !set(&mut fragment, value) {
+                bail!("{}: a value of the wrong kind", field.name);
+            }
+        }
+        fragment.validate()?;
+        Ok(fragment)
+    }
+
+    /// Field `index`'s value from `given`, reused when it is the previous fragment's object.
+    fn value(
+        &mut self,
+        index: usize,
+        kind: FieldKind,
+        given: &Bound<'py, PyAny>,
+        name: &str,
+    ) -> Converted<FieldValue> {
+        if let Some(Some((object, value))) = self.last.get(index) {
+            if object.is(given) {
+                return Ok(*value);
+            }
+        }
+        let value = match kind {
+            FieldKind::Int => FieldValue::Int(to_u64(given, name)?),
+            FieldKind::OptionalInt if given.is_none() => FieldValue::OptionalInt(None),
+            FieldKind::OptionalInt => FieldValue::OptionalInt(Some(to_u64(given, name)?)),
+            FieldKind::Kind => FieldValue::Kind(kind_value(given, self.types)?),
+        };
+        // Only immutable objects: an object with `__index__` may answer differently next time.
+        let immutable = given.is_exact_instance_of::<PyInt>()
+            || given.is_none()
+            || self.types.is_some_and(|t| t.kind_of(given).is_some());
+        if let (true, Some(slot)) = (immutable, self.last.get_mut(index)) {
+            *slot = Some((given.clone(), value));
+        }
+        Ok(value)
+    }
 }
 
 /// A `ModelShape`: its layers (`layer_kinds`) or the uniform stack its flat fields describe,

@@ -7,6 +7,7 @@
 mod arrays;
 mod convert;
 mod encode_cache;
+mod fragment_slots;
 mod layouts;
 mod model;
 mod objects;
@@ -28,7 +29,7 @@ use crate::layout::LogicalAxis;
 use crate::limits;
 use crate::{context, wire};
 use convert::{
-    buffer_layout, buffers, each, fragment_with, frame, i64_column, int_arg, optional_u64,
+    buffer_layout, buffers, fragment_with, fragments_of, frame, i64_column, int_arg, optional_u64,
     parallel_layout, string_arg, to_u64, u64_column, Converted,
 };
 use objects::{descriptors_object, model_types, FragmentFactory};
@@ -127,14 +128,20 @@ fn encode_transfer_fragments<'py>(
     if let Some(frames) = addresses.as_deref().and_then(|a| encode_cache::get(py, a)) {
         return Ok(frames);
     }
-    let converted =
-        each(fragments, "fragments", |f| fragment_with(f, Some(types))).map_err(to_py_err)?;
+    let converted = fragments_of(fragments, "fragments", types).map_err(to_py_err)?;
     let (version, payload) = py.detach(|| wire::encode(&converted));
     let frames = (PyBytes::new(py, &version), PyBytes::new(py, &payload));
     if let Some(addresses) = addresses {
         encode_cache::insert(fragments, &addresses, &frames.0, &frames.1)?;
     }
     Ok(frames)
+}
+
+/// Whether `TransferFragment`'s slot layout checked out on this Python, so fragments are made
+/// and read through their slots (else through attributes, the same values more slowly).
+#[pyfunction]
+fn fragment_slots_checked(py: Python<'_>) -> PyResult<bool> {
+    Ok(model_types(py)?.fragment_slots.is_some())
 }
 
 /// The encoded-frame cache: (entries, fragment objects held).
@@ -200,7 +207,7 @@ fn transfer_descriptors<'py>(
     let types = model_types(py)?;
     let convert = || -> Converted<_> {
         Ok((
-            each(fragments, "fragments", |f| fragment_with(f, Some(types)))?,
+            fragments_of(fragments, "fragments", types)?,
             buffers(src_base_ptrs, src_limits, "src")?,
             buffers(dst_base_ptrs, dst_limits, "dst")?,
             u64_column(src_pages, "src_pages")?,
@@ -395,6 +402,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_buffer_layout, m)?)?;
     m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;
     m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
+    m.add_function(wrap_pyfunction!(fragment_slots_checked, m)?)?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
     m.add_function(wrap_pyfunction!(token_slots, m)?)?;

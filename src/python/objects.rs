@@ -9,6 +9,7 @@ use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 
 use numpy::IntoPyArray;
 
+use super::fragment_slots::SlotLayout;
 use crate::descriptors::Descriptors;
 use crate::fragment::{FieldValue, Fragment, FIELDS, FIELD_COUNT};
 use crate::layout::{BufferKind, BufferLayout};
@@ -21,6 +22,8 @@ pub struct ModelTypes {
     buffer_layout: Py<PyType>,
     /// `BufferKind` members in `BufferKind::ALL` order.
     kinds: Vec<Py<PyAny>>,
+    /// Where a `TransferFragment`'s fields sit, when its layout checks out.
+    pub fragment_slots: Option<SlotLayout>,
 }
 
 static MODEL_TYPES: PyOnceLock<ModelTypes> = PyOnceLock::new();
@@ -44,11 +47,10 @@ pub fn model_types(py: Python<'_>) -> PyResult<&ModelTypes> {
             .iter()
             .map(|kind| kind_type.call1((kind.as_str(),)).map(Bound::unbind))
             .collect::<PyResult<Vec<_>>>()?;
+        let fragment = model.getattr("TransferFragment")?.cast_into::<PyType>()?;
         Ok(ModelTypes {
-            fragment: model
-                .getattr("TransferFragment")?
-                .cast_into::<PyType>()?
-                .unbind(),
+            fragment_slots: SlotLayout::probe(&fragment, field_names(py))?,
+            fragment: fragment.unbind(),
             rank_plan: model
                 .getattr("RankTransferPlan")?
                 .cast_into::<PyType>()?
@@ -108,8 +110,8 @@ pub struct FragmentFactory<'py> {
     /// The collector stays off while a batch of fragments is made (see `CollectorPause`).
     _pause: CollectorPause,
     /// The previous fragment's field values and their objects (reused where unchanged).
-    last: Option<[FieldValue; FIELD_COUNT]>,
-    values: Vec<Bound<'py, PyAny>>,
+    last: Option<Fragment>,
+    values: [Bound<'py, PyAny>; FIELD_COUNT],
 }
 
 impl<'py> FragmentFactory<'py> {
@@ -123,52 +125,86 @@ impl<'py> FragmentFactory<'py> {
             names: field_names(py).iter().map(|n| n.bind(py).clone()).collect(),
             _pause: CollectorPause::start(py),
             last: None,
-            values: vec![py.None().into_bound(py); FIELD_COUNT],
-        })
-    }
-
-    fn object(&self, value: FieldValue) -> PyResult<Bound<'py, PyAny>> {
-        let py = self.py;
-        Ok(match value {
-            FieldValue::Int(v) => v.into_pyobject(py)?.into_any(),
-            FieldValue::OptionalInt(v) => v.into_pyobject(py)?.into_any(),
-            FieldValue::Kind(kind) => self.types.kind_object(py, kind)?,
+            values: std::array::from_fn(|_| py.None().into_bound(py)),
         })
     }
 
     /// Brings `self.values` up to `f`, making new Python values only for changed fields.
     fn update_values(&mut self, f: &Fragment) -> PyResult<()> {
-        let now = f.values();
-        for (index, value) in now.iter().enumerate() {
-            let unchanged = self
-                .last
-                .as_ref()
-                .is_some_and(|last| last.get(index) == Some(value));
-            if !unchanged {
-                let object = self.object(*value)?;
-                if let Some(slot) = self.values.get_mut(index) {
-                    *slot = object;
-                }
-            }
+        let changed = self
+            .last
+            .as_ref()
+            .map_or(u64::MAX, |last| last.differing_fields(f));
+        if changed == 0 {
+            return Ok(());
         }
-        self.last = Some(now);
+        // Only the changed fields: consecutive fragments differ in one or two.
+        let mut pending = changed;
+        while pending != 0 {
+            let index = pending.trailing_zeros() as usize;
+            pending &= pending - 1;
+            let (Some(value), Some(slot)) = (f.field_value(index), self.values.get_mut(index))
+            else {
+                continue;
+            };
+            *slot = object_of(self.py, self.types, value)?;
+        }
+        self.last = Some(*f);
         Ok(())
     }
 
     pub fn make(&mut self, f: &Fragment) -> PyResult<Bound<'py, PyAny>> {
         self.update_values(f)?;
-        // Fragments stay tracked by the garbage collector: `object.__setattr__` can still
-        // store anything in a field slot, so only tracking guarantees such a cycle is freed.
-        frozen_instance(&self.cls, self.names.iter().zip(self.values.iter()))
+        let fragment = match &self.types.fragment_slots {
+            Some(slots) => slots.build(self.py, &self.values)?,
+            None => frozen_instance(&self.cls, self.names.iter().zip(self.values.iter()))?,
+        };
+        // A fragment made here holds ints, None and `BufferKind` members, none of which can
+        // reach it: it is in no reference cycle, so the cyclic collector need not walk it
+        // (CPython untracks tuples of such values for the same reason). Walking hundreds of
+        // thousands of them was most of a large plan's cost. A cycle forced into one through
+        // `object.__setattr__` is never collected, only freed by reference counting.
+        // SAFETY: a live object of a GC type (slotted classes are), GIL held; untracking an
+        // object its type's dealloc frees is what CPython does for tuples.
+        unsafe { ffi::PyObject_GC_UnTrack(fragment.as_ptr().cast()) };
+        Ok(fragment)
     }
 
     pub fn tuple(&mut self, fragments: &[Fragment]) -> PyResult<Bound<'py, PyTuple>> {
-        let objects = fragments
-            .iter()
-            .map(|f| self.make(f))
-            .collect::<PyResult<Vec<_>>>()?;
-        PyTuple::new(self.py, objects)
+        let py = self.py;
+        let len = ffi::Py_ssize_t::try_from(fragments.len())
+            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too many fragments"))?;
+        // SAFETY: a new tuple of `len` NULL items (or NULL with an error set); each item is set
+        // exactly once below, before the tuple is handed to any Python code.
+        let tuple = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(len))? };
+        for (index, f) in (0..len).zip(fragments) {
+            let item = self.make(f)?;
+            // SAFETY: `index` < `len` of this fresh tuple; `PyTuple_SetItem` steals the new
+            // reference `into_ptr` hands over.
+            if unsafe { ffi::PyTuple_SetItem(tuple.as_ptr(), index, item.into_ptr()) } != 0 {
+                return Err(PyErr::fetch(py));
+            }
+        }
+        // Its items are fragments made here, in no cycle (see `make`), and a tuple's items
+        // never change: the collector need not walk it either, and a dict holding only such
+        // tuples stays untracked too (CPython tracks a dict once it holds a tracked value).
+        // SAFETY: a live tuple (a GC type), GIL held, as CPython's own `_PyTuple_MaybeUntrack`.
+        unsafe { ffi::PyObject_GC_UnTrack(tuple.as_ptr().cast()) };
+        tuple.cast_into::<PyTuple>().map_err(Into::into)
     }
+}
+
+/// A field value as a Python object.
+fn object_of<'py>(
+    py: Python<'py>,
+    types: &ModelTypes,
+    value: FieldValue,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match value {
+        FieldValue::Int(v) => v.into_pyobject(py)?.into_any(),
+        FieldValue::OptionalInt(v) => v.into_pyobject(py)?.into_any(),
+        FieldValue::Kind(kind) => types.kind_object(py, kind)?,
+    })
 }
 
 /// Keeps the cyclic garbage collector from running while a batch of fragments is made: each

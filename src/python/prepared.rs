@@ -8,7 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyRange, PyTuple};
 
 use super::convert::{
-    buffers, each, fragment_with, frame, i64_column, optional_u64, to_u64, u64_column, Converted,
+    buffers, fragments_of, frame, i64_column, optional_u64, to_u64, u64_column, Converted,
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
 use super::planner::PyPlanner;
@@ -105,7 +105,7 @@ impl PyPrepared {
     ) -> PyResult<Self> {
         let types = model_types(py)?;
         let convert = || -> Converted<_> {
-            let fragments = each(fragments, "fragments", |f| fragment_with(f, Some(types)))?;
+            let fragments = fragments_of(fragments, "fragments", types)?;
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
             Prepared::new(fragments.into(), &src, &dst)
