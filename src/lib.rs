@@ -2,6 +2,7 @@
 //! server. The core (everything but `python`) knows nothing of Python.
 
 pub mod array_layout;
+pub mod canonical_frames;
 pub mod context;
 pub mod cost;
 pub mod descriptors;

@@ -11,6 +11,7 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use crate::canonical_frames;
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::{
     FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, LATEST_VERSION, SETTERS,
@@ -125,6 +126,25 @@ pub fn decode_with(
     payload_frame: Option<&[u8]>,
     limits: FrameLimits,
 ) -> PlanResult<Vec<Fragment>> {
+    decode_by(version_frame, payload_frame, limits, true)
+}
+
+/// `decode_with` reading every payload with the JSON reader, never the canonical one: what the
+/// canonical reader must agree with (the differential fuzz target holds them to it).
+pub fn decode_json(
+    version_frame: Option<&[u8]>,
+    payload_frame: Option<&[u8]>,
+    limits: FrameLimits,
+) -> PlanResult<Vec<Fragment>> {
+    decode_by(version_frame, payload_frame, limits, false)
+}
+
+fn decode_by(
+    version_frame: Option<&[u8]>,
+    payload_frame: Option<&[u8]>,
+    limits: FrameLimits,
+    canonical_first: bool,
+) -> PlanResult<Vec<Fragment>> {
     let version = version_frame.filter(|f| !f.is_empty());
     let payload = payload_frame.filter(|f| !f.is_empty());
     let (version, payload) = match (version, payload) {
@@ -135,6 +155,14 @@ pub fn decode_with(
     };
     let version = parse_version(version)?;
     check_payload_len(payload.len(), limits)?;
+    // Payloads as `encode` writes them are read byte by byte; any other the JSON reader reads
+    // (and refuses, saying why).
+    let canonical = canonical_first
+        .then(|| canonical_frames::read(payload, version, limits.max_fragments))
+        .flatten();
+    if let Some(fragments) = canonical {
+        return Ok(fragments);
+    }
     let text = std::str::from_utf8(payload)
         .map_err(|e| PlanError::new(format!("transfer plan payload is not valid UTF-8: {e}")))?;
     let mut parser = serde_json::Deserializer::from_str(text);

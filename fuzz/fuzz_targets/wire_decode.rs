@@ -1,5 +1,7 @@
 //! Bytes from a peer: the wire decoder must refuse or decode, never panic, and what it decodes
-//! must encode back to frames that decode to the same fragments.
+//! must encode back to frames that decode to the same fragments. The canonical reader (the fast
+//! path) must agree with the JSON reader alone on every input: the same fragments or the same
+//! refusal.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -13,7 +15,14 @@ fuzz_target!(|data: &[u8]| {
         Some((_, rest)) => (b"1", rest),
         None => (b"", b""),
     };
-    if let Ok(fragments) = wire::decode(Some(version), Some(payload)) {
+    let limits = wire::FrameLimits::DEFAULT;
+    let decoded = wire::decode(Some(version), Some(payload));
+    let by_json = wire::decode_json(Some(version), Some(payload), limits);
+    assert_eq!(
+        decoded.as_ref().map_err(|e| e.message()),
+        by_json.as_ref().map_err(|e| e.message())
+    );
+    if let Ok(fragments) = decoded {
         let (version, payload) = wire::encode(&fragments);
         let again = wire::decode(Some(&version), Some(&payload)).expect("re-encoded frames decode");
         assert_eq!(again, fragments);

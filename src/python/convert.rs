@@ -4,11 +4,12 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
+use super::fragment_slots::{SlotLayout, SlotRead};
 use super::objects::{field_names, ModelTypes};
 use crate::context::{CpKv, CpSplit};
 use crate::descriptors::Buffers;
 use crate::error::{bail, PlanError};
-use crate::fragment::{FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, SETTERS};
+use crate::fragment::{Field, FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
 };
@@ -20,6 +21,9 @@ use crate::model::{
 use crate::wire;
 
 pub type Converted<T> = Result<T, PlanError>;
+
+/// Items `each` reserves room for before reading them.
+const RESERVE_AT_MOST: usize = 1 << 16;
 
 pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
@@ -272,82 +276,126 @@ pub fn fragments_of(
 }
 
 /// Reads many fragments in one call. A `TransferFragment` is read from its slots (see
-/// `fragment_slots`); anything else through its attributes. A field holding the same int,
-/// `None` or `BufferKind` object as the previous fragment's reuses its value (fragments of a
-/// list share most of their values): the reader keeps that object alive, so the same address
-/// is the same immutable object.
+/// `fragment_slots`) starting from the previous one read so: a field still holding the same
+/// immutable object (an int, `None`, a `BufferKind` member) keeps its value, which the
+/// reader knows because it keeps that object alive (fragments of a list share most of their
+/// values). Anything else is read through its attributes.
 pub struct FragmentReader<'a, 'py> {
     types: Option<&'a ModelTypes>,
-    last: [Option<(Bound<'py, PyAny>, FieldValue)>; FIELD_COUNT],
+    /// The previous fragment read from slots, and per field the immutable object it held.
+    previous: Option<(Fragment, [Option<Bound<'py, PyAny>>; FIELD_COUNT])>,
 }
 
 impl<'a, 'py> FragmentReader<'a, 'py> {
     pub fn new(types: Option<&'a ModelTypes>) -> Self {
         Self {
             types,
-            last: std::array::from_fn(|_| None),
+            previous: None,
         }
     }
 
     pub fn read(&mut self, obj: &Bound<'py, PyAny>) -> Converted<Fragment> {
+        if let Some(slots) = self.types.and_then(|t| t.fragment_slots.as_ref()) {
+            if let Some(read) = self.read_slots(slots, obj) {
+                return read;
+            }
+        }
+        self.read_attributes(obj)
+    }
+
+    /// `obj` read from its slots, or `None` when it is not exactly a `TransferFragment` with
+    /// every field set (the attribute path then reads it, or says what is missing).
+    fn read_slots(
+        &mut self,
+        slots: &SlotLayout,
+        obj: &Bound<'py, PyAny>,
+    ) -> Option<Converted<Fragment>> {
+        if !slots.holds(obj) {
+            return None;
+        }
+        let types = self.types;
+        // Updated in place (a fragment and its objects are hundreds of bytes to move); a
+        // refusal forgets it.
+        let (fragment, known) = self
+            .previous
+            .get_or_insert_with(|| (Fragment::default(), std::array::from_fn(|_| None)));
+        for (index, (field, slot)) in FIELDS.iter().zip(known.iter_mut()).enumerate() {
+            let given = match slots.field(obj, index, slot.as_ref()) {
+                SlotRead::Known => continue,
+                SlotRead::Value(value) => value,
+                SlotRead::Unread => {
+                    self.previous = None;
+                    return None;
+                }
+            };
+            match field_value(types, field, &given) {
+                Ok(value) => {
+                    if let Some(set) = SETTERS.get(index) {
+                        set(fragment, value);
+                    }
+                }
+                Err(error) => {
+                    self.previous = None;
+                    return Some(Err(error));
+                }
+            }
+            *slot = is_immutable(types, &given).then_some(given);
+        }
+        let read = *fragment;
+        if let Err(error) = read.validate() {
+            self.previous = None;
+            return Some(Err(error));
+        }
+        Some(Ok(read))
+    }
+
+    fn read_attributes(&self, obj: &Bound<'py, PyAny>) -> Converted<Fragment> {
         // Fields not given (later ones, on objects that predate them) keep their defaults.
         let mut fragment = Fragment::default();
-        let slots = self
-            .types
-            .and_then(|t| t.fragment_slots.as_ref())
-            .and_then(|slots| slots.read(obj));
         let f = Fields { obj };
         let names = field_names(obj.py());
-        for (index, ((field, set), name)) in FIELDS.iter().zip(SETTERS).zip(names).enumerate() {
-            let given = match slots.as_ref().and_then(|values| values.get(index)) {
-                Some(value) => value.clone(),
-                None if field.since == wire::PROTOCOL_VERSION => f.get(name.bind(obj.py()))?,
-                None => match obj.getattr(name.bind(obj.py())) {
+        for ((field, set), name) in FIELDS.iter().zip(SETTERS).zip(names) {
+            let name = name.bind(obj.py());
+            let given = if field.since == wire::PROTOCOL_VERSION {
+                f.get(name)?
+            } else {
+                match obj.getattr(name) {
                     Ok(value) => value,
                     Err(_) => continue,
-                },
+                }
             };
-            // A later field holding None (an object that predates it) keeps its default.
-            if field.since != wire::PROTOCOL_VERSION && given.is_none() {
-                continue;
-            }
-            let value = self.value(index, field.kind, &given, field.name)?;
-            if !set(&mut fragment, value) {
-                bail!("{}: a value of the wrong kind", field.name);
-            }
+            set(&mut fragment, field_value(self.types, field, &given)?);
         }
         fragment.validate()?;
         Ok(fragment)
     }
+}
 
-    /// Field `index`'s value from `given`, reused when it is the previous fragment's object.
-    fn value(
-        &mut self,
-        index: usize,
-        kind: FieldKind,
-        given: &Bound<'py, PyAny>,
-        name: &str,
-    ) -> Converted<FieldValue> {
-        if let Some(Some((object, value))) = self.last.get(index) {
-            if object.is(given) {
-                return Ok(*value);
-            }
+/// A field's value from the object it holds. A field added after the reference's holding
+/// `None` (an object that predates it) takes its default.
+fn field_value(
+    types: Option<&ModelTypes>,
+    field: &Field,
+    given: &Bound<'_, PyAny>,
+) -> Converted<FieldValue> {
+    if field.since != wire::PROTOCOL_VERSION && given.is_none() {
+        if let Some(default) = field.default {
+            return Ok(default);
         }
-        let value = match kind {
-            FieldKind::Int => FieldValue::Int(to_u64(given, name)?),
-            FieldKind::OptionalInt if given.is_none() => FieldValue::OptionalInt(None),
-            FieldKind::OptionalInt => FieldValue::OptionalInt(Some(to_u64(given, name)?)),
-            FieldKind::Kind => FieldValue::Kind(kind_value(given, self.types)?),
-        };
-        // Only immutable objects: an object with `__index__` may answer differently next time.
-        let immutable = given.is_exact_instance_of::<PyInt>()
-            || given.is_none()
-            || self.types.is_some_and(|t| t.kind_of(given).is_some());
-        if let (true, Some(slot)) = (immutable, self.last.get_mut(index)) {
-            *slot = Some((given.clone(), value));
-        }
-        Ok(value)
     }
+    Ok(match field.kind {
+        FieldKind::Int => FieldValue::Int(to_u64(given, field.name)?),
+        FieldKind::OptionalInt if given.is_none() => FieldValue::OptionalInt(None),
+        FieldKind::OptionalInt => FieldValue::OptionalInt(Some(to_u64(given, field.name)?)),
+        FieldKind::Kind => FieldValue::Kind(kind_value(given, types)?),
+    })
+}
+
+/// Whether `value` reads the same every time: an object with `__index__` may not.
+fn is_immutable(types: Option<&ModelTypes>, value: &Bound<'_, PyAny>) -> bool {
+    value.is_exact_instance_of::<PyInt>()
+        || value.is_none()
+        || types.is_some_and(|t| t.kind_of(value).is_some())
 }
 
 /// A `ModelShape`: its layers (`layer_kinds`) or the uniform stack its flat fields describe,
@@ -497,7 +545,9 @@ pub fn each<'py, T>(
             type_name(items)
         ))
     })?;
-    let mut out = Vec::new();
+    // Room for a sequence's items up front (bounded: a length is only a claim).
+    let room = items.len().map_or(0, |len| len.min(RESERVE_AT_MOST));
+    let mut out = Vec::with_capacity(room);
     for (position, item) in iter.enumerate() {
         let item = item.map_err(|e| PlanError::new(format!("{what}: {e}")))?;
         let converted = convert(&item)

@@ -109,24 +109,46 @@ impl SlotLayout {
         Ok(obj)
     }
 
-    /// The field values of `obj` (schema order, new references) when it is exactly of this
-    /// class and every field is set; `None` otherwise (read it through attributes).
-    pub fn read<'py>(&self, obj: &Bound<'py, PyAny>) -> Option<[Bound<'py, PyAny>; FIELD_COUNT]> {
-        if !obj.get_type().is(self.class.bind(obj.py())) {
-            return None;
-        }
-        // SAFETY: `obj` is exactly of the probed class, so each offset is one of its field
-        // words: an object pointer, or NULL for a field never set.
-        let words = self
-            .offsets
-            .map(|offset| unsafe { word_at(obj.as_ptr(), offset).read() });
-        if words.iter().any(|word| word.is_null()) {
-            return None;
-        }
-        // SAFETY: each word is a live object the instance references (no Python code ran since
-        // they were read); the new references keep them alive whatever happens to the fields.
-        Some(words.map(|word| unsafe { Bound::from_borrowed_ptr(obj.py(), word) }))
+    /// Whether `obj` is exactly of this class, so that `field` reads its slots.
+    pub fn holds(&self, obj: &Bound<'_, PyAny>) -> bool {
+        // SAFETY: the type pointer of a live object.
+        unsafe { ffi::Py_TYPE(obj.as_ptr()) == self.class.as_ptr().cast() }
     }
+
+    /// Field `index` (schema order) of `obj`: `Known` when it holds the object `known`,
+    /// else the object (a new reference), or `Unread` when `obj` is not exactly of this class
+    /// or the field was never set (read it through attributes, which says what is missing).
+    /// Each call reads the slot anew: Python code run between calls may have changed it.
+    pub fn field<'py>(
+        &self,
+        obj: &Bound<'py, PyAny>,
+        index: usize,
+        known: Option<&Bound<'py, PyAny>>,
+    ) -> SlotRead<'py> {
+        let Some(&offset) = self.offsets.get(index).filter(|_| self.holds(obj)) else {
+            return SlotRead::Unread;
+        };
+        // SAFETY: `obj` is exactly of the probed class, so `offset` is one of its field words:
+        // an object pointer, or NULL for a field never set.
+        let word = unsafe { word_at(obj.as_ptr(), offset).read() };
+        if word.is_null() {
+            SlotRead::Unread
+        } else if known.is_some_and(|k| k.as_ptr() == word) {
+            SlotRead::Known
+        } else {
+            // SAFETY: a live object the instance references, read just now; the new reference
+            // keeps it alive whatever happens to the field afterwards.
+            SlotRead::Value(unsafe { Bound::from_borrowed_ptr(obj.py(), word) })
+        }
+    }
+}
+
+/// One field as `SlotLayout::field` finds it.
+pub enum SlotRead<'py> {
+    /// The object the caller already knows.
+    Known,
+    Value(Bound<'py, PyAny>),
+    Unread,
 }
 
 /// Word `index` of an object, counted from its start. The caller keeps `index` inside the object.
