@@ -23,12 +23,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 import pdplan
+from pdplan import _core
 
 import provenance
 import pure_python
 from scenarios import Scenario, cluster, large_world, llama70b_request
 
 RESULTS = provenance.RESULTS
+#: The floors `large_world_table` measured, and pdplan's times beside them.
+FLOORS: dict[str, float] = {}
 
 
 def best_of(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
@@ -80,9 +83,15 @@ def large_world_table(repeat: int) -> list[dict[str, Any]]:
 
     lists = [fs for p in our_plans for fs in p.fragments_by_prefill_rank.values()]
     count = sum(len(fs) for fs in lists)
+    t_plan = t_ours
+    t_floor, _ = best_of(lambda: [_core.remake_fragments(fs) for fs in lists], repeat)
     t_py, py_frames = best_of(lambda: [pure_python.encode(fs) for fs in lists], repeat)
     t_ours, frames = best_of(lambda: [pdplan.encode_transfer_fragments(fs) for fs in lists], repeat)
     assert frames == py_frames
+    t_encode = t_ours
+    frame_floor = _core.FrameFloor(lists)
+    t_frame_floor, written = best_of(frame_floor.write, repeat)
+    assert written == sum(len(payload) for _, payload in frames)
     rows.append(
         row(
             f"encode_transfer_fragments ({len(lists)} lists, {count} fragments)",
@@ -101,6 +110,17 @@ def large_world_table(repeat: int) -> list[dict[str, Any]]:
     )
     assert decoded == [tuple(fs) for fs in lists]
     rows.append(row("decode_transfer_fragments (same frames)", t_py, None, t_ours, 5))
+    FLOORS.update(
+        {
+            "count": count,
+            "lists": len(lists),
+            "object_floor": t_floor,
+            "frame_floor": t_frame_floor,
+            "plan": t_plan,
+            "encode": t_encode,
+            "decode": t_ours,
+        }
+    )
 
     t_ours, _ = best_of(ours.verify, repeat)
     rows.append(row("verify() (every plan, byte-level)", None, None, t_ours, None))
@@ -182,6 +202,106 @@ def print_table(rows: list[dict[str, Any]]) -> str:
     return text
 
 
+def floors_table() -> str:
+    """pdplan's large-world times as multiples of what the work costs at the least here."""
+    f = FLOORS
+    lines = [
+        "| operation | floor | floor measures | pdplan | multiple of the floor |",
+        "| --- | ---: | --- | ---: | ---: |",
+    ]
+    for name, ours, floor, what in (
+        (
+            "plan_for_decode_rank x 1024",
+            f["plan"],
+            f["object_floor"],
+            f"making {int(f['count']):,} TransferFragments through their slots, the values "
+            "already Python ints (no planning)",
+        ),
+        (
+            "decode_transfer_fragments (every frame)",
+            f["decode"],
+            f["object_floor"],
+            "the same fragment objects made (no parsing)",
+        ),
+        (
+            "encode_transfer_fragments (every list)",
+            f["encode"],
+            f["frame_floor"],
+            f"writing the same {int(f['lists']):,} frames' bytes from Rust structs (no Python "
+            "objects)",
+        ),
+    ):
+        lines.append(
+            f"| {name} | {fmt_time(floor)} | {what} | {fmt_time(ours)} | {ours / floor:,.2f}× |"
+        )
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
+COUNT_SCRIPT = """
+import sys
+sys.path.insert(0, {benches!r})
+from scenarios import large_world
+import pdplan
+s = large_world()
+planner = s.planner()
+op, n = sys.argv[1], int(sys.argv[2])
+if op in ("encode_transfer_fragments", "decode_transfer_fragments"):
+    plans = [planner.plan_for_decode_rank(r) for r in range(128)]
+    lists = [fs for p in plans for fs in p.fragments_by_prefill_rank.values()]
+    frames = [pdplan.encode_transfer_fragments(fs) for fs in lists] if op[0] == "d" else None
+keep = []  # results stay alive, as in the timed runs: freeing them is not counted
+for i in range(n):
+    if op == "construction":
+        keep.append(s.planner())
+    elif op == "plan_for_decode_rank":
+        keep.append(planner.plan_for_decode_rank(i % 1024))
+    elif op == "encode_transfer_fragments":
+        keep.append(pdplan.encode_transfer_fragments(lists[i]))  # each list once: no cache hit
+    elif op == "decode_transfer_fragments":
+        keep.append(pdplan.decode_transfer_fragments(*frames[i]))
+    elif op == "routing_table":
+        keep.append(planner.routing_table())
+"""
+
+#: Operation -> calls counted (each call is one decode rank, list or frame pair).
+COUNTED = {
+    "construction": 10,
+    "plan_for_decode_rank": 200,
+    "encode_transfer_fragments": 200,
+    "decode_transfer_fragments": 200,
+    "routing_table": 10,
+}
+
+
+def instruction_counts() -> dict[str, float]:
+    """Instructions per call of each large-world operation (public API only, so the same
+    script counts any build of pdplan)."""
+    import callgrind
+
+    script = COUNT_SCRIPT.format(benches=str(Path(__file__).parent))
+    return {op: callgrind.instructions(script, [op], n) for op, n in COUNTED.items()}
+
+
+def counts_table(counts: dict[str, float], before: dict[str, Any] | None) -> str:
+    lines = ["Instructions per call (valgrind --tool=callgrind, the stable measure):", ""]
+    if before is None:
+        lines += ["| operation | instructions |", "| --- | ---: |"]
+        lines += [f"| {op} | {n:,.0f} |" for op, n in counts.items()]
+    else:
+        lines += [
+            f"| operation | before ({before['commit']}) | now | fewer by |",
+            "| --- | ---: | ---: | ---: |",
+        ]
+        for op, n in counts.items():
+            old = before["counts"][op]
+            lines.append(f"| {op} | {old:,.0f} | {n:,.0f} | {old / n:,.2f}× |")
+    text = "\n".join(lines)
+    print(text)
+    return text
+
+
 def reference_table(path: Path, repeat: int) -> str:
     """The same operations against the reference planner itself (not shipped with pdplan)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
@@ -220,7 +340,7 @@ def reference_table(path: Path, repeat: int) -> str:
     rows.append(("construction", t_ref, t_ours, 500))
     t_ref, _ = best_of(lambda: [theirs.plan_for_decode_rank(r) for r in ranks], 1)
     t_ours, plans = best_of(lambda: [ours.plan_for_decode_rank(r) for r in ranks], repeat)
-    rows.append((f"plan_for_decode_rank x {len(ranks)}", t_ref, t_ours, 20))
+    rows.append((f"plan_for_decode_rank x {len(ranks)}", t_ref, t_ours, 40))
     lists = [fs for p in plans for fs in p.fragments_by_prefill_rank.values()]
     ref_lists = [
         fs
@@ -233,10 +353,10 @@ def reference_table(path: Path, repeat: int) -> str:
     )
     t_ours, frames = best_of(lambda: [pdplan.encode_transfer_fragments(f) for f in lists], repeat)
     assert frames == ref_frames, "pdplan's frames differ from the reference's"
-    rows.append(("encode_transfer_fragments", t_ref, t_ours, 5))
+    rows.append(("encode_transfer_fragments", t_ref, t_ours, 8))
     t_ref, _ = best_of(lambda: [ref.decode_transfer_fragments(v, p) for v, p in frames], repeat)
     t_ours, _ = best_of(lambda: [pdplan.decode_transfer_fragments(v, p) for v, p in frames], repeat)
-    rows.append(("decode_transfer_fragments", t_ref, t_ours, 5))
+    rows.append(("decode_transfer_fragments", t_ref, t_ours, 16))
     lines = [
         "| operation | reference transfer_plan.py | pdplan | ratio | target |",
         "| --- | ---: | ---: | ---: | ---: |",
@@ -413,6 +533,16 @@ def main() -> None:
         metavar="transfer_plan.py",
         help="also time the reference planner itself (not shipped)",
     )
+    parser.add_argument("--callgrind", action="store_true", help="add instruction counts")
+    parser.add_argument(
+        "--save-counts", type=Path, metavar="FILE.json", help="write the counts (with --callgrind)"
+    )
+    parser.add_argument(
+        "--counts-before",
+        type=Path,
+        metavar="FILE.json",
+        help="a build's counts (--save-counts) to set beside these",
+    )
     args = parser.parse_args()
     RESULTS.mkdir(exist_ok=True)
     print("## prefill 4096 ranks (256 x TP 16) -> decode 1024 ranks (256 x TP 4), 160 buffers\n")
@@ -430,6 +560,16 @@ def main() -> None:
     if args.reference:
         print("\n## the same world against the reference planner itself\n")
         table += "\n\n" + reference_table(args.reference, args.repeat)
+    print("\n## pdplan against the floors (this machine, this run)\n")
+    table += "\n\n" + floors_table()
+    if args.callgrind:
+        print()
+        counts = instruction_counts()
+        if args.save_counts:
+            commit = provenance.commit()
+            args.save_counts.write_text(json.dumps({"commit": commit, "counts": counts}) + "\n")
+        before = json.loads(args.counts_before.read_text()) if args.counts_before else None
+        table += "\n\n" + counts_table(counts, before)
     provenance.write("large_world.md", table)
     print("\n## per-request descriptors: 70B model, 32k tokens, prefill TP 8 -> decode TP 2\n")
     provenance.write("descriptors.md", descriptor_table(args.repeat))

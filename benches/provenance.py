@@ -41,21 +41,26 @@ def invocation() -> str:
     return " ".join(["python", shown, *sys.argv[1:]])
 
 
+def commit() -> str:
+    """The commit measured (12 hex digits), or "unknown"."""
+    return _run("git", "rev-parse", "--short=12", "HEAD")
+
+
 def header(command: str | None = None) -> str:
     """The lines that say how, where and on what the figures below were measured."""
     command = command or invocation()
-    commit = _run("git", "rev-parse", "--short=12", "HEAD")
+    measured = commit()
     # Results a run writes are not changes to what was measured.
     changed = _run(
         "git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benches/results"
     )
     if changed not in ("", "unknown"):
-        commit += " (with uncommitted changes)"
+        measured += " (with uncommitted changes)"
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(
         [
             f"<!-- written by `{command}` -->",
-            f"Measured {when} at commit {commit}, on {_cpu()} ({os.cpu_count()} cores),",
+            f"Measured {when} at commit {measured}, on {_cpu()} ({os.cpu_count()} cores),",
             f"CPython {platform.python_version()}, {_run('rustc', '--version')}.",
             "",
         ]

@@ -561,6 +561,7 @@ impl FlatPlan {
     /// The flat plan of `placed`, or `None` when some fragment is not flat.
     pub fn of<P: Borrow<Placed>>(placed: &[P]) -> Option<Self> {
         let mut plan = Self {
+            jobs: Vec::with_capacity(placed.len()),
             src_max_page: u64::MAX,
             dst_max_page: u64::MAX,
             ..Self::default()

@@ -25,6 +25,8 @@ struct Slot<E> {
 
 pub struct Lru<E> {
     buckets: HashMap<u64, Vec<Slot<E>>>,
+    /// The hashes of the most recently used entries, newest first (`get_recent`).
+    recent: Vec<u64>,
     tick: u64,
     max_entries: usize,
     max_weight: usize,
@@ -37,6 +39,7 @@ impl<E> Lru<E> {
     pub fn new(max_entries: usize, max_weight: usize) -> Self {
         Self {
             buckets: HashMap::new(),
+            recent: Vec::with_capacity(RECENT),
             tick: 0,
             max_entries,
             max_weight,
@@ -49,20 +52,57 @@ impl<E> Lru<E> {
     }
 
     /// The entry under `hash` that `matches`, marked as just used.
-    pub fn get(&mut self, hash: u64, matches: impl Fn(&E) -> bool) -> Option<&E> {
-        self.tick += 1;
-        let tick = self.tick;
-        let found = self
+    pub fn get(&mut self, hash: u64, matches: impl Fn(&E) -> bool) -> Option<&mut E> {
+        let at = self
             .buckets
-            .get_mut(&hash)
-            .and_then(|bucket| bucket.iter_mut().find(|slot| matches(&slot.entry)));
-        let Some(slot) = found else {
+            .get(&hash)
+            .and_then(|bucket| bucket.iter().position(|slot| matches(&slot.entry)));
+        let Some(at) = at else {
             self.stats.misses += 1;
             return None;
         };
-        slot.last_used = tick;
+        self.used(hash, at)
+    }
+
+    /// `get` trying the last few entries used first: `hash` is only computed when none of
+    /// them `matches`. A caller that meets the same few entries again and again (a rank's few
+    /// peers) skips hashing them.
+    pub fn get_recent_or(
+        &mut self,
+        matches: impl Fn(&E) -> bool,
+        hash: impl FnOnce() -> u64,
+    ) -> Option<&mut E> {
+        let recent = self.recent.iter().find_map(|&hash| {
+            let bucket = self.buckets.get(&hash)?;
+            let at = bucket.iter().position(|slot| matches(&slot.entry))?;
+            Some((hash, at))
+        });
+        match recent {
+            Some((hash, at)) => self.used(hash, at),
+            None => self.get(hash(), matches),
+        }
+    }
+
+    /// One of the last few entries used that `matches`, neither counted nor marked: to update
+    /// an entry just used.
+    pub fn recent_mut(&mut self, matches: impl Fn(&E) -> bool) -> Option<&mut E> {
+        let recent = &self.recent;
+        self.buckets
+            .iter_mut()
+            .filter(|(hash, _)| recent.contains(hash))
+            .flat_map(|(_, bucket)| bucket.iter_mut())
+            .map(|slot| &mut slot.entry)
+            .find(|entry| matches(entry))
+    }
+
+    /// Entry `at` of bucket `hash`, marked as just used.
+    fn used(&mut self, hash: u64, at: usize) -> Option<&mut E> {
+        self.tick += 1;
+        let slot = self.buckets.get_mut(&hash)?.get_mut(at)?;
+        slot.last_used = self.tick;
         self.stats.hits += 1;
-        Some(&slot.entry)
+        note_recent(&mut self.recent, hash);
+        Some(&mut slot.entry)
     }
 
     /// Keeps `entry` under `hash`, evicting the least recently used past the bounds. Returns
@@ -89,6 +129,7 @@ impl<E> Lru<E> {
         });
         self.stats.entries += 1;
         self.stats.weight += weight;
+        note_recent(&mut self.recent, hash);
         evicted
     }
 
@@ -121,6 +162,19 @@ impl<E> Lru<E> {
         self.buckets.retain(|_, bucket| !bucket.is_empty());
         evicted
     }
+}
+
+/// How many recently used hashes `get_recent` tries.
+const RECENT: usize = 8;
+
+/// Puts `hash` first among the recent ones, dropping the oldest past `RECENT`. A hash whose
+/// entries were evicted may linger; `get_recent` finds nothing under it and moves on.
+fn note_recent(recent: &mut Vec<u64>, hash: u64) {
+    if let Some(at) = recent.iter().position(|&h| h == hash) {
+        recent.remove(at);
+    }
+    recent.insert(0, hash);
+    recent.truncate(RECENT);
 }
 
 /// A process-wide cache, made on first use: `static CACHE: Shared<E> = Shared::new(n, w);`.
@@ -161,7 +215,7 @@ mod tests {
         }
         // Same hash, another value: a miss.
         assert_eq!(lru.get(0, |&v| v == 5), None);
-        assert_eq!(lru.get(0, |&v| v == 2), Some(&2)); // 2 is now the newest
+        assert_eq!(lru.get(0, |&v| v == 2).copied(), Some(2)); // 2 is now the newest
         let gone = lru.insert(9, 9, 1);
         assert_eq!(gone, vec![0]); // 4 / 4 = 1: the oldest one
         assert_eq!(lru.get(0, |&v| v == 0), None);
@@ -170,6 +224,35 @@ mod tests {
             (stats.hits, stats.misses, stats.entries, stats.weight),
             (1, 2, 4, 4)
         );
+    }
+
+    #[test]
+    fn recent_entries_are_found_without_their_hash_and_others_with_it() {
+        let mut lru: Lru<u64> = Lru::new(64, 1 << 20);
+        for value in 0..20 {
+            lru.insert(value, value, 1);
+        }
+        let never = || -> u64 { panic!("hashed a recent entry") };
+        assert_eq!(lru.get_recent_or(|&v| v == 19, never).copied(), Some(19));
+        assert_eq!(lru.get_recent_or(|&v| v == 12, never).copied(), Some(12));
+        // Past the last few used: found under its hash, which is then computed.
+        let mut hashed = false;
+        let found = lru.get_recent_or(
+            |&v| v == 3,
+            || {
+                hashed = true;
+                3
+            },
+        );
+        assert_eq!((found.copied(), hashed), (Some(3), true));
+        assert_eq!(lru.get_recent_or(|&v| v == 3, never).copied(), Some(3));
+        assert_eq!(lru.get_recent_or(|&v| v == 99, || 99), None);
+        // Neither counted nor marked: an update of an entry just used.
+        let before = lru.stats();
+        *lru.recent_mut(|&v| v == 3).unwrap() = 3;
+        assert!(lru.recent_mut(|&v| v == 4).is_none());
+        assert_eq!(lru.stats(), before);
+        assert_eq!((before.hits, before.misses), (4, 1));
     }
 
     #[test]

@@ -82,16 +82,19 @@ impl Prepared {
         dst: &Buffers,
     ) -> PlanResult<Self> {
         let placed = place_all(&fragments, src, dst)?;
-        let tokens = fragments
-            .iter()
-            .enumerate()
-            .map(|(position, f)| {
-                f.token_span()
-                    .is_present()
-                    .then(|| place_tokens(position, f, (src, dst), true))
-                    .transpose()
-            })
-            .collect::<PlanResult<_>>()?;
+        // Empty when no fragment carries token geometry (the common case): none is placed.
+        let mut tokens = Vec::new();
+        if fragments.iter().any(|f| f.token_span().is_present()) {
+            tokens.reserve_exact(fragments.len());
+            for (position, f) in fragments.iter().enumerate() {
+                let present = f.token_span().is_present();
+                tokens.push(
+                    present
+                        .then(|| place_tokens(position, f, (src, dst), true))
+                        .transpose()?,
+                );
+            }
+        }
         Ok(Self {
             fragments,
             flat: FlatPlan::of(&placed),

@@ -122,6 +122,23 @@ def test_fragments_are_made_and_read_through_their_slots_on_this_python() -> Non
     assert _core.fragment_slots_checked()
 
 
+def test_the_benchmark_floors_do_the_work_they_stand_for() -> None:
+    """The object floor makes new fragments holding the same value objects; the frame floor
+    writes exactly the payload bytes encode_transfer_fragments does."""
+    plan = planner(8, 2).plan_for_decode_rank(1)
+    lists = list(plan.fragments_by_prefill_rank.values())
+    again = _core.remake_fragments(lists[0])
+    assert again == lists[0] and all(a is not b for a, b in zip(again, lists[0]))
+    assert all(
+        getattr(a, name) is getattr(b, name)
+        for a, b in zip(again, lists[0])
+        for name in _core.TRANSFER_FRAGMENT_FIELDS
+    )
+    assert not any(map(gc.is_tracked, again))
+    written = _core.FrameFloor(lists).write()
+    assert written == sum(len(encode_transfer_fragments(fs)[1]) for fs in lists)
+
+
 def fields_of(fragment: object) -> dict[str, object]:
     return {name: getattr(fragment, name) for name in _core.TRANSFER_FRAGMENT_FIELDS}
 

@@ -50,6 +50,7 @@ __all__ = [
     "TRANSFER_FRAGMENT_SINCE",
     "TRANSFER_PLAN_PROTOCOL_VERSION",
     "TRANSFER_PLAN_READABLE_VERSIONS",
+    "FrameFloor",
     "Planner",
     "PreparedTransfer",
     "StagingPlan",
@@ -80,6 +81,7 @@ __all__ = [
     "model_summary",
     "rank_coordinates",
     "rank_token_share",
+    "remake_fragments",
     "token_owners",
     "token_slots",
     "transfer_descriptors",
@@ -297,6 +299,14 @@ class Planner:
 def frame_cache_info() -> tuple[int, int, int, int]: ...
 def encode_cache_info() -> tuple[int, int]: ...
 def fragment_slots_checked() -> bool: ...
+
+# The benchmark's floors (benches/compare.py), not part of the API.
+def remake_fragments(fragments: tuple[TransferFragment, ...]) -> tuple[TransferFragment, ...]: ...
+
+@final
+class FrameFloor:
+    def __new__(cls, lists: Iterable[Sequence[TransferFragment]]) -> FrameFloor: ...
+    def write(self) -> int: ...
 
 _Ints = npt.NDArray[np.integer] | Sequence[int]
 

@@ -8,7 +8,6 @@
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
-use xxhash_rust::xxh3::xxh3_64;
 
 use crate::lru::Shared;
 
@@ -30,17 +29,26 @@ pub fn fragment_addresses(
     seq: &Bound<'_, PyAny>,
     fragment_type: &Bound<'_, PyAny>,
 ) -> Option<Vec<usize>> {
+    let wanted = fragment_type.as_ptr().cast::<pyo3::ffi::PyTypeObject>();
     let collect = |items: &mut dyn Iterator<Item = Bound<'_, PyAny>>| {
         items
             .map(|item| {
-                item.get_type()
-                    .is(fragment_type)
-                    .then(|| item.as_ptr() as usize)
+                // SAFETY: the type pointer of a live object.
+                let exact = unsafe { pyo3::ffi::Py_TYPE(item.as_ptr()) } == wanted;
+                exact.then(|| item.as_ptr() as usize)
             })
             .collect::<Option<Vec<usize>>>()
     };
     if let Ok(tuple) = seq.cast::<PyTuple>() {
-        collect(&mut tuple.iter())
+        // Borrowed items (no reference counting): the tuple holds them and no code runs here.
+        (0..tuple.len())
+            .map(|index| {
+                let item = tuple.get_borrowed_item(index).ok()?;
+                // SAFETY: the type pointer of a live object.
+                let exact = unsafe { pyo3::ffi::Py_TYPE(item.as_ptr()) } == wanted;
+                exact.then(|| item.as_ptr() as usize)
+            })
+            .collect()
     } else if let Ok(list) = seq.cast::<PyList>() {
         collect(&mut list.iter())
     } else {
@@ -49,8 +57,13 @@ pub fn fragment_addresses(
 }
 
 fn hash_of(addresses: &[usize]) -> u64 {
-    let bytes: Vec<u8> = addresses.iter().flat_map(|a| a.to_ne_bytes()).collect();
-    xxh3_64(&bytes)
+    // A multiply-rotate mix (FxHash's): a few instructions an address. Only the bucket depends
+    // on it; a hit is confirmed address by address.
+    addresses
+        .iter()
+        .fold(addresses.len() as u64, |hash, &address| {
+            (hash.rotate_left(5) ^ address as u64).wrapping_mul(0x517c_c1b7_2722_0a95)
+        })
 }
 
 /// The frames encoded before from exactly these fragment objects, if kept.

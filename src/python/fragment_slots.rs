@@ -109,6 +109,34 @@ impl SlotLayout {
         Ok(obj)
     }
 
+    /// A new instance holding the very objects `obj` holds, when `obj` is exactly of this class
+    /// with every field set: copying the words, one new reference each.
+    pub fn copy<'py>(&self, obj: &Bound<'py, PyAny>) -> Option<PyResult<Bound<'py, PyAny>>> {
+        if !self.holds(obj) {
+            return None;
+        }
+        // SAFETY: `obj` is exactly of the probed class: each offset is one of its field words.
+        let words = self
+            .offsets
+            .map(|offset| unsafe { word_at(obj.as_ptr(), offset).read() });
+        if words.iter().any(|word| word.is_null()) {
+            return None;
+        }
+        // SAFETY: live objects `obj` references, read just now; the new references keep them
+        // alive through the allocation below (which may run a collection, and finalizers).
+        let values = words.map(|word| unsafe { Bound::from_borrowed_ptr(obj.py(), word) });
+        let copy = match self.empty(obj.py()) {
+            Ok(copy) => copy,
+            Err(error) => return Some(Err(error)),
+        };
+        for (&offset, value) in self.offsets.iter().zip(values) {
+            // SAFETY: `offset` is a field word of the fresh copy, NULL until now; it takes the
+            // reference `value` hands over.
+            unsafe { word_at(copy.as_ptr(), offset).write(value.into_ptr()) };
+        }
+        Some(Ok(copy))
+    }
+
     /// Whether `obj` is exactly of this class, so that `field` reads its slots.
     pub fn holds(&self, obj: &Bound<'_, PyAny>) -> bool {
         // SAFETY: the type pointer of a live object.

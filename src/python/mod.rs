@@ -7,6 +7,7 @@
 mod arrays;
 mod convert;
 mod encode_cache;
+mod floors;
 mod fragment_slots;
 mod layouts;
 mod model;
@@ -403,6 +404,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_transfer_fragment, m)?)?;
     m.add_function(wrap_pyfunction!(encode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(fragment_slots_checked, m)?)?;
+    m.add_function(wrap_pyfunction!(floors::remake_fragments, m)?)?;
+    m.add_class::<floors::FrameFloor>()?;
     m.add_function(wrap_pyfunction!(decode_transfer_fragments, m)?)?;
     m.add_function(wrap_pyfunction!(transfer_descriptors, m)?)?;
     m.add_function(wrap_pyfunction!(token_slots, m)?)?;

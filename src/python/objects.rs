@@ -108,7 +108,7 @@ pub struct FragmentFactory<'py> {
     cls: Bound<'py, PyType>,
     names: Vec<Bound<'py, PyString>>,
     /// The collector stays off while a batch of fragments is made (see `CollectorPause`).
-    _pause: CollectorPause,
+    _pause: CollectorPause<'py>,
     /// The previous fragment's field values and their objects (reused where unchanged).
     last: Option<Fragment>,
     values: [Bound<'py, PyAny>; FIELD_COUNT],
@@ -159,39 +159,56 @@ impl<'py> FragmentFactory<'py> {
             Some(slots) => slots.build(self.py, &self.values)?,
             None => frozen_instance(&self.cls, self.names.iter().zip(self.values.iter()))?,
         };
-        // A fragment made here holds ints, None and `BufferKind` members, none of which can
-        // reach it: it is in no reference cycle, so the cyclic collector need not walk it
-        // (CPython untracks tuples of such values for the same reason). Walking hundreds of
-        // thousands of them was most of a large plan's cost. A cycle forced into one through
-        // `object.__setattr__` is never collected, only freed by reference counting.
-        // SAFETY: a live object of a GC type (slotted classes are), GIL held; untracking an
-        // object its type's dealloc frees is what CPython does for tuples.
-        unsafe { ffi::PyObject_GC_UnTrack(fragment.as_ptr().cast()) };
-        Ok(fragment)
+        Ok(untracked(fragment))
     }
 
     pub fn tuple(&mut self, fragments: &[Fragment]) -> PyResult<Bound<'py, PyTuple>> {
-        let py = self.py;
-        let len = ffi::Py_ssize_t::try_from(fragments.len())
-            .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too many fragments"))?;
-        // SAFETY: a new tuple of `len` NULL items (or NULL with an error set); each item is set
-        // exactly once below, before the tuple is handed to any Python code.
-        let tuple = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(len))? };
-        for (index, f) in (0..len).zip(fragments) {
-            let item = self.make(f)?;
-            // SAFETY: `index` < `len` of this fresh tuple; `PyTuple_SetItem` steals the new
-            // reference `into_ptr` hands over.
-            if unsafe { ffi::PyTuple_SetItem(tuple.as_ptr(), index, item.into_ptr()) } != 0 {
-                return Err(PyErr::fetch(py));
+        fragment_tuple(self.py, fragments.len(), |index| {
+            match fragments.get(index) {
+                Some(f) => self.make(f),
+                None => Err(pyo3::exceptions::PyIndexError::new_err("no such fragment")),
             }
-        }
-        // Its items are fragments made here, in no cycle (see `make`), and a tuple's items
-        // never change: the collector need not walk it either, and a dict holding only such
-        // tuples stays untracked too (CPython tracks a dict once it holds a tracked value).
-        // SAFETY: a live tuple (a GC type), GIL held, as CPython's own `_PyTuple_MaybeUntrack`.
-        unsafe { ffi::PyObject_GC_UnTrack(tuple.as_ptr().cast()) };
-        tuple.cast_into::<PyTuple>().map_err(Into::into)
+        })
     }
+}
+
+/// A tuple of `len` fragments made here, `make(i)` the `i`th, untracked like them: its items
+/// never change and are in no cycle (see `untracked`), so the collector need not walk it, and
+/// a dict holding only such tuples stays untracked too (`CPython` tracks a dict once it holds a
+/// tracked value).
+pub fn fragment_tuple<'py>(
+    py: Python<'py>,
+    len: usize,
+    mut make: impl FnMut(usize) -> PyResult<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    let size = ffi::Py_ssize_t::try_from(len)
+        .map_err(|_| pyo3::exceptions::PyOverflowError::new_err("too many fragments"))?;
+    // SAFETY: a new tuple of `size` NULL items (or NULL with an error set); each item is set
+    // exactly once below, before the tuple is handed to any Python code.
+    let tuple = unsafe { Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(size))? };
+    for (at, index) in (0..size).zip(0..len) {
+        let item = make(index)?;
+        // SAFETY: `at` < `size` of this fresh tuple; `PyTuple_SetItem` steals the new
+        // reference `into_ptr` hands over.
+        if unsafe { ffi::PyTuple_SetItem(tuple.as_ptr(), at, item.into_ptr()) } != 0 {
+            return Err(PyErr::fetch(py));
+        }
+    }
+    // SAFETY: a live tuple (a GC type), GIL held, as CPython's own `_PyTuple_MaybeUntrack`.
+    unsafe { ffi::PyObject_GC_UnTrack(tuple.as_ptr().cast()) };
+    tuple.cast_into::<PyTuple>().map_err(Into::into)
+}
+
+/// A fragment made here, untracked by the cyclic collector. It holds ints, None and
+/// `BufferKind` members, none of which can reach it: it is in no reference cycle, so the
+/// collector need not walk it (`CPython` untracks tuples of such values for the same reason).
+/// Walking hundreds of thousands of them was most of a large plan's cost. A cycle forced into
+/// one through `object.__setattr__` is never collected, only freed by reference counting.
+pub fn untracked(fragment: Bound<'_, PyAny>) -> Bound<'_, PyAny> {
+    // SAFETY: a live object of a GC type (slotted classes are), GIL held (the `Bound`);
+    // untracking an object its type's dealloc frees is what CPython does for tuples.
+    unsafe { ffi::PyObject_GC_UnTrack(fragment.as_ptr().cast()) };
+    fragment
 }
 
 /// A field value as a Python object.
@@ -207,30 +224,34 @@ fn object_of<'py>(
     })
 }
 
-/// Keeps the cyclic garbage collector from running while a batch of fragments is made: each
-/// fragment is tracked (see `make`), and a collection every 700 new objects would otherwise
-/// walk the growing batch again and again, doubling the cost of a large plan. The objects stay
-/// tracked; the next collection after the batch sees them once. No other thread runs meanwhile:
-/// the batch is made without releasing the GIL and runs no Python code.
-struct CollectorPause {
+/// Keeps the cyclic garbage collector from running while a batch of fragments is made: every
+/// allocation counts toward the next collection even of objects untracked right after, so a
+/// large plan would trigger hundreds of collections mid-batch, each walking every tracked object
+/// of the young generation. The next collection after the batch runs once. No other thread runs
+/// meanwhile: the batch is made holding the GIL (the pause holds its token, so it cannot leave
+/// the call) and runs no Python code.
+pub struct CollectorPause<'py> {
     was_enabled: bool,
+    _gil: Python<'py>,
 }
 
-impl CollectorPause {
-    fn start(_py: Python<'_>) -> Self {
-        // SAFETY: the GIL is held (`_py`); `PyGC_Disable` only clears the collector's enabled
+impl<'py> CollectorPause<'py> {
+    pub fn start(py: Python<'py>) -> Self {
+        // SAFETY: the GIL is held (`py`); `PyGC_Disable` only clears the collector's enabled
         // flag and returns whether it was set.
         let was_enabled = unsafe { ffi::PyGC_Disable() } == 1;
-        Self { was_enabled }
+        Self {
+            was_enabled,
+            _gil: py,
+        }
     }
 }
 
-impl Drop for CollectorPause {
+impl Drop for CollectorPause<'_> {
     fn drop(&mut self) {
         if self.was_enabled {
-            // SAFETY: the factory holding this pause lives inside one call that holds the GIL
-            // throughout (its `Python<'py>` token), so the GIL is held here too; `PyGC_Enable`
-            // only sets the enabled flag back.
+            // SAFETY: the pause holds a GIL token and cannot be sent to another thread, so the
+            // GIL is held here too; `PyGC_Enable` only sets the enabled flag back.
             unsafe { ffi::PyGC_Enable() };
         }
     }

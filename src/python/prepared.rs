@@ -2,6 +2,8 @@
 //! pair from fragments or straight from wire frames (no Python fragment objects), then each
 //! request turns its pages into descriptors, or into indices of NIXL's prepped lists.
 
+use std::sync::Arc;
+
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
@@ -58,7 +60,8 @@ where
 /// One transfer between two ranks, checked once, for many requests. Thread-safe to share.
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedTransfer")]
 pub struct PyPrepared {
-    inner: Prepared,
+    /// Shared with the frame cache's memo when prepared from frames seen before.
+    inner: Arc<Prepared>,
 }
 
 /// `None` (every buffer), a `range` of buffer indexes, or a sequence of them.
@@ -108,7 +111,7 @@ impl PyPrepared {
             let fragments = fragments_of(fragments, "fragments", types)?;
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
-            Prepared::new(fragments.into(), &src, &dst)
+            Prepared::new(fragments.into(), &src, &dst).map(Arc::new)
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
@@ -133,15 +136,13 @@ impl PyPrepared {
             let limits = frame_limits(max_payload_bytes, max_fragments)?;
             let version = frame(version_frame, "version_frame")?;
             let payload = frame(payload_frame, "payload_frame")?;
-            let parse = || frame_cache::decode_cached(version, payload, limits);
+            let src = buffers(src_base_ptrs, src_limits, "src")?;
+            let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
+            let prepare = || frame_cache::prepare_cached(version, payload, limits, (&src, &dst));
             // Bytes are immutable and the caller holds them: large new frames parse without
             // the GIL; a small or known frame costs less than releasing it.
             let payload_len = payload.map_or(0, <[u8]>::len) as u64;
-            let fragments = detach_above_size(py, payload_len, DETACH_PAYLOAD_FROM, parse)?;
-            let src = buffers(src_base_ptrs, src_limits, "src")?;
-            let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
-            // The decoder validated every fragment it returned (and the cache keeps only those).
-            Prepared::from_valid(fragments, &src, &dst)
+            detach_above_size(py, payload_len, DETACH_PAYLOAD_FROM, prepare)
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
@@ -187,7 +188,7 @@ impl PyPrepared {
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
             // The planner's fragments are valid by construction.
-            Prepared::from_valid(fragments.into(), &src, &dst)
+            Prepared::from_valid(fragments.into(), &src, &dst).map(Arc::new)
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
