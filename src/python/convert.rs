@@ -1,6 +1,6 @@
 //! Python objects -> validated core values. Every failure is a `PlanError` naming the field.
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyInt, PyString};
 
@@ -63,10 +63,26 @@ pub fn buffers(
     side: &str,
 ) -> Converted<Buffers> {
     Ok(Buffers {
-        bases: u64_column(bases, &format!("{side}_base_ptrs"))?,
+        bases: u64_column(
+            bases,
+            if side == "src" {
+                "src_base_ptrs"
+            } else {
+                "dst_base_ptrs"
+            },
+        )?,
         limits: limits
             .filter(|l| !l.is_none())
-            .map(|l| u64_column(l, &format!("{side}_limits")))
+            .map(|l| {
+                u64_column(
+                    l,
+                    if side == "src" {
+                        "src_limits"
+                    } else {
+                        "dst_limits"
+                    },
+                )
+            })
             .transpose()?,
     })
 }
@@ -578,55 +594,27 @@ pub trait ColumnInt: numpy::Element + Copy + TryFrom<i128> {
     const WHAT: &'static str;
     /// Why an integer of a numpy array does not fit.
     const MISFIT: &'static str;
+    /// The numpy dtype kind of `T` itself: `b'i'` or `b'u'`.
+    const KIND: u8;
 }
 
 impl ColumnInt for u64 {
     const WHAT: &'static str = "a non-negative integer below 2^64";
     const MISFIT: &'static str = "is negative";
+    const KIND: u8 = b'u';
 }
 
 impl ColumnInt for i64 {
     const WHAT: &'static str = "an integer that fits 64 bits";
     const MISFIT: &'static str = "does not fit a signed 64-bit slot";
+    const KIND: u8 = b'i';
 }
 
 /// Integers from a 1-D numpy integer array (any width, signed or not) or from a sequence of
 /// Python ints, each checked to fit `T`.
 fn int_column<T: ColumnInt>(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<T>> {
-    // An array of `T` itself, contiguous (what `token_slots` returns): one copy.
-    let same_type = obj.cast::<PyArray1<T>>().ok();
-    if let Some(readonly) = same_type.and_then(|a| a.try_readonly().ok()) {
-        if let Ok(slice) = readonly.as_slice() {
-            return Ok(slice.to_vec());
-        }
-    }
-    macro_rules! from_array {
-        ($($t:ty),*) => {$(
-            if let Ok(array) = obj.cast::<PyArray1<$t>>() {
-                let readonly = array.try_readonly().map_err(|e| {
-                    PlanError::new(format!("{name} cannot be read: {e}"))
-                })?;
-                let misfit = |(i, v): (usize, $t)| {
-                    PlanError::new(format!("{name}[{i}] = {v} {}", T::MISFIT))
-                };
-                let convert = |(i, &v): (usize, &$t)| {
-                    T::try_from(i128::from(v)).map_err(|_| misfit((i, v)))
-                };
-                // Contiguous arrays (the common case) convert as a plain slice.
-                if let Ok(slice) = readonly.as_slice() {
-                    return slice.iter().enumerate().map(convert).collect();
-                }
-                return readonly.as_array().iter().enumerate().map(convert).collect();
-            }
-        )*};
-    }
-    from_array!(i64, i32, u64, u32, i16, u16, i8, u8);
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        bail!(
-            "{name} must be a 1-D integer array, got a {}-D array of {}",
-            array.ndim(),
-            array.dtype()
-        );
+        return array_column(array, name);
     }
     let iter = obj.try_iter().map_err(|_| {
         PlanError::new(format!(
@@ -653,6 +641,56 @@ fn int_column<T: ColumnInt>(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec
         })?);
     }
     Ok(out)
+}
+
+/// Integers from a numpy array, read as its dtype says: the dtype is looked at once, not tried
+/// against every integer type in turn.
+fn array_column<T: ColumnInt>(array: &Bound<'_, PyUntypedArray>, name: &str) -> Converted<Vec<T>> {
+    let dtype = array.dtype();
+    let (kind, width) = (dtype.kind(), dtype.itemsize());
+    // A byte order other than the machine's is no integer type here (none matches it).
+    let native = dtype.is_native_byteorder() != Some(false);
+    // An array of `T` itself (what `token_slots` returns, base pointers as uint64): one copy.
+    if native && kind == T::KIND && width == size_of::<T>() {
+        if let Ok(same) = array.cast::<PyArray1<T>>() {
+            let readonly = same
+                .try_readonly()
+                .map_err(|e| PlanError::new(format!("{name} cannot be read: {e}")))?;
+            if let Ok(slice) = readonly.as_slice() {
+                return Ok(slice.to_vec());
+            }
+        }
+    }
+    macro_rules! typed {
+        ($($t:ty),*) => {$(
+            let signed = <$t>::MIN != 0;
+            let matches = kind == if signed { b'i' } else { b'u' } && width == size_of::<$t>();
+            if native && matches {
+                if let Ok(typed) = array.cast::<PyArray1<$t>>() {
+                    let readonly = typed.try_readonly().map_err(|e| {
+                        PlanError::new(format!("{name} cannot be read: {e}"))
+                    })?;
+                    let misfit = |(i, v): (usize, $t)| {
+                        PlanError::new(format!("{name}[{i}] = {v} {}", T::MISFIT))
+                    };
+                    let convert = |(i, &v): (usize, &$t)| {
+                        T::try_from(i128::from(v)).map_err(|_| misfit((i, v)))
+                    };
+                    // Contiguous arrays (the common case) convert as a plain slice.
+                    if let Ok(slice) = readonly.as_slice() {
+                        return slice.iter().enumerate().map(convert).collect();
+                    }
+                    return readonly.as_array().iter().enumerate().map(convert).collect();
+                }
+            }
+        )*};
+    }
+    typed!(i64, i32, u64, u32, i16, u16, i8, u8);
+    bail!(
+        "{name} must be a 1-D integer array, got a {}-D array of {}",
+        array.ndim(),
+        dtype
+    )
 }
 
 /// Non-negative integers: page indices, base addresses, limits.
