@@ -152,8 +152,9 @@ pub const DEFAULT_MAX_FRAGMENTS: u64 = 1 << 16;
 pub const DEFAULT_MAX_LAYOUT_BYTES: u64 = 1 << 20;
 
 /// The process-wide caches' capacities: parsed frame pairs (count and payload bytes; frames
-/// larger than an eighth of it are not kept) and encoded fragment lists (count and the
-/// fragment objects they hold).
+/// larger than an eighth of it are not kept; an entry also holds its parsed fragments and their
+/// last placement, about three times its payload in all) and encoded fragment lists (count and
+/// the fragment objects they hold).
 pub const FRAME_CACHE_ENTRIES: usize = 1024;
 pub const FRAME_CACHE_BYTES: usize = 64 << 20;
 pub const ENCODE_CACHE_ENTRIES: usize = 1024;

@@ -164,7 +164,12 @@ class TransferFragment:
     for token-major pages, one run per row (a row fragment, wire format v2); with token maps,
     where each token's bytes lie on both sides (wire format v3).
 
-    Slotted (no ``__dict__``): a plan holds hundreds of thousands of these.
+    Slotted (no ``__dict__``): a plan holds hundreds of thousands of these. The fragments pdplan
+    makes (plans, decoded frames, ``PreparedTransfer.fragments``) and their tuples are not
+    tracked by the cyclic garbage collector: a fragment holds only ints, ``None`` and a
+    ``BufferKind`` member, so it is in no reference cycle (as CPython untracks tuples of such
+    values), and walking them was most of a large plan's cost. Reference counting frees them as
+    usual; a cycle forced into one with ``object.__setattr__`` would never be collected.
     """
 
     buffer_index: int
