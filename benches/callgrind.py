@@ -7,20 +7,23 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 
-def instructions(script: str, args: Sequence[str], count: int) -> float:
-    """Instructions per call: `script` runs with `args` and then a call count (its last
-    argument), once with 0 calls and once with `count`; the difference over `count`."""
-    # The interpreter itself, not a shim; a venv's python (a link) keeps its venv.
+def _runs(
+    script: str, args: Sequence[str], count: int, read: Callable[[Path, str], Any]
+) -> list[Any]:
+    """`script` run under callgrind with `args` and then a call count (its last argument), once
+    with 0 calls and once with `count`; `read(output file, valgrind's stderr)` of each run."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "run.py"
         path.write_text(script)
-        totals = []
+        found = []
         for n in (0, count):
             out = Path(tmp) / f"cg.{n}"
+            # The interpreter itself, not a shim; a venv's python (a link) keeps its venv.
             done = subprocess.run(
                 [
                     "valgrind",
@@ -36,43 +39,37 @@ def instructions(script: str, args: Sequence[str], count: int) -> float:
                 env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
                 check=True,
             )
-            line = next(x for x in done.stderr.splitlines() if "Collected" in x)
-            totals.append(int(line.split(":")[-1].strip()))
-    return (totals[1] - totals[0]) / count
+            found.append(read(out, done.stderr))
+        return found
+
+
+def instructions(script: str, args: Sequence[str], count: int) -> float:
+    """Instructions per call: the difference between a run of `count` calls and one of none,
+    over `count`."""
+
+    def total(_: Path, stderr: str) -> int:
+        line = next(x for x in stderr.splitlines() if "Collected" in x)
+        return int(line.split(":")[-1].strip())
+
+    none, some = _runs(script, args, count, total)
+    return (some - none) / count
 
 
 def inclusive(script: str, args: Sequence[str], count: int) -> dict[str, float]:
     """Per call, each function's inclusive instructions (callgrind_annotate --inclusive=yes),
     as the difference between a run of `count` calls and one of none, over `count`; the whole
     program's under "PROGRAM TOTALS". A function inlined into its caller has no line of its own."""
-    runs = []
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "run.py"
-        path.write_text(script)
-        for n in (0, count):
-            out = Path(tmp) / f"cg.{n}"
-            subprocess.run(
-                [
-                    "valgrind",
-                    "--tool=callgrind",
-                    f"--callgrind-out-file={out}",
-                    sys.executable,
-                    str(path),
-                    *args,
-                    str(n),
-                ],
-                capture_output=True,
-                env={**os.environ, "OPENBLAS_NUM_THREADS": "1", "PYTHONHASHSEED": "0"},
-                check=True,
-            )
-            shown = subprocess.run(
-                ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout
-            runs.append(_by_function(shown))
-    none, some = runs
+
+    def by_function(out: Path, _: str) -> dict[str, int]:
+        shown = subprocess.run(
+            ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(out)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return _by_function(shown)
+
+    none, some = _runs(script, args, count, by_function)
     return {name: (v - none.get(name, 0)) / count for name, v in some.items()}
 
 

@@ -127,16 +127,8 @@ mod tests {
 
     fn fragments() -> Vec<Fragment> {
         let base = Fragment {
-            buffer_index: 3,
-            buffer_kind: BufferKind::TargetV,
             src_rank: 10,
-            dst_rank: 0,
-            src_page_stride_bytes: 4096,
-            dst_page_stride_bytes: 16384,
-            src_byte_offset: 0,
-            dst_byte_offset: 4096,
-            bytes_per_page: 4096,
-            ..Fragment::default()
+            ..wire::tests::fragment()
         };
         vec![
             base,

@@ -396,10 +396,11 @@ fn wire_kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<BufferKind, D
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn fragment() -> Fragment {
+    /// A plain version 1 fragment (other modules' tests build on it).
+    pub(crate) fn fragment() -> Fragment {
         Fragment {
             buffer_index: 3,
             buffer_kind: BufferKind::TargetV,
