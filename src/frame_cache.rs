@@ -78,10 +78,7 @@ pub fn decode_cached(
     payload: Option<&[u8]>,
     limits: FrameLimits,
 ) -> PlanResult<Arc<[Fragment]>> {
-    let (Some(version), Some(payload)) = (
-        version.filter(|v| !v.is_empty()),
-        payload.filter(|p| !p.is_empty()),
-    ) else {
+    let Some((version, payload)) = both_given(version, payload) else {
         return wire::decode_with(version, payload, limits).map(Arc::from);
     };
     wire::check_payload_len(payload.len(), limits)?;
@@ -96,6 +93,17 @@ pub fn decode_cached(
     };
     within_limits(&fragments, limits)?;
     Ok(fragments)
+}
+
+/// Both frames, when both are given and not empty (the only frames the cache keeps); the
+/// decoder answers for every other pair.
+fn both_given<'a>(
+    version: Option<&'a [u8]>,
+    payload: Option<&'a [u8]>,
+) -> Option<(&'a [u8], &'a [u8])> {
+    version
+        .zip(payload)
+        .filter(|(v, p)| !v.is_empty() && !p.is_empty())
 }
 
 fn within_limits(fragments: &[Fragment], limits: FrameLimits) -> PlanResult<()> {
@@ -119,10 +127,7 @@ pub fn prepare_cached(
     limits: FrameLimits,
     (src, dst): (&Buffers, &Buffers),
 ) -> PlanResult<Arc<Prepared>> {
-    let frames = version
-        .zip(payload)
-        .filter(|(v, p)| !v.is_empty() && !p.is_empty());
-    let Some((v, p)) = frames else {
+    let Some((v, p)) = both_given(version, payload) else {
         let fragments = wire::decode_with(version, payload, limits)?;
         return Ok(Arc::new(Prepared::from_valid(fragments.into(), src, dst)?));
     };

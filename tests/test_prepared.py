@@ -140,6 +140,27 @@ def test_byte_equal_frames_reuse_the_parsed_fragments_and_others_never_do() -> N
     )
 
 
+def test_a_known_frame_with_other_buffers_points_at_those_buffers() -> None:
+    """The frame cache keeps a frame's last placement; frames seen before but given other base
+    pointers or limits must be placed against those, never answered from the memo."""
+    version, payload = encode_transfer_fragments(FRAGMENTS)
+    moved = BASES + np.uint64(1 << 20)
+    pages = np.array([2, 0, 7])
+    for bases in (BASES, moved, BASES, moved):
+        prepared = PreparedTransfer.from_frames(
+            version, bytes(bytearray(payload)), bases, bases, src_limits=LIMITS
+        )
+        got = prepared.descriptors(pages, pages, coalesce=False)
+        assert rows(got) == python_loop(FRAGMENTS, bases.tolist(), bases.tolist(), pages, pages)
+    # Same bases, limits too small for page 7: refused, though the loose limits were placed.
+    tight = np.full(64, 4 * FRAGMENTS[0].src_page_stride_bytes, dtype=np.uint64)
+    with pytest.raises(UnsupportedPDLayoutError):
+        prepared = PreparedTransfer.from_frames(
+            version, bytes(bytearray(payload)), moved, moved, src_limits=tight
+        )
+        prepared.descriptors(pages, pages)
+
+
 def test_frame_limits_hold_for_prepared_transfers_too() -> None:
     version, payload = encode_transfer_fragments(FRAGMENTS)
     PreparedTransfer.from_frames(version, payload, BASES, BASES)  # now cached

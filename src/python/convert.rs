@@ -62,27 +62,16 @@ pub fn buffers(
     limits: Option<&Bound<'_, PyAny>>,
     side: &str,
 ) -> Converted<Buffers> {
+    let (bases_name, limits_name) = if side == "src" {
+        ("src_base_ptrs", "src_limits")
+    } else {
+        ("dst_base_ptrs", "dst_limits")
+    };
     Ok(Buffers {
-        bases: u64_column(
-            bases,
-            if side == "src" {
-                "src_base_ptrs"
-            } else {
-                "dst_base_ptrs"
-            },
-        )?,
+        bases: u64_column(bases, bases_name)?,
         limits: limits
             .filter(|l| !l.is_none())
-            .map(|l| {
-                u64_column(
-                    l,
-                    if side == "src" {
-                        "src_limits"
-                    } else {
-                        "dst_limits"
-                    },
-                )
-            })
+            .map(|l| u64_column(l, limits_name))
             .transpose()?,
     })
 }
