@@ -188,4 +188,39 @@ impl Holders {
         }
         out
     }
+
+    /// Every prefill slot holding `units` of `class` and token share `share`, the default
+    /// first: each rank of the shard's replica group (of a replicated buffer, every TP rank of
+    /// the share) in each CP replica. A failover reads from any of them (`failover`).
+    pub fn every_holder(
+        &self,
+        class: &Class,
+        units: Units,
+        decode_tp_rank: u64,
+        share: u64,
+    ) -> Vec<Slot> {
+        let (first_tp, count, step) = self.tp_holders(class, units, decode_tp_rank, share);
+        // A replicated buffer is held by every TP rank of its share, not only the default.
+        let (start, count) = match units {
+            Units::Whole => (first_tp % step, self.prefill_tp / step),
+            Units::Shard(_) => (first_tp, count),
+        };
+        let (cp_start, cp_count) = self.cp_holders(share);
+        let default = self.default_holder(class, units, decode_tp_rank, share);
+        let mut out = Vec::with_capacity(usize::try_from(count * cp_count).unwrap_or(0));
+        out.push(default);
+        for cp_rank in cp_start..cp_start + cp_count {
+            for m in 0..count {
+                let slot = Slot {
+                    stage: class.prefill_stage,
+                    cp_rank,
+                    tp_rank: start + m * step,
+                };
+                if slot != default {
+                    out.push(slot);
+                }
+            }
+        }
+        out
+    }
 }

@@ -314,6 +314,14 @@ pub fn fingerprint(planner: &Planner) -> String {
         planner.decode_replicas().as_str(),
         planner.token_maps()
     );
+    // A failover plans differently: its gone ranks are part of what both sides must agree on
+    // (a planner of every rank keeps the fingerprint it always had).
+    let gone = planner.unavailable_prefill_ranks();
+    let text = if gone.is_empty() {
+        text
+    } else {
+        format!("{text}\nunavailable prefill ranks {gone:?}")
+    };
     format!("{:016x}", fnv1a(text.as_bytes()))
 }
 

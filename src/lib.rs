@@ -7,6 +7,7 @@ pub mod context;
 pub mod cost;
 pub mod descriptors;
 pub mod error;
+pub mod failover;
 pub mod fragment;
 pub mod frame_cache;
 pub mod holders;

@@ -451,6 +451,7 @@ mod tests {
         let one_head = UnitOverlap {
             src_shard: 5,
             reader: 0,
+            unit: 5,
             src_local: 0,
             dst_local: 1,
             len: 1,

@@ -5,9 +5,10 @@
 //! held by one prefill stage and one decode stage), not once per buffer, and finds overlapping
 //! prefill shards by arithmetic, so it costs ranks x classes, not ranks x buffers x TP.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::error::{bail, PlanResult};
+use crate::failover::{merge_lost, Failover, GoneRanks, LostRange, Rehoming};
 use crate::fragment::Fragment;
 use crate::holders::{Holders, Units};
 use crate::layout::{BufferLayout, ParallelLayout};
@@ -17,7 +18,7 @@ use crate::page::{Span, TokenGeometry};
 use crate::pairs::{needs_token_maps, validate_alignment, validate_context, validate_pairs};
 use crate::ranks::{index_below, RankSpace, Slot};
 use crate::routing::{route, Class, DecodeReplicas, Route, Sharding};
-use crate::spread::{Need, Spread};
+use crate::spread::{Need, NeedKey, Spread};
 use crate::stages::{buffer_stages, is_staged, layer_count};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +122,8 @@ pub struct Planner {
     /// The distinct kinds of holding of the buffer pairs (`notify::holdings`), found once: every
     /// plan asks who else holds its bytes.
     holdings: Vec<Holding>,
+    /// Prefill ranks that are gone and who serves in their place (`without_prefill_ranks`).
+    failover: Option<Failover>,
 }
 
 impl Planner {
@@ -233,6 +236,7 @@ impl Planner {
             token_maps,
             fanout_per_slot: Vec::new(),
             holdings: Vec::new(),
+            failover: None,
         };
         planner.holdings = holdings(planner.buffer_pairs().zip(planner.buffer_stages()));
         if replicas == DecodeReplicas::All || holders.prefill.context.cp_replicas() > 1 {
@@ -243,8 +247,142 @@ impl Planner {
                 .collect();
             planner.spread = Spread::choose(planner.prefill_ranks(), &needs);
         }
-        planner.fanout_per_slot = planner.count_fanout(None);
+        planner.fanout_per_slot = planner.count_fanout(None, None);
         Ok(planner)
+    }
+
+    /// This planner with the prefill ranks `ranks` (and any this one already lacks)
+    /// unavailable: every need an available rank of the read DP group and stage holds is read
+    /// from one of them, needs whose holder is up keep it, and the rest are lost (`lost`).
+    /// Built from the planner's own choices, so equal sets give equal plans whatever the order
+    /// or the steps they were named in. Costs decode slots x classes for each distinct set of
+    /// gone slots among the DP groups.
+    pub fn without_prefill_ranks(&self, ranks: &[i128]) -> PlanResult<Self> {
+        let mut gone = GoneRanks::of(self.prefill_ranks(), ranks)?;
+        if let Some(failover) = &self.failover {
+            gone = gone.union(failover.gone());
+        }
+        let mut planner = Self {
+            failover: None,
+            ..self.clone()
+        };
+        if gone.is_empty() {
+            return Ok(planner);
+        }
+        let failover = Failover::build(gone, self.prefill_ranks(), |r| planner.rehome(r));
+        planner.failover = Some(failover);
+        Ok(planner)
+    }
+
+    /// The prefill ranks that are unavailable, ascending (empty for a planner of every rank).
+    pub fn unavailable_prefill_ranks(&self) -> &[u64] {
+        self.failover.as_ref().map_or(&[], |f| f.gone().ranks())
+    }
+
+    /// Whether prefill rank `rank` is unavailable.
+    fn is_gone(&self, rank: u64) -> bool {
+        self.failover
+            .as_ref()
+            .is_some_and(|f| f.gone().contains(rank))
+    }
+
+    /// The rehoming of prefill DP group `group`, when some of its ranks are gone.
+    fn rehoming(&self, group: u64) -> Option<&Rehoming> {
+        self.failover
+            .as_ref()
+            .and_then(|f| f.rehoming(group))
+            .map(|(_, r)| r)
+    }
+
+    /// Chooses who serves, in one DP group whose slots `rehoming` marks gone, each need whose
+    /// holder is gone, and counts the group's fanout.
+    fn rehome(&self, mut rehoming: Rehoming) -> Rehoming {
+        let prefill = self.prefill_ranks();
+        let gone = |slot: Slot| rehoming.is_gone(prefill.slot_index(slot));
+        let mut orphaned: HashSet<NeedKey> = HashSet::new();
+        let needs: Vec<Vec<Need>> = self
+            .decode_ranks()
+            .slots()
+            .map(|at| {
+                self.need_keys(at)
+                    .into_iter()
+                    .map(|(key, reader)| {
+                        let (_, id, units, share) = key;
+                        let kept = self.base_source(at, id, units, share);
+                        let choices = if gone(kept) {
+                            orphaned.insert(key);
+                            self.holders
+                                .every_holder(&self.class_of(id), units, at.tp_rank, share)
+                                .into_iter()
+                                .filter(|&slot| !gone(slot))
+                                .collect()
+                        } else {
+                            vec![kept]
+                        };
+                        Need {
+                            key,
+                            choices,
+                            reader,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        rehoming.choose(prefill, &needs, &orphaned);
+        rehoming.fanout_per_slot = self.count_fanout(None, Some(&rehoming));
+        rehoming
+    }
+
+    /// What decode rank `decode_rank` cannot receive because no available prefill rank of the
+    /// DP group it reads (`prefill_group`, or the default) holds it, for a request of
+    /// `num_tokens` tokens (None: any): buffer order, then token share, then unit.
+    pub fn lost(
+        &self,
+        decode_rank: u64,
+        prefill_group: Option<u64>,
+        num_tokens: Option<u64>,
+    ) -> PlanResult<Vec<LostRange>> {
+        let target_dp_group = self.source_group(decode_rank, prefill_group)?;
+        let Some(rehoming) = self.rehoming(target_dp_group) else {
+            return Ok(Vec::new());
+        };
+        let at = self.decode_ranks().coord(decode_rank).slot();
+        let shares = self.shares(at, num_tokens);
+        let split = self.holders.prefill.deal.ways() > 1;
+        let routes = self.routes_by_class(at);
+        let mut lost = Vec::new();
+        for (position, pair) in self.buffers.iter().enumerate() {
+            let runs: Vec<(Units, u64, u64)> = match routes.get(pair.class) {
+                Some(Some(Route::WholeItem)) => {
+                    vec![(Units::Whole, 0, pair.decode.logical_size)]
+                }
+                Some(Some(Route::Units(overlaps))) => overlaps
+                    .iter()
+                    .map(|o| (Units::Shard(o.src_shard), o.unit, o.unit + o.len))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for (units, unit_start, unit_end) in runs {
+                for &share in &shares {
+                    if self
+                        .source(at, pair.class, units, share, Some(rehoming))
+                        .is_none()
+                    {
+                        lost.push((
+                            position,
+                            LostRange {
+                                buffer_index: pair.decode.buffer_index,
+                                layer: pair.decode.layer,
+                                unit_start,
+                                unit_end,
+                                share: split.then_some(share),
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(merge_lost(lost))
     }
 
     pub const fn prefill(&self) -> &ParallelLayout {
@@ -279,7 +417,10 @@ impl Planner {
         sources: &[u64],
     ) -> Vec<u64> {
         let spaces = (self.prefill_ranks(), self.decode_ranks());
-        notify_ranks(spaces, &self.holders, kinds, ranks, num_tokens, sources)
+        let mut notify = notify_ranks(spaces, &self.holders, kinds, ranks, num_tokens, sources);
+        // A rank that is gone hears nothing.
+        notify.retain(|&rank| !self.is_gone(rank));
+        notify
     }
 
     /// The (prefill, decode) stages holding each buffer, in buffer order.
@@ -291,7 +432,11 @@ impl Planner {
     }
 
     fn class(&self, pair: &BufferPair) -> Class {
-        self.classes.get(pair.class).copied().unwrap_or(Class {
+        self.class_of(pair.class)
+    }
+
+    fn class_of(&self, id: usize) -> Class {
+        self.classes.get(id).copied().unwrap_or(Class {
             sharding: Sharding::Replicated,
             prefill_stage: 0,
             decode_stage: 0,
@@ -323,7 +468,7 @@ impl Planner {
         let idle_per_group = self
             .decode_ranks()
             .slots()
-            .filter(|&slot| self.fragment_count(slot, None) == 0)
+            .filter(|&slot| self.fragment_count(slot, None, self.identity) == 0)
             .count() as u64;
         idle_per_group * self.decode.dp_size()
     }
@@ -337,7 +482,11 @@ impl Planner {
     /// Decode ranks one request makes `prefill_rank` wait for: those of the reading decode DP
     /// group that read from it. The same whichever decode group a request comes from.
     pub fn request_fanout(&self, prefill_rank: u64) -> u64 {
-        fanout_in(&self.fanout_per_slot, self.prefill_ranks(), prefill_rank)
+        let group = self.prefill_ranks().coord(prefill_rank).dp_group;
+        let per_slot = self
+            .rehoming(group)
+            .map_or(self.fanout_per_slot.as_slice(), |r| &r.fanout_per_slot);
+        fanout_in(per_slot, self.prefill_ranks(), prefill_rank)
     }
 
     /// A prefill rank's fanout under the default group mapping: its request fanout when some
@@ -397,13 +546,32 @@ impl Planner {
     /// Every need of the decode rank at `at` that some prefill rank must serve, with the
     /// holders a spread may choose from.
     fn needs(&self, at: Slot) -> Vec<Need> {
+        self.need_keys(at)
+            .into_iter()
+            .map(|(key, reader)| {
+                let (_, id, units, share) = key;
+                Need {
+                    key,
+                    choices: self.holders.choices(
+                        &self.class_of(id),
+                        units,
+                        at.tp_rank,
+                        share,
+                        self.replicas,
+                    ),
+                    reader,
+                }
+            })
+            .collect()
+    }
+
+    /// Every need of the decode rank at `at` that some prefill rank must serve (any request),
+    /// with the decode rank's place among the need's readers.
+    fn need_keys(&self, at: Slot) -> Vec<(NeedKey, u64)> {
         let shares = self.shares(at, None);
         let decode_tp = self.decode_ranks().tp_size();
         let mut out = Vec::new();
         for (id, routed) in self.routes(at) {
-            let Some(class) = self.classes.get(id) else {
-                continue;
-            };
             let units: Vec<(Units, u64)> = match &routed {
                 Route::Nothing => Vec::new(),
                 Route::WholeItem => vec![(Units::Whole, at.tp_rank)],
@@ -414,17 +582,7 @@ impl Planner {
             };
             for (units, reader) in units {
                 for &share in &shares {
-                    out.push(Need {
-                        key: (at, id, units, share),
-                        choices: self.holders.choices(
-                            class,
-                            units,
-                            at.tp_rank,
-                            share,
-                            self.replicas,
-                        ),
-                        reader: reader + at.cp_rank * decode_tp,
-                    });
+                    out.push(((at, id, units, share), reader + at.cp_rank * decode_tp));
                 }
             }
         }
@@ -432,23 +590,45 @@ impl Planner {
     }
 
     /// The prefill slot serving `units` of class `id` and token share `share` to the decode
-    /// rank at `at`.
-    fn source(&self, at: Slot, id: usize, units: Units, share: u64) -> Slot {
+    /// rank at `at` while every rank is up.
+    fn base_source(&self, at: Slot, id: usize, units: Units, share: u64) -> Slot {
         if let Some(chosen) = self.spread.holder(&(at, id, units, share)) {
             return chosen;
         }
-        let class = self.classes.get(id).copied().unwrap_or(Class {
-            sharding: Sharding::Replicated,
-            prefill_stage: 0,
-            decode_stage: 0,
-        });
         self.holders
-            .default_holder(&class, units, at.tp_rank, share)
+            .default_holder(&self.class_of(id), units, at.tp_rank, share)
     }
 
-    /// Decode ranks of one DP group reading each prefill slot of a DP group, for a request of
-    /// `num_tokens` tokens (None: any request).
-    fn count_fanout(&self, num_tokens: Option<u64>) -> Vec<u64> {
+    /// The prefill slot serving that need in a DP group `rehoming` describes (None: every
+    /// rank of the group is up); `None` when it is lost.
+    fn source(
+        &self,
+        at: Slot,
+        id: usize,
+        units: Units,
+        share: u64,
+        rehoming: Option<&Rehoming>,
+    ) -> Option<Slot> {
+        if let Some(chosen) = rehoming.and_then(|r| r.holder(&(at, id, units, share))) {
+            return chosen;
+        }
+        Some(self.base_source(at, id, units, share))
+    }
+
+    /// The route of the decode rank at `at` for each class, by class id (None: not its stage).
+    fn routes_by_class(&self, at: Slot) -> Vec<Option<Route>> {
+        let mut routes: Vec<Option<Route>> = vec![None; self.classes.len()];
+        for (id, routed) in self.routes(at) {
+            if let Some(slot) = routes.get_mut(id) {
+                *slot = Some(routed);
+            }
+        }
+        routes
+    }
+
+    /// Decode ranks of one DP group reading each prefill slot of a DP group (`rehoming`: one
+    /// with gone ranks), for a request of `num_tokens` tokens (None: any request).
+    fn count_fanout(&self, num_tokens: Option<u64>, rehoming: Option<&Rehoming>) -> Vec<u64> {
         let prefill_ranks = self.prefill_ranks();
         let slots = usize::try_from(prefill_ranks.group_size()).unwrap_or(0);
         let mut counts = vec![0u64; slots];
@@ -459,7 +639,9 @@ impl Planner {
             for (id, routed) in self.routes(at) {
                 let mut count = |units: Units| {
                     for &share in &shares {
-                        let source = self.source(at, id, units, share);
+                        let Some(source) = self.source(at, id, units, share, rehoming) else {
+                            continue;
+                        };
                         let slot = prefill_ranks.slot_index(source);
                         let slot = usize::try_from(slot).unwrap_or(usize::MAX);
                         if let (Some(mark), Some(count)) =
@@ -530,7 +712,8 @@ impl Planner {
         num_tokens: Option<u64>,
     ) -> PlanResult<Vec<SourcePlan>> {
         let target_dp_group = self.source_group(decode_rank, prefill_group)?;
-        let fanout = self.fanout_for(num_tokens);
+        let rehoming = self.rehoming(target_dp_group);
+        let fanout = self.fanout_for(num_tokens, rehoming);
         self.collect_sources(decode_rank, target_dp_group, num_tokens, &fanout)
     }
 
@@ -539,25 +722,37 @@ impl Planner {
         &self.holders
     }
 
-    /// Each prefill slot's request fanout (slot order of one DP group) for a request of
-    /// `num_tokens` tokens (None: any).
-    pub fn request_fanouts(&self, num_tokens: Option<u64>) -> std::borrow::Cow<'_, [u64]> {
-        self.fanout_for(num_tokens)
+    /// Each prefill slot's request fanout (slot order of prefill DP group `group`) for a
+    /// request of `num_tokens` tokens (None: any).
+    pub fn request_fanouts(
+        &self,
+        group: u64,
+        num_tokens: Option<u64>,
+    ) -> std::borrow::Cow<'_, [u64]> {
+        self.fanout_for(num_tokens, self.rehoming(group))
     }
 
-    /// Per-slot fanouts for a request of `num_tokens` tokens: the planner's own unless the
-    /// count changes who holds what.
-    fn fanout_for(&self, num_tokens: Option<u64>) -> std::borrow::Cow<'_, [u64]> {
-        match num_tokens {
-            Some(n) if self.holders.any_context() => self.count_fanout(Some(n)).into(),
+    /// Per-slot fanouts for a request of `num_tokens` tokens read from a DP group `rehoming`
+    /// describes: the counts made at construction unless the request's length changes who
+    /// holds what.
+    fn fanout_for<'a>(
+        &'a self,
+        num_tokens: Option<u64>,
+        rehoming: Option<&'a Rehoming>,
+    ) -> std::borrow::Cow<'a, [u64]> {
+        match (num_tokens, rehoming) {
+            (Some(n), _) if self.holders.any_context() => {
+                self.count_fanout(Some(n), rehoming).into()
+            }
+            (_, Some(r)) => r.fanout_per_slot.as_slice().into(),
             _ => self.fanout_per_slot.as_slice().into(),
         }
     }
 
     /// How many fragments the decode rank at `at` receives, without building them.
-    fn fragment_count(&self, at: Slot, num_tokens: Option<u64>) -> u64 {
+    fn fragment_count(&self, at: Slot, num_tokens: Option<u64>, whole_items: bool) -> u64 {
         let in_stage = |pair: &&BufferPair| self.class(pair).decode_stage == at.stage;
-        if self.identity {
+        if whole_items {
             return self.buffers.iter().filter(in_stage).count() as u64;
         }
         let shares = self.shares(at, num_tokens).len() as u64;
@@ -587,9 +782,11 @@ impl Planner {
         &self,
         at: Slot,
         num_tokens: Option<u64>,
+        rehoming: Option<&Rehoming>,
         mut visit: impl FnMut(Slot, &BufferPair, Span),
     ) {
-        if self.identity {
+        // A DP group with gone ranks is read unit by unit, from whoever holds each.
+        if self.identity && rehoming.is_none() {
             for pair in self
                 .buffers
                 .iter()
@@ -609,12 +806,12 @@ impl Planner {
             return;
         }
         let shares = self.shares(at, num_tokens);
-        let mut routes: Vec<Option<Route>> = vec![None; self.classes.len()];
-        for (id, routed) in self.routes(at) {
-            if let Some(slot) = routes.get_mut(id) {
-                *slot = Some(routed);
+        let routes = self.routes_by_class(at);
+        let mut visit = |source: Option<Slot>, pair, span| {
+            if let Some(source) = source {
+                visit(source, pair, span);
             }
-        }
+        };
         for pair in &self.buffers {
             match routes.get(pair.class) {
                 None | Some(None | Some(Route::Nothing)) => {}
@@ -623,7 +820,8 @@ impl Planner {
                     let span = Span::contiguous(0, 0, pair.decode.page_extent());
                     let span = pair.tokenized(span, (0, 0, 1));
                     for &share in &shares {
-                        visit(self.source(at, pair.class, Units::Whole, share), pair, span);
+                        let source = self.source(at, pair.class, Units::Whole, share, rehoming);
+                        visit(source, pair, span);
                     }
                 }
                 Some(Some(Route::Units(overlaps))) => {
@@ -633,7 +831,8 @@ impl Planner {
                         let span = pair.tokenized(span, units);
                         for &share in &shares {
                             let units = Units::Shard(overlap.src_shard);
-                            visit(self.source(at, pair.class, units, share), pair, span);
+                            let source = self.source(at, pair.class, units, share, rehoming);
+                            visit(source, pair, span);
                         }
                     }
                 }
@@ -647,27 +846,38 @@ impl Planner {
     /// Work grows with the decode ranks of one group x buffers, plus the rows themselves.
     pub fn routing_table(&self) -> RoutingTable {
         let (prefill_ranks, decode_ranks) = (self.prefill_ranks(), self.decode_ranks());
-        // Per decode slot: (prefill slot, fragments, bytes per page), prefill slot ascending.
-        let per_slot: Vec<Vec<(Slot, u64, u64)>> = decode_ranks
-            .slots()
-            .map(|at| {
-                let mut totals: BTreeMap<Slot, (u64, u64)> = BTreeMap::new();
-                self.for_each_span(at, None, |source, _, span| {
-                    let entry = totals.entry(source).or_default();
-                    entry.0 += 1;
-                    entry.1 = entry.1.saturating_add(span.bytes_per_page);
-                });
-                totals
-                    .into_iter()
-                    .map(|(slot, (count, bytes))| (slot, count, bytes))
-                    .collect()
-            })
-            .collect();
+        // Per decode slot: (prefill slot, fragments, bytes per page), prefill slot ascending;
+        // once for groups of every rank and once for each rehoming read.
+        let rows_of = |rehoming: Option<&Rehoming>| -> Vec<SlotRows> {
+            decode_ranks
+                .slots()
+                .map(|at| {
+                    let mut totals: BTreeMap<Slot, (u64, u64)> = BTreeMap::new();
+                    self.for_each_span(at, None, rehoming, |source, _, span| {
+                        let entry = totals.entry(source).or_default();
+                        entry.0 += 1;
+                        entry.1 = entry.1.saturating_add(span.bytes_per_page);
+                    });
+                    totals
+                        .into_iter()
+                        .map(|(slot, (count, bytes))| (slot, count, bytes))
+                        .collect()
+                })
+                .collect()
+        };
+        let mut per_slot: HashMap<Option<usize>, Vec<SlotRows>> = HashMap::new();
         let mut table = RoutingTable::default();
         let kinds = &self.holdings;
         for group in 0..decode_ranks.dp_size() {
             let source_group = self.default_prefill_group(group);
-            for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(&per_slot) {
+            let rehoming = self
+                .failover
+                .as_ref()
+                .and_then(|f| f.rehoming(source_group));
+            let per_slot = per_slot
+                .entry(rehoming.map(|(index, _)| index))
+                .or_insert_with(|| rows_of(rehoming.map(|(_, r)| r)));
+            for (decode_rank, sources) in decode_ranks.group_ranks(group).zip(per_slot.iter()) {
                 let mut rows: Vec<(u64, u64, u64)> = sources
                     .iter()
                     .map(|&(slot, count, bytes)| {
@@ -715,13 +925,15 @@ impl Planner {
     ) -> PlanResult<Vec<SourcePlan>> {
         let at = self.decode_ranks().coord(decode_rank).slot();
         let prefill_ranks = self.prefill_ranks();
-        let fragments = self.fragment_count(at, num_tokens);
+        let rehoming = self.rehoming(target_dp_group);
+        let whole_items = self.identity && rehoming.is_none();
+        let fragments = self.fragment_count(at, num_tokens, whole_items);
         limits::PLAN_FRAGMENTS
             .check(&format!("decode rank {decode_rank}'s fragments"), fragments)?;
         // Sources kept sorted by rank; spans arrive buffer by buffer, so each source's
         // fragments stay in buffer order.
         let mut sources: Vec<SourcePlan> = Vec::new();
-        self.for_each_span(at, num_tokens, |source, pair, span| {
+        self.for_each_span(at, num_tokens, rehoming, |source, pair, span| {
             let prefill_rank = prefill_ranks.rank_in_group(target_dp_group, source);
             let at = match sources.binary_search_by_key(&prefill_rank, |s| s.prefill_rank) {
                 Ok(at) => at,
@@ -774,7 +986,8 @@ impl Planner {
         num_tokens: Option<u64>,
     ) -> PlanResult<RankPlan> {
         let target_dp_group = self.source_group(decode_rank, prefill_group)?;
-        if self.identity {
+        let rehoming = self.rehoming(target_dp_group);
+        if self.identity && rehoming.is_none() {
             // The reference's identity plans name their one source and carry no fragments.
             let slot = self.decode_ranks().coord(decode_rank).slot();
             let prefill_rank = self.prefill_ranks().rank_in_group(target_dp_group, slot);
@@ -794,7 +1007,7 @@ impl Planner {
                 ),
             });
         }
-        let fanout = self.fanout_for(num_tokens);
+        let fanout = self.fanout_for(num_tokens, rehoming);
         let sources = self.collect_sources(decode_rank, target_dp_group, num_tokens, &fanout)?;
         let read: Vec<u64> = sources.iter().map(|s| s.prefill_rank).collect();
         Ok(RankPlan {
@@ -810,6 +1023,9 @@ impl Planner {
         })
     }
 }
+
+/// One decode slot's routing rows: (prefill slot, fragments, bytes per page), slot ascending.
+type SlotRows = Vec<(Slot, u64, u64)>;
 
 /// The fanout of `prefill_rank` in a per-slot table.
 fn fanout_in(per_slot: &[u64], ranks: RankSpace, prefill_rank: u64) -> u64 {

@@ -88,6 +88,8 @@ pub struct UnitOverlap {
     pub src_shard: u64,
     /// The decode rank's place among the decode ranks reading this shard (round-robin key).
     pub reader: u64,
+    /// The run's first unit in the buffer's logical units (of the whole axis, parts in turn).
+    pub unit: u64,
     /// Index of the run's first unit among the units the source rank holds.
     pub src_local: u64,
     /// Index of the run's first unit among the units the destination rank holds.
@@ -142,7 +144,7 @@ pub fn route(
         // Round-robin position of this decode rank among the shard's readers.
         let first_reader = src_shard * dst_shards / src_shards;
         let reader = (dst_shard - first_reader) * decode_replica + replica_index;
-        let (mut src_base, mut dst_base) = (0, 0);
+        let (mut src_base, mut dst_base, mut part_start) = (0, 0, 0);
         for part in parts.sizes(logical_size) {
             let (src_len, dst_len) = (part / src_shards, part / dst_shards);
             let src = Interval::new(src_shard * src_len, (src_shard + 1) * src_len);
@@ -151,6 +153,7 @@ pub fn route(
                 overlaps.push(UnitOverlap {
                     src_shard,
                     reader,
+                    unit: part_start + common.start,
                     src_local: src_base + (common.start - src.start),
                     dst_local: dst_base + (common.start - dst.start),
                     len: common.len(),
@@ -158,6 +161,7 @@ pub fn route(
             }
             src_base += src_len;
             dst_base += dst_len;
+            part_start += part;
         }
     }
     Route::Units(overlaps)

@@ -10,10 +10,12 @@
 //! with (`decode_replicas`, token maps) and the plans and fanout it checks; each buffer's stage
 //! and each rank's token share it derives from the layouts itself.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 
 use crate::context::shares_meet;
 use crate::error::{bail, PlanError, PlanResult};
+use crate::failover::LostRange;
 use crate::fragment::Fragment;
 use crate::holders::Holders;
 use crate::interval::Interval;
@@ -101,7 +103,15 @@ struct Check<'a> {
     /// Which tokens each rank of either side holds.
     holders: Holders,
     position_of: HashMap<u64, usize>,
+    /// What the available prefill ranks hold, by DP group and kind of buffer (`available`).
+    available: RefCell<HashMap<AvailableKey, std::rc::Rc<Held>>>,
 }
+
+/// (logical unit, token share tag) pairs some ranks hold.
+type Held = HashSet<(u64, u64)>;
+
+/// A DP group, a stage and the shape of a buffer's axis: what decides who holds its units.
+type AvailableKey = (u64, u64, LogicalAxis, u64, Vec<u64>);
 
 impl<'a> Check<'a> {
     fn of(planner: &'a Planner, num_tokens: Option<u64>) -> PlanResult<Self> {
@@ -133,6 +143,7 @@ impl<'a> Check<'a> {
             stages,
             holders,
             position_of,
+            available: RefCell::default(),
         })
     }
 
@@ -157,6 +168,17 @@ impl<'a> Check<'a> {
         } else {
             share.index
         };
+        if self
+            .planner
+            .unavailable_prefill_ranks()
+            .binary_search(&source.prefill_rank)
+            .is_ok()
+        {
+            bail!(
+                "decode rank {decode_rank} reads from prefill rank {}, which is unavailable",
+                source.prefill_rank
+            );
+        }
         if !source.fragments.is_empty() {
             let mine = holders
                 .decode
@@ -198,15 +220,19 @@ impl<'a> Check<'a> {
         (tokens, !tokens || by_page)
     }
 
-    /// Every buffer of the decode rank is written exactly once, and nothing arrives for a
-    /// buffer of another decode stage.
+    /// Every buffer of the decode rank (reading prefill DP group `group`) is written exactly
+    /// once except what no available prefill rank holds, which is never written and is what
+    /// the planner reports lost; nothing arrives for a buffer of another decode stage.
     fn check_rank_coverage(
         &self,
         decode_rank: u64,
+        group: u64,
         written: &mut [BufferWrites],
     ) -> PlanResult<()> {
         let decode_ranks = self.planner.decode_ranks();
         let decode_at = decode_ranks.coord(decode_rank);
+        let tags = self.read_tags(decode_rank);
+        let mut lost_ranges = Vec::new();
         for (position, lists) in written.iter_mut().enumerate() {
             let (Some(&(_, d)), Some(&(_, stage))) =
                 (self.pairs.get(position), self.stages.get(position))
@@ -223,20 +249,64 @@ impl<'a> Check<'a> {
             } else {
                 Vec::new()
             };
+            let lost = self.lost_units(group, position, &wanted, &tags);
+            lost_ranges.extend(lost_ranges_of(d, &wanted, &lost));
             let (tokens, pages) = self.token_mapped(position);
             if pages {
-                check_coverage(decode_rank, d, coverage_shape(d, &wanted), &mut lists.pages)?;
+                // Bytes are lost by pages when no share of them is held.
+                let none_held: Vec<bool> = (0..unit_count(&wanted))
+                    .map(|unit| {
+                        !lost.is_empty()
+                            && lost
+                                .iter()
+                                .all(|(_, units)| units.get(to_index(unit)) == Some(&true))
+                    })
+                    .collect();
+                let (rows, unit_bytes) = coverage_shape(d);
+                let expected = kept_bytes(&none_held, unit_bytes);
+                check_coverage(decode_rank, d, (rows, &expected), &mut lists.pages)?;
             }
             if tokens {
                 let geometry = TokenGeometry::of(d)?;
-                let units = if d.logical_axis.is_sharded() {
-                    unit_count(&wanted)
-                } else {
-                    u64::from(!wanted.is_empty())
-                };
-                let shape = (geometry.planes, units * geometry.unit_bytes);
-                self.check_token_coverage(decode_rank, d, shape, &mut lists.tokens)?;
+                let sharded = d.logical_axis.is_sharded();
+                let lost: Vec<(u64, Vec<(u64, u64)>)> = lost
+                    .into_iter()
+                    .map(|(tag, units)| {
+                        // A replicated item's token slice is one unit, held whole or not at all.
+                        let units = if sharded || units.is_empty() {
+                            units
+                        } else {
+                            vec![units.iter().all(|&gone| gone)]
+                        };
+                        (tag, kept_bytes(&units, geometry.unit_bytes))
+                    })
+                    .collect();
+                self.check_token_coverage(
+                    decode_rank,
+                    d,
+                    geometry.planes,
+                    &lost,
+                    &mut lists.tokens,
+                )?;
             }
+        }
+        self.check_lost(decode_rank, lost_ranges)
+    }
+
+    /// The planner reports lost exactly what no available rank holds.
+    fn check_lost(&self, decode_rank: u64, derived: Vec<LostRange>) -> PlanResult<()> {
+        if self.planner.unavailable_prefill_ranks().is_empty() && derived.is_empty() {
+            return Ok(());
+        }
+        let mut derived = derived;
+        derived.sort_unstable();
+        let mut reported = self.planner.lost(decode_rank, None, self.num_tokens)?;
+        reported.sort_unstable();
+        if reported != derived {
+            bail!(
+                "decode rank {decode_rank}: the planner reports {reported:?} lost, but no \
+                 available prefill rank holds {derived:?}"
+            );
         }
         Ok(())
     }
@@ -247,45 +317,129 @@ impl<'a> Check<'a> {
         (self.planner.decode_replicas(), dcp)
     }
 
-    /// Token slices are covered exactly once for each prefill token share that holds some of
-    /// the decode rank's tokens, by the sources of that share and those holding every token.
-    fn check_token_coverage(
-        &self,
-        decode_rank: u64,
-        d: &BufferLayout,
-        shape: (u64, u64),
-        writes: &mut [(u64, Written)],
-    ) -> PlanResult<()> {
+    /// The prefill token shares (tags) whose tokens the decode rank reads: those meeting its
+    /// own share, or `EVERY_TOKEN` when the prefill side holds every token on each rank (and
+    /// none when the request holds none of its tokens).
+    fn read_tags(&self, decode_rank: u64) -> Vec<u64> {
         let holders = &self.holders;
         let at = self.planner.decode_ranks().coord(decode_rank).slot();
         let mine = holders.decode.share(at);
         let deal = holders.prefill.deal;
-        let whole = deal.ways() == 1;
-        let shares: Vec<u64> = if whole {
+        if deal.ways() == 1 {
             let any = self
                 .num_tokens
                 .is_none_or(|n| shares_meet(crate::context::TokenShare::WHOLE, mine, Some(n)));
-            if any {
-                vec![EVERY_TOKEN]
-            } else {
-                Vec::new()
-            }
-        } else {
-            (0..deal.ways())
-                .filter(|&index| {
-                    shares_meet(
-                        crate::context::TokenShare { deal, index },
-                        mine,
-                        self.num_tokens,
-                    )
-                })
-                .collect()
+            return if any { vec![EVERY_TOKEN] } else { Vec::new() };
+        }
+        (0..deal.ways())
+            .filter(|&index| {
+                shares_meet(
+                    crate::context::TokenShare { deal, index },
+                    mine,
+                    self.num_tokens,
+                )
+            })
+            .collect()
+    }
+
+    /// For each tag of `tags`, which of the units `wanted` (in the decode rank's order) no
+    /// available prefill rank of DP group `group` holds: found from the layouts, rank by rank.
+    /// Empty when every rank of the group is up.
+    fn lost_units(
+        &self,
+        group: u64,
+        position: usize,
+        wanted: &[(u64, u64)],
+        tags: &[u64],
+    ) -> Vec<(u64, Vec<bool>)> {
+        let gone = self.planner.unavailable_prefill_ranks();
+        let prefill_ranks = self.planner.prefill_ranks();
+        let units: Vec<u64> = wanted
+            .iter()
+            .flat_map(|&(first, count)| first..first + count)
+            .collect();
+        if !gone
+            .iter()
+            .any(|&rank| prefill_ranks.coord(rank).dp_group == group)
+        {
+            return tags
+                .iter()
+                .map(|&tag| (tag, vec![false; units.len()]))
+                .collect();
+        }
+        let available = self.available(group, position);
+        tags.iter()
+            .map(|&tag| {
+                let lost = units
+                    .iter()
+                    .map(|&unit| {
+                        !available.contains(&(unit, tag))
+                            && !available.contains(&(unit, EVERY_TOKEN))
+                    })
+                    .collect();
+                (tag, lost)
+            })
+            .collect()
+    }
+
+    /// The (logical unit, token share tag) pairs the available prefill ranks of DP group
+    /// `group` hold of the buffer at `position`: each rank of the buffer's stage that is not
+    /// gone, its held units and its share. Buffers alike share one answer.
+    fn available(&self, group: u64, position: usize) -> std::rc::Rc<Held> {
+        let (Some(&(p, _)), Some(&(stage, _))) =
+            (self.pairs.get(position), self.stages.get(position))
+        else {
+            return std::rc::Rc::default();
         };
-        let (rows, row_end) = shape;
-        let empty = (rows, 0);
+        let key = (
+            group,
+            stage,
+            p.logical_axis,
+            p.tp_replica_group_size,
+            p.part_sizes().collect::<Vec<_>>(),
+        );
+        if let Some(found) = self.available.borrow().get(&key) {
+            return found.clone();
+        }
+        let prefill_ranks = self.planner.prefill_ranks();
+        let gone = self.planner.unavailable_prefill_ranks();
+        let mut held = HashSet::new();
+        for rank in prefill_ranks.group_ranks(group) {
+            let at = prefill_ranks.coord(rank);
+            if at.stage != stage || gone.contains(&rank) {
+                continue;
+            }
+            let share = self.holders.prefill.share(at.slot());
+            let tag = if share.is_whole() {
+                EVERY_TOKEN
+            } else {
+                share.index
+            };
+            for (first, count) in held_units(p, prefill_ranks.tp_size(), at.tp_rank) {
+                held.extend((first..first + count).map(|unit| (unit, tag)));
+            }
+        }
+        let held = std::rc::Rc::new(held);
+        self.available.borrow_mut().insert(key, held.clone());
+        held
+    }
+
+    /// Token slices are covered exactly once for each prefill token share that holds some of
+    /// the decode rank's tokens, by the sources of that share and those holding every token,
+    /// except the bytes `lost` says no available rank holds (by tag: the bytes of each plane
+    /// expected written).
+    fn check_token_coverage(
+        &self,
+        decode_rank: u64,
+        d: &BufferLayout,
+        planes: u64,
+        expected: &[(u64, Vec<(u64, u64)>)],
+        writes: &mut [(u64, Written)],
+    ) -> PlanResult<()> {
+        let shares = self.read_tags(decode_rank);
         if shares.is_empty() {
             let mut list: Vec<Written> = writes.iter().map(|&(_, w)| w).collect();
-            return check_coverage(decode_rank, d, empty, &mut list)
+            return check_coverage(decode_rank, d, (planes, &[]), &mut list)
                 .map_err(|e| PlanError::new(format!("{e} (it holds none of the tokens)")));
         }
         for share in shares {
@@ -299,9 +453,13 @@ impl<'a> Check<'a> {
             } else {
                 format!(", tokens of prefill share {share}")
             };
-            check_coverage(decode_rank, d, (rows, row_end), &mut list).map_err(|e| {
-                PlanError::new(format!("{e} (token slices: rows are planes{name})"))
-            })?;
+            let bytes = expected
+                .iter()
+                .find(|(tag, _)| *tag == share)
+                .map(|(_, bytes)| bytes.as_slice());
+            check_coverage(decode_rank, d, (planes, bytes.unwrap_or(&[])), &mut list).map_err(
+                |e| PlanError::new(format!("{e} (token slices: rows are planes{name})")),
+            )?;
         }
         Ok(())
     }
@@ -655,11 +813,12 @@ fn check_whole_item(
     Ok(())
 }
 
-/// Every byte of every row's `0..row_end` is written by exactly one of `list` (sorted here).
+/// Every byte of every row's `expected` ranges (ascending, apart) is written by exactly one
+/// of `list` (sorted here), and no other byte is.
 fn check_coverage(
     decode_rank: u64,
     d: &BufferLayout,
-    (rows, row_end): (u64, u64),
+    (rows, expected): (u64, &[(u64, u64)]),
     list: &mut [Written],
 ) -> PlanResult<()> {
     list.sort_unstable();
@@ -679,6 +838,8 @@ fn check_coverage(
     };
     let mut written = list.iter().peekable();
     for row in 0..rows {
+        // The row's writes as runs, refusing overlaps; then compared with `expected`.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
         let mut cursor = 0;
         while let Some(w) = written.next_if(|w| w.row == row) {
             if w.start < cursor {
@@ -690,21 +851,21 @@ fn check_coverage(
                     row_name(row)
                 );
             }
-            if w.start > cursor {
-                bail!(
-                    "{}: bytes {cursor}..{}{} of each page are never written (gap)",
-                    name(),
-                    w.start,
-                    row_name(row)
-                );
+            match runs.last_mut() {
+                Some(run) if run.1 == w.start => run.1 = w.end,
+                _ if w.start == w.end => {}
+                _ => runs.push((w.start, w.end)),
             }
             cursor = w.end;
         }
-        if cursor < row_end {
+        if let Some((start, end, missing)) = first_difference(expected, &runs) {
+            let (row, name) = (row_name(row), name());
+            if missing {
+                bail!("{name}: bytes {start}..{end}{row} of each page are never written (gap)");
+            }
             bail!(
-                "{}: bytes {cursor}..{row_end}{} of each page are never written (gap)",
-                name(),
-                row_name(row)
+                "{name}: bytes {start}..{end}{row} of each page are written, but no available \
+                 prefill rank holds them (lost)"
             );
         }
     }
@@ -714,14 +875,91 @@ fn check_coverage(
     Ok(())
 }
 
-/// The rows of a decode page and how many bytes of each the rank's received units fill.
-fn coverage_shape(d: &BufferLayout, wanted: &[(u64, u64)]) -> (u64, u64) {
+/// The first bytes where `runs` differ from `expected` (both ascending, apart): `(start, end,
+/// true)` for bytes expected but not written, `false` for bytes written but not expected.
+fn first_difference(expected: &[(u64, u64)], runs: &[(u64, u64)]) -> Option<(u64, u64, bool)> {
+    for index in 0..expected.len().max(runs.len()) {
+        match (expected.get(index), runs.get(index)) {
+            (Some(&(a, b)), None) => return Some((a, b, true)),
+            (None, Some(&(a, b))) => return Some((a, b, false)),
+            (Some(&(a, b)), Some(&(x, y))) if (a, b) != (x, y) => {
+                return Some(if x > a {
+                    (a, b.min(x), true)
+                } else if x < a {
+                    (x, y.min(a), false)
+                } else if y < b {
+                    let next = runs.get(index + 1).map_or(b, |run| run.0.min(b));
+                    (y, next, true)
+                } else {
+                    (b, y, false)
+                });
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The rows of a decode page and the bytes a unit fills in each.
+fn coverage_shape(d: &BufferLayout) -> (u64, u64) {
     if d.logical_axis.is_sharded() {
         let geometry = PageGeometry::of(d);
-        (geometry.rows, unit_count(wanted) * geometry.unit_row_bytes)
+        (geometry.rows, geometry.unit_row_bytes)
     } else {
-        (1, unit_count(wanted) * d.bytes_per_logical_unit)
+        (1, d.bytes_per_logical_unit)
     }
+}
+
+/// The byte ranges of the units `lost` marks kept (false), `unit_bytes` each, merged.
+fn kept_bytes(lost: &[bool], unit_bytes: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (unit, _) in (0u64..).zip(lost).filter(|(_, &gone)| !gone) {
+        let (start, end) = (unit * unit_bytes, (unit + 1) * unit_bytes);
+        match out.last_mut() {
+            Some(run) if run.1 == start => run.1 = end,
+            _ if start == end => {}
+            _ => out.push((start, end)),
+        }
+    }
+    out
+}
+
+/// `lost` (by tag, over the units `wanted` in the decode rank's order) as the planner reports
+/// it: logical unit ranges of `d`, merged, with the share under context parallelism.
+fn lost_ranges_of(
+    d: &BufferLayout,
+    wanted: &[(u64, u64)],
+    lost: &[(u64, Vec<bool>)],
+) -> Vec<LostRange> {
+    let mut out: Vec<LostRange> = Vec::new();
+    for (tag, units) in lost {
+        let share = (*tag != EVERY_TOKEN).then_some(*tag);
+        let mut open: Option<LostRange> = None;
+        for (local, _) in (0u64..).zip(units).filter(|(_, &gone)| gone) {
+            let Some(unit) = unit_at(wanted, local) else {
+                continue;
+            };
+            match &mut open {
+                Some(range) if range.unit_end == unit => range.unit_end += 1,
+                _ => {
+                    out.extend(open.take());
+                    open = Some(LostRange {
+                        buffer_index: d.buffer_index,
+                        layer: d.layer,
+                        unit_start: unit,
+                        unit_end: unit + 1,
+                        share,
+                    });
+                }
+            }
+        }
+        out.extend(open);
+    }
+    out
+}
+
+fn to_index(unit: u64) -> usize {
+    usize::try_from(unit).unwrap_or(usize::MAX)
 }
 
 /// Verifies every plan of `planner`; the error names the first gap, overlap or wrong source.
@@ -775,7 +1013,7 @@ pub fn verify_plans(
                 }
                 check.add_source(decode_rank, &source, &mut written)?;
             }
-            check.check_rank_coverage(decode_rank, &mut written)?;
+            check.check_rank_coverage(decode_rank, source_group, &mut written)?;
         }
         check_fanout(planner, (group, source_group), num_tokens, &mut readers)?;
     }
@@ -791,7 +1029,7 @@ fn check_fanout(
     readers: &mut [u64],
 ) -> PlanResult<()> {
     let first = planner.prefill_ranks().group_start(source_group);
-    let fanouts = planner.request_fanouts(num_tokens);
+    let fanouts = planner.request_fanouts(source_group, num_tokens);
     for ((rank, count), &fanout) in (first..).zip(readers.iter_mut()).zip(fanouts.iter()) {
         if *count != fanout {
             bail!(

@@ -287,11 +287,13 @@ def simulate(
     decode_buffers: Sequence[BufferLayout],
     source_group: int,
     replicas: str = "first",
+    lost: Mapping[int, set[int]] | None = None,
 ) -> set[int]:
     """Runs the fragments as numpy copies between labelled items and checks every byte the
     decode rank should hold arrived exactly once, and nothing else was written. A row
     fragment copies `rows_per_page` runs a page, run r at offset + r * row stride. Returns the
-    prefill ranks that delivered bytes the decode rank should hold."""
+    prefill ranks that delivered bytes the decode rank should hold. `lost` names, by buffer
+    index, logical units no source can send: their bytes must stay unwritten."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     _, stage, tp_rank = where(decode, decode_rank)
     by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
@@ -345,6 +347,10 @@ def simulate(
             expected = np.tile(page_labels(d, units, d.item_stride_bytes), PAGES)
         else:
             expected = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+        gone_units = sorted((lost or {}).get(d.buffer_index, set()))
+        if gone_units:  # a label is 1 + unit * bytes_per_logical_unit + byte of the unit
+            unit_of = (expected - 1) // d.bytes_per_logical_unit
+            expected[(expected != 0) & np.isin(unit_of, gone_units)] = 0
         got, count = received[d.buffer_index], writes[d.buffer_index]
         wanted = expected != 0
         name = f"decode rank {decode_rank}, buffer {d.buffer_index}"

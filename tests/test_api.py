@@ -69,6 +69,7 @@ def test_public_names() -> None:
         "ShortConvLayer",
         "SharedKvLayer",
         "LayerKindSummary",
+        "LostRange",
         "Mamba1Layer",
         "Mamba2Layer",
         "MlaLayer",

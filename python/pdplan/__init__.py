@@ -56,7 +56,7 @@ from pdplan._model import (
     RankTransferPlan,
     TransferFragment,
 )
-from pdplan._planner import PDTransferPlanner, RoutingTable
+from pdplan._planner import LostRange, PDTransferPlanner, RoutingTable
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
 
 __all__ = [
@@ -79,6 +79,7 @@ __all__ = [
     "KdaLayer",
     "LayerKindSummary",
     "LightningAttentionLayer",
+    "LostRange",
     "Mamba1Layer",
     "Mamba2Layer",
     "MlaLayer",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is imported
@@ -12,7 +12,7 @@ if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is
 from pdplan import _core
 from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
 
-__all__ = ["PDTransferPlanner", "RoutingTable"]
+__all__ = ["LostRange", "PDTransferPlanner", "RoutingTable"]
 
 
 class RoutingTable(NamedTuple):
@@ -25,6 +25,21 @@ class RoutingTable(NamedTuple):
     prefill_rank: npt.NDArray[np.int64]
     fragment_count: npt.NDArray[np.int64]
     bytes_per_page: npt.NDArray[np.int64]
+
+
+class LostRange(NamedTuple):
+    """Units of one buffer a decode rank cannot receive because no available prefill rank
+    holds them (``PDTransferPlanner.lost``): ``unit_start`` up to ``unit_end`` (half-open) in
+    the buffer's logical units (KV heads, state channels; ``0..logical_size`` of a replicated
+    buffer) of layer ``layer``. ``cp_share`` is the prefill token share the units belong to
+    when the prefill side deals tokens over CP or DCP ranks (the share's CP or DCP rank), else
+    None: the lost bytes are those units of the tokens that share holds."""
+
+    buffer_index: int
+    layer: int | None
+    unit_start: int
+    unit_end: int
+    cp_share: int | None = None
 
 
 class PDTransferPlanner:
@@ -61,6 +76,7 @@ class PDTransferPlanner:
         self._prefill_buffers = tuple(prefill_buffers)
         self._decode_buffers = tuple(decode_buffers)
         self._decode_replicas = decode_replicas
+        self._unavailable: frozenset[int] = frozenset()
         self._core = _core.Planner(
             prefill_layout,
             decode_layout,
@@ -90,6 +106,52 @@ class PDTransferPlanner:
     @property
     def decode_replicas(self) -> Literal["first", "all"]:
         return self._decode_replicas
+
+    @property
+    def unavailable_prefill_ranks(self) -> frozenset[int]:
+        """The prefill ranks this planner plans around (``without_prefill_ranks``); empty for
+        a planner of every rank."""
+        return self._unavailable
+
+    def without_prefill_ranks(self, ranks: Iterable[int]) -> PDTransferPlanner:
+        """This planner with the prefill ranks ``ranks`` unavailable (failed, timed out, never
+        up), and any this one already lacks: the same layouts, buffers and options.
+
+        Its plans read every byte that some available prefill rank of the read DP group and
+        stage holds from exactly one such rank: an MLA latent from another TP rank, GQA heads
+        from another rank of their replica group, replicated-CP tokens from another CP rank.
+        Needs whose holder is up keep it; the others go to a holder the decode rank already
+        reads from, else the least loaded, so the largest fanout stays as small as it can.
+        Unavailable ranks send nothing, hear nothing and have fanout 0; what no available
+        rank holds is ``lost``. DP groups without unavailable ranks plan as before.
+
+        Both sides compute it alone: the same set, in any order or in any number of steps,
+        gives equal plans and an equal ``fingerprint``. No ranks gives a planner that plans
+        exactly as this one. Ranks out of range, named twice or not ints are refused with
+        ``UnsupportedPDLayoutError``. Costs about what construction costs."""
+        planner = object.__new__(PDTransferPlanner)
+        planner.__dict__.update(self.__dict__)
+        planner._core = self._core.without_prefill_ranks(ranks)
+        planner._unavailable = frozenset(planner._core.unavailable_prefill_ranks)
+        return planner
+
+    def lost(
+        self,
+        decode_rank: int,
+        prefill_dp_group: int | None = None,
+        *,
+        num_tokens: int | None = None,
+    ) -> list[LostRange]:
+        """What ``decode_rank`` cannot receive because no available prefill rank of the DP
+        group it reads holds it, buffer order: recompute those layers (or heads, or the
+        tokens of that CP share) or drop the request. Empty when nothing is lost, always so
+        on a planner of every rank. Only what the decode rank receives counts: under
+        ``decode_replicas="first"`` the non-first ranks of a replica group receive nothing
+        and lose nothing. ``prefill_dp_group`` and ``num_tokens`` as in
+        ``plan_for_decode_rank``."""
+        return [
+            LostRange(*row) for row in self._core.lost(decode_rank, prefill_dp_group, num_tokens)
+        ]
 
     @property
     def is_staged(self) -> bool:
@@ -150,7 +212,10 @@ class PDTransferPlanner:
         inside both items; with context parallelism, once for each prefill token share that
         holds some of the decode rank's tokens, and never from a rank that holds none of them;
         and every prefill rank's fanout must equal the number of decode ranks whose plans name
-        it. ``num_tokens`` checks the plans of a request of that many tokens. Raises
+        it. On a planner ``without_prefill_ranks``, the bytes no available rank holds (found
+        from the layouts, rank by rank) must be written by nobody and be what ``lost``
+        reports, every other byte exactly once, and no plan may name an unavailable rank.
+        ``num_tokens`` checks the plans of a request of that many tokens. Raises
         ``UnsupportedPDLayoutError`` naming the first gap, overlap or wrong source.
         """
         self._core.verify(num_tokens)

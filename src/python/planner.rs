@@ -5,7 +5,9 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::convert::{buffer_layout, each, int_arg, parallel_layout, string_arg, Converted};
+use super::convert::{
+    buffer_layout, each, int_arg, parallel_layout, string_arg, type_name, Converted,
+};
 use super::objects::{rank_plan_object, FragmentFactory};
 use super::to_py_err;
 use crate::error::{bail, PlanError};
@@ -15,6 +17,40 @@ use crate::layout_frame;
 use crate::planner::{PlanOptions, Planner};
 use crate::routing::DecodeReplicas;
 use crate::verify;
+
+/// One lost range as Python sees it (`pdplan.LostRange`'s fields).
+type LostTuple = (u64, Option<u64>, u64, u64, Option<u64>);
+
+/// The ranks a caller named as gone: ints, read one by one and no more of them than the
+/// prefill world has ranks (the core checks each), so an endless iterable ends in an error.
+fn gone_ranks(ranks: &Bound<'_, PyAny>, world: u64) -> Converted<Vec<i128>> {
+    if ranks.is_instance_of::<pyo3::types::PyString>()
+        || ranks.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        bail!(
+            "ranks must be an iterable of ints, got {}",
+            type_name(ranks)
+        );
+    }
+    let iter = ranks.try_iter().map_err(|_| {
+        PlanError::new(format!(
+            "ranks must be an iterable of ints, got {}",
+            type_name(ranks)
+        ))
+    })?;
+    let mut out = Vec::new();
+    for item in iter {
+        let item = item.map_err(|e| PlanError::new(format!("ranks: {e}")))?;
+        if out.len() as u64 >= world {
+            bail!(
+                "ranks names more than the {world} prefill ranks there are; name each \
+                 unavailable rank once"
+            );
+        }
+        out.push(int_arg(&item, "an unavailable prefill rank")?);
+    }
+    Ok(out)
+}
 
 /// The compiled planner behind `pdplan.PDTransferPlanner`.
 #[pyclass(frozen, module = "pdplan._core", name = "Planner")]
@@ -255,6 +291,44 @@ impl PyPlanner {
             Ok(())
         };
         convert().map_err(to_py_err)
+    }
+
+    /// This planner with the prefill ranks `ranks` unavailable (and any this one already
+    /// lacks): reads from the ranks holding the same bytes, planned without the GIL.
+    fn without_prefill_ranks(&self, py: Python<'_>, ranks: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let given = gone_ranks(ranks, self.inner.prefill().world_size()).map_err(to_py_err)?;
+        let inner = py
+            .detach(|| self.inner.without_prefill_ranks(&given))
+            .map_err(to_py_err)?;
+        Ok(Self { inner })
+    }
+
+    /// The prefill ranks that are unavailable, ascending.
+    #[getter]
+    fn unavailable_prefill_ranks(&self) -> Vec<u64> {
+        self.inner.unavailable_prefill_ranks().to_vec()
+    }
+
+    /// What `decode_rank` cannot receive: `(buffer_index, layer, unit_start, unit_end,
+    /// cp_share)` tuples, buffer order.
+    #[pyo3(signature = (decode_rank, prefill_dp_group=None, num_tokens=None))]
+    fn lost(
+        &self,
+        py: Python<'_>,
+        decode_rank: &Bound<'_, PyAny>,
+        prefill_dp_group: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<LostTuple>> {
+        let rank = self.decode_rank(decode_rank)?;
+        let group = self.prefill_group(prefill_dp_group)?;
+        let tokens = Self::num_tokens(num_tokens)?;
+        let lost = py
+            .detach(|| self.inner.lost(rank, group, tokens))
+            .map_err(to_py_err)?;
+        Ok(lost
+            .into_iter()
+            .map(|r| (r.buffer_index, r.layer, r.unit_start, r.unit_end, r.share))
+            .collect())
     }
 
     #[getter]
