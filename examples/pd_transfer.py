@@ -159,6 +159,9 @@ class Scenario:
     # Move each rank pair's request through registered staging buffers: the prefill rank
     # packs, the engine moves one descriptor, the decode rank unpacks.
     staging: bool = False
+    # Prefill ranks that never come up: both sides plan around them
+    # (`without_prefill_ranks`), and what only they held stays unwritten.
+    unavailable: tuple[int, ...] = ()
 
     @property
     def prefill(self) -> ParallelLayout:
@@ -248,7 +251,7 @@ class Scenario:
         return tuple(b.layout(self.decode_tp, b.decode_replica, 1) for b in self.buffers)
 
     def planner(self) -> PDTransferPlanner:
-        return PDTransferPlanner(
+        planner = PDTransferPlanner(
             prefill_layout=self.prefill,
             decode_layout=self.decode,
             prefill_buffers=self.buffers_of("prefill"),
@@ -256,6 +259,23 @@ class Scenario:
             decode_replicas=self.decode_replicas,  # type: ignore[arg-type]
             token_maps=self.tokens is not None,
         )
+        return planner.without_prefill_ranks(self.unavailable) if self.unavailable else planner
+
+    def lost_units(self, buffer_pos: int, decode_rank: int) -> set[int]:
+        """Units of a buffer the decode rank holds that no prefill rank still up holds (in
+        the DP group it reads, at the stage holding the layer): nothing can send them."""
+        if not self.unavailable:
+            return set()
+        buffer = self.buffers[buffer_pos]
+        p, d = self.buffers_of("prefill")[buffer_pos], self.buffers_of("decode")[buffer_pos]
+        per_group = self.prefill.world_size // self.prefill_dp
+        group = decode_rank // (self.decode.world_size // self.decode_dp) % self.prefill_dp
+        held: set[int] = set()
+        for rank in range(group * per_group, (group + 1) * per_group):
+            if rank not in self.unavailable and self.holds("prefill", rank, buffer):
+                held.update(held_units(p, self.prefill_tp, self.place("prefill", rank)[1]).tolist())
+        mine = held_units(d, self.decode_tp, self.place("decode", decode_rank)[1])
+        return set(mine.tolist()) - held
 
     def by_token(self, buffer: Buffer) -> bool:
         """Whether the request moves this buffer by slot maps (state moves by pages)."""
@@ -456,6 +476,7 @@ def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.
     if not receives:
         return cache
     if s.by_token(s.buffers[buffer_pos]):
+        assert not s.unavailable, "failover scenarios move pages"
         return expected_token_cache(s, b, receives, decode_rank)
     src, dst = np.array(s.src_pages), np.array(s.dst_pages)
     identity = s.planner().plan_for_decode_rank(decode_rank).plan_kind == "identity"
@@ -465,10 +486,15 @@ def expected_decode_cache(s: Scenario, buffer_pos: int, decode_rank: int) -> np.
         image = page_image(prefill_b, units, src, 0xEE).reshape(len(src), -1)
         cache[dst, :whole] = image[:, :whole]
         return cache
-    # Only the units' bytes arrive: the rest of every row keeps its guard bytes.
+    # Only the units' bytes arrive: the rest of every row keeps its guard bytes, and so do
+    # the units nobody still up holds.
     units = held_units(b, s.decode_tp, tp_rank)
-    image = page_image(b, units, src, GUARD).reshape(len(src), -1)
-    cache[dst] = image
+    image = page_image(b, units, src, GUARD)
+    width = b.bytes_per_logical_unit // b.rows_per_page
+    for local, unit in enumerate(units.tolist()):
+        if unit in s.lost_units(buffer_pos, decode_rank):
+            image[:, :, local * width : (local + 1) * width] = GUARD
+    cache[dst] = image.reshape(len(src), -1)
     return cache
 
 
@@ -911,13 +937,18 @@ class Outcome:
 
 def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
     """Plan, ship fragments over the wire format, write, and compare every decode cache."""
-    prefill = {r: make_rank("prefill", r) for r in range(scenario.prefill.world_size)}
+    # A prefill rank that is unavailable never comes up: nothing can read from it.
+    prefill = {
+        r: make_rank("prefill", r)
+        for r in range(scenario.prefill.world_size)
+        if r not in scenario.unavailable
+    }
     decode = {r: make_rank("decode", r) for r in range(scenario.decode.world_size)}
     try:
         for rank in list(prefill.values()) + list(decode.values()):
             if hasattr(rank, "wait_ready"):
                 rank.wait_ready(120.0)
-        writes = dict.fromkeys(prefill, 0)
+        writes = dict.fromkeys(range(scenario.prefill.world_size), 0)
         totals = {"descriptors": 0, "bytes": 0, "seconds": 0.0, "build_seconds": 0.0}
         totals_staged = {"direct_descriptors": 0}
         for decode_rank, handle in decode.items():
@@ -925,6 +956,11 @@ def run(scenario: Scenario, make_rank: Callable[[str, int], Any]) -> Outcome:
             dst_bases, dst_limits = handle.handle(("dst_info",))
             frames = handle.handle(("plan",))
             for prefill_rank, (version, payload) in frames.items():
+                if prefill_rank not in prefill:
+                    raise RuntimeError(
+                        f"decode rank {decode_rank} plans to read from prefill "
+                        f"rank {prefill_rank}, which never came up"
+                    )
                 write = ("write", peer, decode_rank, version, payload, dst_bases, dst_limits)
                 if scenario.staging:
                     target = handle.handle(("stage_in", prefill_rank, version, payload))

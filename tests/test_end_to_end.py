@@ -544,6 +544,52 @@ PER_SIDE = {c.name for c in TOKEN_CASES + CP_CASES + STAGING_CASES} | {
 }
 
 
+def latent_pages(layers: int) -> tuple[Buffer, ...]:
+    """DeepSeek's latent cache (576 bf16 a token) in head-major pages, replicated over TP."""
+    return tuple(
+        Buffer(layer, BufferKind.TARGET_K, "replicated", 1, 16 * 576 * 2) for layer in range(layers)
+    )
+
+
+#: A prefill rank that never comes up: the decode side plans `without_prefill_ranks` and
+#: reads from the ranks holding the same bytes; what only gone ranks held stays guard bytes.
+FAILOVER_CASES = [
+    # Every prefill TP rank holds the latent: rank 1 serves decode rank 0 instead of rank 0.
+    Scenario("failover_mla_tp4_to_tp2_rank_0_never_up", 4, 2, latent_pages(2), unavailable=(0,)),
+    # 4 heads over prefill TP 8 (replica groups {0, 1}, {2, 3}, ...): with ranks 2, 3 and 4
+    # gone, head 1 is lost and head 2 comes from rank 5.
+    Scenario(
+        "failover_gqa_tp8_4heads_to_tp2_ranks_2_3_4_never_up",
+        8,
+        2,
+        kv_cache(2, 4, UNIT, prefill_replica=2),
+        unavailable=(2, 3, 4),
+    ),
+]
+
+
+def test_failover_cases_lose_what_they_should(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cases are not vacuous: the MLA one loses nothing and reads around rank 0; the GQA
+    one loses head 1 of every buffer of decode rank 0 and reads head 2 from rank 5; and a
+    decode side planning as if every rank were up reads from a rank that never came up."""
+    import pd_transfer
+
+    mla, gqa = (case.planner() for case in FAILOVER_CASES)
+    assert mla.plan_for_decode_rank(0).target_prefill_ranks == (1,)
+    assert all(mla.lost(d) == [] for d in range(2))
+    assert {(r.unit_start, r.unit_end) for r in gqa.lost(0)} == {(1, 2)}
+    assert len(gqa.lost(0)) == 4 and gqa.lost(1) == []
+    assert gqa.plan_for_decode_rank(1).target_prefill_ranks == (5, 6)
+    assert FAILOVER_CASES[1].lost_units(0, 0) == {1}
+    everyone = pd_transfer.Scenario.planner
+    monkeypatch.setattr(
+        pd_transfer.Scenario, "planner", lambda self: everyone(replace(self, unavailable=()))
+    )
+    for case in FAILOVER_CASES:
+        with pytest.raises(RuntimeError, match="never came up"):
+            run_in_memory(case)
+
+
 def expected_writes(scenario: Scenario) -> dict[int, int]:
     """Decode ranks writing to each prefill rank: its fanout (for the request's length when
     the scenario plans for it)."""
@@ -571,7 +617,9 @@ def check(scenario: Scenario, outcome: Outcome) -> None:
 
 
 @pytest.mark.parametrize(
-    "scenario", CASES + TOKEN_CASES + MODEL_CASES + CP_CASES + STAGING_CASES, ids=lambda s: s.name
+    "scenario",
+    CASES + TOKEN_CASES + MODEL_CASES + CP_CASES + STAGING_CASES + FAILOVER_CASES,
+    ids=lambda s: s.name,
 )
 def test_in_memory(scenario: Scenario) -> None:
     check(scenario, run_in_memory(scenario))
@@ -698,7 +746,9 @@ def test_a_slot_map_of_the_wrong_cp_rank_is_caught_by_the_byte_comparison() -> N
 
 @pytest.mark.mooncake
 @pytest.mark.parametrize(
-    "scenario", CASES + MOONCAKE_TOKEN_CASES + CP_CASES + STAGING_CASES, ids=lambda s: s.name
+    "scenario",
+    CASES + MOONCAKE_TOKEN_CASES + CP_CASES + STAGING_CASES + FAILOVER_CASES,
+    ids=lambda s: s.name,
 )
 def test_through_mooncake(scenario: Scenario, mooncake_engine: None) -> None:
     check(scenario, run_in_processes(scenario, per_side=scenario.name in PER_SIDE))
