@@ -550,3 +550,67 @@ def test_the_command_runs_as_a_module_too() -> None:
         check=False,
     )
     assert done.returncode == 0 and done.stdout.strip() == f"pdplan {pdplan.__version__}"
+
+
+GQA_16_TO_4 = ["check", "--prefill-tp", "16", "--decode-tp", "4", "--model", "llama-3-70b"]
+
+
+def gone(*ranks: int) -> list[str]:
+    return [arg for rank in ranks for arg in ("--unavailable-prefill-rank", str(rank))]
+
+
+def test_check_reports_a_failover_that_loses_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    # 8 KV heads over prefill TP 16: ranks 0 and 1 both hold head 0; decode rank 0 holds heads
+    # 0 and 1 (ranks 0-1 and 2-3), so with rank 0 gone it reads head 0 from rank 1.
+    code, out, _ = run(capsys, *GQA_16_TO_4, *gone(0))
+    assert code == 0
+    assert "failover: prefill rank(s) 0 unavailable" in out
+    assert "decode rank 0: from prefill rank(s) 1-2 (was 0, 2); lost: nothing" in out
+    assert "decode rank 1: from prefill rank(s) 4, 6; lost: nothing" in out
+    assert "largest fanout: 1 (was 1)" in out
+    assert "complete: every byte is read from a prefill rank still up" in out
+
+
+def test_check_reports_what_is_lost_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *GQA_16_TO_4, "--prefill-dp", "2", "--decode-dp", "2", *gone(0, 1))
+    assert code == 2
+    assert "decode rank 0: from prefill rank(s) 2 (was 0, 2); lost: head 0 of layer(s) 0-79 " in out
+    assert "(target_k, target_v)" in out
+    # Decode DP group 1 reads prefill DP group 1, whose ranks are all up.
+    assert "decode DP group(s) 1: every prefill rank they read is up; plans unchanged" in out
+    assert "incomplete:" in out
+
+
+def test_check_reports_every_rank_gone(capsys: pytest.CaptureFixture[str]) -> None:
+    mla = ["check", "--prefill-tp", "8", "--decode-tp", "2", "--model", "deepseek-v3"]
+    code, out, _ = run(capsys, *mla, *gone(*range(8)))
+    assert code == 2
+    assert "every prefill rank is unavailable: nothing can be served" in out
+    assert "decode rank 1: from nobody (was 4); lost: all of layer(s) 0-60 (target_k)" in out
+    assert "largest fanout: 0 (was 1)" in out
+    # One rank left serves both decode ranks: fanout 2, nothing lost.
+    code, out, _ = run(capsys, *mla, *gone(*range(1, 8)))
+    assert code == 0
+    assert "decode rank 1: from prefill rank(s) 0 (was 4); lost: nothing" in out
+    assert "largest fanout: 2 (was 1)" in out
+
+
+@pytest.mark.parametrize(
+    ("ranks", "message"),
+    [
+        (["16"], "unavailable prefill rank 16 is out of range: the prefill world has 16 ranks"),
+        (["3", "3"], "unavailable prefill rank 3 is named twice"),
+        (["-1"], "expected a rank >= 0, got -1"),
+        (["x"], "expected a rank number, got 'x'"),
+    ],
+)
+def test_check_refuses_bad_unavailable_ranks(
+    capsys: pytest.CaptureFixture[str], ranks: list[str], message: str
+) -> None:
+    argv = [arg for rank in ranks for arg in ("--unavailable-prefill-rank", rank)]
+    try:
+        code, _, err = run(capsys, *GQA_16_TO_4, *argv)
+    except SystemExit as exit_:  # argparse's own refusals
+        code, err = int(exit_.code or 0), capsys.readouterr().err
+    assert code == 2
+    assert message in err

@@ -3,7 +3,8 @@
     pdplan demo
     pdplan plan --prefill-tp 8 --decode-tp 2 --model llama-3-70b \
         [--format table|json|routing-json|dot] [--decode-rank N ...]
-    pdplan check --prefill-tp 8 --decode-tp 3 --model llama-3-70b
+    pdplan check --prefill-tp 8 --decode-tp 3 --model llama-3-70b \
+        [--unavailable-prefill-rank N ...]
 
 User errors print one line and exit 2; there is no traceback for them.
 """
@@ -17,6 +18,7 @@ from pdplan._model import UnsupportedPDLayoutError
 from pdplan.cli.arguments import UserError, cost_model, parser
 from pdplan.cli.demo import demo
 from pdplan.cli.deployment import model_name, planner_from_args, shape_of
+from pdplan.cli.failover import failover_lines
 from pdplan.cli.formats import (
     chosen_ranks,
     context_line,
@@ -61,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(line)
             if note := idle_note(planner):
                 print(f"note: {note}")
+            if args.unavailable_prefill_rank:
+                failover = planner.without_prefill_ranks(args.unavailable_prefill_rank)
+                failover.verify()
+                lines, lost = failover_lines(planner, failover)
+                print("\n".join(lines))
+                return EXIT_UNSUPPORTED if lost else 0
             return 0
         shape, planner = planner_from_args(args)
         ranks = chosen_ranks(args, planner)

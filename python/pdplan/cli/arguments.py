@@ -246,6 +246,14 @@ def parser() -> argparse.ArgumentParser:
         description="Exit 0 when supported; otherwise print why and what would work, exit 2.",
     )
     _layout_options(check)
+    check.add_argument(
+        "--unavailable-prefill-rank",
+        type=_rank,
+        action="append",
+        metavar="N",
+        help="plan around this prefill rank, gone (repeatable): report who still serves each "
+        "decode rank and what is lost; exit 2 when anything is",
+    )
     models = commands.add_parser(
         "models",
         help="list the model families whose configs pdplan reads",
