@@ -30,28 +30,27 @@ def describe_lost(lost: Sequence[LostRange], buffers: Sequence[BufferLayout]) ->
     # (axis, units, share) -> the buffers losing them
     buffers_of: dict[tuple[str, tuple[int, int], int | None], set[int]] = {}
     for r in lost:
-        axis = by_index[r.buffer_index].logical_axis
-        key = (axis, (r.unit_start, r.unit_end), r.cp_share)
+        key = (by_index[r.buffer_index].logical_axis, (r.unit_start, r.unit_end), r.cp_share)
         buffers_of.setdefault(key, set()).add(r.buffer_index)
     # (axis, share, buffers) -> the unit ranges they lose
     units_of: dict[tuple[str, int | None, frozenset[int]], list[tuple[int, int]]] = {}
-    for (axis, units, share), indexes in buffers_of.items():
-        units_of.setdefault((axis, share, frozenset(indexes)), []).append(units)
+    for (kind_of_unit, run, share_of_run), losing in buffers_of.items():
+        units_of.setdefault((kind_of_unit, share_of_run, frozenset(losing)), []).append(run)
     parts = []
     for (axis, share, indexes), ranges in units_of.items():
         if axis in UNIT_NAMES:
             one, many = UNIT_NAMES[axis]
             several = len(ranges) > 1 or ranges[0][1] - ranges[0][0] > 1
             runs = ", ".join(str(a) if b - a == 1 else f"{a}-{b - 1}" for a, b in ranges)
-            units = f"{many if several else one} {runs}"
+            named = f"{many if several else one} {runs}"
         else:
-            units = "all"
+            named = "all"
         chosen = [by_index[i] for i in sorted(indexes)]
         layers = {b.layer for b in chosen if b.layer is not None}
         where = f"layer(s) {spans(layers)}" if layers else f"buffer(s) {spans(indexes)}"
         kinds = sorted({b.buffer_kind.value for b in chosen})
         tokens = f", tokens of CP share {share}" if share is not None else ""
-        parts.append(f"{units} of {where} ({', '.join(kinds)}){tokens}")
+        parts.append(f"{named} of {where} ({', '.join(kinds)}){tokens}")
     return "; ".join(parts)
 
 
