@@ -288,12 +288,14 @@ def simulate(
     source_group: int,
     replicas: str = "first",
     lost: Mapping[int, set[int]] | None = None,
+    senders: dict[tuple[int, int], int] | None = None,
 ) -> set[int]:
     """Runs the fragments as numpy copies between labelled items and checks every byte the
     decode rank should hold arrived exactly once, and nothing else was written. A row
     fragment copies `rows_per_page` runs a page, run r at offset + r * row stride. Returns the
     prefill ranks that delivered bytes the decode rank should hold. `lost` names, by buffer
-    index, logical units no source can send: their bytes must stay unwritten."""
+    index, logical units no source can send: their bytes must stay unwritten. `senders`, when
+    given, is filled with the prefill rank that sent each (buffer index, logical unit)."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     _, stage, tp_rank = where(decode, decode_rank)
     by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
@@ -360,6 +362,10 @@ def simulate(
         assert (got[stray] == 0).all() and (count[stray] == 1).all(), f"{name}: stray bytes"
         assert np.array_equal(got, expected), f"{name}: wrong bytes arrived"
         delivered.update(writer[d.buffer_index][wanted].tolist())
+        if senders is not None:
+            unit_of = (expected[wanted] - 1) // d.bytes_per_logical_unit
+            for unit, rank in zip(unit_of.tolist(), writer[d.buffer_index][wanted].tolist()):
+                senders[(d.buffer_index, unit)] = rank
     return delivered
 
 

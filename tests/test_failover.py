@@ -12,11 +12,15 @@ checked over (unit, token) pairs with `test_context`'s dealing.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
 from test_context import Side, brute_force
+from test_oracle import layouts
 
 from pdplan import (
     BufferKind,
@@ -27,7 +31,15 @@ from pdplan import (
     UnsupportedPDLayoutError,
 )
 
-from oracle import dealt_units, fanout_from_deliveries, receives, simulate, stages_of, where
+from oracle import (
+    dealt_units,
+    fanout_from_deliveries,
+    layout_is_valid,
+    receives,
+    simulate,
+    stages_of,
+    where,
+)
 
 UNIT = 64  # bytes of one head (or of the latent) a page, head-major
 
@@ -192,8 +204,46 @@ def least_largest(picks: list[list[frozenset[int]]]) -> int:
     return best
 
 
-def check_failover(case: Case, gone: Sequence[int]) -> PDTransferPlanner:
-    """Every plan of `case` without `gone` against brute force; returns the failover planner."""
+def least_largest_keeping(case: Case, gone: set[int]) -> int:
+    """The smallest largest fanout when every byte the planner of every rank reads from a rank
+    still up stays with it (who sent what: the oracle's simulation of that planner's plans),
+    over every choice of an available holder for each unit a gone rank sent."""
+    planner = case.planner()
+    per_group = case.decode.world_size // case.decode.dp_size
+    largest = 0
+    for group in range(case.decode.dp_size):
+        picks = []
+        for rank in range(group * per_group, (group + 1) * per_group):
+            needs, source_group = needed_units(case, rank, gone)
+            senders: dict[tuple[int, int], int] = {}
+            simulate(
+                rank,
+                planner.transfer_fragments(rank),
+                case.prefill,
+                case.decode,
+                case.prefill_buffers,
+                case.decode_buffers,
+                source_group,
+                case.replicas,
+                senders=senders,
+            )
+            kept = {p for p in senders.values() if p not in gone}
+            moved = {needs[b][u] for (b, u), p in senders.items() if p in gone and needs[b][u]}
+            # Units a kept source holds could stay with it at no cost; a choice is still free.
+            picks.append(
+                sorted({frozenset(kept | set(p)) for p in itertools.product(*moved)}, key=len)
+            )
+        largest = max(largest, least_largest(picks))
+    return largest
+
+
+def check_failover(
+    case: Case,
+    gone: Sequence[int],
+    least: Callable[[Case, set[int]], int] = least_largest_fanout,
+) -> PDTransferPlanner:
+    """Every plan of `case` without `gone` against brute force, the largest fanout against
+    `least`; returns the failover planner."""
     planner = case.planner()
     failover = planner.without_prefill_ranks(gone)
     assert failover.unavailable_prefill_ranks == frozenset(gone)
@@ -232,7 +282,16 @@ def check_failover(case: Case, gone: Sequence[int]) -> PDTransferPlanner:
     fanout = failover.source_fanout
     assert fanout == fanout_from_deliveries(case.prefill, case.decode, delivered)
     assert all(fanout[r] == 0 for r in gone)
-    assert max(fanout.values()) == least_largest_fanout(case, set(gone))
+    assert max(fanout.values()) == least(case, set(gone))
+    # The routing table is the plans' pairs: fragments and bytes a page, notify-only rows 0.
+    rows = set()
+    for d in range(case.decode.world_size):
+        plan = failover.plan_for_decode_rank(d)
+        for source, sent in failover.transfer_fragments(d).items():
+            rows.add((d, source, len(sent), sum(f.bytes_per_page for f in sent)))
+        rows |= {(d, source, 0, 0) for source in plan.notify_prefill_ranks}
+    table = failover.routing_table()
+    assert set(zip(*(column.tolist() for column in table))) == rows
     return failover
 
 
@@ -458,3 +517,32 @@ def test_lost_checks_its_arguments() -> None:
         failover.lost(0, 1)
     with pytest.raises(UnsupportedPDLayoutError, match="num_tokens=-1"):
         failover.lost(0, num_tokens=-1)
+
+
+@settings(max_examples=400, deadline=None)
+@given(layouts(max_tp=8), st.data())
+def test_failover_passes_the_oracle_on_random_layouts(
+    layout: tuple[Any, ...], data: st.DataObject
+) -> None:
+    """Random deployments (TP, DP, PP, replica groups, parts, token-major pages) with random
+    ranks gone: every plan through the simulation, lost units by brute force, and the largest
+    fanout the least that keeping every healthy read allows."""
+    prefill, decode, prefill_buffers, decode_buffers = layout
+    assume(layout_is_valid(*layout))
+    assume(
+        all(
+            d.logical_axis != "replicated"
+            or d.item_stride_bytes >= d.logical_size * d.bytes_per_logical_unit
+            for d in decode_buffers
+        )
+    )
+    replicas = data.draw(st.sampled_from(["first", "all"]))
+    case = Case("random", prefill, decode, prefill_buffers, decode_buffers, replicas)
+    try:
+        case.planner()
+    except UnsupportedPDLayoutError:
+        assume(False)
+    ranks = st.integers(0, prefill.world_size - 1)
+    gone = data.draw(st.sets(ranks, min_size=1, max_size=min(4, prefill.world_size)))
+    event(f"{len(gone)} gone")
+    check_failover(case, sorted(gone), least_largest_keeping)
