@@ -3,7 +3,7 @@
 # every CPython 3.10-3.13 this machine has (pyenv's, and the default python), then the test
 # suite run against the installed package, not the source tree. The default interpreter runs
 # everything (end-to-end through Mooncake and NIXL, benchmarks as tests, the typing checks);
-# the others run tests/ without the engine tests and the typing checks.
+# the others run tests/ without the engine tests and the typing checks, two files at a time.
 #
 #   scripts/test_wheel.sh
 set -euo pipefail
@@ -36,7 +36,8 @@ for version in 3.10 3.11 3.12 3.13; do
     extras="test"
     # One abi3 binary for every version: its stub and the package's types are checked once,
     # on the default interpreter (mypy --strict and stubtest take about 10 s a run).
-    args=(tests -m "not mooncake and not nixl" --ignore=tests/test_typing.py)
+    # Without the engines, on both cores (a file a worker: some tests count module state).
+    args=(tests -m "not mooncake and not nixl" --ignore=tests/test_typing.py -n 2 --dist loadfile)
   fi
   echo "== CPython $version ($python): $wheel[$extras]"
   "$venv/bin/python" -m pip install -q --upgrade pip

@@ -322,7 +322,9 @@ def test_gqa_replica_groups_serve_for_each_other() -> None:
     failover = check_failover(GQA_16_TO_4, [0, 1])
     assert failover.lost(0) == [LostRange(0, None, 0, 1), LostRange(1, None, 0, 1)]
     assert all(failover.lost(d) == [] for d in (1, 2, 3))
-    for gone in itertools.combinations(range(16), 2):
+    # Every pair among the first four replica groups (the others are alike): both of a group,
+    # one of each of two groups read by one decode rank, and of groups read by two.
+    for gone in itertools.combinations(range(8), 2):
         check_failover(GQA_16_TO_4, list(gone))
 
 
@@ -519,7 +521,7 @@ def test_lost_checks_its_arguments() -> None:
         failover.lost(0, num_tokens=-1)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(layouts(max_tp=8), st.data())
 def test_failover_passes_the_oracle_on_random_layouts(
     layout: tuple[Any, ...], data: st.DataObject

@@ -129,7 +129,7 @@ class PDTransferPlanner:
         gives equal plans and an equal ``fingerprint``. No ranks gives a planner that plans
         exactly as this one. Ranks out of range, named twice or not ints are refused with
         ``UnsupportedPDLayoutError``. Costs about what construction costs."""
-        planner = object.__new__(PDTransferPlanner)
+        planner = object.__new__(type(self))
         planner.__dict__.update(self.__dict__)
         planner._core = self._core.without_prefill_ranks(ranks)
         planner._unavailable = frozenset(planner._core.unavailable_prefill_ranks)
