@@ -168,16 +168,23 @@ def least_largest_fanout(case: Case, gone: set[int]) -> int:
     """The smallest largest fanout over every choice, by every decode rank of each group, of
     one available holder for each unit it needs (a prefill rank's fanout: how many decode
     ranks of one group chose it)."""
+
+    def picks(rank: int) -> list[frozenset[int]]:
+        needs, _ = needed_units(case, rank, gone)
+        sets = {h for units in needs.values() for h in units.values() if h}
+        return sorted({frozenset(p) for p in itertools.product(*sets)}, key=len)
+
+    return least_over_groups(case, picks)
+
+
+def least_over_groups(case: Case, picks: Callable[[int], list[frozenset[int]]]) -> int:
+    """The largest, over the decode DP groups, of the least largest fanout when each decode
+    rank of the group reads one of its `picks(rank)`."""
     per_group = case.decode.world_size // case.decode.dp_size
-    largest = 0
-    for group in range(case.decode.dp_size):
-        picks = []
-        for rank in range(group * per_group, (group + 1) * per_group):
-            needs, _ = needed_units(case, rank, gone)
-            sets = {h for units in needs.values() for h in units.values() if h}
-            picks.append(sorted({frozenset(p) for p in itertools.product(*sets)}, key=len))
-        largest = max(largest, least_largest(picks))
-    return largest
+    return max(
+        least_largest([picks(rank) for rank in range(g * per_group, (g + 1) * per_group)])
+        for g in range(case.decode.dp_size)
+    )
 
 
 def least_largest(picks: list[list[frozenset[int]]]) -> int:
@@ -209,32 +216,27 @@ def least_largest_keeping(case: Case, gone: set[int]) -> int:
     still up stays with it (who sent what: the oracle's simulation of that planner's plans),
     over every choice of an available holder for each unit a gone rank sent."""
     planner = case.planner()
-    per_group = case.decode.world_size // case.decode.dp_size
-    largest = 0
-    for group in range(case.decode.dp_size):
-        picks = []
-        for rank in range(group * per_group, (group + 1) * per_group):
-            needs, source_group = needed_units(case, rank, gone)
-            senders: dict[tuple[int, int], int] = {}
-            simulate(
-                rank,
-                planner.transfer_fragments(rank),
-                case.prefill,
-                case.decode,
-                case.prefill_buffers,
-                case.decode_buffers,
-                source_group,
-                case.replicas,
-                senders=senders,
-            )
-            kept = {p for p in senders.values() if p not in gone}
-            moved = {needs[b][u] for (b, u), p in senders.items() if p in gone and needs[b][u]}
-            # Units a kept source holds could stay with it at no cost; a choice is still free.
-            picks.append(
-                sorted({frozenset(kept | set(p)) for p in itertools.product(*moved)}, key=len)
-            )
-        largest = max(largest, least_largest(picks))
-    return largest
+
+    def picks(rank: int) -> list[frozenset[int]]:
+        needs, source_group = needed_units(case, rank, gone)
+        senders: dict[tuple[int, int], int] = {}
+        simulate(
+            rank,
+            planner.transfer_fragments(rank),
+            case.prefill,
+            case.decode,
+            case.prefill_buffers,
+            case.decode_buffers,
+            source_group,
+            case.replicas,
+            senders=senders,
+        )
+        kept = {p for p in senders.values() if p not in gone}
+        moved = {needs[b][u] for (b, u), p in senders.items() if p in gone and needs[b][u]}
+        # Units a kept source holds could stay with it at no cost; a choice is still free.
+        return sorted({frozenset(kept | set(p)) for p in itertools.product(*moved)}, key=len)
+
+    return least_over_groups(case, picks)
 
 
 def check_failover(

@@ -90,9 +90,7 @@ impl PyPlanner {
         prefill_dp_group: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<Fragment>> {
-        let rank = self.decode_rank(decode_rank)?;
-        let group = self.prefill_group(prefill_dp_group)?;
-        let tokens = Self::num_tokens(num_tokens)?;
+        let (rank, group, tokens) = self.request(decode_rank, prefill_dp_group, num_tokens)?;
         let source = int_arg(prefill_rank, "prefill_rank")
             .and_then(|value| self.inner.prefill().rank_coord(value))
             .map_err(to_py_err)?;
@@ -112,6 +110,21 @@ impl PyPlanner {
                      source_ranks)"
                 )))
             })
+    }
+
+    /// What a request names, as every per-rank method takes it: the decode rank, a router's
+    /// prefill DP group and the request's length, each checked by the core.
+    fn request(
+        &self,
+        decode_rank: &Bound<'_, PyAny>,
+        prefill_dp_group: Option<&Bound<'_, PyAny>>,
+        num_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(u64, Option<u64>, Option<u64>)> {
+        Ok((
+            self.decode_rank(decode_rank)?,
+            self.prefill_group(prefill_dp_group)?,
+            Self::num_tokens(num_tokens)?,
+        ))
     }
 
     fn decode_rank(&self, decode_rank: &Bound<'_, PyAny>) -> PyResult<u64> {
@@ -169,9 +182,7 @@ impl PyPlanner {
         prefill_dp_group: Option<&Bound<'py, PyAny>>,
         num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let rank = self.decode_rank(decode_rank)?;
-        let group = self.prefill_group(prefill_dp_group)?;
-        let tokens = Self::num_tokens(num_tokens)?;
+        let (rank, group, tokens) = self.request(decode_rank, prefill_dp_group, num_tokens)?;
         let plan = py
             .detach(|| self.inner.plan_for_decode_rank(rank, group, tokens))
             .map_err(to_py_err)?;
@@ -187,9 +198,7 @@ impl PyPlanner {
         prefill_dp_group: Option<&Bound<'py, PyAny>>,
         num_tokens: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let rank = self.decode_rank(decode_rank)?;
-        let group = self.prefill_group(prefill_dp_group)?;
-        let tokens = Self::num_tokens(num_tokens)?;
+        let (rank, group, tokens) = self.request(decode_rank, prefill_dp_group, num_tokens)?;
         let sources = py
             .detach(|| self.inner.transfer_fragments(rank, group, tokens))
             .map_err(to_py_err)?;
@@ -319,9 +328,7 @@ impl PyPlanner {
         prefill_dp_group: Option<&Bound<'_, PyAny>>,
         num_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<LostTuple>> {
-        let rank = self.decode_rank(decode_rank)?;
-        let group = self.prefill_group(prefill_dp_group)?;
-        let tokens = Self::num_tokens(num_tokens)?;
+        let (rank, group, tokens) = self.request(decode_rank, prefill_dp_group, num_tokens)?;
         let lost = py
             .detach(|| self.inner.lost(rank, group, tokens))
             .map_err(to_py_err)?;
