@@ -67,6 +67,12 @@ class Case:
     decode_buffers: tuple[BufferLayout, ...]
     replicas: str = "first"
 
+    def simulate(self, rank: int, fragments: Any, group: int, **checks: Any) -> set[int]:
+        """`oracle.simulate` of decode rank `rank` reading `fragments` from prefill DP group
+        `group` of this case."""
+        layouts = (self.prefill, self.decode, self.prefill_buffers, self.decode_buffers)
+        return simulate(rank, fragments, *layouts, group, self.replicas, **checks)
+
     def planner(self) -> PDTransferPlanner:
         return PDTransferPlanner(
             prefill_layout=self.prefill,
@@ -220,17 +226,7 @@ def least_largest_keeping(case: Case, gone: set[int]) -> int:
     def picks(rank: int) -> list[frozenset[int]]:
         needs, source_group = needed_units(case, rank, gone)
         senders: dict[tuple[int, int], int] = {}
-        simulate(
-            rank,
-            planner.transfer_fragments(rank),
-            case.prefill,
-            case.decode,
-            case.prefill_buffers,
-            case.decode_buffers,
-            source_group,
-            case.replicas,
-            senders=senders,
-        )
+        case.simulate(rank, planner.transfer_fragments(rank), source_group, senders=senders)
         kept = {p for p in senders.values() if p not in gone}
         moved = {needs[b][u] for (b, u), p in senders.items() if p in gone and needs[b][u]}
         # Units a kept source holds could stay with it at no cost; a choice is still free.
@@ -262,17 +258,7 @@ def check_failover(
         for b, u in lost:
             by_buffer.setdefault(b, set()).add(u)
         _, source_group = needed_units(case, d, gone)
-        delivered[d] = simulate(
-            d,
-            fragments,
-            case.prefill,
-            case.decode,
-            case.prefill_buffers,
-            case.decode_buffers,
-            source_group,
-            case.replicas,
-            lost=by_buffer,
-        )
+        delivered[d] = case.simulate(d, fragments, source_group, lost=by_buffer)
         # Needs whose holder is up keep it: what the planner of every rank reads from a rank
         # still up, the failover reads from it too.
         before = planner.transfer_fragments(d)
