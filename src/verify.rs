@@ -864,8 +864,8 @@ fn check_coverage(
                 bail!("{name}: bytes {start}..{end}{row} of each page are never written (gap)");
             }
             bail!(
-                "{name}: bytes {start}..{end}{row} of each page are written, but no available \
-                 prefill rank holds them (lost)"
+                "{name}: bytes {start}..{end}{row} of each page are written, but the decode rank \
+                 receives none of them there (or no available prefill rank holds them: lost)"
             );
         }
     }
@@ -1099,6 +1099,34 @@ mod tests {
             &[buffer(LogicalAxis::KvHead, 8, 2, 1)],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn failover_plans_are_held_to_what_is_left() {
+        // Prefill TP 8 over 8 heads, decode TP 2: rank 5 alone holds head 5 (decode rank 1's).
+        let planner = tp8_to_tp2();
+        let failover = planner.without_prefill_ranks(&[5]).unwrap();
+        verify(&failover).unwrap();
+        // The plans of every rank read from rank 5, which is gone.
+        let err = verify_plans(&failover, None, |rank| {
+            planner.transfer_fragments(rank, None, None)
+        })
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("prefill rank 5, which is unavailable"),
+            "{err}"
+        );
+        // A plan that drops a byte some rank still holds has a gap, not a loss.
+        let err = verify_plans(&failover, None, |rank| {
+            let mut sources = failover.transfer_fragments(rank, None, None)?;
+            if rank == 1 {
+                sources.remove(0); // rank 4, head 4
+            }
+            Ok(sources)
+        })
+        .unwrap_err();
+        assert!(err.message().contains("never written (gap)"), "{err}");
     }
 
     fn broken(mutate: impl Fn(&mut Vec<SourcePlan>)) -> String {

@@ -246,7 +246,7 @@ def check_failover(
     failover = planner.without_prefill_ranks(gone)
     assert failover.unavailable_prefill_ranks == frozenset(gone)
     failover.verify()
-    delivered = {}
+    delivered, plans = {}, {}
     for d in range(case.decode.world_size):
         plan = failover.plan_for_decode_rank(d)
         fragments = failover.transfer_fragments(d)
@@ -260,14 +260,17 @@ def check_failover(
         _, source_group = needed_units(case, d, gone)
         delivered[d] = case.simulate(d, fragments, source_group, lost=by_buffer)
         # Needs whose holder is up keep it: what the planner of every rank reads from a rank
-        # still up, the failover reads from it too.
-        before = planner.transfer_fragments(d)
-        for source, sent in before.items():
-            if source not in gone and plan.plan_kind == "fragmented" and sent:
-                kept = set(fragments.get(source, ()))
-                if planner.plan_for_decode_rank(d).plan_kind == "fragmented":
-                    assert set(sent) <= kept, (d, source)
+        # still up, the failover reads from it too (identity plans move whole items instead).
+        if planner.plan_for_decode_rank(d).plan_kind == "fragmented":
+            for source, sent in planner.transfer_fragments(d).items():
+                if source not in gone:
+                    assert set(sent) <= set(fragments.get(source, ())), (d, source)
+        plans[d] = plan
     fanout = failover.source_fanout
+    for plan in plans.values():  # each source waits for the decode ranks its fanout says
+        assert plan.required_dst_info_num_by_prefill_rank == {
+            rank: fanout[rank] for rank in plan.target_prefill_ranks
+        }
     assert fanout == fanout_from_deliveries(case.prefill, case.decode, delivered)
     assert all(fanout[r] == 0 for r in gone)
     assert max(fanout.values()) == least(case, set(gone))
