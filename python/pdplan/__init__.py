@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pdplan import limits
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, state_specs
-from pdplan._context import TokenShare, token_owners, token_slots
+from pdplan._context import token_owners, token_slots
 from pdplan._core import (
     DEFAULT_MAX_FRAGMENTS,
     DEFAULT_MAX_PAYLOAD_BYTES,
@@ -54,6 +54,7 @@ from pdplan._model import (
     ParallelLayout,
     RankCoordinates,
     RankTransferPlan,
+    TokenShare,
     TransferFragment,
 )
 from pdplan._planner import LostRange, PDTransferPlanner, RoutingTable

@@ -4,31 +4,16 @@ runs in Rust (src/context.rs)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING
 
 from pdplan import _core
+from pdplan._model import CpSplit, ParallelLayout
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from pdplan._model import ParallelLayout
-
-__all__ = ["CpSplit", "TokenShare", "token_owners", "token_slots"]
-
-CpSplit = Literal["interleave", "contiguous", "zigzag"]
-
-
-class TokenShare(NamedTuple):
-    """Which of a request's tokens one rank holds (``ParallelLayout.token_share``): the
-    ``cp_rank``-th of ``cp_size`` shares, dealt by ``cp_split`` (``token_owners``). Without
-    context parallelism, the one share of every token (``cp_size=1``); for decode context
-    parallel, ``cp_rank`` is the DCP rank."""
-
-    cp_size: int
-    cp_rank: int
-    cp_split: CpSplit
-    interleave: int
+__all__ = ["token_owners", "token_slots"]
 
 
 def token_slots(

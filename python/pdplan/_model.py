@@ -7,18 +7,34 @@ from enum import Enum
 from typing import Literal, NamedTuple
 
 from pdplan import _core
-from pdplan._context import TokenShare
 from pdplan._core import UnsupportedPDLayoutError
 
 __all__ = [
     "BufferKind",
     "BufferLayout",
+    "CpSplit",
     "ParallelLayout",
     "RankCoordinates",
     "RankTransferPlan",
+    "TokenShare",
     "TransferFragment",
     "UnsupportedPDLayoutError",
 ]
+
+
+CpSplit = Literal["interleave", "contiguous", "zigzag"]
+
+
+class TokenShare(NamedTuple):
+    """Which of a request's tokens one rank holds (``ParallelLayout.token_share``): the
+    ``cp_rank``-th of ``cp_size`` shares, dealt by ``cp_split`` (``token_owners``). Without
+    context parallelism, the one share of every token (``cp_size=1``); for decode context
+    parallel, ``cp_rank`` is the DCP rank."""
+
+    cp_size: int
+    cp_rank: int
+    cp_split: CpSplit
+    interleave: int
 
 
 class RankCoordinates(NamedTuple):
@@ -76,7 +92,7 @@ class ParallelLayout:
     cp_size: int = 1
     dcp_size: int = 1
     cp_kv: Literal["sharded", "replicated"] = "sharded"
-    cp_split: Literal["interleave", "contiguous", "zigzag"] = "interleave"
+    cp_split: CpSplit = "interleave"
     cp_interleave: int = 1
 
     def __post_init__(self) -> None:
