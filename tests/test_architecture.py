@@ -1,25 +1,41 @@
-"""The core's modules import only what docs/architecture.md says they may: modules of their own
-row or of rows above it, never in a circle. Read from the `use crate::` lines themselves."""
+"""The house's imports. The core's modules import only what docs/architecture.md says they may:
+modules of their own row or of rows above it, never in a circle (read from the `use crate::`
+lines themselves). The Python package's modules, the compiled module among them, never import
+in a circle either. No module of `src/` or `python/` runs past `MAX_LINES`."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 DOC = ROOT / "docs" / "architecture.md"
+PACKAGE = ROOT / "python" / "pdplan"
+BINDING = SRC / "python"
+COMPILED = "pdplan._core"
+# A module past this many lines holds more than one idea: split it (a folder module's files
+# count one by one).
+MAX_LINES = 800
+
+
+def folder_modules() -> set[str]:
+    """Rows naming a folder (`planner/`, `model/readers/`): one module split into files by idea,
+    each file a part of the folder's one purpose."""
+    return {name for row in documented_rows() for name in row if (SRC / name).is_dir()}
 
 
 def module_of(path: Path) -> str:
-    """`model/readers/state.rs` -> `model/readers`; `planner.rs` -> `planner`."""
+    """`model/readers/state.rs` -> `model/readers`; `planner/fanout.rs` -> `planner`;
+    `planner.rs` -> `planner`."""
     parts = list(path.relative_to(SRC).with_suffix("").parts)
     if parts[-1] == "mod":
         parts.pop()
-    if parts[:2] == ["model", "readers"]:
-        parts = parts[:2]
+    folders = folder_modules()
+    for end in range(1, len(parts) + 1):
+        if "/".join(parts[:end]) in folders:
+            return "/".join(parts[:end])
     return "/".join(parts)
 
 
@@ -82,6 +98,8 @@ def graph() -> dict[str, set[str]]:
     for path in sorted(SRC.rglob("*.rs")):
         if path.relative_to(SRC).parts[0] == "python" or path.name == "lib.rs":
             continue
+        if path.name == "tests.rs":
+            continue  # a folder module's unit tests (`#[cfg(test)] mod tests;`)
         module = module_of(path)
         if module == "model":
             continue  # the re-exports of model/
@@ -109,23 +127,29 @@ def test_no_module_imports_from_below_it() -> None:
     assert not unknown, f"imports of modules the table does not know: {unknown}"
 
 
-def test_no_two_modules_import_each_other() -> None:
-    edges = graph()
+def first_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of `edges` (module -> modules it imports), or None."""
     state: dict[str, int] = {}
 
-    def visit(module: str, path: list[str]) -> None:
+    def visit(module: str, path: list[str]) -> list[str] | None:
         state[module] = 1
         for dep in sorted(edges.get(module, ())):
             if state.get(dep) == 1:
-                cycle = [*path[path.index(dep) :], dep] if dep in path else [module, dep]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if dep not in state:
-                visit(dep, [*path, dep])
+                return [*path[path.index(dep) :], dep] if dep in path else [module, dep]
+            if dep not in state and (cycle := visit(dep, [*path, dep])):
+                return cycle
         state[module] = 2
+        return None
 
     for module in sorted(edges):
-        if module not in state:
-            visit(module, [module])
+        if module not in state and (cycle := visit(module, [module])):
+            return cycle
+    return None
+
+
+def test_no_two_modules_import_each_other() -> None:
+    cycle = first_cycle(graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
 def test_the_reader_finds_imports() -> None:
@@ -134,3 +158,112 @@ def test_the_reader_finds_imports() -> None:
     assert {"fragment", "holders", "notify", "limits"} <= edges["planner"]
     assert "model/config" in edges["model/readers"]
     assert {"model/config", "model/families", "model/shape"} <= edges["model/hf_config"]
+
+
+def python_modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its `__init__.py`)."""
+    modules = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def python_imports(module: str, source: str, *, is_package: bool, known: set[str]) -> set[str]:
+    """The package's modules `module` imports: every `import` and `from ... import` anywhere in
+    it (under `TYPE_CHECKING` and inside functions too), relative ones resolved; `from a import
+    b` is module `a.b` when that is a module, else `a`."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                for alias in node.names
+            ]
+        else:
+            continue
+        for name in names:
+            # `import a.b.c` imports the longest prefix that is a module.
+            parts = name.split(".")
+            for end in range(len(parts), 0, -1):
+                if ".".join(parts[:end]) in known:
+                    found.add(".".join(parts[:end]))
+                    break
+    return found - {module}
+
+
+def binding_imports() -> set[str]:
+    """The package's modules the compiled module imports at run time (`py.import("...")` in
+    `src/python/`)."""
+    found: set[str] = set()
+    for path in sorted(BINDING.rglob("*.rs")):
+        found.update(re.findall(r"\.import\(\s*\"([\w.]+)\"", path.read_text(encoding="utf-8")))
+    return found
+
+
+def python_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, the compiled module included. Its stub
+    (`_core.pyi`) names the package's types for the type checker only and is not an import."""
+    modules = python_modules()
+    known = {*modules, COMPILED}
+    edges = {
+        module: python_imports(
+            module,
+            path.read_text(encoding="utf-8"),
+            is_package=path.name == "__init__.py",
+            known=known,
+        )
+        for module, path in modules.items()
+    }
+    edges[COMPILED] = {name for name in binding_imports() if name in known}
+    return edges
+
+
+def test_no_python_module_imports_in_a_circle() -> None:
+    cycle = first_cycle(python_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_python_reader_finds_imports() -> None:
+    """The reader sees what matters: relative and absolute forms, `from package import module`,
+    imports under `TYPE_CHECKING`, and the binding's own imports."""
+    edges = python_graph()
+    assert {"pdplan._model", "pdplan._core"} <= edges["pdplan._context"]
+    assert {"pdplan._package_types", "pdplan.limits", "pdplan._planner"} <= edges["pdplan"]
+    assert "pdplan._model" in edges["pdplan._exchange"]
+    assert "types" in binding_imports()  # fragment_slots.rs: py.import("types")
+    known = {"pdplan", "pdplan._b", "pdplan.sub", "pdplan.sub._a", "pdplan.sub.c"}
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from . import _a\n"
+        "if TYPE_CHECKING:\n"
+        "    from pdplan._b import Thing\n"
+        "def f():\n"
+        "    from .. import Name\n"
+        "    import pdplan.sub.c.attr\n"
+    )
+    found = python_imports("pdplan.sub.probe", source, is_package=False, known=known)
+    assert found == {"pdplan.sub._a", "pdplan._b", "pdplan", "pdplan.sub.c"}
+
+
+def test_the_reader_catches_a_circle() -> None:
+    assert first_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert first_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_module_runs_past_the_line_bound() -> None:
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in [*SRC.rglob("*.rs"), *PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.pyi")]
+        if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, f"split these by idea (at most {MAX_LINES} lines a file): {long}"

@@ -6,7 +6,8 @@ wire format v1, with intersection, fanout, planning and wire coding done in Rust
 
 from __future__ import annotations
 
-from pdplan import limits
+# _package_types hands the compiled core the classes whose objects it makes (no import circle).
+from pdplan import _package_types, limits  # noqa: F401
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, state_specs
 from pdplan._context import token_owners, token_slots
 from pdplan._core import (

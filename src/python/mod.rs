@@ -12,6 +12,7 @@ mod fragment_slots;
 mod layouts;
 mod model;
 mod objects;
+mod package_types;
 mod planner;
 mod prepared;
 mod staging;
@@ -413,6 +414,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rank_token_share, m)?)?;
     m.add_function(wrap_pyfunction!(is_token_indexed, m)?)?;
     model::register(m)?;
+    m.add_function(wrap_pyfunction!(package_types::use_package_types, m)?)?;
     add_limits(m)?;
     // The field orders the binding fills objects in; a test holds them to `dataclasses.fields`.
     let fields = crate::fragment::FIELDS;

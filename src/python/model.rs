@@ -7,6 +7,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::convert::{each, item_lengths, model_shape, string_arg, to_u64, Converted};
 use super::objects::buffer_layout_object;
+use super::package_types::package_type;
 use super::to_py_err;
 use crate::layout::{BufferLayout, ContextParallel};
 use crate::model::{self, KindType, KindValue};
@@ -116,9 +117,7 @@ fn layer_object<'py>(py: Python<'py>, layer: &model::Layer) -> PyResult<Bound<'p
             KindValue::Layer(part) => kwargs.set_item(field.name, layer_object(py, &part)?)?,
         }
     }
-    py.import("pdplan._layouts")?
-        .getattr(kind.class)?
-        .call((), Some(&kwargs))
+    package_type(py, kind.class)?.call((), Some(&kwargs))
 }
 
 /// The layer-kind schema, for the parity test and the docs: per kind (kind, class, what it

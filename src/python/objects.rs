@@ -10,6 +10,7 @@ use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 use numpy::IntoPyArray;
 
 use super::fragment_slots::SlotLayout;
+use super::package_types::package_type;
 use crate::descriptors::Descriptors;
 use crate::fragment::{FieldValue, Fragment, FIELDS, FIELD_COUNT};
 use crate::layout::{BufferKind, BufferLayout};
@@ -41,22 +42,19 @@ pub fn field_names(py: Python<'_>) -> &[Py<PyString>] {
 
 pub fn model_types(py: Python<'_>) -> PyResult<&ModelTypes> {
     MODEL_TYPES.get_or_try_init(py, || {
-        let model = py.import("pdplan._model")?;
-        let kind_type = model.getattr("BufferKind")?;
+        let kind_type = package_type(py, "BufferKind")?;
         let kinds = BufferKind::ALL
             .iter()
             .map(|kind| kind_type.call1((kind.as_str(),)).map(Bound::unbind))
             .collect::<PyResult<Vec<_>>>()?;
-        let fragment = model.getattr("TransferFragment")?.cast_into::<PyType>()?;
+        let fragment = package_type(py, "TransferFragment")?.cast_into::<PyType>()?;
         Ok(ModelTypes {
             fragment_slots: SlotLayout::probe(&fragment, field_names(py))?,
             fragment: fragment.unbind(),
-            rank_plan: model
-                .getattr("RankTransferPlan")?
+            rank_plan: package_type(py, "RankTransferPlan")?
                 .cast_into::<PyType>()?
                 .unbind(),
-            buffer_layout: model
-                .getattr("BufferLayout")?
+            buffer_layout: package_type(py, "BufferLayout")?
                 .cast_into::<PyType>()?
                 .unbind(),
             kinds,
@@ -356,9 +354,7 @@ pub fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<
     // without running its Python frame (a request's fixed cost).
     static NEW: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
     let (new, cls) = NEW.get_or_try_init(py, || -> PyResult<_> {
-        let cls = py
-            .import("pdplan._descriptors")?
-            .getattr("TransferDescriptors")?;
+        let cls = package_type(py, "TransferDescriptors")?;
         let new = py.get_type::<PyTuple>().getattr("__new__")?;
         Ok((new.unbind(), cls.unbind()))
     })?;

@@ -7,6 +7,7 @@ use pyo3::sync::PyOnceLock;
 
 use super::convert::{optional_u64, to_u64, Converted};
 use super::objects::descriptors_object;
+use super::package_types::package_type;
 use super::to_py_err;
 use crate::cost::CostModel;
 use crate::error::PlanError;
@@ -153,10 +154,7 @@ pub type CountsTuple = (u64, u64, u64, u64, u64);
 pub fn counts_object(py: Python<'_>, c: StagingCounts) -> PyResult<Bound<'_, PyAny>> {
     static COUNTS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let cls = COUNTS.get_or_try_init(py, || -> PyResult<_> {
-        Ok(py
-            .import("pdplan._staging")?
-            .getattr("StagingCounts")?
-            .unbind())
+        Ok(package_type(py, "StagingCounts")?.unbind())
     })?;
     cls.bind(py)
         .call1((c.direct, c.transfer, c.gather, c.scatter, c.bytes))
