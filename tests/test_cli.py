@@ -4,13 +4,22 @@ library."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from pdplan import ModelShape, ParallelLayout, PDTransferPlanner, __version__, model_buffer_layouts
+from pdplan import (
+    ModelShape,
+    ParallelLayout,
+    PDTransferPlanner,
+    __version__,
+    limits,
+    model_buffer_layouts,
+)
 from pdplan.cli import main
 
 from layouts import fragment_to_dict
@@ -32,6 +41,12 @@ def test_console_script_version_and_help() -> None:
     for command in ("demo", "plan", "check"):
         done = subprocess.run([exe, command, "--help"], capture_output=True, text=True, check=False)
         assert done.returncode == 0 and "usage: pdplan " + command in done.stdout
+    bad = [exe, "check", "--prefill-tp", "x", "--decode-tp", "1", "--model", "llama-3-8b"]
+    done = subprocess.run(bad, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "pdplan check: error: argument --prefill-tp: expected a whole number, got 'x'",
+        "(pdplan check --help lists the options)",
+    ]
 
 
 def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
@@ -244,13 +259,15 @@ def test_user_errors_are_one_line_without_traceback(
         ["launch"],
     ],
 )
-def test_bad_arguments_exit_2_with_usage(
+def test_bad_arguments_exit_2_with_a_line_and_a_hint(
     capsys: pytest.CaptureFixture[str], argv: list[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
-    assert "usage:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage:" not in err and len(err.splitlines()) == 2
+    assert err.startswith("pdplan") and ": error: " in err and "--help lists the" in err
 
 
 def test_decode_replicas_and_kv_layout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -614,3 +631,187 @@ def test_check_refuses_bad_unavailable_ranks(
         code, err = int(exit_.code or 0), capsys.readouterr().err
     assert code == 2
     assert message in err
+
+
+# The command as a user meets it: a process of its own, its words on stderr and its exit code.
+
+
+def pdplan(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pdplan.cli", *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=cwd,
+        timeout=120,
+    )
+
+
+CHECK_8B = ["check", "--prefill-tp", "2", "--decode-tp", "1", "--model", "llama-3-8b"]
+SUBCOMMAND_HINT = "({} --help lists the options)"
+TOP_HINT = "(pdplan --help lists the commands: demo, plan, check, models)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "prog", "named"),
+    [
+        (["check", "--prefill-tp", "x", "--decode-tp", "1", "--model", "llama-3-8b"],
+         "pdplan check", "argument --prefill-tp: expected a whole number, got 'x'"),
+        (["plan", "--prefill-tp", "2", "--decode-tp", "1", "--model", "llama-3-8b", "--format",
+          "yaml"], "pdplan plan", "argument --format: invalid choice: 'yaml'"),
+        (["plan", "--decode-tp", "2", "--model", "llama-3-8b"], "pdplan plan",
+         "the following arguments are required: --prefill-tp"),
+        ([*CHECK_8B, "--chunk-bytes", "-5"], "pdplan check", "argument --chunk-bytes"),
+        ([*CHECK_8B, "--bogus", "3"], "pdplan check", "unrecognized arguments: --bogus 3"),
+        (["models", "--format", "yaml"], "pdplan models", "argument --format"),
+        (["demo", "--fast"], "pdplan demo", "unrecognized arguments: --fast"),
+        (["launch"], "pdplan", "argument COMMAND: invalid choice: 'launch'"),
+        ([], "pdplan", "the following arguments are required: COMMAND"),
+    ],
+)  # fmt: skip
+def test_a_refused_flag_is_one_line_and_a_hint_not_the_usage(
+    argv: list[str], prog: str, named: str
+) -> None:
+    done = pdplan(*argv)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2, done.stderr
+    assert lines[0].startswith(f"{prog}: error: {named}"), lines[0]
+    assert lines[1] == (TOP_HINT if prog == "pdplan" else SUBCOMMAND_HINT.format(prog))
+
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+}
+
+
+def write(path: Path, content: str | bytes | dict[str, object]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def too_large(path: Path) -> None:
+    """A file one byte past the config bound, holding no data (sparse)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        f.truncate(limits.MAX_CONFIG_BYTES + 1)
+
+
+# (what the user gives, how the tmp folder is filled, what the message says besides the path)
+CONFIG_ERRORS = [
+    ("zebra/absent-7.json", None, "no such file or folder"),
+    ("walrus-absent-folder/", None, "no such file or folder"),
+    ("zebra/notjson-7.json", "not json at all", "is not valid JSON"),
+    ("zebra/list-7.json", "[1, 2]", "must hold a JSON object"),
+    ("zebra/brandnew-7.json", {"architectures": ["BrandNewForCausalLM"]}, "--family"),
+    ("zebra/nolayers-7.json", {"architectures": ["LlamaForCausalLM"]}, "num_hidden_layers"),
+    ("zebra/latin1-7.json", b'{"architectures": ["\xe9"]}', "UTF-8"),
+    ("zebra/huge-7.json", too_large, "pdplan.limits.MAX_CONFIG_BYTES"),
+    ("walrus-empty-folder", "folder", "without a config.json"),
+]
+
+
+@pytest.mark.parametrize("flag", ["--config", "--model"])
+@pytest.mark.parametrize(
+    ("given", "content", "says"), CONFIG_ERRORS, ids=[c[0] for c in CONFIG_ERRORS]
+)
+def test_a_config_error_names_the_path_given(
+    tmp_path: Path, flag: str, given: str, content: object, says: str
+) -> None:
+    if content == "folder":
+        (tmp_path / given).mkdir()
+    elif content is too_large:
+        too_large(tmp_path / given)
+    elif isinstance(content, (str, bytes, dict)):
+        write(tmp_path / given, content)
+    done = pdplan("check", "--prefill-tp", "2", "--decode-tp", "1", flag, given, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    [line] = done.stderr.splitlines()
+    # Named as typed (relative to where the command ran), never as "config.json".
+    assert line.startswith("pdplan: ") and given in line and says in line, line
+
+
+def test_a_config_error_inside_a_folder_names_the_file_read(tmp_path: Path) -> None:
+    write(tmp_path / "zebra-model" / "config.json", {"architectures": ["LlamaForCausalLM"]})
+    done = pdplan("check", "--prefill-tp", "2", "--decode-tp", "1", "--config", "zebra-model",
+                  cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"pdplan: {os.path.join('zebra-model', 'config.json')} has no ")
+
+
+def test_an_unreadable_path_is_named_with_the_system_s_reason(tmp_path: Path) -> None:
+    # A path through a file cannot be read by anyone, root included (CI runs as root).
+    write(tmp_path / "zebra-file.json", LLAMA)
+    given = os.path.join("zebra-file.json", "config.json")
+    done = pdplan("check", "--prefill-tp", "2", "--decode-tp", "1", "--config", given,
+                  cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == f"pdplan: cannot read {given}: Not a directory\n"
+
+
+def test_a_model_folder_plans_as_its_config_json(tmp_path: Path) -> None:
+    write(tmp_path / "walrus-13b" / "config.json", LLAMA)
+    ways = [
+        ("--model", "walrus-13b"),
+        ("--config", "walrus-13b/"),
+        ("--config", "walrus-13b/config.json"),
+        ("--model", str(tmp_path / "walrus-13b")),
+    ]
+    plans = []
+    for flag, given in ways:
+        done = pdplan("plan", "--prefill-tp", "8", "--decode-tp", "2", flag, given,
+                      "--format", "json", cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        plans.append(json.loads(done.stdout))
+    assert all(plan == plans[0] for plan in plans)
+    # The config's shape: 4 layers x K and V, the 8 KV heads of 128 dims over prefill TP 8.
+    layers = plans[0]["model"]["layer_kinds"]
+    assert plans[0]["buffers"] == 8 and len(layers) == 4
+    assert {(layer["kv_heads"], layer["head_dim"]) for layer in layers} == {(8, 128)}
+    assert [p["target_prefill_ranks"] for p in plans[0]["plans"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    done = pdplan("check", "--prefill-tp", "8", "--decode-tp", "2", "--model", ".",
+                  cwd=tmp_path / "walrus-13b")  # fmt: skip
+    assert done.returncode == 0 and done.stdout.startswith("model: walrus-13b (family llama)")
+
+
+def model_line_name(given: str, cwd: Path) -> str:
+    done = pdplan("check", "--prefill-tp", "2", "--decode-tp", "1", "--config", given, cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first.startswith("model: ") and " (family llama): 4 layers" in first, first
+    return first.removeprefix("model: ").split(" (family llama)")[0]
+
+
+def test_the_model_is_named_by_its_path(tmp_path: Path) -> None:
+    # The config's own _name_or_path (a training run's folder, or a fine-tune's base model)
+    # names another model: never this one's name.
+    named = {**LLAMA, "_name_or_path": "/scratch/run-41/checkpoint-900"}
+    write(tmp_path / "walrus-13b" / "config.json", named)
+    write(tmp_path / "configs" / "llama3-70b.json", named)
+    write(tmp_path / "configs" / "tuned.v2.json", LLAMA)
+    assert model_line_name("walrus-13b", tmp_path) == "walrus-13b"  # a folder: its name
+    assert model_line_name("walrus-13b/", tmp_path) == "walrus-13b"
+    assert model_line_name(".", tmp_path / "walrus-13b") == "walrus-13b"
+    assert model_line_name("walrus-13b/config.json", tmp_path) == "walrus-13b"  # its folder's
+    assert model_line_name("config.json", tmp_path / "walrus-13b") == "walrus-13b"
+    assert model_line_name("configs/llama3-70b.json", tmp_path) == "llama3-70b"  # its stem
+    assert model_line_name(str(tmp_path / "configs" / "tuned.v2.json"), tmp_path) == "tuned.v2"
+
+
+def test_a_hugging_face_cache_snapshot_is_named_by_its_repository(tmp_path: Path) -> None:
+    # The cache's layout: models--ORG--NAME/snapshots/REVISION/config.json, a link to a blob.
+    repository = tmp_path / "hub" / "models--acme--Walrus-13B"
+    write(repository / "blobs" / "5f1e0c9a", LLAMA)
+    snapshot = repository / "snapshots" / "0123456789abcdef"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").symlink_to(Path("..", "..", "blobs", "5f1e0c9a"))
+    assert model_line_name(str(snapshot), tmp_path) == "acme/Walrus-13B"
+    assert model_line_name(str(snapshot / "config.json"), tmp_path) == "acme/Walrus-13B"

@@ -5,8 +5,10 @@
         [--format table|json|routing-json|dot] [--decode-rank N ...]
     pdplan check --prefill-tp 8 --decode-tp 3 --model llama-3-70b \
         [--unavailable-prefill-rank N ...]
+    pdplan check --prefill-tp 8 --decode-tp 2 --config path/to/model/   # or .../config.json
 
-User errors print one line and exit 2; there is no traceback for them.
+User errors print one line and exit 2 (a flag argparse refuses: its line and a hint); there is
+no traceback for them. A config is named in messages by the path given.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import sys
 from collections.abc import Sequence
 
 from pdplan._model import UnsupportedPDLayoutError
-from pdplan.cli.arguments import UserError, cost_model, parser
+from pdplan.cli.arguments import UserError, cost_model, parse
 from pdplan.cli.demo import demo
-from pdplan.cli.deployment import model_name, planner_from_args, shape_of
+from pdplan.cli.deployment import Deployment, model_name, planner_from_args, shape_of
 from pdplan.cli.failover import failover_lines
 from pdplan.cli.formats import (
     chosen_ranks,
@@ -37,7 +39,7 @@ EXIT_UNSUPPORTED = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     try:
         if args.command == "demo":
             demo()
@@ -46,11 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print_families(args.format)
             return 0
         if args.command == "check":
+            shape = shape_of(args)  # a model that cannot be read is a user error, not a layout's
             try:
-                shape, planner = planner_from_args(args)
+                planner = Deployment.from_args(args).planner(shape)
                 planner.verify()
             except UnsupportedPDLayoutError as exc:
-                shape = shape_of(args)
                 print(f"unsupported: {exc}{suggestion(args, shape)}", file=sys.stderr)
                 return EXIT_UNSUPPORTED
             for line in model_lines(shape, model_name(args)):

@@ -1,10 +1,13 @@
 """The command's arguments: every flag, each parsed and judged as it is read; a user error
-is one line and exit 2 (``UserError``)."""
+is one line and exit 2 (``UserError``), and so is a flag argparse refuses (its line, then where
+the options are listed: never the whole usage)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import os
+from collections.abc import Sequence
+from typing import NoReturn
 
 from pdplan._core import __version__
 from pdplan._layouts import (
@@ -15,6 +18,31 @@ from pdplan._staging import CostModel
 
 class UserError(Exception):
     """A problem with what the user asked for: one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusals are argparse's error line and a hint (exit 2, as
+    argparse's): the usage of ``plan`` or ``check`` runs to 22 lines, which bury the line that
+    says what is wrong."""
+
+    #: What ``PROG --help`` lists, for the hint.
+    lists = "the options"
+    #: The subcommands' parsers, by name (the top parser's only).
+    commands: dict[str, Parser]
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n({self.prog} --help lists {self.lists})\n")
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed; refusals as ``Parser.error`` words them, by the subcommand's
+    parser when a subcommand was given (so its hint points at its own ``--help``)."""
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        command = top.commands.get(getattr(args, "command", None) or "", top)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
+    return args
 
 
 def _positive(text: str) -> int:
@@ -134,10 +162,14 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument(
         "--model",
         type=_model,
-        metavar="NAME|config.json",
-        help=f"a preset ({', '.join(MODEL_PRESETS)}) or a local config.json",
+        metavar="NAME|PATH",
+        help=f"a preset ({', '.join(MODEL_PRESETS)}), or the path of a local config (as --config)",
     )
-    model.add_argument("--config", metavar="config.json", help="a local Hugging Face config")
+    model.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a local Hugging Face config file, or a model's folder holding its config.json",
+    )
     model.add_argument(
         "--family",
         metavar="NAME",
@@ -207,8 +239,8 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+def parser() -> Parser:
+    parser = Parser(
         prog="pdplan",
         description="Plan prefill -> decode KV-cache transfers between two parallel layouts.",
     )
@@ -261,13 +293,23 @@ def parser() -> argparse.ArgumentParser:
         "the cache-shaping config keys it reads, and the modeling code its rule follows.",
     )
     models.add_argument("--format", choices=("table", "json"), default="table")
+    parser.commands = commands.choices
+    parser.lists = f"the commands: {', '.join(parser.commands)}"
     return parser
 
 
 def _model(value: str) -> str:
-    """A preset name or the path of a config file (read later, where errors are reported)."""
-    if value in MODEL_PRESETS or value.endswith(".json") or Path(value).is_file():
+    """A preset name or a path: anything that exists, ends in ``.json`` or names a folder
+    (``dir/``) is read later, where a missing or unreadable file is reported by its path."""
+    separators = {os.sep, os.altsep or os.sep}
+    if (
+        value in MODEL_PRESETS
+        or value.endswith(".json")
+        or any(s in value for s in separators)
+        or os.path.exists(value)
+    ):
         return value
     raise argparse.ArgumentTypeError(
-        f"unknown model {value!r}: give a preset ({', '.join(MODEL_PRESETS)}) or a config.json"
+        f"unknown model {value!r}: give a preset ({', '.join(MODEL_PRESETS)}), a config file or "
+        "a model's folder"
     )

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import stat
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
+from pdplan import limits
 from pdplan._layouts import (
     MODEL_PRESETS,
     ModelShape,
     even_layer_partition,
     model_buffer_layouts,
 )
-from pdplan._model import BufferLayout, ParallelLayout
+from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
 from pdplan.cli.arguments import UserError
 
@@ -113,6 +117,69 @@ class Deployment:
         )
 
 
+#: The file a model's folder keeps its config in (Hugging Face's name for it).
+CONFIG_NAME = "config.json"
+#: A Hub repository's name (``ORG/NAME``): a path that looks like one and is not there was
+#: probably meant for the Hub, which pdplan does not fetch from.
+HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def config_file(given: str) -> str:
+    """The file the path `given` names, spelled from it (so messages name it as it was typed):
+    `given` itself, or the ``config.json`` in the folder `given` names. Refused, naming the
+    path and what to give instead, when there is no such file, it cannot be read or it is too
+    large to be a config."""
+    if os.path.isdir(given):
+        path = os.path.join(given, CONFIG_NAME)
+        if not os.path.isfile(path):
+            raise UserError(
+                f"{given} is a folder without a {CONFIG_NAME}: give the folder of a Hugging Face "
+                f"model (the one holding its {CONFIG_NAME}) or the config file itself"
+            )
+    else:
+        path = given
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        hub = ""
+        if HUB_NAME.fullmatch(given) and not given.endswith(".json"):
+            hub = f" (pdplan fetches nothing: download a Hub model's {CONFIG_NAME} first)"
+        raise UserError(
+            f"cannot read {given}: no such file or folder; give a model's {CONFIG_NAME} or the "
+            f"folder holding it{hub}"
+        ) from None
+    except OSError as error:
+        raise UserError(f"cannot read {path}: {error.strerror or error}") from None
+    if not os.access(path, os.R_OK):
+        raise UserError(f"cannot read {path}: permission denied")
+    if stat.S_ISREG(status.st_mode) and status.st_size > limits.MAX_CONFIG_BYTES:
+        raise UserError(
+            f"{path} is {status.st_size:,} bytes, more than a config holds (the limit is "
+            f"{limits.MAX_CONFIG_BYTES:,}, pdplan.limits.MAX_CONFIG_BYTES): give the model's "
+            f"{CONFIG_NAME}"
+        )
+    return path
+
+
+def read_config(given: str, page_size: int, family: str | None) -> ModelShape:
+    """The model the config at `given` (a file or a model's folder) describes. Every refusal
+    names the file as it was given: the core's messages, which call any config
+    ``config.json``, are reworded to name it."""
+    path = config_file(given)
+    try:
+        return ModelShape.from_hf_config(path, page_size=page_size, family=family)
+    except UnsupportedPDLayoutError as error:
+        message = str(error)
+        if message.startswith(CONFIG_NAME):
+            message = path + message[len(CONFIG_NAME) :]
+        elif message.startswith(f"cannot read {path}: "):  # read, but not UTF-8 text
+            message += f"; a config is JSON in UTF-8: give the model's {CONFIG_NAME}"
+        # The core's advice names the API's argument; the command's is the flag.
+        message = message.replace("family= (--family on the command)", "--family")
+        message = message.replace("with family=", "with --family")
+        raise UnsupportedPDLayoutError(message) from None
+
+
 def shape_of(args: argparse.Namespace) -> ModelShape:
     explicit = [args.layers, args.kv_heads, args.head_dim]
     chosen = sum(x is not None for x in (args.model, args.config)) + any(
@@ -120,16 +187,15 @@ def shape_of(args: argparse.Namespace) -> ModelShape:
     )
     if chosen != 1:
         raise UserError(
-            "give exactly one model: --model PRESET, --config config.json, or "
-            "--layers N --kv-heads N --head-dim N [--dtype NAME]"
+            "give exactly one model: --model PRESET, --config PATH (a config.json or a model's "
+            "folder), or --layers N --kv-heads N --head-dim N [--dtype NAME]"
         )
     if args.family is not None and not (args.config or args.model not in (None, *MODEL_PRESETS)):
         raise UserError("--family chooses the reader of a config.json; give one with --config")
     if args.model in MODEL_PRESETS:
         shape = ModelShape.preset(args.model, page_size=args.page_size)
     elif args.model or args.config:
-        path = args.model or args.config
-        shape = ModelShape.from_hf_config(path, page_size=args.page_size, family=args.family)
+        shape = read_config(args.model or args.config, args.page_size, args.family)
     elif any(x is None for x in explicit):
         raise UserError("--layers, --kv-heads and --head-dim go together")
     else:
@@ -142,15 +208,41 @@ def shape_of(args: argparse.Namespace) -> ModelShape:
     )
 
 
+def _folder_name(folder: Path) -> str:
+    """A model folder's name; a snapshot in the Hugging Face cache
+    (``models--ORG--NAME/snapshots/REVISION``) is named by its repository, ``ORG/NAME``."""
+    repository = folder.parent.parent.name
+    if folder.parent.name == "snapshots" and repository.startswith("models--"):
+        return repository.removeprefix("models--").replace("--", "/")
+    return folder.name
+
+
+def config_name(given: str) -> str | None:
+    """What the model line calls the model of the config at `given`: a folder's name, the
+    folder of a file named ``config.json``, else the file's stem (``configs/llama3-70b.json``:
+    ``llama3-70b``). The path is taken as written (``.`` is the current folder), its links not
+    followed: the Hugging Face cache links each snapshot's ``config.json`` to a blob. The
+    config's own ``_name_or_path`` is not used: it is where the config was loaded from when
+    it was saved (a training run's folder, or the base model of a fine-tune), not this model."""
+    path = Path(os.path.abspath(given))
+    if os.path.isdir(given):
+        folder = path
+    elif not os.path.isfile(given):  # a pipe (``--config <(curl ...)``) names nothing
+        return None
+    elif path.name == CONFIG_NAME:
+        folder = path.parent
+    else:
+        return path.stem or given
+    return _folder_name(folder) or given
+
+
 def model_name(args: argparse.Namespace) -> str | None:
-    """What the model line calls the model: the preset, or the folder its config is in."""
+    """What the model line calls the model: the preset, or the name of its config's path
+    (``config_name``; none for a pipe)."""
     if args.model in MODEL_PRESETS:
         return str(args.model)
     path = args.model or args.config
-    if path is None:
-        return None
-    folder = Path(path).resolve().parent.name
-    return folder or Path(path).name
+    return None if path is None else config_name(path)
 
 
 def planner_from_args(args: argparse.Namespace) -> tuple[ModelShape, PDTransferPlanner]:
