@@ -74,3 +74,29 @@ def test_an_unknown_kind_is_refused_naming_the_kinds() -> None:
     shape = pdplan.ModelShape(layer_kinds=(Rwkv(),))  # type: ignore[arg-type]
     with pytest.raises(pdplan.UnsupportedPDLayoutError, match="attention, mla, mamba2"):
         _core.model_layers(shape)
+
+
+def field_docstrings(cls: str) -> dict[str, str]:
+    """The docstrings written under each field of a layer class, as the API reference reads
+    them (griffe, statically)."""
+    import griffe
+
+    loaded = griffe.load("pdplan._layouts", docstring_parser="sphinx", allow_inspection=False)
+    members = loaded[cls].members
+    return {
+        name: member.docstring.value
+        for name, member in members.items()
+        if isinstance(member, griffe.Attribute) and member.docstring is not None
+    }
+
+
+@pytest.mark.parametrize(("kind", "cls", "keeps", "fields"), SCHEMA, ids=[r[0] for r in SCHEMA])
+def test_a_field_s_docstring_says_what_its_schema_row_says(
+    kind: str, cls: str, keeps: str, fields: list[tuple[str, str, int | None, str]]
+) -> None:
+    """The reference's field descriptions are written by hand beside the fields: each begins
+    with the schema's own words for it, so the two cannot drift apart."""
+    docs = field_docstrings(cls)
+    for name, _, _, doc in fields:
+        assert name in docs, f"{cls}.{name} has no docstring"
+        assert docs[name].lower().startswith(doc.lower().rstrip(".")), (cls, name, docs[name], doc)

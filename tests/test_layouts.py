@@ -385,3 +385,68 @@ def test_one_group_mamba2_at_tp_above_one_is_refused_by_name() -> None:
 def test_pipeline_stage_counts_must_be_positive_integers(pp: object, message: str) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         model_buffer_layouts(ModelShape.preset("llama-3-8b"), 2, 2, prefill_pp=pp)  # type: ignore[arg-type]
+
+
+#: Layer counts of the presets' published configs (``num_hidden_layers``).
+PUBLISHED_LAYERS = {
+    "llama-3-8b": 32,
+    "llama-3-70b": 80,
+    "qwen2.5-32b": 64,
+    "deepseek-v3": 61,
+    "gpt-oss-120b": 36,
+    "gemma-3-27b": 62,
+}
+UNIFORM_FIELDS = {"layers", "kv_heads", "head_dim", "mla_kv_lora_rank", "mla_rope_head_dim"}
+
+
+@pytest.mark.parametrize(("name", "layers"), PUBLISHED_LAYERS.items())
+def test_a_presets_json_and_repr_say_its_layer_count(name: str, layers: int) -> None:
+    shape = ModelShape.preset(name)
+    written = json.loads(shape.to_json())
+    assert written["num_layers"] == layers == len(written["layer_kinds"])
+    # A preset is its layer_kinds: the uniform shorthand's fields (all 0) are not written.
+    assert not UNIFORM_FIELDS & written.keys()
+    assert repr(shape).startswith(f"ModelShape({layers} layers: ")
+
+
+def test_llama_3_70b_as_json() -> None:
+    # config.json: 80 layers, 8 KV heads, head dim 8192 / 64 = 128, bfloat16.
+    written = json.loads(ModelShape.preset("llama-3-70b").to_json())
+    layer = {"kind": "attention", "kv_heads": 8, "head_dim": 128}
+    layer |= {"sliding_window": None, "v_head_dim": None, "attention_chunk_size": None}
+    assert written["layer_kinds"] == [layer] * 80
+    assert written["dtype"] == "bfloat16" and written["draft_layers"] == 0
+
+
+def test_the_uniform_shorthand_is_written_as_its_layers() -> None:
+    shape = ModelShape(layers=3, kv_heads=4, head_dim=64, page_size=8)
+    written = json.loads(shape.to_json())
+    assert written["num_layers"] == 3 and not UNIFORM_FIELDS & written.keys()
+    kinds = written["layer_kinds"]
+    made = [(k.pop("kind"), k["kv_heads"], k["head_dim"]) for k in kinds]
+    assert made == [("attention", 4, 64)] * 3
+    # Read back as layer_kinds, it is the same model.
+    again = ModelShape(layer_kinds=tuple(AttentionLayer(**k) for k in kinds), page_size=8)
+    assert model_buffer_layouts(again, 2, 4) == model_buffer_layouts(shape, 2, 4)
+
+
+@pytest.mark.parametrize("name", MODEL_PRESETS)
+def test_a_presets_repr_is_one_short_line(name: str) -> None:
+    text = repr(ModelShape.preset(name))
+    assert len(text) <= 200 and "\n" not in text, text
+
+
+def test_the_repr_names_kinds_draft_and_dtypes() -> None:
+    # EAGLE's Llama-3-70B head: one decoder layer of 8 KV heads x 128 on the 80-layer model.
+    assert repr(ModelShape.preset("llama-3-70b-eagle")) == (
+        "ModelShape(80 layers: 80 full attention, 1 draft layer (8 KV heads x 128); "
+        "bfloat16, page_size=16, family='llama')"
+    )
+    hybrid = replace(ModelShape.preset("jamba-1.5-mini"), kv_cache_dtype="fp8")
+    # Jamba: one attention layer in eight, 32 layers.
+    assert repr(hybrid) == (
+        "ModelShape(32 layers: 28 Mamba1, 4 full attention; bfloat16, kv_cache_dtype='fp8', "
+        "page_size=16, family='jamba')"
+    )
+    # A shape the core refuses still shows what it was given.
+    assert repr(ModelShape(layers=-1, kv_heads=8)) == "ModelShape(layers=-1, kv_heads=8)"

@@ -35,26 +35,37 @@ def buffer_from_array(
     from the base its own view reaches), ready for ``PDTransferPlanner`` and
     ``PreparedTransfer``.
 
-    ``array`` is anything with ``__cuda_array_interface__``, ``__array_interface__`` or
-    ``__dlpack__`` (torch, CuPy, numpy): nothing is copied, torch is not imported, and the
-    memory (which may sit on a GPU) is never read. ``axes`` names each dimension:
+    Nothing is copied, torch is not imported, and the memory (which may sit on a GPU) is never
+    read. The strides decide the rest: head-major or token-major pages, the page stride (a
+    view of K in a fused K/V page keeps the fused page as its stride and owns ``page_bytes``
+    of it), the rows. A KV array without a head axis is replicated (MLA). A layout pdplan
+    cannot express is refused naming the axis: a page axis that is not outermost, padded,
+    overlapping, flipped or broadcast strides, a dtype of unknown size.
 
-    - ``"page"``: pages (vLLM's blocks, a state's request slots), the outermost axis;
-    - ``"slot"``: a flat token pool (SGLang), with ``page_size=``: a page is ``page_size``
-      consecutive slots;
-    - ``"token"``: tokens within a page; ``"row"``: a state's rows that are not split (a conv
-      state's kernel taps stored outside its channels);
-    - ``"head"`` (or ``"unit"``, ``"channel"``): the axis split over TP ranks;
-    - ``"plane"``: K and V of one fused token-major page (one buffer of two planes);
-    - ``"dim"`` (or ``"byte"``): the inner elements of one unit, innermost last.
+    :param buffer_index: The buffer's number (``BufferLayout.buffer_index``).
+    :param buffer_kind: What it holds (a ``BufferKind`` or its string value).
+    :param array: The rank's cache array: anything with ``__cuda_array_interface__``,
+        ``__array_interface__`` or ``__dlpack__`` (torch, CuPy, numpy).
+    :param axes: A name for each dimension:
 
-    The strides decide the rest: head-major or token-major pages, the page stride (a view of
-    K in a fused K/V page keeps the fused page as its stride and owns ``page_bytes`` of it),
-    the rows. A KV array without a head axis is replicated (MLA). ``logical_size`` is the
-    whole model's units across TP ranks (KV heads, state channels), not the rank's; TP above
-    the KV heads gives replica groups. A layout pdplan cannot express is refused naming the
-    axis: a page axis that is not outermost, padded, overlapping, flipped or broadcast
-    strides, a dtype of unknown size.
+        - ``"page"``: pages (vLLM's blocks, a state's request slots), the outermost axis;
+        - ``"slot"``: a flat token pool (SGLang), with ``page_size=``: a page is ``page_size``
+          consecutive slots;
+        - ``"token"``: tokens within a page; ``"row"``: a state's rows that are not split (a
+          conv state's kernel taps stored outside its channels);
+        - ``"head"`` (or ``"unit"``, ``"channel"``): the axis split over TP ranks;
+        - ``"plane"``: K and V of one fused token-major page (one buffer of two planes);
+        - ``"dim"`` (or ``"byte"``): the inner elements of one unit, innermost last.
+    :param logical_size: The whole model's units across TP ranks (KV heads, state channels),
+        not the rank's; TP above the KV heads gives replica groups.
+    :param tp_size: The side's TP size.
+    :param page_size: Tokens a page, with a ``"slot"`` axis (a page is ``page_size``
+        consecutive slots).
+    :param layer: The model layer (``BufferLayout.layer``).
+    :param sliding_window: A sliding-window layer's window (``BufferLayout.sliding_window``).
+    :param attention_chunk_size: A chunked local-attention layer's chunk
+        (``BufferLayout.attention_chunk_size``).
+    :param logical_parts: The split axis's parts (``BufferLayout.logical_parts``).
     """
     layout, base, limit = _core.buffer_from_array(
         buffer_index,
@@ -79,13 +90,21 @@ class StateSpec:
     each split over TP on its own)."""
 
     logical_size: int
+    """The tensor's channels (or heads) across all TP ranks."""
     logical_parts: tuple[int, ...] | None = None
+    """The parts the channels concatenate, each split over TP on its own; None: one part."""
 
 
 def state_specs(layer: ModelLayer, dtype: str = "bfloat16") -> tuple[StateSpec, ...]:
     """The state tensors of one recurrent layer (``Mamba2Layer``, ``GatedDeltaNetLayer``, ...),
     as the model code derives them, in the order runtimes keep them: the conv states first,
-    then the recurrent state (vLLM's per-layer list, SGLang's ``mamba_cache``)."""
+    then the recurrent state (vLLM's per-layer list, SGLang's ``mamba_cache``). A layer that
+    caches no state is refused.
+
+    :param layer: The layer.
+    :param dtype: The model's dtype (as ``ModelShape.dtype``); the channel counts do not
+        depend on it.
+    """
     from pdplan._layouts import ModelShape, model_buffer_layouts
 
     shape = ModelShape(layer_kinds=(layer,), dtype=dtype)
@@ -108,11 +127,19 @@ class CacheBuffers:
     of them, layer by layer, conv first."""
 
     buffers: tuple[BufferLayout, ...]
+    """The rank's buffers, ``buffer_index`` ``0..n`` in order."""
     base_ptrs: tuple[int, ...]
+    """Each buffer's base address."""
     limits: tuple[int, ...]
+    """How many bytes from each base the buffer's own view reaches."""
 
     @classmethod
     def of(cls, entries: Iterable[tuple[BufferLayout, int, int]]) -> CacheBuffers:
+        """The cache of ``buffer_from_array``'s results, taken apart into the three columns;
+        buffers not numbered ``0..n`` in order are refused.
+
+        :param entries: ``(layout, base, limit)`` of each buffer, in order.
+        """
         built = tuple(entries)
         for position, (buffer, _, _) in enumerate(built):
             if buffer.buffer_index != position:  # the runtimes' adapters number in order

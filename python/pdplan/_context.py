@@ -28,12 +28,19 @@ def token_slots(
     """One rank's slot map for a request of ``num_tokens`` tokens (int64, -1 for tokens it
     holds no slot for), for ``token_descriptors``.
 
-    The rank holds the tokens of ``tokens`` (a range, default all); with ``layout`` and
-    ``rank``, only those of its share (``layout.token_share(rank)``: its CP or DCP share,
-    dealt as the layout says). Its tokens, in order, are its local tokens ``0, 1, ...``; local
-    token ``i`` sits at ``page_table[i // page_size] * page_size + i % page_size``. A
-    page-table entry of -1 is a page the rank does not hold (a token asked for on one is
-    refused)."""
+    Its tokens, in order, are its local tokens ``0, 1, ...``; local token ``i`` sits at
+    ``page_table[i // page_size] * page_size + i % page_size``.
+
+    :param page_table: The rank's pages of the request, in order (a 1-D integer array or a
+        sequence of ints). An entry of -1 is a page the rank does not hold (a token asked for
+        on one is refused).
+    :param page_size: Tokens a page holds.
+    :param num_tokens: The request's length: the map has one entry a token.
+    :param tokens: The tokens the rank holds (a range); None: all.
+    :param layout: With ``rank``: the rank holds only the tokens of its share
+        (``layout.token_share(rank)``: its CP or DCP share, dealt as the layout says).
+    :param rank: With ``layout``: the rank whose share it is.
+    """
     return _core.token_slots(
         page_table, page_size, num_tokens, tokens=tokens, layout=layout, rank=rank
     )
@@ -54,7 +61,14 @@ def token_owners(
     - ``"contiguous"``: blocks of ``page_size`` tokens dealt in runs, rank ``r`` holding
       ``N // cp_size`` blocks plus one if ``r < N % cp_size`` (``N`` blocks in the request);
     - ``"zigzag"``: chunks of ``ceil(num_tokens / (2 * cp_size))`` tokens, rank ``r`` holding
-      chunk ``r`` and chunk ``2 * cp_size - 1 - r`` (SGLang's, rtp-llm's)."""
+      chunk ``r`` and chunk ``2 * cp_size - 1 - r`` (SGLang's, rtp-llm's).
+
+    :param num_tokens: The request's length.
+    :param cp_size: Ranks the tokens are dealt over.
+    :param cp_split: How they are dealt: ``"interleave"``, ``"contiguous"`` or ``"zigzag"``.
+    :param interleave: Consecutive tokens one rank takes under ``"interleave"``.
+    :param page_size: Tokens a block under ``"contiguous"``.
+    """
     return _core.token_owners(
         num_tokens, cp_size, cp_split=cp_split, interleave=interleave, page_size=page_size
     )

@@ -137,14 +137,38 @@ def rank_token_share(
 def is_token_indexed(logical_axis: str) -> bool: ...
 def check_buffer_layout(buffer: BufferLayout) -> None: ...
 def check_transfer_fragment(fragment_obj: TransferFragment) -> None: ...
-def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]: ...
+def encode_transfer_fragments(fragments: Iterable[TransferFragment]) -> tuple[bytes, bytes]:
+    """Fragments as (version frame, payload frame), written in the oldest wire version that
+    carries all of them (``TRANSFER_PLAN_PROTOCOL_VERSION``, 1, for the reference's plans). A
+    list or tuple of the same ``TransferFragment`` objects encoded before returns the same
+    frames from a bounded cache.
+
+    :param fragments: One rank pair's fragments (``RankTransferPlan.fragments_by_prefill_rank``
+        of one source).
+    """
+
 def decode_transfer_fragments(
     version_frame: bytes | None,
     payload_frame: bytes | None,
     *,
     max_payload_bytes: int | None = None,
     max_fragments: int | None = None,
-) -> tuple[TransferFragment, ...]: ...
+) -> tuple[TransferFragment, ...]:
+    """The fragments a peer's frames carry, read strictly: a payload longer than
+    ``max_payload_bytes`` is refused on its length before it is parsed, and a frame that
+    breaks any rule of the wire format (a missing, unknown or later version's key, a value out
+    of range, a fragment that cannot be) with ``UnsupportedPDLayoutError`` naming what is
+    wrong. Both frames empty, or both None, is no fragments; one without the other is refused.
+
+    :param version_frame: The version frame, ``b"1"`` to ``b"6"``
+        (``TRANSFER_PLAN_READABLE_VERSIONS``).
+    :param payload_frame: The payload frame: one JSON array of fragment objects.
+    :param max_payload_bytes: The longest payload accepted; None:
+        ``DEFAULT_MAX_PAYLOAD_BYTES`` (16 MiB).
+    :param max_fragments: The most fragments accepted; None: ``DEFAULT_MAX_FRAGMENTS``
+        (65,536).
+    """
+
 def transfer_descriptors(
     fragments: Iterable[TransferFragment],
     src_base_ptrs: npt.ArrayLike,
@@ -323,7 +347,14 @@ _Ints = npt.NDArray[np.integer] | Sequence[int]
 
 @final
 class PreparedTransfer:
-    """One transfer between two ranks, checked once, for many requests. Thread-safe to share."""
+    """One transfer between two ranks, checked once, for many requests. Thread-safe to share.
+
+    ``PreparedTransfer(fragments, src_base_ptrs, dst_base_ptrs, *, src_limits=None,
+    dst_limits=None)`` holds one (prefill rank, decode rank) pair's ``fragments``, checked once
+    against both sides' buffers: each buffer's base address, indexed by ``buffer_index``, and
+    how many bytes from it may be touched. ``from_frames`` prepares it from a peer's wire
+    frames, ``from_layouts`` from a planner; a request then names only its pages or slot maps.
+    """
 
     def __new__(
         cls,
@@ -333,7 +364,16 @@ class PreparedTransfer:
         *,
         src_limits: _Ints | None = None,
         dst_limits: _Ints | None = None,
-    ) -> PreparedTransfer: ...
+    ) -> PreparedTransfer:
+        """
+        :param fragments: One rank pair's fragments.
+        :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+        :param dst_base_ptrs: Each destination buffer's base address, indexed by
+            ``buffer_index``.
+        :param src_limits: How many bytes from each source base may be touched, indexed by
+            ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+        :param dst_limits: The same for the destination buffers.
+        """
     @staticmethod
     def from_frames(
         version_frame: bytes | None,
@@ -345,7 +385,23 @@ class PreparedTransfer:
         dst_limits: _Ints | None = None,
         max_payload_bytes: int | None = None,
         max_fragments: int | None = None,
-    ) -> PreparedTransfer: ...
+    ) -> PreparedTransfer:
+        """Prepared straight from a peer's wire frames, read as strictly as
+        ``decode_transfer_fragments`` reads them: never makes fragment objects, and frames
+        byte-equal to ones seen before reuse their parsed fragments (a bounded cache).
+
+        :param version_frame: The version frame.
+        :param payload_frame: The payload frame.
+        :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+        :param dst_base_ptrs: Each destination buffer's base address, indexed by
+            ``buffer_index``.
+        :param src_limits: How many bytes from each source base may be touched, indexed by
+            ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+        :param dst_limits: The same for the destination buffers.
+        :param max_payload_bytes: The longest payload accepted, as in
+            ``decode_transfer_fragments``.
+        :param max_fragments: The most fragments accepted, as in ``decode_transfer_fragments``.
+        """
     @staticmethod
     def from_layouts(
         planner: object,
@@ -358,7 +414,25 @@ class PreparedTransfer:
         dst_limits: _Ints | None = None,
         prefill_dp_group: int | None = None,
         num_tokens: int | None = None,
-    ) -> PreparedTransfer: ...
+    ) -> PreparedTransfer:
+        """Prepared straight from a planner both sides built from exchanged layouts: the
+        fragments ``prefill_rank`` sends ``decode_rank``, planned here, never made into objects
+        nor framed.
+
+        :param planner: The ``PDTransferPlanner``.
+        :param decode_rank: The decode rank that receives.
+        :param prefill_rank: The prefill rank that sends.
+        :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+        :param dst_base_ptrs: Each destination buffer's base address, indexed by
+            ``buffer_index``.
+        :param src_limits: How many bytes from each source base may be touched, indexed by
+            ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+        :param dst_limits: The same for the destination buffers.
+        :param prefill_dp_group: The prefill DP group read from, as in
+            ``PDTransferPlanner.plan_for_decode_rank``.
+        :param num_tokens: The request's length, as in
+            ``PDTransferPlanner.plan_for_decode_rank``.
+        """
     def descriptors(
         self,
         src_pages: _Ints,
@@ -366,7 +440,20 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         coalesce: bool = True,
-    ) -> TransferDescriptors: ...
+    ) -> TransferDescriptors:
+        """One request's descriptors, equal to ``transfer_descriptors`` over the fragments whose
+        ``buffer_index`` is in ``buffers``, in fragment order; bounds against the limits are
+        checked per request.
+
+        :param src_pages: The request's source pages, one per page pair: a 1-D integer
+            array (any integer dtype) or an int sequence.
+        :param dst_pages: The destination pages they pair with, as many.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        :param coalesce: Merge neighbours that continue each other on both sides, as
+            ``transfer_descriptors`` does.
+        """
+
     def token_descriptors(
         self,
         src_slots: _Ints,
@@ -374,7 +461,19 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         coalesce: bool = True,
-    ) -> TransferDescriptors: ...
+    ) -> TransferDescriptors:
+        """One request's descriptors from its slot maps: each token moves where both maps hold
+        it. The selected fragments need token geometry (``PDTransferPlanner(...,
+        token_maps=True)``); one without it is refused.
+
+        :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
+            that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
+        :param dst_slots: The destination rank's slot map; a token moves where both are set.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        :param coalesce: Merge neighbours that continue each other on both sides.
+        """
+
     def staging_plan(
         self,
         src_pages: _Ints,
@@ -382,7 +481,19 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
-    ) -> StagingPlan: ...
+    ) -> StagingPlan:
+        """One request's staging plan from its pages: ``descriptors(src_pages, dst_pages,
+        buffers=buffers)`` regrouped into gather, transfer and scatter.
+
+        :param src_pages: The request's source pages, one per page pair: a 1-D integer
+            array (any integer dtype) or an int sequence.
+        :param dst_pages: The destination pages they pair with, as many.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+            each); None: one transfer.
+        """
+
     def token_staging_plan(
         self,
         src_slots: _Ints,
@@ -390,7 +501,19 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
-    ) -> StagingPlan: ...
+    ) -> StagingPlan:
+        """One request's staging plan from its slot maps: ``token_descriptors(src_slots,
+        dst_slots, buffers=buffers)`` regrouped into gather, transfer and scatter.
+
+        :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
+            that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
+        :param dst_slots: The destination rank's slot map; a token moves where both are set.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+            each); None: one transfer.
+        """
+
     def staging_counts(
         self,
         src_pages: _Ints,
@@ -398,7 +521,19 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
-    ) -> StagingCounts: ...
+    ) -> StagingCounts:
+        """What ``staging_plan`` would count, without building its columns: a
+        ``StagingCounts`` (direct, wire, gather, scatter descriptors, bytes), for a cost model.
+
+        :param src_pages: The request's source pages, one per page pair: a 1-D integer
+            array (any integer dtype) or an int sequence.
+        :param dst_pages: The destination pages they pair with, as many.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+            each); None: one transfer.
+        """
+
     def token_staging_counts(
         self,
         src_slots: _Ints,
@@ -406,10 +541,30 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
-    ) -> StagingCounts: ...
+    ) -> StagingCounts:
+        """What ``token_staging_plan`` would count, without building its columns.
+
+        :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
+            that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
+        :param dst_slots: The destination rank's slot map; a token moves where both are set.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+            each); None: one transfer.
+        """
+
     def nixl_prepped_lists(
         self, src_capacity_pages: int, dst_capacity_pages: int
-    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]: ...
+    ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
+        """NIXL's prepped lists for this pair, made once per peer: (local, remote) N x 5 uint64
+        arrays of ``(address, length, device 0, page stride, pages)`` rows for
+        ``prep_xfer_dlist(..., "DRAM")``, one row per fragment and page row, checked against
+        the limits.
+
+        :param src_capacity_pages: Pages each source buffer holds.
+        :param dst_capacity_pages: Pages each destination buffer holds.
+        """
+
     def nixl_prepped_indices(
         self,
         src_pages: _Ints,
@@ -418,34 +573,78 @@ class PreparedTransfer:
         dst_capacity_pages: int,
         *,
         buffers: range | _Ints | None = None,
-    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]: ...
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """One request as int32 indices into ``nixl_prepped_lists(src_capacity_pages,
+        dst_capacity_pages)``, for ``make_prepped_xfer``: (local, remote), in descriptor order.
+
+        :param src_pages: The request's source pages, one per page pair: a 1-D integer
+            array (any integer dtype) or an int sequence.
+        :param dst_pages: The destination pages they pair with, as many.
+        :param src_capacity_pages: Pages each source buffer holds, as the lists were made.
+        :param dst_capacity_pages: Pages each destination buffer holds, as the lists were made.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        """
+
     @property
-    def fragments(self) -> tuple[TransferFragment, ...]: ...
+    def fragments(self) -> tuple[TransferFragment, ...]:
+        """The fragments, as ``TransferFragment`` objects (made on each call)."""
+
     def __len__(self) -> int: ...
-    def shares_fragments_with(self, other: PreparedTransfer) -> bool: ...
+    def shares_fragments_with(self, other: PreparedTransfer) -> bool:
+        """Whether both were prepared from one parsed fragment list (frames seen before).
+
+        :param other: Another prepared transfer.
+        """
 
 @final
 class StagingPlan:
-    """One request staged: gather into a staging buffer, one transfer (or chunks), scatter."""
+    """One request staged: gather into a staging buffer, one transfer (or chunks), scatter.
+
+    Made by ``PreparedTransfer.staging_plan`` and ``token_staging_plan``. The staging buffer
+    holds the request's bytes in the order of the direct descriptors, from offset 0 with no
+    gap; gather, transfer and scatter write exactly the bytes the direct descriptors would.
+    """
 
     @property
-    def gather(self) -> TransferDescriptors: ...
+    def gather(self) -> TransferDescriptors:
+        """Source cache addresses -> offsets in the source staging buffer (made on each call);
+        runs that continue each other in the source cache merge."""
+
     @property
-    def scatter(self) -> TransferDescriptors: ...
+    def scatter(self) -> TransferDescriptors:
+        """Offsets in the destination staging buffer -> destination cache addresses, merged
+        wherever the destination continues."""
+
     @property
-    def staging_bytes(self) -> int: ...
+    def staging_bytes(self) -> int:
+        """Bytes of the request: the least each side's staging buffer must hold."""
+
     @property
-    def chunk_bytes(self) -> int | None: ...
+    def chunk_bytes(self) -> int | None:
+        """The wire hop's chunk size, as asked for; None: one transfer."""
+
     @property
-    def counts(self) -> StagingCounts: ...
+    def counts(self) -> StagingCounts:
+        """``StagingCounts`` (direct, wire, gather, scatter descriptors, bytes): what a cost
+        model weighs."""
+
     @property
-    def num_direct_descriptors(self) -> int: ...
+    def num_direct_descriptors(self) -> int:
+        """Descriptors the request takes without staging (``counts.direct_descriptors``)."""
+
     @property
-    def num_wire_descriptors(self) -> int: ...
+    def num_wire_descriptors(self) -> int:
+        """Descriptors of the wire hop: one, or one per chunk (``counts.wire_descriptors``)."""
+
     @property
-    def num_gather_descriptors(self) -> int: ...
+    def num_gather_descriptors(self) -> int:
+        """Descriptors of the gather (``counts.gather_descriptors``)."""
+
     @property
-    def num_scatter_descriptors(self) -> int: ...
+    def num_scatter_descriptors(self) -> int:
+        """Descriptors of the scatter (``counts.scatter_descriptors``)."""
+
     def wire_descriptors(
         self,
         src_staging_base: int,
@@ -453,9 +652,34 @@ class StagingPlan:
         *,
         src_staging_bytes: int | None = None,
         dst_staging_bytes: int | None = None,
-    ) -> TransferDescriptors: ...
-    def pack(self, staging: npt.NDArray[np.uint8]) -> None: ...
-    def unpack(self, staging: npt.NDArray[np.uint8]) -> None: ...
+    ) -> TransferDescriptors:
+        """The engine's descriptors between the two staging buffers (the wire hop): one, or one
+        per chunk. A staging buffer whose size is given and is too small is refused.
+
+        :param src_staging_base: The source staging buffer's address.
+        :param dst_staging_base: The destination staging buffer's address.
+        :param src_staging_bytes: The source staging buffer's size; None: not checked.
+        :param dst_staging_bytes: The destination staging buffer's size; None: not checked.
+        """
+
+    def pack(self, staging: npt.NDArray[np.uint8]) -> None:
+        """Copies the source caches into ``staging`` (host memory), with the GIL released.
+        Call it where the source caches live: their addresses are read in this process, inside
+        the ``src_limits`` the plan was built with.
+
+        :param staging: A writable 1-D C-contiguous numpy ``uint8`` array of at least
+            ``staging_bytes``, overlapping no cache.
+        """
+
+    def unpack(self, staging: npt.NDArray[np.uint8]) -> None:
+        """Copies ``staging`` (host memory) into the destination caches, with the GIL released.
+        Call it where the destination caches live (the decode side's own plan): their
+        addresses are written in this process, inside the ``dst_limits`` the plan was built
+        with.
+
+        :param staging: A 1-D C-contiguous numpy ``uint8`` array of at least
+            ``staging_bytes``, as ``pack`` filled it, overlapping no cache.
+        """
 
 def estimate_staging(
     counts: tuple[int, int, int, int, int],

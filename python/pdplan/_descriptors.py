@@ -25,8 +25,11 @@ class TransferDescriptors(NamedTuple):
     """
 
     src_addrs: npt.NDArray[np.uint64]
+    """Where each descriptor reads."""
     dst_addrs: npt.NDArray[np.uint64]
+    """Where each descriptor writes."""
     lengths: npt.NDArray[np.uint64]
+    """Bytes each descriptor moves."""
 
     @property
     def num_descriptors(self) -> int:
@@ -35,6 +38,7 @@ class TransferDescriptors(NamedTuple):
 
     @property
     def total_bytes(self) -> int:
+        """Bytes all the descriptors move."""
         return int(self.lengths.sum(dtype="uint64"))
 
     def as_array(self) -> npt.NDArray[np.uint64]:
@@ -62,18 +66,27 @@ def transfer_descriptors(
     f.src_page_stride_bytes + f.src_byte_offset + r * f.src_row_stride_bytes``, the same for
     ``dst``, ``f.bytes_per_page // f.rows_per_page`` long (one descriptor a page, the whole
     ``bytes_per_page``, for a head-major fragment). A fragment's ``page_count`` limits it to the
-    first ``page_count`` pairs. With ``coalesce`` (the default), neighbours within one buffer
-    that continue each other on both sides (src end == next src and dst end == next dst) merge
-    into one descriptor; without it the output equals the plain Python loop.
+    first ``page_count`` pairs.
 
-    ``*_base_ptrs`` and ``*_limits`` are indexed by ``buffer_index``; a limit is how many bytes
-    from that buffer's base may be touched. Pages are 1-D numpy arrays of any integer dtype (or
-    int sequences).
     Anything that would point past a limit, negative pages, unequal page lengths, a buffer
     without a base pointer and 64-bit overflow raise ``UnsupportedPDLayoutError`` before any
     descriptor is returned. Safe on fragments decoded from the wire. Fragments between pages of
     different token counts do not pair page to page and are refused: build those from slot
     maps with ``PreparedTransfer.token_descriptors``.
+
+    :param fragments: One rank pair's fragments.
+    :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+    :param dst_base_ptrs: Each destination buffer's base address, indexed by
+        ``buffer_index``.
+    :param src_pages: The request's source pages, one per page pair: a 1-D numpy array of any
+        integer dtype (or an int sequence).
+    :param dst_pages: The destination pages they pair with, as many.
+    :param coalesce: Neighbours within one buffer that continue each other on both sides (src
+        end == next src and dst end == next dst) merge into one descriptor; without it the
+        output equals the plain Python loop.
+    :param src_limits: How many bytes from each source buffer's base may be touched, indexed
+        by ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+    :param dst_limits: The same for the destination buffers.
     """
     return _core.transfer_descriptors(
         fragments,

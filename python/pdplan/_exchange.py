@@ -27,9 +27,13 @@ class PeerLayout(NamedTuple):
     addresses and limits (``None`` when it sent none)."""
 
     layout: ParallelLayout
+    """The peer side's layout."""
     buffers: tuple[BufferLayout, ...]
+    """The peer side's buffers."""
     base_ptrs: tuple[int, ...] | None
+    """The sending rank's base address of each buffer, or None."""
     limits: tuple[int, ...] | None
+    """How many bytes from each base may be touched, or None."""
 
 
 def encode_layout(
@@ -40,7 +44,14 @@ def encode_layout(
     limits: _Ints | None = None,
 ) -> tuple[bytes, bytes]:
     """One side as (version frame, payload frame): its layout and buffers, and optionally one
-    rank's base addresses and limits (one of each for every buffer)."""
+    rank's base addresses and limits (one of each for every buffer).
+
+    :param layout: The side's layout.
+    :param buffers: The side's buffers.
+    :param base_ptrs: The sending rank's base address of each buffer; None: none sent.
+    :param limits: How many bytes from each base may be touched (only with ``base_ptrs``);
+        None: none sent.
+    """
     version, payload = _core.encode_layout(layout, buffers, base_ptrs=base_ptrs, limits=limits)
     return version, payload
 
@@ -49,9 +60,14 @@ def decode_layout(
     version_frame: bytes, payload_frame: bytes, *, max_payload_bytes: int | None = None
 ) -> PeerLayout:
     """A peer's layout frames, strictly: the version must be ``LAYOUT_VERSION_FRAME``, the
-    payload at most ``max_payload_bytes`` (1 MiB by default, refused on its length before it
-    is parsed), every key present and none unknown, and every value valid as the dataclasses
-    require. Raises ``UnsupportedPDLayoutError`` naming what is wrong."""
+    payload at most ``max_payload_bytes``, every key present and none unknown, and every value
+    valid as the dataclasses require. Raises ``UnsupportedPDLayoutError`` naming what is wrong.
+
+    :param version_frame: The version frame, as ``encode_layout`` wrote it.
+    :param payload_frame: The payload frame.
+    :param max_payload_bytes: The longest payload accepted, refused on its length before it is
+        parsed; None: ``pdplan.limits.DEFAULT_MAX_LAYOUT_BYTES`` (1 MiB).
+    """
     fields, buffers, bases, limits = _core.decode_layout(
         version_frame, payload_frame, max_payload_bytes=max_payload_bytes
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -39,6 +39,7 @@ __all__ = [
     "vllm_layer_partition",
 ]
 
+#: The names ``ModelShape.preset`` knows, each a model's published ``config.json``.
 MODEL_PRESETS: tuple[str, ...] = tuple(_core.MODEL_PRESETS)
 
 #: Every ``config.json`` key that changes what a layer caches. A config holding one that its
@@ -53,10 +54,15 @@ class ModelFamily:
     follows."""
 
     name: str
+    """The family's name (``family=`` of ``ModelShape.from_hf_config``)."""
     architectures: tuple[str, ...]
+    """The config ``architectures`` entries it reads."""
     model_types: tuple[str, ...]
+    """The config ``model_type`` values it reads."""
     keys: tuple[str, ...]
+    """The cache keys (of ``CACHE_KEYS``) its reader consumes."""
     source: str
+    """The modeling code its rule follows."""
 
 
 def model_families() -> tuple[ModelFamily, ...]:
@@ -77,11 +83,17 @@ class AttentionLayer:
     chunk. ``v_head_dim``: V's head dim where it differs from K's (MiMo-V2)."""
 
     kind: ClassVar[str] = "attention"
+    """The layer kind's name, ``"attention"``, as ``ModelShape.to_dict`` writes it."""
     kv_heads: int
+    """KV heads, the model's (across all TP ranks)."""
     head_dim: int
+    """K's head dim (and V's)."""
     sliding_window: int | None = None
+    """Tokens a sliding-window layer keeps; None: every token."""
     v_head_dim: int | None = None
+    """V's head dim where it differs from K's; None: ``head_dim``."""
     attention_chunk_size: int | None = None
+    """A chunked local-attention layer's chunk (tokens); None: none."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +102,13 @@ class MlaLayer:
     values a token; with ``index_head_dim`` also the indexer's key cache (DeepSeek-V3.2)."""
 
     kind: ClassVar[str] = "mla"
+    """The layer kind's name, ``"mla"``, as ``ModelShape.to_dict`` writes it."""
     kv_lora_rank: int
+    """The latent's rank."""
     rope_head_dim: int = 0
+    """The rope part's dim."""
     index_head_dim: int = 0
+    """The indexer's key dim (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +117,17 @@ class Mamba2Layer:
     state over ``x | B | C`` (``heads * head_dim``, ``groups * state_size`` twice)."""
 
     kind: ClassVar[str] = "mamba2"
+    """The layer kind's name, ``"mamba2"``, as ``ModelShape.to_dict`` writes it."""
     heads: int
+    """SSM heads."""
     head_dim: int
+    """A head's dim."""
     state_size: int
+    """The SSM state's size."""
     groups: int = 1
+    """B and C groups."""
     conv_kernel: int = 4
+    """The convolution's width."""
 
 
 @dataclass(frozen=True)
@@ -114,9 +136,13 @@ class Mamba1Layer:
     ``[inner_size, conv_kernel - 1]``, both sharded over ``inner_size``."""
 
     kind: ClassVar[str] = "mamba1"
+    """The layer kind's name, ``"mamba1"``, as ``ModelShape.to_dict`` writes it."""
     inner_size: int
+    """The mixer's channels."""
     state_size: int
+    """The SSM state's size."""
     conv_kernel: int = 4
+    """The convolution's width."""
 
 
 @dataclass(frozen=True)
@@ -126,11 +152,17 @@ class GatedDeltaNetLayer:
     ``q | k | v``."""
 
     kind: ClassVar[str] = "gated_deltanet"
+    """The layer kind's name, ``"gated_deltanet"``, as ``ModelShape.to_dict`` writes it."""
     key_heads: int
+    """Key heads."""
     value_heads: int
+    """Value heads."""
     key_head_dim: int
+    """A key head's dim."""
     value_head_dim: int
+    """A value head's dim."""
     conv_kernel: int = 4
+    """The convolution's width."""
 
 
 @dataclass(frozen=True)
@@ -140,9 +172,13 @@ class KdaLayer:
     each)."""
 
     kind: ClassVar[str] = "kda"
+    """The layer kind's name, ``"kda"``, as ``ModelShape.to_dict`` writes it."""
     heads: int
+    """Heads; the state is sharded by them."""
     head_dim: int
+    """A head's dim."""
     conv_kernel: int = 4
+    """The convolution's width."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +187,11 @@ class LightningAttentionLayer:
     by heads."""
 
     kind: ClassVar[str] = "lightning"
+    """The layer kind's name, ``"lightning"``, as ``ModelShape.to_dict`` writes it."""
     heads: int
+    """Heads; the state is sharded by them."""
     head_dim: int
+    """A head's dim."""
 
 
 @dataclass(frozen=True)
@@ -161,8 +200,11 @@ class ShortConvLayer:
     channels."""
 
     kind: ClassVar[str] = "short_conv"
+    """The layer kind's name, ``"short_conv"``, as ``ModelShape.to_dict`` writes it."""
     channels: int
+    """Conv channels."""
     conv_kernel: int
+    """The convolution's width."""
 
 
 @dataclass(frozen=True)
@@ -171,7 +213,9 @@ class SharedKvLayer:
     and 4's last ``num_kv_shared_layers``)."""
 
     kind: ClassVar[str] = "shared_kv"
+    """The layer kind's name, ``"shared_kv"``, as ``ModelShape.to_dict`` writes it."""
     source_layer: int
+    """The layer whose KV it reads."""
 
 
 @dataclass(frozen=True)
@@ -179,8 +223,11 @@ class AttentionMamba2Layer:
     """Attention and Mamba2 side by side in one layer (Falcon-H1; Zamba2's hybrid layers)."""
 
     kind: ClassVar[str] = "attention_mamba2"
+    """The layer kind's name, ``"attention_mamba2"``, as ``ModelShape.to_dict`` writes it."""
     attention: AttentionLayer
+    """The attention half."""
     mamba: Mamba2Layer
+    """The Mamba2 half."""
 
 
 @dataclass(frozen=True)
@@ -188,6 +235,7 @@ class MlpLayer:
     """A layer without a cache (MLP or MoE); it still counts for pipeline stages."""
 
     kind: ClassVar[str] = "mlp"
+    """The layer kind's name, ``"mlp"``, as ``ModelShape.to_dict`` writes it."""
 
 
 ModelLayer = (
@@ -222,19 +270,39 @@ class ModelShape:
     """
 
     layers: int = 0
+    """The uniform shorthand's layer count; 0 when the layers are ``layer_kinds`` (use
+    ``num_layers`` for the count either way)."""
     kv_heads: int = 0
+    """The uniform shorthand: each layer's KV heads."""
     head_dim: int = 0
+    """The uniform shorthand: each KV head's dim."""
     dtype: str = "bfloat16"
+    """The model's dtype (``"bfloat16"``, ``"float16"``, ``"float32"``, a float8 variant):
+    the KV cache's and the states' unless ``kv_cache_dtype`` or ``state_dtype`` says
+    otherwise; conv states always keep it."""
     page_size: int = 16
+    """Tokens a KV cache page holds."""
     mla_kv_lora_rank: int = 0
+    """The uniform shorthand: MLA layers of this latent rank instead of attention (0:
+    attention)."""
     mla_rope_head_dim: int = 0
+    """The uniform shorthand: the MLA layers' rope part's dim."""
     draft_layers: int = 0
+    """Layers of the draft model (speculative decoding) whose K and V follow the model's
+    buffers, on its last layer; 0: no draft."""
     draft_kv_heads: int = 0
+    """The draft model's KV heads."""
     draft_head_dim: int = 0
+    """The draft model's head dim."""
     kv_cache_dtype: str | None = None
+    """The KV cache's element type; None: ``dtype``."""
     state_dtype: str | None = None
+    """The SSM and recurrent states' element type; None: ``dtype``."""
     layer_kinds: tuple[ModelLayer, ...] = ()
+    """The model's layers in order, one layer object each; empty with the uniform shorthand."""
     family: str | None = None
+    """The family whose reader read the shape from a config or preset (``model_families``);
+    None: given by hand."""
 
     def __post_init__(self) -> None:
         if isinstance(self.layer_kinds, list):
@@ -243,7 +311,11 @@ class ModelShape:
     @classmethod
     def preset(cls, name: str, page_size: int = 16) -> ModelShape:
         """A named model (see ``MODEL_PRESETS``), read from its published ``config.json``
-        values by its family's reader."""
+        values by its family's reader.
+
+        :param name: One of ``MODEL_PRESETS``.
+        :param page_size: Tokens a KV cache page holds.
+        """
         return cls._from_parts(_core.model_shape_parts(preset=name, page_size=page_size), page_size)
 
     @classmethod
@@ -251,16 +323,21 @@ class ModelShape:
         cls, path: str | Path, page_size: int = 16, *, family: str | None = None
     ) -> ModelShape:
         """The model a local Hugging Face ``config.json`` describes, layer by layer, read by
-        the reader of its family: the one its ``architectures`` (then ``model_type``) names, or
-        ``family`` (a name from ``model_families()``) when given. A config of an architecture no
-        family covers is refused, naming it and the families; so is a config holding a
-        cache-shaping key (``CACHE_KEYS``) its family's reader does not consume.
+        the reader of its family. A config of an architecture no family covers is refused,
+        naming it and the families; so is a config holding a cache-shaping key
+        (``CACHE_KEYS``) its family's reader does not consume.
 
         The dtype is the one the config names (``dtype`` or ``torch_dtype``), bfloat16 when it
         names none; the KV cache dtype the config's ``kv_cache_dtype`` where it names one; the
         state dtype the config's ``mamba_ssm_cache_dtype`` or ``mamba_ssm_dtype`` where its
-        family keeps state. Pass ``kv_cache_dtype``/
-        ``state_dtype`` with ``dataclasses.replace``."""
+        family keeps state. Pass ``kv_cache_dtype``/``state_dtype`` with
+        ``dataclasses.replace``.
+
+        :param path: The ``config.json`` file.
+        :param page_size: Tokens a KV cache page holds.
+        :param family: The family to read it with (a name from ``model_families()``); None:
+            the one its ``architectures`` (then ``model_type``) names.
+        """
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
@@ -312,12 +389,71 @@ class ModelShape:
         )
 
     def to_dict(self) -> dict[str, object]:
-        """The fields as JSON values, each layer with its ``kind``."""
-        layers = [{"kind": layer.kind, **asdict(layer)} for layer in self.layer_kinds]
-        return {**asdict(self), "layer_kinds": layers}
+        """The shape as JSON values, in the ``layer_kinds`` form whichever form it was given in:
+        ``num_layers``, then the fields but the uniform shorthand's (``layers``, ``kv_heads``,
+        ``head_dim``, ``mla_kv_lora_rank``, ``mla_rope_head_dim``), ``layer_kinds`` listing
+        every model layer, each with its ``kind``."""
+        layers = self.model_layers
+        out: dict[str, object] = {"num_layers": len(layers)}
+        for field in fields(self):
+            if field.name == "layer_kinds":
+                out[field.name] = [{"kind": layer.kind, **asdict(layer)} for layer in layers]
+            elif field.name not in _UNIFORM:
+                out[field.name] = getattr(self, field.name)
+        return out
 
     def to_json(self) -> str:
+        """``to_dict`` as a JSON string."""
         return json.dumps(self.to_dict())
+
+    def __repr__(self) -> str:
+        """The model in one line: its layers by kind (``summary``), draft, dtypes and page
+        size. A shape the core refuses shows the fields it was given instead."""
+        try:
+            kinds = self.summary()
+            count = self.num_layers
+        except UnsupportedPDLayoutError:
+            given = [
+                f"{f.name}={getattr(self, f.name)!r}"
+                for f in fields(self)
+                if f.name != "layer_kinds" and getattr(self, f.name) != f.default
+            ]
+            if self.layer_kinds:
+                given.append(f"layer_kinds=<{len(self.layer_kinds)} layers>")
+            return f"ModelShape({', '.join(given)})"
+        if self.draft_layers > 0:
+            kinds = kinds[:-1]  # the draft's entry, shown from its fields below
+        parts = [f"{len(kind.layers)} {kind.label}" for kind in kinds]
+        if len(kinds) > _REPR_KINDS:
+            rest = kinds[_REPR_KINDS - 1 :]
+            parts[_REPR_KINDS - 1 :] = [
+                f"{sum(len(kind.layers) for kind in rest)} of {len(rest)} other kinds"
+            ]
+        if self.draft_layers > 0:
+            parts.append(
+                f"{_count(self.draft_layers, 'draft layer')} ({self.draft_kv_heads} KV heads x "
+                f"{self.draft_head_dim})"
+            )
+        layers = _count(count, "layer") + (": " + ", ".join(parts) if parts else "")
+        details = [self.dtype]
+        if self.kv_cache_dtype is not None:
+            details.append(f"kv_cache_dtype={self.kv_cache_dtype!r}")
+        if self.state_dtype is not None:
+            details.append(f"state_dtype={self.state_dtype!r}")
+        details.append(f"page_size={self.page_size}")
+        if self.family is not None:
+            details.append(f"family={self.family!r}")
+        return f"ModelShape({layers}; {', '.join(details)})"
+
+
+#: The uniform shorthand's fields, which ``ModelShape.to_dict`` writes as ``layer_kinds``.
+_UNIFORM = ("layers", "kv_heads", "head_dim", "mla_kv_lora_rank", "mla_rope_head_dim")
+#: Layer kinds a ``ModelShape`` repr names (more are counted together).
+_REPR_KINDS = 3
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @dataclass(frozen=True)
@@ -325,17 +461,24 @@ class LayerKindSummary:
     """One kind of layer in a model: where it is and what one such layer keeps."""
 
     label: str
+    """The kind in words (``"sliding-window attention (window 128)"``, ``"Mamba2"``)."""
     layers: tuple[int, ...]
-    #: Bytes one token takes in one such layer, over all TP ranks.
+    """The model layers of this kind, ascending (a draft model's: the last layer)."""
     token_bytes: int
-    #: Bytes of state one request keeps in one such layer, over all TP ranks.
+    """Bytes one token takes in one such layer, over all TP ranks."""
     state_bytes: int
+    """Bytes of state one request keeps in one such layer, over all TP ranks."""
     sliding_window: int | None
+    """The kind's sliding window (tokens), or None."""
     attention_chunk_size: int | None = None
+    """The kind's attention chunk (tokens), or None."""
 
     def kept_tokens(self, tokens: int) -> int:
         """Tokens of a ``tokens``-token request one such layer keeps: the window, the current
-        chunk, or all."""
+        chunk, or all.
+
+        :param tokens: The request's length.
+        """
         first = _core.first_kept_token(tokens, self.sliding_window, self.attention_chunk_size)
         return tokens - first
 
@@ -355,14 +498,22 @@ class ItemLengths:
     """One buffer as a runtime knows it: per-rank item bytes on each side, unit bytes."""
 
     buffer_index: int
+    """The buffer's number (``BufferLayout.buffer_index``)."""
     buffer_kind: BufferKind
+    """What it holds; ``MAMBA_STATE`` is split by state channels, the others by KV heads."""
     prefill_item_bytes: int
+    """Bytes of one page of a prefill rank's buffer."""
     decode_item_bytes: int
+    """Bytes of one page of a decode rank's buffer."""
     unit_bytes: int
+    """Bytes of one logical unit (a head, a channel) in a page."""
     page_size: int = 16
+    """Tokens a page holds."""
     logical_size: int | None = None
-    #: Rows a page on both sides (``page_size`` for token-major pages).
+    """Logical units in the whole buffer (the KV heads), when known: needed where both sides
+    run replica groups."""
     rows_per_page: int = 1
+    """Rows a page on both sides (``page_size`` for token-major pages)."""
 
 
 def model_buffer_layouts(
@@ -380,9 +531,9 @@ def model_buffer_layouts(
 ) -> tuple[tuple[BufferLayout, ...], tuple[BufferLayout, ...]]:
     """The matching prefill and decode ``BufferLayout`` tuples of a model at two TP sizes.
 
-    ``kv_layout`` is how KV pages store tokens: ``"HND"`` (``[heads][page_size][head_dim]``,
-    head-major, one row a page) or ``"NHD"`` (``[page_size][heads][head_dim]``, a row per token,
-    as SGLang and vLLM keep them). Buffers follow the model's layers in order, each naming its
+    KV pages store tokens ``"HND"`` (``[heads][page_size][head_dim]``, head-major, one row a
+    page) or ``"NHD"`` (``[page_size][heads][head_dim]``, a row per token, as SGLang and vLLM
+    keep them). Buffers follow the model's layers in order, each naming its
     layer (``BufferLayout.layer``); draft-model buffers sit on the last layer (the last stage).
     Pipeline stages split ``shape.num_layers`` layers: when the model's last layers keep no
     cache (an MLP layer ends Nemotron-H), give the layouts a ``pp_layer_partition`` of that
@@ -391,7 +542,19 @@ def model_buffer_layouts(
     With context parallelism (``*_cp`` CP ranks of their own, ``*_dcp`` DCP ranks inside TP, as
     in ``ParallelLayout``) the buffers are the same (each CP rank is a TP group of its own),
     but a side with CP cannot hold state layers (refused, naming the layer) and its DCP size
-    must divide every attention layer's KV-head replica group."""
+    must divide every attention layer's KV-head replica group.
+
+    :param shape: The model.
+    :param prefill_tp: The prefill side's TP size.
+    :param decode_tp: The decode side's TP size.
+    :param kv_layout: How KV pages store tokens, ``"HND"`` or ``"NHD"``.
+    :param prefill_pp: The prefill side's pipeline stages.
+    :param decode_pp: The decode side's pipeline stages.
+    :param prefill_cp: The prefill side's CP ranks of their own.
+    :param decode_cp: The decode side's CP ranks of their own.
+    :param prefill_dcp: The prefill side's DCP ranks inside TP.
+    :param decode_dcp: The decode side's DCP ranks inside TP.
+    """
     return _core.model_buffers(
         shape,
         prefill_tp,
@@ -412,14 +575,23 @@ def buffer_layouts_from_item_lengths(
     """Both sides' layouts inferred from byte lengths: equal global units -> sharded; equal
     items -> replicated; more units on one side -> that side's TP runs above the logical size,
     in replica groups (pass ``logical_size`` when both sides do). Anything else is refused
-    with the reason."""
+    with the reason.
+
+    :param items: Each buffer's lengths, in buffer order.
+    :param prefill_tp: The prefill side's TP size.
+    :param decode_tp: The decode side's TP size.
+    """
     return _core.buffers_from_item_lengths(items, prefill_tp, decode_tp)
 
 
 def even_layer_partition(layers: int, pp_size: int) -> tuple[int, ...]:
     """pdplan's default split of ``layers`` over ``pp_size`` stages (``pp_layer_partition``
     left None): as even as possible, the first stages taking one more (5 over 2: ``(3, 2)``).
-    Give it the model's ``num_layers`` to split layers that keep no cache too."""
+    Give it the model's ``num_layers`` to split layers that keep no cache too.
+
+    :param layers: The layers to split.
+    :param pp_size: The stages.
+    """
     return tuple(_core.even_layer_partition(layers, pp_size))
 
 
@@ -427,5 +599,9 @@ def vllm_layer_partition(layers: int, pp_size: int) -> tuple[int, ...]:
     """vLLM's default split of ``layers`` over ``pp_size`` stages (``VLLM_PP_LAYER_PARTITION``
     unset): as even as possible, the extra layers going to the stages just before the last.
     pdplan's own default gives them to the first stages; pass this as ``pp_layer_partition``
-    to match a vLLM deployment."""
+    to match a vLLM deployment.
+
+    :param layers: The layers to split.
+    :param pp_size: The stages.
+    """
     return tuple(_core.vllm_layer_partition(layers, pp_size))

@@ -32,26 +32,48 @@ class TokenShare(NamedTuple):
     parallel, ``cp_rank`` is the DCP rank."""
 
     cp_size: int
+    """Shares the tokens are dealt into: the side's ``cp_size`` (1 under
+    ``cp_kv="replicated"``, whose CP ranks each hold every token), its ``dcp_size``, or 1."""
     cp_rank: int
+    """The share the rank holds, ``0 .. cp_size``: its CP rank, or its DCP rank."""
     cp_split: CpSplit
+    """How the tokens are dealt (``token_owners``): the layout's ``cp_split``."""
     interleave: int
+    """Consecutive tokens dealt to one rank under ``"interleave"``: the layout's
+    ``cp_interleave``."""
 
 
 class RankCoordinates(NamedTuple):
     """Where one rank sits on its side (``ParallelLayout.rank_coordinates``)."""
 
     dp_group: int
+    """Its DP group, ``0 .. dp_size``."""
     stage: int
+    """Its pipeline stage in the DP group, ``0 .. pp_size``."""
     cp_rank: int
+    """Its context-parallel rank in the stage, ``0 .. cp_size``."""
     tp_rank: int
+    """Its TP rank in the CP rank, ``0 .. tp_size_per_dp`` (a DCP rank is ``tp_rank %
+    dcp_size``)."""
 
 
 class BufferKind(str, Enum):
+    """What a buffer holds: the target model's K or V cache, the draft model's (speculative
+    decoding), or a recurrent layer's state. Wherever a kind is asked for, its string value
+    (``"target_k"``) is accepted too; the wire format writes that string."""
+
     TARGET_K = "target_k"
+    """The target model's K cache; also an MLA layer's latent, the MLA indexer's key cache
+    and K's block scales."""
     TARGET_V = "target_v"
+    """The target model's V cache (and V's block scales)."""
     DRAFT_K = "draft_k"
+    """The draft model's K cache."""
     DRAFT_V = "draft_v"
+    """The draft model's V cache."""
     MAMBA_STATE = "mamba_state"
+    """A recurrent layer's state (SSM, conv, linear-attention): one value per request, not per
+    token."""
 
 
 def _coerce_kind(obj: object) -> None:
@@ -85,15 +107,30 @@ class ParallelLayout:
     """
 
     role: Literal["prefill", "decode"]
+    """Which side this is: ``"prefill"`` or ``"decode"``."""
     world_size: int
+    """The side's ranks, all of them: ``dp_size * pp_size * cp_size`` times the TP size,
+    which follows from it."""
     dp_size: int = 1
+    """DP groups, each holding the whole model."""
     pp_size: int = 1
+    """Pipeline stages of each DP group."""
     pp_layer_partition: tuple[int, ...] | None = None
+    """Each stage's layer count, in stage order; None: as even as possible, the first stages
+    taking one more (``even_layer_partition``)."""
     cp_size: int = 1
+    """Context-parallel ranks of their own in each stage (prefill CP); 1: none."""
     dcp_size: int = 1
+    """Decode-context-parallel ranks carved out of TP (vLLM's DCP); 1: none."""
     cp_kv: Literal["sharded", "replicated"] = "sharded"
+    """``"sharded"``: CP ranks hold disjoint shares of the tokens; ``"replicated"``: each holds
+    every token and they are replicas to read from."""
     cp_split: CpSplit = "interleave"
+    """How tokens are dealt over CP or DCP ranks: ``"interleave"``, ``"contiguous"`` or
+    ``"zigzag"`` (``token_owners``)."""
     cp_interleave: int = 1
+    """Consecutive tokens dealt to one rank under ``"interleave"`` (``token_owners``'s
+    ``interleave``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.pp_layer_partition, list):
@@ -109,57 +146,71 @@ class ParallelLayout:
         return tp
 
     def rank_coordinates(self, rank: int) -> RankCoordinates:
-        """Where rank ``rank`` sits: its DP group, pipeline stage, CP rank and TP rank."""
+        """Where rank ``rank`` sits: its DP group, pipeline stage, CP rank and TP rank.
+
+        :param rank: A rank of this side, ``0 .. world_size``; others are refused.
+        """
         return RankCoordinates(*_core.rank_coordinates(self, rank))
 
     def token_share(self, rank: int) -> TokenShare:
         """Which of a request's tokens rank ``rank`` holds: its CP share (``cp_size``), its
         DCP share (``dcp_size``: DCP rank ``tp_rank % dcp_size``, always interleaved), or every
-        token. ``token_slots(..., layout=, rank=)`` builds its slot map from it."""
+        token. ``token_slots(..., layout=, rank=)`` builds its slot map from it.
+
+        :param rank: A rank of this side, ``0 .. world_size``; others are refused.
+        """
         cp_size, cp_rank, cp_split, interleave = _core.rank_token_share(self, rank)
         return TokenShare(cp_size, cp_rank, cp_split, interleave)
 
 
 @dataclass(frozen=True)
 class BufferLayout:
-    """Logical layout for one cache/state buffer.
-
-    ``tp_replica_group_size`` describes TP ranks that hold the same logical
-    shard. It is used by GQA/MQA-style KV caches when the prefill TP size is
-    larger than the number of distinct KV heads.
-    """
+    """Logical layout for one cache/state buffer: which of its units (KV heads, state channels)
+    a rank holds and where their bytes sit in each page of the rank's own buffer."""
 
     buffer_index: int
+    """The buffer's number: both sides list the same buffers in the same order, with the same
+    numbers, and descriptors find its base pointer and limit at this index."""
     buffer_kind: BufferKind
+    """What the buffer holds (a ``BufferKind``; its string value is accepted)."""
     logical_axis: Literal["kv_head", "state_channel", "replicated"]
+    """The axis split over TP ranks: ``"kv_head"`` (KV heads, a value per token),
+    ``"state_channel"`` (state channels, one value per request) or ``"replicated"`` (every
+    rank holds all of it, a value per token: an MLA latent)."""
     logical_size: int
+    """Logical units (KV heads, state channels) in the whole buffer, across all TP ranks."""
     page_size: int
+    """Tokens a page holds (a state buffer's page is one request's state)."""
     bytes_per_logical_unit: int
+    """Bytes one logical unit takes in one page of this rank's buffer."""
     item_stride_bytes: int
+    """Bytes from one page of this rank's buffer to the next."""
     tp_replica_group_size: int = 1
-    #: Rows a page: each row holds this rank's units in order, a unit taking
-    #: ``bytes_per_logical_unit / rows_per_page`` bytes of it, rows ``page_bytes /
-    #: rows_per_page`` apart. 1: head-major (HND); ``page_size``: token-major (NHD);
-    #: ``2 * page_size``: FlashInfer's fused K/V page.
+    """TP ranks that hold the same logical shard. It is used by GQA/MQA-style KV caches when
+    the side's TP size is larger than the number of distinct KV heads; 1: none."""
     rows_per_page: int = 1
-    #: The split axis as a concatenation of parts (summing to ``logical_size``), each split
-    #: evenly over the TP shards: Mamba2's conv state ``x | B | C``. None: one part.
+    """Rows a page: each row holds this rank's units in order, a unit taking
+    ``bytes_per_logical_unit / rows_per_page`` bytes of it, rows ``page_bytes /
+    rows_per_page`` apart. 1: head-major (HND); ``page_size``: token-major (NHD);
+    ``2 * page_size``: FlashInfer's fused K/V page."""
     logical_parts: tuple[int, ...] | None = None
-    #: The model layer the buffer belongs to: required when either side has pipeline stages
-    #: (which hold layers in order), ignored otherwise.
+    """The split axis as a concatenation of parts (summing to ``logical_size``), each split
+    evenly over the TP shards: Mamba2's conv state ``x | B | C``. None: one part."""
     layer: int | None = None
-    #: A sliding-window attention layer's window (tokens): with token maps (turned on by a
-    #: window) a request of ``n`` tokens moves only its tokens ``t >= n - sliding_window``.
+    """The model layer the buffer belongs to: required when either side has pipeline stages
+    (which hold layers in order), ignored otherwise."""
     sliding_window: int | None = None
-    #: A chunked local-attention layer's chunk (tokens, Llama 4): with token maps (turned on by
-    #: a chunk) a request of ``n`` tokens moves only its current chunk, tokens ``t >= (n //
-    #: attention_chunk_size) * attention_chunk_size``. Not with ``sliding_window``.
+    """A sliding-window attention layer's window (tokens): with token maps (turned on by a
+    window) a request of ``n`` tokens moves only its tokens ``t >= n - sliding_window``."""
     attention_chunk_size: int | None = None
-    #: Bytes of each page this buffer owns, from the page's start (rows are ``page_bytes /
-    #: rows_per_page`` apart); the rest of ``item_stride_bytes`` belongs to other buffers: K
-    #: and V of one fused page (FlashInfer) are two buffers, each a page stride of the fused
-    #: page and ``page_bytes`` of its half. None: the whole stride.
+    """A chunked local-attention layer's chunk (tokens, Llama 4): with token maps (turned on by
+    a chunk) a request of ``n`` tokens moves only its current chunk, tokens ``t >= (n //
+    attention_chunk_size) * attention_chunk_size``. Not with ``sliding_window``."""
     page_bytes: int | None = None
+    """Bytes of each page this buffer owns, from the page's start (rows are ``page_bytes /
+    rows_per_page`` apart); the rest of ``item_stride_bytes`` belongs to other buffers: K and V
+    of one fused page (FlashInfer) are two buffers, each a page stride of the fused page and
+    ``page_bytes`` of its half. None: the whole stride."""
 
     def __post_init__(self) -> None:
         if isinstance(self.logical_parts, list):
@@ -189,41 +240,62 @@ class TransferFragment:
     """
 
     buffer_index: int
+    """The buffer the bytes belong to (its ``BufferLayout.buffer_index``, the same on both
+    sides)."""
     buffer_kind: BufferKind
+    """That buffer's kind."""
     src_rank: int
+    """The prefill rank that sends."""
     dst_rank: int
+    """The decode rank that receives."""
     src_page_stride_bytes: int
+    """Bytes from one source page to the next."""
     dst_page_stride_bytes: int
+    """Bytes from one destination page to the next."""
     src_byte_offset: int
+    """Where the fragment's bytes start in a source page."""
     dst_byte_offset: int
+    """Where they land in a destination page."""
     bytes_per_page: int
+    """Bytes one page moves (all rows of it)."""
     page_count: int | None = None
-    #: Runs a page: ``rows_per_page`` runs of ``bytes_per_page / rows_per_page`` bytes, run
-    #: ``r`` at ``offset + r * row_stride`` on each side. 1 (strides 0): one span, as in v1.
+    """Only the first ``page_count`` page pairs of a request; None: all."""
     rows_per_page: int = 1
+    """Runs a page: ``rows_per_page`` runs of ``bytes_per_page / rows_per_page`` bytes, run
+    ``r`` at ``offset + r * row_stride`` on each side. 1 (strides 0): one span, as in v1."""
     src_row_stride_bytes: int = 0
+    """Bytes between source rows (0 with one row)."""
     dst_row_stride_bytes: int = 0
-    #: Token geometry (wire format v3; all 0 without it): each token moves ``token_runs`` runs
-    #: of ``token_run_bytes`` bytes, run ``i`` of slot ``s`` at ``byte_offset + i *
-    #: token_run_stride + s * token_stride`` in that side's page of ``page_size`` tokens.
+    """Bytes between destination rows (0 with one row)."""
     src_page_size: int = 0
+    """Tokens a source page holds. Token geometry (wire format v3; all 0 without it): each
+    token moves ``token_runs`` runs of ``token_run_bytes`` bytes, run ``i`` of slot ``s`` at
+    ``byte_offset + i * token_run_stride + s * token_stride`` in that side's page of
+    ``page_size`` tokens."""
     dst_page_size: int = 0
+    """Tokens a destination page holds (token geometry)."""
     token_runs: int = 0
+    """Runs a token moves (token geometry)."""
     token_run_bytes: int = 0
+    """Bytes of one run (token geometry)."""
     src_token_stride_bytes: int = 0
+    """Bytes between a source page's slots (token geometry)."""
     dst_token_stride_bytes: int = 0
+    """Bytes between a destination page's slots (token geometry)."""
     src_token_run_stride_bytes: int = 0
+    """Bytes between a token's runs, source side (token geometry)."""
     dst_token_run_stride_bytes: int = 0
-    #: A sliding-window buffer's window (wire format v4): a request of ``n`` tokens moves only
-    #: tokens ``t >= n - sliding_window``. Needs token geometry.
+    """Bytes between a token's runs, destination side (token geometry)."""
     sliding_window: int | None = None
-    #: A chunked local-attention buffer's chunk (wire format v5): a request of ``n`` tokens
-    #: moves only tokens ``t >= (n // attention_chunk_size) * attention_chunk_size``. Needs
-    #: token geometry.
+    """A sliding-window buffer's window (wire format v4): a request of ``n`` tokens moves only
+    tokens ``t >= n - sliding_window``. Needs token geometry."""
     attention_chunk_size: int | None = None
-    #: 1: pages do not pair one to one though both sides' hold as many tokens (head-major
-    #: facing token-major, wire format v6): only slot maps move the fragment.
+    """A chunked local-attention buffer's chunk (wire format v5): a request of ``n`` tokens
+    moves only tokens ``t >= (n // attention_chunk_size) * attention_chunk_size``. Needs token
+    geometry."""
     pages_unpaired: int = 0
+    """1: pages do not pair one to one though both sides' hold as many tokens (head-major
+    facing token-major, wire format v6): only slot maps move the fragment."""
 
     def __post_init__(self) -> None:
         _core.check_transfer_fragment(self)
@@ -235,18 +307,34 @@ class RankTransferPlan:
     """What one decode rank receives: its prefill sources, fragments and their fanouts."""
 
     plan_kind: Literal["identity", "fragmented"]
+    """``"identity"``: both sides hold the same shards in pages that line up (the same TP size
+    and stages, no replica groups, no context parallelism), so the decode rank copies whole
+    items from its one source and the plan carries no fragments
+    (``PDTransferPlanner.transfer_fragments`` gives them as whole-item fragments);
+    ``"fragmented"``: the fragments say which bytes."""
     target_dp_group: int
+    """The prefill DP group the decode rank reads from."""
     target_prefill_ranks: tuple[int, ...]
+    """Its sources: the prefill ranks it reads from, ascending."""
     required_prefill_response_num: int
+    """How many sources it waits for: ``len(target_prefill_ranks)``."""
     fragments_by_prefill_rank: dict[int, tuple[TransferFragment, ...]]
+    """Each source's fragments, in buffer order; empty for an identity plan."""
     required_dst_info_num_by_prefill_rank: dict[int, int]
-    #: Prefill ranks of the target DP group that hold some of this decode rank's bytes but
-    #: send it none (MLA replicas, GQA replica groups under ``decode_replicas="first"``, CP
-    #: and DCP shares read elsewhere), ascending: the runtime sends them a notify-only
-    #: message so that they free the request's blocks, as vLLM does.
+    """For each source, how many decode ranks one request makes it wait for (its fanout)."""
     notify_prefill_ranks: tuple[int, ...] = ()
+    """Prefill ranks of the target DP group that hold some of this decode rank's bytes but
+    send it none (MLA replicas, GQA replica groups under ``decode_replicas="first"``, CP and
+    DCP shares read elsewhere), ascending: the runtime sends them a notify-only message so
+    that they free the request's blocks, as vLLM does."""
 
     def required_dst_info_num_for_prefill_rank(self, prefill_rank: int) -> int:
+        """How many decode ranks one request makes source ``prefill_rank`` wait for (its
+        entry of ``required_dst_info_num_by_prefill_rank``). A rank that is no source of this
+        plan is refused with ``UnsupportedPDLayoutError``, naming the sources.
+
+        :param prefill_rank: One of ``target_prefill_ranks``.
+        """
         try:
             return self.required_dst_info_num_by_prefill_rank[prefill_rank]
         except (KeyError, TypeError):

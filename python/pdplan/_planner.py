@@ -22,9 +22,13 @@ class RoutingTable(NamedTuple):
     Identity pairs count one whole item per buffer."""
 
     decode_rank: npt.NDArray[np.int64]
+    """Each row's decode rank."""
     prefill_rank: npt.NDArray[np.int64]
+    """Each row's prefill rank."""
     fragment_count: npt.NDArray[np.int64]
+    """Fragments the pair moves (0 for a notify-only pair)."""
     bytes_per_page: npt.NDArray[np.int64]
+    """Bytes the pair's fragments move from each page, summed (0 for a notify-only pair)."""
 
 
 class LostRange(NamedTuple):
@@ -36,10 +40,15 @@ class LostRange(NamedTuple):
     None: the lost bytes are those units of the tokens that share holds."""
 
     buffer_index: int
+    """The buffer (its ``BufferLayout.buffer_index``)."""
     layer: int | None
+    """The buffer's ``layer``, None where the buffers name none."""
     unit_start: int
+    """The first lost unit."""
     unit_end: int
+    """One past the last lost unit."""
     cp_share: int | None = None
+    """The prefill token share the units belong to (its CP or DCP rank), or None."""
 
 
 class PDTransferPlanner:
@@ -59,18 +68,26 @@ class PDTransferPlanner:
         decode_replicas: Literal["first", "all"] = "first",
         token_maps: bool = False,
     ) -> None:
-        """``decode_replicas`` says which decode ranks of a replica group (decode TP above the
-        KV-head count) receive a sharded buffer: ``"first"`` (the reference's semantics) only
-        the group's first rank, and the runtime copies inside the group; ``"all"`` every decode
-        rank, directly, spread over the prefill ranks that hold the same heads so that the
-        largest fanout is as small as it can be.
+        """Sides the planner cannot serve are refused with ``UnsupportedPDLayoutError``, whose
+        message says what to change.
 
-        ``token_maps=True`` gives the fragments of token-indexed buffers (``kv_head``,
-        ``replicated``) the token geometry of both sides, so a request can move tokens by slot
-        maps (``PreparedTransfer.token_descriptors``); it is on by itself where a
-        token-indexed buffer's page sizes differ between the sides, which only slot maps can
-        move, or a buffer has a ``sliding_window``, which selects tokens. Such fragment lists
-        encode as wire format v3 (v4 with a window)."""
+        :param prefill_layout: The prefill side's ranks (``role="prefill"``).
+        :param decode_layout: The decode side's ranks (``role="decode"``).
+        :param prefill_buffers: The prefill side's buffers, one for each decode buffer, in the
+            same order.
+        :param decode_buffers: The decode side's buffers.
+        :param decode_replicas: Which decode ranks of a replica group (decode TP above the
+            KV-head count) receive a sharded buffer: ``"first"`` (the reference's semantics)
+            only the group's first rank, and the runtime copies inside the group; ``"all"``
+            every decode rank, directly, spread over the prefill ranks that hold the same heads
+            so that the largest fanout is as small as it can be.
+        :param token_maps: ``True`` gives the fragments of token-indexed buffers (``kv_head``,
+            ``replicated``) the token geometry of both sides, so a request can move tokens by
+            slot maps (``PreparedTransfer.token_descriptors``); it is on by itself where a
+            token-indexed buffer's page sizes differ between the sides, which only slot maps
+            can move, or a buffer has a ``sliding_window``, which selects tokens. Such
+            fragment lists encode as wire format v3 (v4 with a window).
+        """
         self._prefill_layout = prefill_layout
         self._decode_layout = decode_layout
         self._prefill_buffers = tuple(prefill_buffers)
@@ -89,22 +106,28 @@ class PDTransferPlanner:
     # What the planner was built from, read-only: a plan is only ever of these.
     @property
     def prefill_layout(self) -> ParallelLayout:
+        """The prefill side's layout, as given."""
         return self._prefill_layout
 
     @property
     def decode_layout(self) -> ParallelLayout:
+        """The decode side's layout, as given."""
         return self._decode_layout
 
     @property
     def prefill_buffers(self) -> tuple[BufferLayout, ...]:
+        """The prefill side's buffers, as given (a tuple)."""
         return self._prefill_buffers
 
     @property
     def decode_buffers(self) -> tuple[BufferLayout, ...]:
+        """The decode side's buffers, as given (a tuple)."""
         return self._decode_buffers
 
     @property
     def decode_replicas(self) -> Literal["first", "all"]:
+        """Which decode ranks of a replica group receive: ``"first"`` or ``"all"``, as
+        given."""
         return self._decode_replicas
 
     @property
@@ -127,8 +150,12 @@ class PDTransferPlanner:
 
         Both sides compute it alone: the same set, in any order or in any number of steps,
         gives equal plans and an equal ``fingerprint``. No ranks gives a planner that plans
-        exactly as this one. Ranks out of range, named twice or not ints are refused with
-        ``UnsupportedPDLayoutError``. Costs about what construction costs."""
+        exactly as this one. Costs about what construction costs.
+
+        :param ranks: The prefill ranks that are unavailable, ``0 .. world_size`` of the
+            prefill side; ranks out of range, named twice or not ints are refused with
+            ``UnsupportedPDLayoutError``.
+        """
         planner = object.__new__(type(self))
         planner.__dict__.update(self.__dict__)
         planner._core = self._core.without_prefill_ranks(ranks)
@@ -147,8 +174,12 @@ class PDTransferPlanner:
         tokens of that CP share) or drop the request. Empty when nothing is lost, always so
         on a planner of every rank. Only what the decode rank receives counts: under
         ``decode_replicas="first"`` the non-first ranks of a replica group receive nothing
-        and lose nothing. ``prefill_dp_group`` and ``num_tokens`` as in
-        ``plan_for_decode_rank``."""
+        and lose nothing.
+
+        :param decode_rank: A rank of the decode side.
+        :param prefill_dp_group: The prefill DP group it reads, as in ``plan_for_decode_rank``.
+        :param num_tokens: The request's length, as in ``plan_for_decode_rank``.
+        """
         return [
             LostRange(*row) for row in self._core.lost(decode_rank, prefill_dp_group, num_tokens)
         ]
@@ -167,18 +198,23 @@ class PDTransferPlanner:
     ) -> RankTransferPlan:
         """The plan for one decode rank.
 
-        By default decode DP group ``g`` reads from prefill DP group ``g % prefill dp_size``
-        (the reference's ``g``, wherever the reference plans); a router that sends a request to
-        another prefill DP group passes it as ``prefill_dp_group``. ``target_dp_group`` is the
-        prefill DP group read from, and ``required_dst_info_num_by_prefill_rank`` counts, for
-        each source, the decode ranks one request makes it wait for.
+        ``target_dp_group`` is the prefill DP group read from, and
+        ``required_dst_info_num_by_prefill_rank`` counts, for each source, the decode ranks one
+        request makes it wait for.
 
         With context parallelism the sources are the prefill ranks holding some of the decode
         rank's tokens: for ``"interleave"`` splits those whose shares meet for a request of at
         least one period; for ``"contiguous"`` and ``"zigzag"`` (whose shares depend on the
-        length) every rank that may hold some of them. ``num_tokens=n`` gives the exact
-        sources, response counts and fanouts of a request of ``n`` tokens, for every split
-        (without CP it changes nothing).
+        length) every rank that may hold some of them.
+
+        :param decode_rank: A rank of the decode side, ``0 .. world_size``.
+        :param prefill_dp_group: The prefill DP group the request was sent to. By default
+            decode DP group ``g`` reads from prefill DP group ``g % prefill dp_size`` (the
+            reference's ``g``, wherever the reference plans); a router that sends a request to
+            another prefill DP group passes it here.
+        :param num_tokens: The request's length: ``num_tokens=n`` gives the exact sources,
+            response counts and fanouts of a request of ``n`` tokens, for every split (without
+            CP it changes nothing).
         """
         plan: RankTransferPlan = self._core.plan_for_decode_rank(
             decode_rank, prefill_dp_group, num_tokens
@@ -197,7 +233,11 @@ class PDTransferPlanner:
         A fragmented plan gives its own fragments; an identity plan (which carries none: the
         runtime copies whole items) gives one whole-item fragment per buffer, so the same
         wire and descriptor path serves both. Contiguous pages of a whole-item copy coalesce
-        into one descriptor per run. ``num_tokens`` as in ``plan_for_decode_rank``.
+        into one descriptor per run.
+
+        :param decode_rank: A rank of the decode side.
+        :param prefill_dp_group: The prefill DP group it reads, as in ``plan_for_decode_rank``.
+        :param num_tokens: The request's length, as in ``plan_for_decode_rank``.
         """
         fragments: dict[int, tuple[TransferFragment, ...]] = self._core.transfer_fragments(
             decode_rank, prefill_dp_group, num_tokens
@@ -215,8 +255,10 @@ class PDTransferPlanner:
         it. On a planner ``without_prefill_ranks``, the bytes no available rank holds (found
         from the layouts, rank by rank) must be written by nobody and be what ``lost``
         reports, every other byte exactly once, and no plan may name an unavailable rank.
-        ``num_tokens`` checks the plans of a request of that many tokens. Raises
-        ``UnsupportedPDLayoutError`` naming the first gap, overlap or wrong source.
+        Raises ``UnsupportedPDLayoutError`` naming the first gap, overlap or wrong source.
+
+        :param num_tokens: Checks the plans of a request of that many tokens (as
+            ``plan_for_decode_rank(..., num_tokens=)`` gives them); None: the plans without it.
         """
         self._core.verify(num_tokens)
 
@@ -236,7 +278,11 @@ class PDTransferPlanner:
         """Refuses a side's layout and buffers (a peer's, from ``decode_layout``) that differ
         from this planner's own view of that side (``layout.role``), naming the first field
         that differs: ``decode buffer 17 (layer 8, target_v): bytes_per_logical_unit 256 vs
-        128`` (this planner's value first)."""
+        128`` (this planner's value first).
+
+        :param layout: The side's layout; its ``role`` says which side it is compared with.
+        :param buffers: That side's buffers.
+        """
         self._core.check_layout(layout, buffers)
 
     @property

@@ -32,10 +32,17 @@ class StagingCounts(NamedTuple):
     hop between the staging buffers, of the gather and of the scatter, and the bytes moved."""
 
     direct_descriptors: int
+    """Descriptors the engine would send without staging."""
     wire_descriptors: int
+    """Descriptors of the wire hop between the staging buffers: one, or one per chunk."""
     gather_descriptors: int
+    """Copies into the source staging buffer (runs that continue each other in the source
+    cache merge)."""
     scatter_descriptors: int
+    """Copies out of the destination staging buffer (merged where the destination
+    continues)."""
     bytes: int
+    """Bytes the request moves (the staging buffer's size)."""
 
 
 @dataclass(frozen=True)
@@ -43,21 +50,36 @@ class CostEstimate:
     """Seconds one request takes each way, and what the model chooses."""
 
     direct_s: float
+    """Seconds of the direct transfer: the wire's roofline over the direct descriptors."""
     staging_s: float
+    """Seconds staged: ``gather_s + wire_s + scatter_s``."""
     gather_s: float
+    """Seconds of the gather into the source staging buffer (0 with nothing to copy)."""
     wire_s: float
+    """Seconds of the wire hop between the staging buffers (the same roofline)."""
     scatter_s: float
+    """Seconds of the scatter out of the destination staging buffer (0 with nothing to
+    copy)."""
     direct_descriptors: int
+    """Descriptors of the direct transfer (``StagingCounts.direct_descriptors``)."""
     wire_descriptors: int
+    """Descriptors of the wire hop (``StagingCounts.wire_descriptors``)."""
     bytes: int
+    """Bytes the request moves."""
 
     @classmethod
     def total(cls, estimates: Sequence[CostEstimate]) -> CostEstimate:
-        """Several transfers of one request (say its KV and its state), one after another."""
+        """Several transfers of one request (say its KV and its state), one after another:
+        every field summed.
+
+        :param estimates: The transfers' estimates.
+        """
         return cls(*(sum(getattr(e, name) for e in estimates) for name in cls.__dataclass_fields__))
 
     @property
     def choice(self) -> Literal["direct", "staging"]:
+        """``"staging"`` where it takes less time than the direct transfer, else
+        ``"direct"``."""
         return "staging" if self.staging_s < self.direct_s else "direct"
 
     @property
@@ -91,10 +113,15 @@ class CostModel:
     """
 
     per_descriptor_s: float = 0.27e-6
+    """Seconds the engine takes per descriptor."""
     network_bytes_per_s: float = 50e9
+    """The network's bandwidth, in bytes a second."""
     copy_bytes_per_s: float = 1.675e12
+    """A gather's or scatter's bandwidth, in bytes a second (reading and writing each byte)."""
     per_copy_s: float = 5e-6
+    """Seconds a gather or scatter takes however small (a kernel launch and its wait)."""
     per_segment_s: float = 0.0
+    """Seconds a gather or scatter takes per segment it copies."""
 
     def __post_init__(self) -> None:
         _core.check_cost_model(*self._figures())
@@ -114,8 +141,11 @@ class CostModel:
     def estimate_counts(
         self, counts: StagingCounts | tuple[int, int, int, int, int]
     ) -> CostEstimate:
-        """The estimate for a request's staging counts, as ``StagingPlan.counts`` and
-        ``PreparedTransfer.staging_counts`` give them (or the same five as a plain tuple)."""
+        """The estimate for a request's staging counts.
+
+        :param counts: The counts, as ``StagingPlan.counts`` and
+            ``PreparedTransfer.staging_counts`` give them (or the same five as a plain tuple).
+        """
         if not isinstance(counts, tuple) or len(counts) != len(StagingCounts._fields):
             raise UnsupportedPDLayoutError(
                 "estimate_counts takes the five staging counts (StagingCounts: "
@@ -135,7 +165,10 @@ class CostModel:
         )
 
     def estimate_plan(self, plan: StagingPlan) -> CostEstimate:
-        """The estimate for a staging plan already built."""
+        """The estimate for a staging plan already built.
+
+        :param plan: The plan (its ``counts``).
+        """
         if not isinstance(plan, _core.StagingPlan):
             raise UnsupportedPDLayoutError(
                 f"estimate_plan takes a StagingPlan, got {type(plan).__name__}"
@@ -151,7 +184,14 @@ class CostModel:
         buffers: Buffers = None,
         chunk_bytes: int | None = None,
     ) -> CostEstimate:
-        """Direct against staged for one request of page pairs (counted, not built)."""
+        """Direct against staged for one request of page pairs (counted, not built).
+
+        :param prepared: The rank pair's ``PreparedTransfer``.
+        :param src_pages: The request's source pages, as for ``PreparedTransfer.descriptors``.
+        :param dst_pages: The destination pages they pair with.
+        :param buffers: The buffers moved (a ``range`` or indexes); None: all.
+        :param chunk_bytes: The wire hop's chunk size; None: one transfer.
+        """
         counts = _prepared(prepared, "estimate").staging_counts(
             src_pages, dst_pages, buffers=buffers, chunk_bytes=chunk_bytes
         )
@@ -166,7 +206,15 @@ class CostModel:
         buffers: Buffers = None,
         chunk_bytes: int | None = None,
     ) -> CostEstimate:
-        """Direct against staged for one request of slot maps (counted, not built)."""
+        """Direct against staged for one request of slot maps (counted, not built).
+
+        :param prepared: The rank pair's ``PreparedTransfer``.
+        :param src_slots: The source rank's slot map, as for
+            ``PreparedTransfer.token_descriptors``.
+        :param dst_slots: The destination rank's slot map.
+        :param buffers: The buffers moved (a ``range`` or indexes); None: all.
+        :param chunk_bytes: The wire hop's chunk size; None: one transfer.
+        """
         counts = _prepared(prepared, "estimate_tokens").token_staging_counts(
             src_slots, dst_slots, buffers=buffers, chunk_bytes=chunk_bytes
         )

@@ -97,12 +97,18 @@ def buffers(
     sliding_windows: dict[int, int] | None = None,
 ) -> CacheBuffers:
     """The buffers of one SGLang rank's pool: a KV pool (MHA or MLA), a ``MambaPool``, or a KV
-    pool with its ``mamba_pool`` (hybrid models).
+    pool with its ``mamba_pool`` (hybrid models). Buffers are numbered as on every runtime
+    (``CacheBuffers``).
 
-    ``num_kv_heads`` is the model's KV heads when they are fewer than ``tp_size`` (SGLang then
-    keeps one replicated head a rank); otherwise ``head_num * tp_size``. ``states`` describes
-    each state tensor of a recurrent layer (``pdplan.runtimes.state_specs(layer)``). Buffers
-    are numbered as on every runtime (``CacheBuffers``).
+    :param pool: The rank's ``MHATokenToKVPool``, ``MLATokenToKVPool`` or ``MambaPool``.
+    :param tp_size: The rank's TP size.
+    :param num_kv_heads: The model's KV heads when they are fewer than ``tp_size`` (SGLang then
+        keeps one replicated head a rank); None: ``head_num * tp_size``.
+    :param mamba_pool: A hybrid model's ``MambaPool``, beside its KV ``pool``.
+    :param states: Describes each state tensor of a recurrent layer
+        (``pdplan.runtimes.state_specs(layer)``).
+    :param sliding_windows: The window of the ``k``-th layer of the KV pool, by ``k``, where it
+        has one.
     """
     windows = dict(sliding_windows or {})
     built: list[tuple[BufferLayout, int, int]] = []

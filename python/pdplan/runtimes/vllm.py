@@ -78,12 +78,20 @@ def buffers(
 ) -> CacheBuffers:
     """The buffers of one vLLM rank's KV cache.
 
-    ``backend`` is vLLM's attention backend name (``BACKENDS``); ``kv_layout`` the layout it
-    was built with, checked against the strides; ``num_kv_heads`` the model's KV heads (not the
-    rank's), required except for MLA. ``states`` describes each state tensor of a recurrent
-    layer (``pdplan.runtimes.state_specs(layer)``), ``sliding_windows`` the window of the
-    ``k``-th attention layer where it has one. Buffers: K and V of the ``k``-th attention layer
-    are ``2k`` and ``2k + 1`` (MLA: ``k``), states after them (``CacheBuffers``).
+    Buffers: K and V of the ``k``-th attention layer are ``2k`` and ``2k + 1`` (MLA: ``k``),
+    states after them (``CacheBuffers``).
+
+    :param kv_caches: What vLLM's model runner allocates per layer, in layer order (a list,
+        or the ``{layer_name: tensor}`` dict): an attention layer's tensor, a recurrent
+        layer's list of state tensors.
+    :param backend: vLLM's attention backend name (``BACKENDS``).
+    :param kv_layout: The layout the backend was built with, checked against the strides.
+    :param tp_size: The rank's TP size.
+    :param num_kv_heads: The model's KV heads (not the rank's), required except for MLA.
+    :param states: Describes each state tensor of a recurrent layer
+        (``pdplan.runtimes.state_specs(layer)``).
+    :param sliding_windows: The window of the ``k``-th attention layer, by ``k``, where it has
+        one.
     """
     if backend not in BACKENDS:
         raise UnsupportedPDLayoutError(
