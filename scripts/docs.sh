@@ -12,7 +12,7 @@ trap 'rm -rf "$venv"' EXIT
 python -m venv "$venv"
 package=$(ls dist/*.whl 2>/dev/null | head -n 1 || true)
 "$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q "${package:-.}" \
-  "mkdocs>=1.6,<2" "mkdocs-material>=9.5,<10" "mkdocstrings[python]>=0.26,<2" "ruff>=0.5"
+# The package with its docs extra: the site's tools as pyproject.toml pins them.
+"$venv/bin/python" -m pip install -q "${package:-.}[docs]"
 NO_MKDOCS_2_WARNING=1 "$venv/bin/python" -m mkdocs build --strict --site-dir site
 echo "built the site into site/"
