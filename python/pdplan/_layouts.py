@@ -4,12 +4,14 @@ lengths a runtime knows. The derivation runs in Rust (src/model/)."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import ClassVar, Literal
 
 from pdplan import _core
+from pdplan._config_files import config_file, named, read_config_text
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
@@ -322,10 +324,10 @@ class ModelShape:
     def from_hf_config(
         cls, path: str | Path, page_size: int = 16, *, family: str | None = None
     ) -> ModelShape:
-        """The model a local Hugging Face ``config.json`` describes, layer by layer, read by
-        the reader of its family. A config of an architecture no family covers is refused,
-        naming it and the families; so is a config holding a cache-shaping key
-        (``CACHE_KEYS``) its family's reader does not consume.
+        """The model a local Hugging Face ``config.json`` (or a model's folder) describes,
+        layer by layer, read by the reader of its family. A config of an architecture no
+        family covers is refused, naming it and the families; so is a config holding a
+        cache-shaping key (``CACHE_KEYS``) its family's reader does not consume.
 
         The dtype is the one the config names (``dtype`` or ``torch_dtype``), bfloat16 when it
         names none; the KV cache dtype the config's ``kv_cache_dtype`` where it names one; the
@@ -333,16 +335,19 @@ class ModelShape:
         family keeps state. Pass ``kv_cache_dtype``/``state_dtype`` with
         ``dataclasses.replace``.
 
-        :param path: The ``config.json`` file.
+        :param path: The ``config.json`` file, or the model's folder holding it. Refusals name
+            it as given; it is read to at most ``pdplan.limits.MAX_CONFIG_BYTES``.
         :param page_size: Tokens a KV cache page holds.
         :param family: The family to read it with (a name from ``model_families()``); None:
             the one its ``architectures`` (then ``model_type``) names.
         """
+        file = config_file(path)
+        shown = os.fspath(path) if file == Path(path) else str(file)
+        text = read_config_text(file, shown)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UnsupportedPDLayoutError(f"cannot read {path}: {exc}") from None
-        parts = _core.model_shape_parts(config_text=text, page_size=page_size, family=family)
+            parts = _core.model_shape_parts(config_text=text, page_size=page_size, family=family)
+        except UnsupportedPDLayoutError as error:
+            raise named(error, shown) from None
         return cls._from_parts(parts, page_size)
 
     @classmethod

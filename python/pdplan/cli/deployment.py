@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import stat
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Literal
 
-from pdplan import limits
+from pdplan._config_files import CONFIG_NAME
 from pdplan._layouts import (
     MODEL_PRESETS,
     ModelShape,
@@ -117,63 +116,22 @@ class Deployment:
         )
 
 
-#: The file a model's folder keeps its config in (Hugging Face's name for it).
-CONFIG_NAME = "config.json"
 #: A Hub repository's name (``ORG/NAME``): a path that looks like one and is not there was
 #: probably meant for the Hub, which pdplan does not fetch from.
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
 
 
-def config_file(given: str) -> str:
-    """The file the path `given` names, spelled from it (so messages name it as it was typed):
-    `given` itself, or the ``config.json`` in the folder `given` names. Refused, naming the
-    path and what to give instead, when there is no such file, it cannot be read or it is too
-    large to be a config."""
-    if os.path.isdir(given):
-        path = os.path.join(given, CONFIG_NAME)
-        if not os.path.isfile(path):
-            raise UserError(
-                f"{given} is a folder without a {CONFIG_NAME}: give the folder of a Hugging Face "
-                f"model (the one holding its {CONFIG_NAME}) or the config file itself"
-            )
-    else:
-        path = given
-    try:
-        status = os.stat(path)
-    except FileNotFoundError:
-        hub = ""
-        if HUB_NAME.fullmatch(given) and not given.endswith(".json"):
-            hub = f" (pdplan fetches nothing: download a Hub model's {CONFIG_NAME} first)"
-        raise UserError(
-            f"cannot read {given}: no such file or folder; give a model's {CONFIG_NAME} or the "
-            f"folder holding it{hub}"
-        ) from None
-    except OSError as error:
-        raise UserError(f"cannot read {path}: {error.strerror or error}") from None
-    if not os.access(path, os.R_OK):
-        raise UserError(f"cannot read {path}: permission denied")
-    if stat.S_ISREG(status.st_mode) and status.st_size > limits.MAX_CONFIG_BYTES:
-        raise UserError(
-            f"{path} is {status.st_size:,} bytes, more than a config holds (the limit is "
-            f"{limits.MAX_CONFIG_BYTES:,}, pdplan.limits.MAX_CONFIG_BYTES): give the model's "
-            f"{CONFIG_NAME}"
-        )
-    return path
-
-
 def read_config(given: str, page_size: int, family: str | None) -> ModelShape:
-    """The model the config at `given` (a file or a model's folder) describes. Every refusal
-    names the file as it was given: the core's messages, which call any config
-    ``config.json``, are reworded to name it."""
-    path = config_file(given)
+    """The model the config at `given` (a file or a model's folder) describes. Its refusals
+    name the file as given (``ModelShape.from_hf_config``'s); the command adds what only a
+    user of the command needs: that a Hub name is not fetched, and the flag for ``family=``."""
     try:
-        return ModelShape.from_hf_config(path, page_size=page_size, family=family)
+        return ModelShape.from_hf_config(given, page_size=page_size, family=family)
     except UnsupportedPDLayoutError as error:
         message = str(error)
-        if message.startswith(CONFIG_NAME):
-            message = path + message[len(CONFIG_NAME) :]
-        elif message.startswith(f"cannot read {path}: "):  # read, but not UTF-8 text
-            message += f"; a config is JSON in UTF-8: give the model's {CONFIG_NAME}"
+        missing = message.startswith(f"cannot read {given}: no such file or folder")
+        if missing and HUB_NAME.fullmatch(given) and not given.endswith(".json"):
+            message += f" (pdplan fetches nothing: download a Hub model's {CONFIG_NAME} first)"
         # The core's advice names the API's argument; the command's is the flag.
         message = message.replace("family= (--family on the command)", "--family")
         message = message.replace("with family=", "with --family")
