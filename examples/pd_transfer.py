@@ -20,6 +20,7 @@ import argparse
 import ctypes
 import itertools
 import multiprocessing as mp
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -559,6 +560,12 @@ class NixlEngine:
 
     def __init__(self, name: str, prepped: bool = False) -> None:
         from nixl_cu12._api import nixl_agent, nixl_agent_config
+
+        # With libibverbs installed (Mooncake needs it) but no InfiniBand device, UCX's IB
+        # module crashes the process in its destructor at exit: skip the module there.
+        devices = "/sys/class/infiniband"
+        if not (os.path.isdir(devices) and os.listdir(devices)):
+            os.environ.setdefault("UCX_MODULES", "^ib")
 
         self.agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
         self.prepped = prepped

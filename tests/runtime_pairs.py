@@ -5,8 +5,10 @@ checks every element of every decode rank's cache and the guard bytes around it.
 
     python tests/runtime_pairs.py CASE|all ENGINE    # ENGINE: memory, mooncake or nixl
 
-run as a child process by the engine tests (NIXL's agents crash in their destructors at
-interpreter exit, so the child leaves with os._exit once its verdict is printed).
+run as a child process by the engine tests. The child leaves with os._exit once its verdict is
+printed: a child that failed half-way may hold engines in any state, and on a host with
+libibverbs but no InfiniBand device UCX's IB module crashes at exit unless UCX_MODULES=^ib
+(which examples/pd_transfer.py's NIXL engine sets there).
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ ENGINE_PAGES = [p for p in PAGES if any(b.startswith(ENGINE) for b in blocks(p, 
 
 
 # A page with an engine runs in a child that exits as a reader's script does, so a page whose
-# agents crash the interpreter at exit (torn down out of order, or not at all) fails here.
+# agents crash the interpreter at exit (UCX's IB module where there is no InfiniBand device,
+# unless the page skips it) fails here.
 CHILD = """
 import sys
 sys.path.insert(0, {tests!r})
