@@ -4,7 +4,7 @@
 //! express (a page axis that is not outermost, padded, overlapping or broadcast strides, a
 //! fused plane outside head-major units) is refused naming the axis.
 
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, quoted, PlanResult};
 use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
 use crate::limits::{self, MAX_VALUE};
 
@@ -38,8 +38,9 @@ impl Axis {
             "plane" => Self::Plane,
             "dim" | "byte" => Self::Dim,
             other => bail!(
-                "unknown axis name {other:?}: name each axis one of page, slot, token, row, \
-                 head (or unit, channel), plane, dim (or byte)"
+                "unknown axis name {}: name each axis one of page, slot, token, row, head (or \
+                 unit, channel), plane, dim (or byte)",
+                quoted(other)
             ),
         })
     }

@@ -15,7 +15,7 @@
 //! Only interleave deals tokens independently of the request's length; for the others who
 //! shares tokens with whom depends on it.
 
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, quoted, PlanResult};
 use crate::limits;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -33,7 +33,10 @@ impl CpSplit {
             "contiguous" => Ok(Self::Contiguous),
             "zigzag" => Ok(Self::Zigzag),
             other => {
-                bail!("cp_split must be 'interleave', 'contiguous' or 'zigzag', got {other:?}")
+                bail!(
+                    "cp_split must be 'interleave', 'contiguous' or 'zigzag', got {}",
+                    quoted(other)
+                )
             }
         }
     }
@@ -61,7 +64,10 @@ impl CpKv {
         match text {
             "sharded" => Ok(Self::Sharded),
             "replicated" => Ok(Self::Replicated),
-            other => bail!("cp_kv must be 'sharded' or 'replicated', got {other:?}"),
+            other => bail!(
+                "cp_kv must be 'sharded' or 'replicated', got {}",
+                quoted(other)
+            ),
         }
     }
 

@@ -2,7 +2,7 @@
 //! split the layers) and the buffers it caches, each validated on its own at construction.
 
 use crate::context::{CpKv, CpSplit, TokenDeal, TokenShare};
-use crate::error::{bail, PlanError, PlanResult};
+use crate::error::{bail, quoted, PlanError, PlanResult};
 use crate::limits::{self, MAX_PARTS, MAX_VALUE};
 use crate::ranks::{index_below, RankCoord, RankSpace, Slot};
 
@@ -17,7 +17,7 @@ impl Role {
         match text {
             "prefill" => Ok(Self::Prefill),
             "decode" => Ok(Self::Decode),
-            other => bail!("role must be 'prefill' or 'decode', got {other:?}"),
+            other => bail!("role must be 'prefill' or 'decode', got {}", quoted(other)),
         }
     }
 
@@ -46,7 +46,8 @@ impl LogicalAxis {
             "state_channel" => Ok(Self::StateChannel),
             "replicated" => Ok(Self::Replicated),
             other => bail!(
-                "logical_axis must be 'kv_head', 'state_channel' or 'replicated', got {other:?}"
+                "logical_axis must be 'kv_head', 'state_channel' or 'replicated', got {}",
+                quoted(other)
             ),
         }
     }
@@ -96,7 +97,8 @@ impl BufferKind {
             .ok_or_else(|| {
                 PlanError::new(format!(
                     "buffer_kind must be one of target_k, target_v, draft_k, draft_v, \
-                     mamba_state; got {text:?}"
+                     mamba_state; got {}",
+                    quoted(text)
                 ))
             })
     }
@@ -412,6 +414,24 @@ pub fn first_kept_token(n: u64, sliding_window: Option<u64>, chunk: Option<u64>)
     let by_window = sliding_window.map_or(0, |w| n.saturating_sub(w));
     let by_chunk = chunk.filter(|&c| c > 0).map_or(0, |c| n / c * c);
     by_window.max(by_chunk)
+}
+
+/// Checks that no two of one side's buffers share a `buffer_index`: a request's descriptors
+/// find a buffer's memory by its index, so two buffers of one index would land on the same
+/// bytes.
+pub fn check_distinct_indexes(buffers: &[BufferLayout]) -> PlanResult<()> {
+    let mut first_at: std::collections::HashMap<u64, usize> =
+        std::collections::HashMap::with_capacity(buffers.len());
+    for (position, buffer) in buffers.iter().enumerate() {
+        if let Some(first) = first_at.insert(buffer.buffer_index, position) {
+            bail!(
+                "buffers {first} and {position} both have buffer_index {}: give each buffer of a \
+                 side its own index (pdplan.CacheBuffers numbers them 0..n in order)",
+                buffer.buffer_index
+            );
+        }
+    }
+    Ok(())
 }
 
 impl BufferLayout {

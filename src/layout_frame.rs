@@ -14,7 +14,8 @@ use crate::context::{CpKv, CpSplit};
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::LATEST_VERSION;
 use crate::layout::{
-    BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
+    check_distinct_indexes, BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts,
+    ParallelLayout, Role,
 };
 use crate::limits;
 use crate::planner::{Planner, PLANNING_RULES_VERSION};
@@ -156,7 +157,7 @@ fn check_buffers(buffers: &[BufferLayout]) -> PlanResult<()> {
     for b in buffers {
         b.validate()?;
     }
-    Ok(())
+    check_distinct_indexes(buffers)
 }
 
 fn check_addresses(count: usize, bases: Option<&[u64]>, limits: Option<&[u64]>) -> PlanResult<()> {
@@ -279,6 +280,7 @@ pub fn decode(version: &[u8], payload: &[u8], max_payload_bytes: u64) -> PlanRes
         .enumerate()
         .map(|(position, b)| b.into_buffer(position))
         .collect::<PlanResult<Vec<_>>>()?;
+    check_distinct_indexes(&buffers)?;
     check_addresses(
         buffers.len(),
         wire.base_ptrs.as_deref(),

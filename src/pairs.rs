@@ -2,7 +2,7 @@
 //! whether each side's TP size can shard them: the rules a pair must meet before it is planned.
 
 use crate::error::{bail, PlanResult};
-use crate::layout::{BufferLayout, LogicalAxis, ParallelLayout};
+use crate::layout::{check_distinct_indexes, BufferLayout, LogicalAxis, ParallelLayout};
 use crate::page::TokenGeometry;
 
 /// One buffer position of a pair, whose fields must agree on both sides.
@@ -87,6 +87,8 @@ pub fn validate_pairs(
             decode.len()
         );
     }
+    check_distinct_indexes(prefill)?;
+    check_distinct_indexes(decode)?;
     for (position, (p, d)) in prefill.iter().zip(decode).enumerate() {
         let same = Same { position };
         same.check("buffer indexes", p.buffer_index, d.buffer_index)?;

@@ -24,7 +24,10 @@ impl DecodeReplicas {
         match text {
             "first" => Ok(Self::First),
             "all" => Ok(Self::All),
-            other => crate::error::bail!("decode_replicas must be 'first' or 'all', got {other:?}"),
+            other => crate::error::bail!(
+                "decode_replicas must be 'first' or 'all', got {}",
+                crate::error::quoted(other)
+            ),
         }
     }
 

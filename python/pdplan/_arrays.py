@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pdplan import _core
+from pdplan._bounded import bounded_tuple
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
@@ -140,7 +141,7 @@ class CacheBuffers:
 
         :param entries: ``(layout, base, limit)`` of each buffer, in order.
         """
-        built = tuple(entries)
+        built = bounded_tuple(entries, "entries", "MAX_LAYOUT_BUFFERS")
         for position, (buffer, _, _) in enumerate(built):
             if buffer.buffer_index != position:  # the runtimes' adapters number in order
                 raise UnsupportedPDLayoutError(

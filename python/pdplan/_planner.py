@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is
     import numpy.typing as npt
 
 from pdplan import _core
+from pdplan._bounded import bounded_tuple
 from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
 
 __all__ = ["LostRange", "PDTransferPlanner", "RoutingTable"]
@@ -90,15 +91,17 @@ class PDTransferPlanner:
         """
         self._prefill_layout = prefill_layout
         self._decode_layout = decode_layout
-        self._prefill_buffers = tuple(prefill_buffers)
-        self._decode_buffers = tuple(decode_buffers)
+        self._prefill_buffers = bounded_tuple(
+            prefill_buffers, "prefill_buffers", "MAX_LAYOUT_BUFFERS"
+        )
+        self._decode_buffers = bounded_tuple(decode_buffers, "decode_buffers", "MAX_LAYOUT_BUFFERS")
         self._decode_replicas = decode_replicas
         self._unavailable: frozenset[int] = frozenset()
         self._core = _core.Planner(
             prefill_layout,
             decode_layout,
-            prefill_buffers,
-            decode_buffers,
+            self._prefill_buffers,
+            self._decode_buffers,
             decode_replicas,
             token_maps,
         )

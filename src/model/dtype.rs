@@ -1,6 +1,6 @@
 //! Cache element types: the names configs and runtimes give them, and their sizes.
 
-use crate::error::{PlanError, PlanResult};
+use crate::error::{quoted, PlanError, PlanResult};
 
 /// Cache element types, each with the name a model's config gives it and the names runtimes
 /// use for it.
@@ -120,7 +120,8 @@ impl Dtype {
             .ok_or_else(|| {
                 let known: Vec<&str> = Self::ALL.iter().map(|d| d.as_str()).collect();
                 PlanError::new(format!(
-                    "unknown dtype {name:?}: use one of {} (or bf16, fp16, fp32, fp8)",
+                    "unknown dtype {}: use one of {} (or bf16, fp16, fp32, fp8)",
+                    quoted(name),
                     known.join(", ")
                 ))
             })

@@ -10,7 +10,7 @@ use super::cache_keys::{CACHE_KEYS, UNIVERSAL_KEYS};
 use super::config::{Config, Parts};
 use super::layers::Layer;
 use super::readers::{attention as a, state as s};
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, quoted, PlanResult};
 
 impl Family {
     /// Whether the family's reader consumes `key`: one it declares, or one every reader does.
@@ -390,8 +390,9 @@ pub fn by_name(name: &str) -> PlanResult<&'static Family> {
     match FAMILIES.iter().find(|f| f.name == name) {
         Some(family) => Ok(family),
         None => bail!(
-            "unknown model family {name:?}; the families are {} (pdplan models lists what each \
+            "unknown model family {}; the families are {} (pdplan models lists what each \
              covers)",
+            quoted(name),
             names().join(", ")
         ),
     }

@@ -6,7 +6,7 @@
 use super::config::{lenient_json, Config, Parts};
 use super::families::{check_keys, select, Family};
 use super::shape::{check_layer_count, DraftShape, ModelShape};
-use crate::error::{bail, PlanError, PlanResult};
+use crate::error::{bail, quoted, PlanError, PlanResult};
 use crate::limits;
 
 /// Keys a layer count goes by.
@@ -199,7 +199,8 @@ pub const PRESET_NAMES: [&str; PRESETS.len()] = {
 pub fn preset(name: &str, page_size: u64) -> PlanResult<ModelShape> {
     let Some((_, config, draft)) = PRESETS.iter().find(|(n, _, _)| *n == name) else {
         bail!(
-            "unknown model preset {name:?}; choose one of {}",
+            "unknown model preset {}; choose one of {}",
+            quoted(name),
             PRESET_NAMES.join(", ")
         );
     };

@@ -8,7 +8,7 @@ use super::layers::{
     AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
     MlaShape, ShortConvShape,
 };
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, quoted, PlanResult};
 
 /// What one field of a layer kind holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,7 +189,8 @@ pub fn kind_of(name: &str) -> PlanResult<&'static LayerKind> {
     }
     let names: Vec<_> = LAYER_KINDS.iter().map(|k| k.kind).collect();
     bail!(
-        "unknown layer kind {name:?}: use one of {}",
+        "unknown layer kind {}: use one of {}",
+        quoted(name),
         names.join(", ")
     )
 }

@@ -3,7 +3,7 @@
 
 use super::dtype::Dtype;
 use super::layers::{AttentionShape, Layer, MlaShape};
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, quoted, PlanResult};
 use crate::limits;
 
 /// How a KV page stores its tokens.
@@ -21,7 +21,7 @@ impl KvLayout {
         match text {
             "HND" => Ok(Self::Hnd),
             "NHD" => Ok(Self::Nhd),
-            other => bail!("kv_layout must be 'HND' or 'NHD', got {other:?}"),
+            other => bail!("kv_layout must be 'HND' or 'NHD', got {}", quoted(other)),
         }
     }
 

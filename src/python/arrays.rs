@@ -40,12 +40,14 @@ pub fn buffer_from_array<'py>(
         if axes.is_instance_of::<pyo3::types::PyString>() {
             bail!("axes must be a sequence of axis names, one a dimension, not one string");
         }
-        let names = each(axes, "axes", |a| {
+        let names = each(axes, "axes", &crate::limits::ARRAY_AXES, |a| {
             Axis::parse(&string_arg(a, "an axis name")?)
         })?;
         let parts = match logical_parts.filter(|p| !p.is_none()) {
             None => LogicalParts::WHOLE,
-            Some(p) => LogicalParts::new(&each(p, "logical_parts", |v| to_u64(v, "a part"))?)?,
+            Some(p) => LogicalParts::new(&each(p, "logical_parts", &crate::limits::PARTS, |v| {
+                to_u64(v, "a part")
+            })?)?,
         };
         let spec = ArraySpec {
             buffer_index: to_u64(buffer_index, "buffer_index")?,

@@ -8,12 +8,12 @@ use super::fragment_slots::{SlotLayout, SlotRead};
 use super::objects::{field_names, ModelTypes};
 use crate::context::{CpKv, CpSplit};
 use crate::descriptors::Buffers;
-use crate::error::{bail, PlanError};
+use crate::error::{bail, PlanError, QUOTED_CHARS};
 use crate::fragment::{Field, FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
 };
-use crate::limits::MAX_VALUE;
+use crate::limits::{self, Limit, MAX_VALUE};
 use crate::model::{
     described_once, kind_of, DraftShape, Dtype, ItemLengths, KindType, KindValue, Layer, MlaShape,
     ModelShape,
@@ -31,9 +31,33 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .map_or_else(|_| "an unknown type".to_owned(), |n| n.to_string())
 }
 
+/// `obj`'s repr for a message, cut to its first `QUOTED_CHARS` characters when longer (a
+/// caller's 1 MiB string makes no 1 MiB message); an int too long to print (Python refuses
+/// past 4,300 digits) is named by its size.
 pub fn repr(obj: &Bound<'_, PyAny>) -> String {
-    obj.repr()
-        .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+    let is_int = obj.is_instance_of::<PyInt>() && !obj.is_instance_of::<PyBool>();
+    let Ok(shown) = obj.repr().map(|r| r.to_string()) else {
+        if !is_int {
+            return "?".to_owned();
+        }
+        let bits: u64 = obj
+            .call_method0("bit_length")
+            .and_then(|b| b.extract())
+            .unwrap_or(0);
+        let sign = if obj.lt(0).unwrap_or(false) { "-" } else { "" };
+        return format!(
+            "{sign}2^{} or so (an int of {bits} bits)",
+            bits.saturating_sub(1)
+        );
+    };
+    match shown.char_indices().nth(QUOTED_CHARS) {
+        None => shown,
+        Some((end, _)) => {
+            let what = if is_int { "digits" } else { "characters" };
+            let count = shown.chars().count() - usize::from(shown.starts_with('-'));
+            format!("{}... ({count} {what})", &shown[..end])
+        }
+    }
 }
 
 /// A Python int (not a bool) in [0, 2^63).
@@ -68,27 +92,27 @@ pub fn buffers(
         ("dst_base_ptrs", "dst_limits")
     };
     Ok(Buffers {
-        bases: u64_column(bases, bases_name)?,
+        bases: buffer_column(bases, bases_name)?,
         limits: limits
             .filter(|l| !l.is_none())
-            .map(|l| u64_column(l, limits_name))
+            .map(|l| buffer_column(l, limits_name))
             .transpose()?,
     })
 }
 
-/// Any Python int (not a bool), for the core to check; only the type is judged here. Ints past
-/// 128 bits read as the nearest 128-bit value, which no range accepts either.
+/// Any Python int (not a bool) of up to 128 bits, for the core to check; past that it is
+/// refused here.
 pub fn int_arg(value: &Bound<'_, PyAny>, name: &str) -> Converted<i128> {
     if value.is_instance_of::<PyBool>() || !value.is_instance_of::<PyInt>() {
         bail!("{name} must be an int, got {}", type_name(value));
     }
-    Ok(value.extract::<i128>().unwrap_or_else(|_| {
-        if value.lt(0).unwrap_or(false) {
-            i128::MIN
-        } else {
-            i128::MAX
-        }
-    }))
+    // Past 128 bits no range the core checks holds it: refused here, naming it as given.
+    value.extract::<i128>().map_err(|_| {
+        PlanError::new(format!(
+            "{name}={} is out of range: it must be an integer in [0, 2^63)",
+            repr(value)
+        ))
+    })
 }
 
 fn as_u64(value: &Bound<'_, PyAny>) -> Option<u64> {
@@ -153,7 +177,9 @@ impl<'py> Fields<'_, 'py> {
         let Some(value) = self.optional(name) else {
             return Ok(LogicalParts::WHOLE);
         };
-        let sizes = each(&value, "logical_parts", |v| to_u64(v, "logical_parts item"))?;
+        let sizes = each(&value, "logical_parts", &limits::PARTS, |v| {
+            to_u64(v, "logical_parts item")
+        })?;
         LogicalParts::new(&sizes)
     }
 
@@ -204,7 +230,7 @@ pub fn parallel_layout(obj: &Bound<'_, PyAny>) -> Converted<ParallelLayout> {
     let partition = f
         .optional(name!(f, "pp_layer_partition"))
         .map(|v| {
-            each(&v, "pp_layer_partition", |x| {
+            each(&v, "pp_layer_partition", &limits::STAGES, |x| {
                 to_u64(x, "pp_layer_partition item")
             })
         })
@@ -277,7 +303,7 @@ pub fn fragments_of(
     types: &ModelTypes,
 ) -> Converted<Vec<Fragment>> {
     let mut reader = FragmentReader::new(Some(types));
-    each(items, what, |f| reader.read(f))
+    each(items, what, &limits::PLAN_FRAGMENTS, |f| reader.read(f))
 }
 
 /// Reads many fragments in one call. A `TransferFragment` is read from its slots (see
@@ -419,7 +445,7 @@ pub fn model_shape(obj: &Bound<'_, PyAny>) -> Converted<ModelShape> {
     let dtype = Dtype::parse(&f.string(name!(f, "dtype"))?)?;
     let page_size = field("page_size")?;
     let kinds = match f.optional(name!(f, "layer_kinds")) {
-        Some(list) => each(&list, "layer_kinds", layer)?,
+        Some(list) => each(&list, "layer_kinds", &limits::LAYERS, layer)?,
         None => Vec::new(),
     };
     let uniform = field("layers")?;
@@ -538,10 +564,13 @@ pub fn item_lengths(obj: &Bound<'_, PyAny>) -> Converted<ItemLengths> {
     })
 }
 
-/// Converts every item of a Python iterable, naming the position of the first bad one.
+/// Converts every item of a Python iterable, naming the position of the first bad one. At most
+/// `bound.max` items are read: an endless iterable is refused by `bound`'s message, never read
+/// without end.
 pub fn each<'py, T>(
     items: &Bound<'py, PyAny>,
     what: &str,
+    bound: &Limit,
     mut convert: impl FnMut(&Bound<'py, PyAny>) -> Converted<T>,
 ) -> Converted<Vec<T>> {
     let iter = items.try_iter().map_err(|_| {
@@ -554,12 +583,26 @@ pub fn each<'py, T>(
     let room = items.len().map_or(0, |len| len.min(RESERVE_AT_MOST));
     let mut out = Vec::with_capacity(room);
     for (position, item) in iter.enumerate() {
+        check_count(bound, what, position)?;
         let item = item.map_err(|e| PlanError::new(format!("{what}: {e}")))?;
         let converted = convert(&item)
             .map_err(|e| PlanError::new(format!("{what}[{position}]: {}", e.message())))?;
         out.push(converted);
     }
     Ok(out)
+}
+
+/// Refuses reading item `position` (0-based) of `what` past `bound`.
+fn check_count(bound: &Limit, what: &str, position: usize) -> Converted<()> {
+    let count = position as u64 + 1;
+    if count > bound.max {
+        bound.check_advising(
+            &format!("len({what})"),
+            count,
+            "an iterable is read up to the bound and refused past it",
+        )?;
+    }
+    Ok(())
 }
 
 pub fn frame<'a>(value: &'a Bound<'_, PyAny>, name: &str) -> Converted<Option<&'a [u8]>> {
@@ -601,7 +644,11 @@ impl ColumnInt for i64 {
 
 /// Integers from a 1-D numpy integer array (any width, signed or not) or from a sequence of
 /// Python ints, each checked to fit `T`.
-fn int_column<T: ColumnInt>(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<T>> {
+fn int_column<T: ColumnInt>(
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+    bound: &Limit,
+) -> Converted<Vec<T>> {
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return array_column(array, name);
     }
@@ -613,6 +660,7 @@ fn int_column<T: ColumnInt>(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec
     })?;
     let mut out = Vec::new();
     for (i, item) in iter.enumerate() {
+        check_count(bound, name, i)?;
         let item = item.map_err(|e| PlanError::new(format!("{name}: {e}")))?;
         let value = if item.is_instance_of::<PyBool>() {
             None
@@ -682,12 +730,20 @@ fn array_column<T: ColumnInt>(array: &Bound<'_, PyUntypedArray>, name: &str) -> 
     )
 }
 
-/// Non-negative integers: page indices, base addresses, limits.
+/// Non-negative integers of a request: page indices (a sequence is read to `MAX_TOKENS`
+/// entries: a request has no more pages than tokens).
 pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
-    int_column(obj, name)
+    int_column(obj, name, &limits::TOKENS)
 }
 
-/// Signed integers: slot maps and page tables, where -1 marks what a rank does not hold.
+/// Non-negative integers of a side's buffers: base addresses, limits, buffer indexes (read to
+/// `MAX_LAYOUT_BUFFERS` entries).
+pub fn buffer_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
+    int_column(obj, name, &limits::LAYOUT_BUFFERS)
+}
+
+/// Signed integers: slot maps and page tables, where -1 marks what a rank does not hold (read
+/// to `MAX_TOKENS` entries).
 pub fn i64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<i64>> {
-    int_column(obj, name)
+    int_column(obj, name, &limits::TOKENS)
 }

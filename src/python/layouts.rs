@@ -5,7 +5,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
 use super::convert::{
-    buffer_layout, each, frame, optional_u64, parallel_layout, u64_column, Converted,
+    buffer_column, buffer_layout, each, frame, optional_u64, parallel_layout, Converted,
 };
 use super::objects::buffer_layout_object;
 use super::to_py_err;
@@ -16,7 +16,7 @@ use crate::layout_frame::{self, DEFAULT_MAX_LAYOUT_BYTES};
 fn column(value: Option<&Bound<'_, PyAny>>, name: &str) -> Converted<Option<Vec<u64>>> {
     value
         .filter(|v| !v.is_none())
-        .map(|v| u64_column(v, name))
+        .map(|v| buffer_column(v, name))
         .transpose()
 }
 
@@ -31,7 +31,12 @@ pub fn encode_layout<'py>(
 ) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
     let convert = || -> Converted<_> {
         let layout = parallel_layout(layout)?;
-        let buffers = each(buffers, "buffers", buffer_layout)?;
+        let buffers = each(
+            buffers,
+            "buffers",
+            &crate::limits::LAYOUT_BUFFERS,
+            buffer_layout,
+        )?;
         let bases = column(base_ptrs, "base_ptrs")?;
         let limits = column(limits, "limits")?;
         layout_frame::encode(&layout, &buffers, bases.as_deref(), limits.as_deref())

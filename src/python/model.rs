@@ -92,7 +92,7 @@ fn buffers_from_item_lengths<'py>(
 ) -> PyResult<(Bound<'py, PyTuple>, Bound<'py, PyTuple>)> {
     let convert = || -> Converted<_> {
         Ok((
-            each(items, "items", item_lengths)?,
+            each(items, "items", &crate::limits::LAYOUT_BUFFERS, item_lengths)?,
             to_u64(prefill_tp, "prefill_tp")?,
             to_u64(decode_tp, "decode_tp")?,
         ))

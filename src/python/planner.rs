@@ -155,8 +155,18 @@ impl PyPlanner {
             Ok((
                 parallel_layout(prefill_layout)?,
                 parallel_layout(decode_layout)?,
-                each(prefill_buffers, "prefill_buffers", buffer_layout)?,
-                each(decode_buffers, "decode_buffers", buffer_layout)?,
+                each(
+                    prefill_buffers,
+                    "prefill_buffers",
+                    &crate::limits::LAYOUT_BUFFERS,
+                    buffer_layout,
+                )?,
+                each(
+                    decode_buffers,
+                    "decode_buffers",
+                    &crate::limits::LAYOUT_BUFFERS,
+                    buffer_layout,
+                )?,
                 DecodeReplicas::parse(&replicas)?,
             ))
         };
@@ -283,7 +293,12 @@ impl PyPlanner {
     fn check_layout(&self, layout: &Bound<'_, PyAny>, buffers: &Bound<'_, PyAny>) -> PyResult<()> {
         let convert = || -> Converted<_> {
             let layout = parallel_layout(layout)?;
-            let buffers = each(buffers, "buffers", buffer_layout)?;
+            let buffers = each(
+                buffers,
+                "buffers",
+                &crate::limits::LAYOUT_BUFFERS,
+                buffer_layout,
+            )?;
             let pairs = self.inner.buffer_pairs();
             let (expected, own): (&ParallelLayout, Vec<BufferLayout>) = match layout.role() {
                 Role::Prefill => (self.inner.prefill(), pairs.map(|(p, _)| *p).collect()),

@@ -10,7 +10,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyRange, PyTuple};
 
 use super::convert::{
-    buffers, fragments_of, frame, i64_column, optional_u64, to_u64, u64_column, Converted,
+    buffer_column, buffers, fragments_of, frame, i64_column, optional_u64, to_u64, u64_column,
+    Converted,
 };
 use super::objects::{descriptors_object, model_types, FragmentFactory};
 use super::planner::PyPlanner;
@@ -82,7 +83,7 @@ fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
             step: field("step")?,
         });
     }
-    u64_column(buffers, "buffers").map(Selection::Indices)
+    buffer_column(buffers, "buffers").map(Selection::Indices)
 }
 
 fn strided(py: Python<'_>, rows: Vec<[u64; 5]>) -> PyResult<Bound<'_, PyArray2<u64>>> {

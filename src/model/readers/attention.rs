@@ -7,7 +7,7 @@ use super::{
     attention_shape, by_kind, heads_and_split, mla, named_kinds, uniform, window, AttentionKeys,
     HEADS, KV_HEADS, STANDARD,
 };
-use crate::error::{bail, PlanResult};
+use crate::error::{bail, quoted, PlanResult};
 use crate::model::config::{as_u64, field, Config};
 use crate::model::layers::{AttentionShape, Layer};
 
@@ -245,7 +245,10 @@ pub fn exaone4(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         Some(Value::String(text)) => {
             let chars: Vec<char> = text.chars().collect();
             if chars.is_empty() || chars.iter().any(|ch| !matches!(ch, 'L' | 'G')) {
-                bail!("config.json: {key}={text:?} must be letters L (local) and G (global)");
+                bail!(
+                    "config.json: {key}={} must be letters L (local) and G (global)",
+                    quoted(text)
+                );
             }
             Box::new(move |i| Ok(chars[usize::try_from(i).unwrap_or(0) % chars.len()] == 'L'))
         }

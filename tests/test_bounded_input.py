@@ -1,0 +1,200 @@
+"""Bad input is bounded: two buffers of one index are refused wherever buffers enter, every
+iterable argument is read to its bound and refused past it (an endless iterator is an error,
+never a hang), text echoed from a caller or a peer is cut, and numbers are reported as given."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from pdplan import (
+    CacheBuffers,
+    ModelShape,
+    ParallelLayout,
+    PDTransferPlanner,
+    PreparedTransfer,
+    UnsupportedPDLayoutError,
+    buffer_from_array,
+    decode_layout,
+    encode_layout,
+    encode_transfer_fragments,
+    limits,
+    model_buffer_layouts,
+    transfer_descriptors,
+)
+
+# A message quotes at most this much of what it was given (the core cuts at 64 characters).
+SHORT = 400
+
+
+def llama(prefill_tp: int = 2, decode_tp: int = 1) -> tuple[list, list]:
+    prefill, decode = model_buffer_layouts(ModelShape.preset("llama-3-8b"), prefill_tp, decode_tp)
+    return list(prefill), list(decode)
+
+
+def with_index_of_its_neighbour(buffers: list) -> list:
+    """V of layer 0 given K's index: K and V would land on the same bytes."""
+    return [buffers[0], dataclasses.replace(buffers[1], buffer_index=buffers[0].buffer_index)]
+
+
+def test_two_buffers_of_one_index_are_refused_by_the_planner() -> None:
+    prefill, decode = llama()
+    with pytest.raises(UnsupportedPDLayoutError, match=r"buffers 0 and 1 both have buffer_index 0"):
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 2),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=with_index_of_its_neighbour(prefill),
+            decode_buffers=with_index_of_its_neighbour(decode),
+        )
+
+
+def test_two_buffers_of_one_index_are_refused_in_layout_frames() -> None:
+    prefill, _ = llama()
+    twice = with_index_of_its_neighbour(prefill)
+    with pytest.raises(UnsupportedPDLayoutError, match="both have buffer_index 0"):
+        encode_layout(ParallelLayout("prefill", 2), twice)
+    # A peer's frame naming one index twice, written by hand as a peer would send it.
+    version, payload = encode_layout(ParallelLayout("prefill", 2), prefill[:2])
+    peer = json.loads(payload)
+    peer["buffers"][1]["buffer_index"] = peer["buffers"][0]["buffer_index"]
+    with pytest.raises(UnsupportedPDLayoutError, match="both have buffer_index 0"):
+        decode_layout(version, json.dumps(peer).encode())
+
+
+def endless(value: object) -> Iterator[object]:
+    return itertools.repeat(value)
+
+
+CACHE = np.zeros((4, 16, 8, 64), dtype=np.uint16)
+AXES = ("page", "token", "head", "dim")
+
+ENDLESS: dict[str, tuple[Callable[[], object], str]] = {
+    "axes": (lambda: buffer_from_array(0, "target_k", CACHE, endless("dim")), "MAX_ARRAY_AXES"),
+    "logical_parts": (
+        lambda: buffer_from_array(0, "target_k", CACHE, AXES, logical_parts=endless(8)),
+        "MAX_PARTS",
+    ),
+    "pp_layer_partition": (
+        lambda: ParallelLayout("prefill", 2, pp_size=2, pp_layer_partition=endless(1)),  # type: ignore[arg-type]
+        "MAX_STAGES",
+    ),
+    "prefill_buffers": (
+        lambda: PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 2),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=endless(llama()[0][0]),  # type: ignore[arg-type]
+            decode_buffers=llama()[1][:1],
+        ),
+        "MAX_LAYOUT_BUFFERS",
+    ),
+    "src_base_ptrs": (
+        lambda: transfer_descriptors([], endless(0), [0], [0], [0]),  # type: ignore[arg-type]
+        "MAX_LAYOUT_BUFFERS",
+    ),
+    "layer_kinds": (
+        lambda: model_buffer_layouts(
+            ModelShape(layer_kinds=endless(ModelShape.preset("llama-3-8b").model_layers[0])),  # type: ignore[arg-type]
+            1,
+            1,
+        ),
+        "MAX_LAYERS",
+    ),
+    "CacheBuffers.of": (
+        lambda: CacheBuffers.of(
+            endless(buffer_from_array(0, "target_k", CACHE, AXES, logical_size=8))
+        ),  # type: ignore[arg-type]
+        "MAX_LAYOUT_BUFFERS",
+    ),
+    "unavailable ranks": (
+        lambda: PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 2),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=llama()[0],
+            decode_buffers=llama()[1],
+        ).without_prefill_ranks(endless(0)),  # type: ignore[arg-type]
+        "name each unavailable rank once",
+    ),
+}
+
+
+@pytest.mark.parametrize("call", list(ENDLESS), ids=list(ENDLESS))
+def test_an_endless_iterable_is_refused_at_its_bound(call: str) -> None:
+    run, says = ENDLESS[call]
+    with pytest.raises(UnsupportedPDLayoutError, match=says):
+        run()
+
+
+def test_a_long_string_of_a_caller_is_cut_in_the_message() -> None:
+    long = "x" * (1 << 20)
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        ParallelLayout("prefill", 2, cp_split=long)  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert len(message) < SHORT and f"({1 << 20} bytes)" in message, message[:SHORT]
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        ParallelLayout("prefill", long)  # type: ignore[arg-type]
+    assert len(str(refused.value)) < SHORT
+
+
+def test_a_1_mib_peer_frame_makes_a_short_message() -> None:
+    prefill, _ = llama()
+    version, payload = encode_layout(ParallelLayout("prefill", 2), prefill[:1])
+    peer = json.loads(payload)
+    peer["buffers"][0]["buffer_kind"] = "k" * (1 << 20)
+    frame = json.dumps(peer).encode()
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        decode_layout(version, frame, max_payload_bytes=len(frame))
+    assert len(str(refused.value)) < SHORT, len(str(refused.value))
+    # A fragment frame the same way: a 1 MiB kind in one fragment.
+    fragments = (
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 2),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=prefill,
+            decode_buffers=llama()[1],
+        )
+        .plan_for_decode_rank(0)
+        .fragments_by_prefill_rank[0][:1]
+    )
+    version, payload = encode_transfer_fragments(fragments)
+    text = payload.decode().replace('"target_k"', json.dumps("k" * (1 << 20)), 1)
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        PreparedTransfer.from_frames(version, text.encode(), [0] * 64, [0] * 64)
+    assert len(str(refused.value)) < SHORT, len(str(refused.value))
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        (10**100, "1000000000"),
+        (2**64, "18446744073709551616"),
+        (-(2**70), "-1180591620717411303424"),
+        (10**5000, "an int of 16610 bits"),
+    ],
+    ids=["10**100", "2**64", "-2**70", "10**5000"],
+)
+def test_numbers_are_reported_as_given(given: int, shown: str) -> None:
+    prefill, decode = llama()
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        planner.plan_for_decode_rank(given)
+    message = str(refused.value)
+    assert shown in message and len(message) < SHORT, message
+    assert str(2**127 - 1) not in message
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        ParallelLayout("prefill", given)
+    message = str(refused.value)
+    assert shown in message and "floating" not in message and len(message) < SHORT, message
+
+
+def test_the_bounds_named_are_the_public_ones() -> None:
+    assert limits.MAX_ARRAY_AXES == 8 and limits.MAX_LAYOUT_BUFFERS == 1 << 16
