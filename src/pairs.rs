@@ -103,6 +103,11 @@ pub fn validate_pairs(
             d.logical_axis.as_str(),
         )?;
         same.check("logical sizes", p.logical_size, d.logical_size)?;
+        // Where both sides name a buffer's model layer, it is the same layer: a runtime that
+        // handed its layers over in another order must not pair layer 4 with layer 1.
+        if let (Some(_), Some(_)) = (p.layer, d.layer) {
+            same.check("model layers", p.layer, d.layer)?;
+        }
         same.check(
             "logical parts",
             p.logical_parts.given(),

@@ -266,9 +266,13 @@ def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> 
         for c, _, _ in prefill
     ]
     pool, d_side = sglang_mha(layers=2, size=128, page_size=64, heads=4, dim=4)
+    # The model's layers 0 and 2 attend, 1 and 3 are Mamba2 (vLLM's list is in model order).
+    pool.model_layer_ids = (0, 2)
     conv_d = d_side.keep(guarded((2, slots_d, conv_spec.logical_size, 3)))
     temporal_d = d_side.keep(guarded((2, slots_d, 4, 2, 3)))
-    mamba_pool = SimpleNamespace(mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d))
+    mamba_pool = SimpleNamespace(
+        mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d), mamba_layer_ids=[1, 3]
+    )
     d_bufs = sglang.buffers(pool, tp_size=dtp, mamba_pool=mamba_pool, states=specs)
     assert [b.buffer_kind for b in d_bufs.buffers] == [K, V, K, V] + [BufferKind.MAMBA_STATE] * 4
     assert [b.buffer_kind for b in p_bufs[0].buffers] == [b.buffer_kind for b in d_bufs.buffers]
@@ -323,6 +327,109 @@ def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> 
     assert guards_intact(d_side)
 
 
+# A hybrid of 8 layers, linear attention (Mamba2) except layers 3 and 7 (full attention): what
+# vLLM's kv_cache_utils makes of it is one cache group of the attention layers and the linear
+# layers split into groups of as many, strided (``layers[i::num_groups]``), and the model
+# runner fills ``kv_caches`` group by group. SGLang keeps the same model in a
+# HybridLinearKVPool: the attention layers densely in its full_kv_pool (global ids in
+# ``full_attention_layer_id_mapping``), the linear layers in its MambaPool (``mamba_layer_ids``).
+HYBRID_ATTENTION = (3, 7)
+HYBRID_LINEAR = (0, 1, 2, 4, 5, 6)
+
+
+def vllm_group_order() -> list[int]:
+    """The model layers in the order vLLM's kv_caches dict holds them: the attention group,
+    then the linear layers' groups, each ``layers[i::num_groups]``."""
+    groups = len(HYBRID_LINEAR) // len(HYBRID_ATTENTION)
+    linear = [layer for i in range(groups) for layer in HYBRID_LINEAR[i::groups]]
+    return [*HYBRID_ATTENTION, *linear]
+
+
+def vllm_hybrid_groups_into_sglang_s_hybrid_pool_by_layer(mover: Mover) -> None:
+    layer = Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2, conv_kernel=4)
+    specs = pdplan.state_specs(layer)
+    conv_size = specs[0].logical_size
+    assert vllm_group_order() == [3, 7, 0, 4, 1, 5, 2, 6]
+    kv = vllm_kv(layers=len(HYBRID_ATTENTION), blocks=12, block_size=16, heads=4, dim=4)
+    states = {}
+    for model_layer in HYBRID_LINEAR:
+        conv = kv.keep(guarded((6, conv_size, 3)))
+        ssm = kv.keep(guarded((6, 4, 2, 3)))
+        states[model_layer] = [conv, ssm]
+    attention = dict(zip(HYBRID_ATTENTION, kv.tensors))
+    caches = {
+        f"model.layers.{i}.self_attn.attn" if i in attention else f"model.layers.{i}.linear_attn": (
+            attention[i] if i in attention else states[i]
+        )
+        for i in vllm_group_order()
+    }
+    p_bufs = vllm.buffers(caches, backend="FLASH_ATTN", tp_size=1, num_kv_heads=4, states=specs)
+    full, d_side = sglang_mha(layers=len(HYBRID_ATTENTION), size=128, page_size=64, heads=4, dim=4)
+    full.model_layer_ids = HYBRID_ATTENTION
+    conv_d = d_side.keep(guarded((len(HYBRID_LINEAR), 5, conv_size, 3)))
+    temporal_d = d_side.keep(guarded((len(HYBRID_LINEAR), 5, 4, 2, 3)))
+    mamba_pool = SimpleNamespace(
+        mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d),
+        mamba_layer_ids=list(HYBRID_LINEAR),
+    )
+    hybrid = SimpleNamespace(
+        full_kv_pool=full,
+        full_attention_layer_id_mapping={g: i for i, g in enumerate(HYBRID_ATTENTION)},
+        mamba_pool=mamba_pool,
+        page_size=64,
+    )
+    d_bufs = sglang.buffers(hybrid, tp_size=1, states=specs)
+    # Both sides name every buffer's model layer: the attention layers, then the states.
+    layers = [3, 3, 7, 7] + [i for i in HYBRID_LINEAR for _ in range(2)]
+    assert [b.layer for b in p_bufs.buffers] == layers == [b.layer for b in d_bufs.buffers]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=p_bufs.buffers,
+        decode_buffers=d_bufs.buffers,
+        token_maps=True,
+    )
+    planner.verify()
+    n, src_state, dst_state = 21, 4, 2
+    src = page_slots([3, 8], 16, n)
+    dst = page_slots([1], 64, n)
+    RankCache.of_vllm(kv, "FLASH_ATTN", 16).fill(src, heads_of(0, 1, 4))
+    for model_layer, (conv, ssm) in states.items():  # each state says which layer it is
+        for c in range(conv_size):
+            conv[src_state, c] = [state_label(model_layer, 0, c, x) for x in range(3)]
+        for h in range(4):
+            ssm[src_state, h] = np.array(
+                [state_label(model_layer, 1, h, x) for x in range(6)]
+            ).reshape(2, 3)
+    kv_cache = RankCache.of_sglang(full)
+    want = kv_cache.expected(dst, heads_of(0, 1, 4), range(n))
+    want_conv, want_temporal = conv_d.copy(), temporal_d.copy()
+    for index, model_layer in enumerate(HYBRID_LINEAR):
+        for c in range(conv_size):
+            want_conv[index, dst_state, c] = [state_label(model_layer, 0, c, x) for x in range(3)]
+        for h in range(4):
+            want_temporal[index, dst_state, h] = np.array(
+                [state_label(model_layer, 1, h, x) for x in range(6)]
+            ).reshape(2, 3)
+    mover.register([kv], [d_side])
+    kv_buffers, state_range = range(4), range(4, 4 + 2 * len(HYBRID_LINEAR))
+    for _, fragments in planner.transfer_fragments(0).items():
+        prepared = PreparedTransfer(
+            fragments,
+            p_bufs.base_ptrs,
+            d_bufs.base_ptrs,
+            src_limits=p_bufs.limits,
+            dst_limits=d_bufs.limits,
+        )
+        mover(prepared.token_descriptors(src, dst, buffers=kv_buffers))
+        mover(prepared.descriptors([src_state], [dst_state], buffers=state_range))
+    for got, wanted in zip(kv_cache.actual(), want, strict=True):
+        np.testing.assert_array_equal(got, wanted)
+    np.testing.assert_array_equal(conv_d, want_conv)
+    np.testing.assert_array_equal(temporal_d, want_temporal)
+    assert guards_intact(d_side)
+
+
 #: Every pair, by name.
 PAIRS: dict[str, Callable[[Mover], None]] = {
     "vllm_flash_attention_tp4_to_sglang_mha_pool_64_tp2": (
@@ -335,6 +442,9 @@ PAIRS: dict[str, Callable[[Mover], None]] = {
     "vllm_mla_to_sglang_mla_pool": vllm_mla_into_an_sglang_mla_pool,
     "vllm_mamba_hybrid_to_sglang_mamba_pool": (
         a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool
+    ),
+    "vllm_hybrid_groups_to_sglang_hybrid_pool": (
+        vllm_hybrid_groups_into_sglang_s_hybrid_pool_by_layer
     ),
 }
 

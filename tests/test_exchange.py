@@ -94,7 +94,10 @@ def test_both_sides_build_the_same_planner_and_agree_on_its_fingerprint() -> Non
     # Anything that changes the plans changes the fingerprint.
     changed = [
         dict(decode_replicas="all"),
-        dict(decode_buffers=tuple(dataclasses.replace(b, layer=0) for b in d[0].buffers)),
+        dict(
+            prefill_buffers=tuple(dataclasses.replace(b, layer=None) for b in p[0].buffers),
+            decode_buffers=tuple(dataclasses.replace(b, layer=None) for b in d[0].buffers),
+        ),
         dict(prefill_layout=ParallelLayout("prefill", 8, 2)),
     ]
     base = dict(
@@ -130,7 +133,9 @@ def test_a_peer_whose_layout_differs_is_refused_naming_the_first_field() -> None
     other[5] = dataclasses.replace(other[5], bytes_per_logical_unit=64 * 2 * 8, layer=2)
     with pytest.raises(UnsupportedPDLayoutError) as caught:
         planner.check_layout(d_layout, other)
-    assert "decode buffer 5 (target_v): bytes_per_logical_unit 2048 vs 1024" in str(caught.value)
+    assert "decode buffer 5 (layer 2, target_v): bytes_per_logical_unit 2048 vs 1024" in str(
+        caught.value
+    )
     with pytest.raises(UnsupportedPDLayoutError, match="prefill layout: world_size 4 vs 8"):
         planner.check_layout(ParallelLayout("prefill", 8), p[0].buffers)
     with pytest.raises(UnsupportedPDLayoutError, match="6 buffers vs 5"):

@@ -136,6 +136,7 @@ def test_vllm_backends_give_the_hand_written_layouts() -> None:
             K if i % 2 == 0 else V,
             bytes_per_logical_unit=16 * 8 * item,
             item_stride_bytes=page,
+            layer=i // 2,  # a list is in model order: entry k is layer k
             **nhd,
         )  # type: ignore[arg-type]
         for i in range(4)
@@ -157,6 +158,7 @@ def test_vllm_backends_give_the_hand_written_layouts() -> None:
             bytes_per_logical_unit=16 * 8 * item,
             item_stride_bytes=2 * page,
             page_bytes=page,
+            layer=0,
             **nhd,
         )  # type: ignore[arg-type]
         for i in range(2)
@@ -173,7 +175,8 @@ def test_vllm_backends_give_the_hand_written_layouts() -> None:
     mla = vllm_mla(layers=3, blocks=6, block_size=16, width=72)
     got = vllm.buffers(mla.tensors, backend="FLASHMLA", tp_size=8)
     assert got.buffers == tuple(
-        BufferLayout(i, K, "replicated", 1, 16, 16 * 72 * item, 16 * 72 * item) for i in range(3)
+        BufferLayout(i, K, "replicated", 1, 16, 16 * 72 * item, 16 * 72 * item, layer=i)
+        for i in range(3)
     )
     with pytest.raises(UnsupportedPDLayoutError, match="backend='XFORMERS'"):
         vllm.buffers(mla.tensors, backend="XFORMERS", tp_size=8)
@@ -187,7 +190,16 @@ def test_sglang_pools_give_the_hand_written_layouts() -> None:
     got = sglang.buffers(pool, tp_size=2)
     assert got.buffers == tuple(
         BufferLayout(
-            i, K if i % 2 == 0 else V, "kv_head", 8, 64, 64 * 8 * item, 64 * 4 * 8 * item, 1, 64
+            i,
+            K if i % 2 == 0 else V,
+            "kv_head",
+            8,
+            64,
+            64 * 8 * item,
+            64 * 4 * 8 * item,
+            1,
+            64,
+            layer=i // 2,  # k_buffer[k] is layer start_layer + k
         )
         for i in range(4)
     )
@@ -201,7 +213,7 @@ def test_sglang_pools_give_the_hand_written_layouts() -> None:
     mla, _ = sglang_mla(layers=2, size=128, page_size=32, width=72)
     got = sglang.buffers(mla, tp_size=8)
     assert got.buffers == tuple(
-        BufferLayout(i, K, "replicated", 1, 32, 32 * 72 * item, 32 * 72 * item, 1, 1)
+        BufferLayout(i, K, "replicated", 1, 32, 32 * 72 * item, 32 * 72 * item, 1, 1, layer=i)
         for i in range(2)
     )
     with pytest.raises(UnsupportedPDLayoutError, match="not a pool pdplan reads"):
@@ -243,8 +255,9 @@ def test_state_specs_follow_the_model_code_and_tensors_find_their_channel_axis()
             3 * 8,
             24 * 3 * 8,
             logical_parts=(32, 8, 8),
+            layer=0,
         ),
-        BufferLayout(1, BufferKind.MAMBA_STATE, "state_channel", 8, 1, 16 * 8, 4 * 16 * 8),
+        BufferLayout(1, BufferKind.MAMBA_STATE, "state_channel", 8, 1, 16 * 8, 4 * 16 * 8, layer=0),
     )
     last = vllm.buffers(
         [[dim_last, ssm]], backend="FLASH_ATTN", tp_size=2, states=(conv, temporal)

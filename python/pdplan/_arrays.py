@@ -133,13 +133,23 @@ class CacheBuffers:
     """Each buffer's base address."""
     limits: tuple[int, ...]
     """How many bytes from each base the buffer's own view reaches."""
+    shared: tuple[tuple[str, str], ...] = ()
+    """Layers that keep no cache of their own but read another's (vLLM's KV sharing, Gemma 3n
+    and 4): ``(layer, the layer whose buffers it shares)`` by the runtime's names. Their bytes
+    are described once, as the buffers of the layer they share; nothing moves for them."""
 
     @classmethod
-    def of(cls, entries: Iterable[tuple[BufferLayout, int, int]]) -> CacheBuffers:
+    def of(
+        cls,
+        entries: Iterable[tuple[BufferLayout, int, int]],
+        shared: Iterable[tuple[str, str]] = (),
+    ) -> CacheBuffers:
         """The cache of ``buffer_from_array``'s results, taken apart into the three columns;
         buffers not numbered ``0..n`` in order are refused.
 
         :param entries: ``(layout, base, limit)`` of each buffer, in order.
+        :param shared: ``(layer, the layer whose buffers it shares)`` of each layer that keeps
+            no cache of its own.
         """
         built = bounded_tuple(entries, "entries", "MAX_LAYOUT_BUFFERS")
         for position, (buffer, _, _) in enumerate(built):
@@ -152,4 +162,5 @@ class CacheBuffers:
             tuple(b for b, _, _ in built),
             tuple(base for _, base, _ in built),
             tuple(limit for _, _, limit in built),
+            bounded_tuple(shared, "shared", "MAX_LAYERS"),
         )

@@ -32,7 +32,7 @@ def shape_of(array: Any, what: str) -> tuple[int, ...]:
 
 
 def state_buffer(
-    buffer_index: int, array: Any, spec: StateSpec, tp_size: int
+    buffer_index: int, array: Any, spec: StateSpec, tp_size: int, layer: int | None = None
 ) -> tuple[BufferLayout, int, int]:
     """One state tensor of one layer, ``(request slots, ...)``, as a buffer."""
     shape = shape_of(array, f"state tensor {buffer_index}")
@@ -53,6 +53,7 @@ def state_buffer(
         logical_size=spec.logical_size,
         tp_size=tp_size,
         logical_parts=spec.logical_parts,
+        layer=layer,
     )
 
 
@@ -61,9 +62,10 @@ def state_buffers(
     layers: Sequence[Sequence[Any]],
     states: Sequence[StateSpec] | None,
     tp_size: int,
+    layer_ids: Sequence[int] | None = None,
 ) -> list[tuple[BufferLayout, int, int]]:
     """Every state tensor of every recurrent layer, layer by layer, numbered from
-    ``first_index``."""
+    ``first_index``; ``layer_ids`` is each layer's model layer (its ``BufferLayout.layer``)."""
     if not layers:
         return []
     if not states:
@@ -78,6 +80,7 @@ def state_buffers(
                 f"recurrent layer {position} holds {len(tensors)} state tensors, but states= "
                 f"describes {len(states)}"
             )
+        layer = None if layer_ids is None else layer_ids[position]
         for tensor, spec in zip(tensors, states):
-            built.append(state_buffer(first_index + len(built), tensor, spec, tp_size))
+            built.append(state_buffer(first_index + len(built), tensor, spec, tp_size, layer))
     return built

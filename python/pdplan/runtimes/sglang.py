@@ -1,16 +1,26 @@
 """SGLang's memory pools as pdplan buffers.
 
-Read from the pools' own attributes: ``MHATokenToKVPool`` (``k_buffer[layer]``,
-``v_buffer[layer]`` of ``(size + page_size, head_num, head_dim)``), ``MLATokenToKVPool``
-(``kv_buffer[layer]`` of ``(size + page_size, 1, kv_lora_rank + qk_rope_head_dim)``), both
-token-major flat pools whose page is ``page_size`` consecutive slots, and ``MambaPool``
-(``mamba_cache.conv`` and ``mamba_cache.temporal``, ``(layers, slots, ...)``). Rows of
-SGLang's ``req_to_token`` are pdplan slot maps as they are.
+Read from the pools' own attributes (SGLang's ``python/sglang/srt/mem_cache/memory_pool.py``
+and ``swa_memory_pool.py``):
+
+- ``MHATokenToKVPool``: ``k_buffer[i]`` and ``v_buffer[i]`` of ``(size + page_size, head_num,
+  head_dim)`` for layer ``start_layer + i``, token-major flat pools whose page is ``page_size``
+  consecutive slots; with a quantized KV cache also ``k_scale_buffer[i]`` and
+  ``v_scale_buffer[i]`` (a scale per token, head and block of the head's dims);
+- ``MLATokenToKVPool``: ``kv_buffer[i]`` of ``(size + page_size, 1, kv_cache_dim)``;
+- ``SWAKVPool``: its ``full_kv_pool`` and ``swa_kv_pool``, each layer found by
+  ``layers_mapping`` (global layer -> (index in its sub-pool, whether SWA));
+- ``HybridLinearKVPool``: its ``full_kv_pool`` (layers by ``full_attention_layer_id_mapping``)
+  and its ``mamba_pool``;
+- ``MambaPool``: ``mamba_cache.conv`` and ``mamba_cache.temporal`` of ``(layers, slots, ...)``,
+  layer ``i`` being ``mamba_layer_ids[i]``.
+
+Rows of SGLang's ``req_to_token`` are pdplan slot maps as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
@@ -20,71 +30,154 @@ from pdplan.runtimes._states import attribute, shape_of, state_buffers
 
 __all__ = ["buffers"]
 
+Built = list[tuple[BufferLayout, int, int]]
 
-def _kv_buffers(
-    pool: Any, tp_size: int, num_kv_heads: int | None, windows: dict[int, int]
-) -> list[tuple[BufferLayout, int, int]]:
-    built: list[tuple[BufferLayout, int, int]] = []
-    if hasattr(pool, "k_buffer") and hasattr(pool, "v_buffer"):
-        page_size = int(attribute(pool, "page_size", "the KV pool"))
-        heads = num_kv_heads
-        if heads is None:
-            heads = int(attribute(pool, "head_num", "the KV pool")) * tp_size
-        keys, values = list(pool.k_buffer), list(pool.v_buffer)
-        if len(keys) != len(values):
+
+def _layer_ids(pool: Any, count: int) -> list[int]:
+    """The model layer of each of a pool's ``count`` per-layer buffers: its ``model_layer_ids``
+    where a hybrid parent set them, else ``start_layer + i`` (pipeline stages)."""
+    ids = getattr(pool, "model_layer_ids", None)
+    if ids is not None:
+        ids = [int(i) for i in ids]
+        if len(ids) != count:
             raise UnsupportedPDLayoutError(
-                f"the KV pool holds {len(keys)} K buffers but {len(values)} V buffers"
+                f"{type(pool).__name__}.model_layer_ids names {len(ids)} layers for {count} "
+                "per-layer buffers"
             )
-        for position, (k, v) in enumerate(zip(keys, values)):
-            for plane, (kind, array) in enumerate(
-                ((BufferKind.TARGET_K, k), (BufferKind.TARGET_V, v))
-            ):
-                built.append(
-                    buffer_from_array(
-                        2 * position + plane,
-                        kind,
-                        array,
-                        ("slot", "head", "dim"),
-                        logical_size=heads,
-                        tp_size=tp_size,
-                        page_size=page_size,
-                        sliding_window=windows.get(position),
-                    )
-                )
-        return built
-    if hasattr(pool, "kv_buffer"):
-        page_size = int(attribute(pool, "page_size", "the MLA pool"))
-        for position, array in enumerate(pool.kv_buffer):
-            built.append(
-                buffer_from_array(
-                    position,
-                    BufferKind.TARGET_K,
-                    array,
-                    ("slot", "dim", "dim"),
-                    tp_size=tp_size,
-                    page_size=page_size,
-                    sliding_window=windows.get(position),
-                )
-            )
-        return built
+        return ids
+    start = int(getattr(pool, "start_layer", 0) or 0)
+    return [start + i for i in range(count)]
+
+
+def _refuse_unknown(pool: Any) -> None:
+    """Tensors of a pool that pdplan does not describe yet are refused by name, never left
+    out: the pool's caller would otherwise move its KV without them."""
+    if getattr(pool, "index_k_with_scale_buffer", None) is not None:
+        raise UnsupportedPDLayoutError(
+            f"{type(pool).__name__}.index_k_with_scale_buffer (the DSA indexer's key cache of "
+            "DeepSeek-V3.2) holds pages of every token's fp8 keys then every token's fp32 "
+            "scale, which pdplan does not describe yet; the pool's kv_buffer alone would "
+            "move without it. Move this pool with SGLang's own transfer for now"
+        )
+
+
+def _scale(array: Any, name: str, heads: int) -> Any:
+    """A scale buffer as ``(slots, heads, blocks)``: SGLang keeps some as ``(slots, heads *
+    blocks)``, the same bytes."""
+    shape = shape_of(array, name)
+    if len(shape) == 3:
+        return array
+    if len(shape) == 2 and heads > 0 and shape[1] % heads == 0:
+        return array.reshape(shape[0], heads, shape[1] // heads)
     raise UnsupportedPDLayoutError(
-        f"{type(pool).__name__} is not a pool pdplan reads: expected k_buffer and v_buffer "
-        "(MHATokenToKVPool), kv_buffer (MLATokenToKVPool) or mamba_cache (MambaPool)"
+        f"{name} has the shape {shape}: pdplan reads a scale buffer of (slots, heads, blocks) "
+        "or (slots, heads * blocks); a page-interleaved scale layout (MXFP8 at page_size 128) "
+        "is not described yet"
     )
 
 
-def _state_layers(mamba_pool: Any) -> list[list[Any]]:
-    """Each recurrent layer's state tensors, conv first: views of the pool's tensors."""
+def _mha(pool: Any) -> list[tuple[int, str, Any]]:
+    """``(layer, what, array)`` of an MHA pool's K, V and scale buffers, layer by layer."""
+    keys, values = list(pool.k_buffer), list(pool.v_buffer)
+    if len(keys) != len(values):
+        raise UnsupportedPDLayoutError(
+            f"the KV pool holds {len(keys)} K buffers but {len(values)} V buffers"
+        )
+    layers = _layer_ids(pool, len(keys))
+    out = [(layer, "kv", (k, v)) for layer, k, v in zip(layers, keys, values)]
+    heads = int(attribute(pool, "head_num", "the KV pool"))
+    for name in ("k_scale_buffer", "v_scale_buffer"):
+        scales = getattr(pool, name, None)
+        if scales is None:
+            continue
+        scales = list(scales)
+        if len(scales) != len(keys):
+            raise UnsupportedPDLayoutError(
+                f"the KV pool holds {len(scales)} {name} entries for {len(keys)} layers"
+            )
+        out += [
+            (layer, name, _scale(s, f"{name}[{i}]", heads))
+            for i, (layer, s) in enumerate(zip(layers, scales))
+        ]
+    return out
+
+
+def _attention(pool: Any, tp_size: int, num_kv_heads: int | None) -> list[tuple[int, str, Any]]:
+    """Every per-layer tensor of a KV pool or of the sub-pools of a wrapper, by model layer."""
+    _refuse_unknown(pool)
+    if hasattr(pool, "full_kv_pool") and hasattr(pool, "swa_kv_pool"):  # SWAKVPool
+        mapping = attribute(pool, "layers_mapping", "SWAKVPool")
+        return [
+            *_sub_pool(pool.full_kv_pool, _local_to_global(mapping, False), tp_size, num_kv_heads),
+            *_sub_pool(pool.swa_kv_pool, _local_to_global(mapping, True), tp_size, num_kv_heads),
+        ]
+    if hasattr(pool, "full_kv_pool"):  # HybridLinearKVPool: its full attention layers
+        mapping = attribute(pool, "full_attention_layer_id_mapping", "HybridLinearKVPool")
+        dense_to_global = {int(dense): int(layer) for layer, dense in mapping.items()}
+        return _sub_pool(pool.full_kv_pool, dense_to_global, tp_size, num_kv_heads)
+    if hasattr(pool, "k_buffer") and hasattr(pool, "v_buffer"):
+        attribute(pool, "page_size", "the KV pool")
+        return _mha(pool)
+    if hasattr(pool, "kv_buffer"):
+        attribute(pool, "page_size", "the MLA pool")
+        if getattr(pool, "kv_scale_buffer", None) is not None:
+            raise UnsupportedPDLayoutError(
+                f"{type(pool).__name__}.kv_scale_buffer (FP4 MLA scales) is not described yet; "
+                "the pool's kv_buffer alone would move without it"
+            )
+        arrays = list(pool.kv_buffer)
+        return [(layer, "mla", a) for layer, a in zip(_layer_ids(pool, len(arrays)), arrays)]
+    raise UnsupportedPDLayoutError(
+        f"{type(pool).__name__} is not a pool pdplan reads: expected k_buffer and v_buffer "
+        "(MHATokenToKVPool), kv_buffer (MLATokenToKVPool), full_kv_pool and swa_kv_pool "
+        "(SWAKVPool), full_kv_pool (HybridLinearKVPool) or mamba_cache (MambaPool)"
+    )
+
+
+def _local_to_global(mapping: Mapping[int, tuple[int, bool]], swa: bool) -> dict[int, int]:
+    """An ``SWAKVPool``'s ``layers_mapping`` (global layer -> (index in its sub-pool, is SWA))
+    turned around for one sub-pool: index -> global layer."""
+    return {int(index): int(layer) for layer, (index, is_swa) in mapping.items() if is_swa == swa}
+
+
+def _sub_pool(
+    pool: Any, local_to_global: Mapping[int, int], tp_size: int, num_kv_heads: int | None
+) -> list[tuple[int, str, Any]]:
+    """A wrapper's sub-pool by global layer: its ``model_layer_ids`` where SGLang set them to
+    the global layers, else its local layer ``i`` (its ``start_layer`` is 0) mapped by the
+    wrapper's table."""
+    found = _attention(pool, tp_size, num_kv_heads)
+    if getattr(pool, "model_layer_ids", None) is not None:
+        return found
+    missing = sorted({layer for layer, _, _ in found} - set(local_to_global))
+    if missing:
+        raise UnsupportedPDLayoutError(
+            f"{type(pool).__name__} holds layers {missing} that its wrapper's layer table "
+            "does not name"
+        )
+    return [(local_to_global[layer], what, array) for layer, what, array in found]
+
+
+def _state_layers(mamba_pool: Any) -> tuple[list[int], list[list[Any]]]:
+    """Each recurrent layer's model layer and state tensors, conv first: views of the pool's
+    tensors (``(layers, slots, ...)``)."""
     cache = attribute(mamba_pool, "mamba_cache", "the Mamba pool")
     conv = attribute(cache, "conv", "the Mamba pool's mamba_cache")
     conv = conv if isinstance(conv, (list, tuple)) else [conv]
     tensors = [*conv, attribute(cache, "temporal", "the Mamba pool's mamba_cache")]
-    layers = {(shape_of(t, "a Mamba pool state tensor") or (0,))[0] for t in tensors}
-    if len(layers) != 1:
+    counts = {(shape_of(t, "a Mamba pool state tensor") or (0,))[0] for t in tensors}
+    if len(counts) != 1:
         raise UnsupportedPDLayoutError(
-            f"the MambaPool's state tensors hold different layer counts {sorted(layers)}"
+            f"the MambaPool's state tensors hold different layer counts {sorted(counts)}"
         )
-    return [[t[layer] for t in tensors] for layer in range(layers.pop())]
+    count = counts.pop()
+    ids = getattr(mamba_pool, "mamba_layer_ids", None)
+    layers = list(range(count)) if ids is None else [int(i) for i in ids]
+    if len(layers) != count:
+        raise UnsupportedPDLayoutError(
+            f"the MambaPool's mamba_layer_ids name {len(layers)} layers for {count} held"
+        )
+    return layers, [[t[layer] for t in tensors] for layer in range(count)]
 
 
 def buffers(
@@ -94,28 +187,101 @@ def buffers(
     num_kv_heads: int | None = None,
     mamba_pool: Any = None,
     states: Sequence[StateSpec] | None = None,
-    sliding_windows: dict[int, int] | None = None,
+    sliding_windows: Mapping[int, int] | None = None,
 ) -> CacheBuffers:
-    """The buffers of one SGLang rank's pool: a KV pool (MHA or MLA), a ``MambaPool``, or a KV
-    pool with its ``mamba_pool`` (hybrid models). Buffers are numbered as on every runtime
-    (``CacheBuffers``).
+    """The buffers of one SGLang rank's pool: a KV pool (MHA or MLA), a wrapper of them
+    (``SWAKVPool``, ``HybridLinearKVPool``), a ``MambaPool``, or a KV pool with its
+    ``mamba_pool`` (hybrid models).
 
-    :param pool: The rank's ``MHATokenToKVPool``, ``MLATokenToKVPool`` or ``MambaPool``.
-    :param tp_size: The rank's TP size.
-    :param num_kv_heads: The model's KV heads when they are fewer than ``tp_size`` (SGLang then
-        keeps one replicated head a rank); None: ``head_num * tp_size``.
-    :param mamba_pool: A hybrid model's ``MambaPool``, beside its KV ``pool``.
+    Buffers follow the model's layers, each with its model layer as ``BufferLayout.layer``,
+    numbered as on every runtime (``CacheBuffers``): K and V of the ``k``-th attention layer
+    in model order are ``2k`` and ``2k + 1`` (MLA: ``k``), then the states layer by layer,
+    conv first, then a quantized cache's scales layer by layer, K's then V's. A tensor of the
+    pool that pdplan does not describe (the DSA indexer's key cache, FP4 MLA scales) is
+    refused, naming it, never left out.
+
+    :param pool: The rank's ``token_to_kv_pool`` (or its ``MambaPool``).
+    :param tp_size: The rank's attention TP size.
+    :param num_kv_heads: The model's KV heads when they are fewer than ``tp_size`` (SGLang
+        then keeps one replicated head a rank); otherwise ``head_num * tp_size``.
+    :param mamba_pool: The ``MambaPool`` of a hybrid model, when ``pool`` is its KV pool
+        (a ``HybridLinearKVPool`` brings its own).
     :param states: Describes each state tensor of a recurrent layer
         (``pdplan.runtimes.state_specs(layer)``).
-    :param sliding_windows: The window of the ``k``-th layer of the KV pool, by ``k``, where it
-        has one.
+    :param sliding_windows: The window of each sliding-window attention layer, by its model
+        layer.
     """
     windows = dict(sliding_windows or {})
-    built: list[tuple[BufferLayout, int, int]] = []
+    tensors: list[tuple[int, str, Any]] = []
     if hasattr(pool, "mamba_cache") and mamba_pool is None:
         mamba_pool = pool
     else:
-        built = _kv_buffers(pool, tp_size, num_kv_heads, windows)
+        tensors = _attention(pool, tp_size, num_kv_heads)
+        if mamba_pool is None:
+            mamba_pool = getattr(pool, "mamba_pool", None)
+    page_size = _page_size(pool)
+    built: Built = []
+    heads = num_kv_heads
+    kv = sorted((t for t in tensors if t[1] in ("kv", "mla")), key=lambda t: t[0])
+    for layer, what, array in kv:
+        window = windows.get(layer)
+        if what == "mla":
+            built.append(
+                buffer_from_array(
+                    len(built),
+                    BufferKind.TARGET_K,
+                    array,
+                    ("slot", "dim", "dim"),
+                    tp_size=tp_size,
+                    page_size=page_size,
+                    layer=layer,
+                    sliding_window=window,
+                )
+            )
+            continue
+        for kind, plane in zip((BufferKind.TARGET_K, BufferKind.TARGET_V), array):
+            if heads is None:
+                heads = shape_of(plane, "a K buffer")[1] * tp_size
+            built.append(
+                buffer_from_array(
+                    len(built),
+                    kind,
+                    plane,
+                    ("slot", "head", "dim"),
+                    logical_size=heads,
+                    tp_size=tp_size,
+                    page_size=page_size,
+                    layer=layer,
+                    sliding_window=window,
+                )
+            )
     if mamba_pool is not None:
-        built += state_buffers(len(built), _state_layers(mamba_pool), states, tp_size)
+        layers, recurrent = _state_layers(mamba_pool)
+        built += state_buffers(len(built), recurrent, states, tp_size, layers)
+    scales = sorted(
+        (t for t in tensors if t[1] in ("k_scale_buffer", "v_scale_buffer")),
+        key=lambda t: (t[0], t[1]),
+    )
+    for layer, what, array in scales:
+        built.append(
+            buffer_from_array(
+                len(built),
+                BufferKind.TARGET_K if what == "k_scale_buffer" else BufferKind.TARGET_V,
+                array,
+                ("slot", "head", "dim"),
+                logical_size=heads,
+                tp_size=tp_size,
+                page_size=page_size,
+                layer=layer,
+                sliding_window=windows.get(layer),
+            )
+        )
     return CacheBuffers.of(built)
+
+
+def _page_size(pool: Any) -> int:
+    """The pool's page size (a wrapper's, or its full sub-pool's)."""
+    for candidate in (pool, getattr(pool, "full_kv_pool", None)):
+        if candidate is not None and getattr(candidate, "page_size", None) is not None:
+            return int(candidate.page_size)
+    return 1

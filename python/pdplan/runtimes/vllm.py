@@ -13,11 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
+from pdplan._bounded import bounded_tuple
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._states import shape_of, state_buffers
 
-__all__ = ["BACKENDS", "buffers"]
+__all__ = ["BACKENDS", "buffers", "layer_index"]
 
 #: The logical shape of each backend's per-layer KV tensor, by vLLM's backend names.
 BACKENDS: Mapping[str, str] = {
@@ -31,37 +32,85 @@ _MLA = ("FLASHMLA", "TRITON_MLA")
 _KV_AXES = ("page", "token", "head", "dim")
 
 
-def _layers(kv_caches: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+#: What vLLM names a layer by: the one integer among the dotted parts of its name
+#: (``model.layers.7.self_attn.attn``), as ``extract_layer_index`` in vLLM's
+#: ``model_executor/models/utils.py`` reads it.
+_INDEX_PARTS = "exactly one integer among the dotted parts of the name"
+
+
+def layer_index(name: str) -> int:
+    """The model layer a vLLM layer name (a key of ``kv_caches``) names: its one integer part,
+    as vLLM's ``extract_layer_index`` reads it (``model.layers.7.self_attn.attn``: 7;
+    ``language_model.model.layers.7.mixer``: 7). A name with no integer part, or with more
+    than one, is refused naming it.
+
+    :param name: The layer's name, as vLLM keys it in ``kv_caches``.
+    """
+    numbers = [int(part) for part in str(name).split(".") if part.isdigit()]
+    if len(numbers) != 1:
+        shown = str(name) if len(str(name)) <= 120 else str(name)[:120] + "..."
+        raise UnsupportedPDLayoutError(
+            f"kv_caches key {shown!r} names no layer pdplan can read: a vLLM layer name holds "
+            f"{_INDEX_PARTS} (model.layers.7.self_attn.attn); pass the dict vLLM's model "
+            "runner keeps, or a list in model order"
+        )
+    return numbers[0]
+
+
+def _entries(kv_caches: Sequence[Any] | Mapping[str, Any]) -> list[tuple[int, str | None, Any]]:
+    """``(model layer, name, tensor or state list)`` of every layer, in model order. A dict is
+    ordered by each name's layer (vLLM fills it cache group by cache group, so a hybrid
+    model's dict is not in model order); a list is taken as given, entry ``i`` being layer
+    ``i``."""
     if isinstance(kv_caches, Mapping):
-        return list(kv_caches.values())
-    return list(kv_caches)
+        named = bounded_tuple(kv_caches.items(), "kv_caches", "MAX_LAYOUT_BUFFERS")
+        found: list[tuple[int, str | None, Any]] = [
+            (layer_index(name), str(name), entry) for name, entry in named
+        ]
+        found.sort(key=lambda item: (item[0], item[1] or ""))
+        return found
+    listed = bounded_tuple(kv_caches, "kv_caches", "MAX_LAYOUT_BUFFERS")
+    return [(layer, None, entry) for layer, entry in enumerate(listed)]
+
+
+def _refuse_indexer(name: str | None) -> None:
+    """DeepSeek-V3.2's indexer key cache is refused, never moved wrong: its page is
+    ``block_size`` x 128 fp8 keys, then one fp32 scale a token, though its shape says
+    ``(blocks, block_size, 132)``."""
+    if name is not None and "indexer" in name.split("."):
+        raise UnsupportedPDLayoutError(
+            f"{name} is an MLA indexer's key cache (DeepSeek-V3.2): a page of it holds every "
+            "token's fp8 keys, then every token's fp32 scale, which its shape does not say. "
+            "pdplan does not describe such pages yet; pass kv_caches without it and move its "
+            "pages whole (equal block sizes on both sides), or keep the two sides' caches "
+            "of one layout"
+        )
 
 
 def _is_state(entry: Any) -> bool:
     return isinstance(entry, (list, tuple))
 
 
-def _planes(tensor: Any, backend: str, position: int) -> tuple[Any, Any]:
+def _planes(tensor: Any, backend: str, label: str) -> tuple[Any, Any]:
     """K and V of one layer's tensor: two views, nothing copied."""
-    shape = shape_of(tensor, f"layer {position}'s KV tensor")
+    shape = shape_of(tensor, f"{label}'s KV tensor")
     split = backend == "FLASH_ATTN"
     axis = 0 if split else 1
     if len(shape) != 5 or shape[axis] != 2:
         raise UnsupportedPDLayoutError(
-            f"layer {position}: a {backend} KV tensor has the logical shape {BACKENDS[backend]}, "
-            f"got {shape}"
+            f"{label}: a {backend} KV tensor has the logical shape {BACKENDS[backend]}, got {shape}"
         )
     return (tensor[0], tensor[1]) if split else (tensor[:, 0], tensor[:, 1])
 
 
-def _check_layout(buffer: BufferLayout, kv_layout: str, position: int) -> None:
+def _check_layout(buffer: BufferLayout, kv_layout: str, label: str) -> None:
     head_major = buffer.rows_per_page == 1
     # One head a rank is the same bytes either way.
     one_head = (buffer.page_bytes or buffer.item_stride_bytes) == buffer.bytes_per_logical_unit
     if buffer.page_size > 1 and not one_head and head_major != (kv_layout == "HND"):
         found = "HND (head-major)" if head_major else "NHD (token-major)"
         raise UnsupportedPDLayoutError(
-            f"layer {position}: kv_layout={kv_layout!r}, but the tensor's strides are {found}; "
+            f"{label}: kv_layout={kv_layout!r}, but the tensor's strides are {found}; "
             "pass the layout the backend was built with"
         )
 
@@ -78,20 +127,25 @@ def buffers(
 ) -> CacheBuffers:
     """The buffers of one vLLM rank's KV cache.
 
-    Buffers: K and V of the ``k``-th attention layer are ``2k`` and ``2k + 1`` (MLA: ``k``),
-    states after them (``CacheBuffers``).
+    Buffers follow the model's layers, whatever order ``kv_caches`` hands them over in: K and
+    V of the ``k``-th attention layer in model order are ``2k`` and ``2k + 1`` (MLA: ``k``),
+    states after them layer by layer (``CacheBuffers``), each with its model layer as
+    ``BufferLayout.layer``. A layer whose tensor is another's (KV sharing) is described once
+    and listed in ``CacheBuffers.shared``.
 
-    :param kv_caches: What vLLM's model runner allocates per layer, in layer order (a list,
-        or the ``{layer_name: tensor}`` dict): an attention layer's tensor, a recurrent
-        layer's list of state tensors.
+    :param kv_caches: What vLLM's model runner allocates per layer: the ``{layer_name:
+        tensor}`` dict it keeps, each layer known by its name (``layer_index``; vLLM fills
+        it cache group by cache group, so a hybrid model's dict is not in model order), or a
+        list in model order. An attention layer's value is its tensor, a recurrent layer's
+        its list of state tensors.
     :param backend: vLLM's attention backend name (``BACKENDS``).
     :param kv_layout: The layout the backend was built with, checked against the strides.
     :param tp_size: The rank's TP size.
     :param num_kv_heads: The model's KV heads (not the rank's), required except for MLA.
     :param states: Describes each state tensor of a recurrent layer
         (``pdplan.runtimes.state_specs(layer)``).
-    :param sliding_windows: The window of the ``k``-th attention layer, by ``k``, where it has
-        one.
+    :param sliding_windows: The window of each sliding-window attention layer, by its model
+        layer (``layer_index`` of its name; its position in a list).
     """
     if backend not in BACKENDS:
         raise UnsupportedPDLayoutError(
@@ -99,42 +153,62 @@ def buffers(
         )
     if kv_layout not in ("NHD", "HND"):
         raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
-    layers = _layers(kv_caches)
-    attention = [entry for entry in layers if not _is_state(entry)]
+    entries = _entries(kv_caches)
     windows = dict(sliding_windows or {})
     built: list[tuple[BufferLayout, int, int]] = []
-    for position, tensor in enumerate(attention):
-        window = windows.get(position)
+    # A layer sharing another's cache (KV sharing) holds the same memory: described once.
+    owner_of: dict[tuple[int, int], str] = {}
+    shared: list[tuple[str, str]] = []
+    attention = [(layer, name, entry) for layer, name, entry in entries if not _is_state(entry)]
+    for layer, name, tensor in attention:
+        _refuse_indexer(name)
+        label = name if name is not None else f"layer {layer}"
+        window = windows.get(layer)
+        first = len(built)
         if backend in _MLA:
-            built.append(
-                buffer_from_array(
-                    position,
-                    BufferKind.TARGET_K,
-                    tensor,
-                    ("page", "token", "dim"),
-                    tp_size=tp_size,
-                    sliding_window=window,
-                )
-            )
-            continue
-        if num_kv_heads is None:
-            raise UnsupportedPDLayoutError(
-                "num_kv_heads= is needed: the model's KV heads across all TP ranks"
-            )
-        for plane, (kind, view) in enumerate(
-            zip((BufferKind.TARGET_K, BufferKind.TARGET_V), _planes(tensor, backend, position))
-        ):
-            entry = buffer_from_array(
-                2 * position + plane,
-                kind,
-                view,
-                _KV_AXES,
-                logical_size=num_kv_heads,
+            layout = buffer_from_array(
+                first,
+                BufferKind.TARGET_K,
+                tensor,
+                ("page", "token", "dim"),
                 tp_size=tp_size,
+                layer=layer,
                 sliding_window=window,
             )
-            _check_layout(entry[0], kv_layout, position)
-            built.append(entry)
-    recurrent = [entry for entry in layers if _is_state(entry)]
-    built += state_buffers(len(built), recurrent, states, tp_size)
-    return CacheBuffers.of(built)
+            views = [layout]
+        else:
+            if num_kv_heads is None:
+                raise UnsupportedPDLayoutError(
+                    "num_kv_heads= is needed: the model's KV heads across all TP ranks"
+                )
+            views = []
+            for plane, (kind, view) in enumerate(
+                zip((BufferKind.TARGET_K, BufferKind.TARGET_V), _planes(tensor, backend, label))
+            ):
+                entry = buffer_from_array(
+                    first + plane,
+                    kind,
+                    view,
+                    _KV_AXES,
+                    logical_size=num_kv_heads,
+                    tp_size=tp_size,
+                    layer=layer,
+                    sliding_window=window,
+                )
+                _check_layout(entry[0], kv_layout, label)
+                views.append(entry)
+        memory = (views[0][1], views[-1][2])
+        if memory in owner_of:
+            shared.append((label, owner_of[memory]))
+            continue
+        owner_of[memory] = label
+        built += views
+    recurrent = [(layer, entry) for layer, _, entry in entries if _is_state(entry)]
+    built += state_buffers(
+        len(built),
+        [entry for _, entry in recurrent],
+        states,
+        tp_size,
+        [layer for layer, _ in recurrent],
+    )
+    return CacheBuffers.of(built, shared)

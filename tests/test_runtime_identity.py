@@ -1,0 +1,190 @@
+"""Runtimes' caches by identity, never by order: vLLM's layers by their names, SGLang's by their
+layer ids and wrapper tables, a layer sharing another's cache described once, and every tensor
+of a pool described or refused by name (never left out)."""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from runtime_caches import sglang_mha, vllm_kv, vllm_mla
+
+from pdplan import (
+    BufferKind,
+    ParallelLayout,
+    PDTransferPlanner,
+    PreparedTransfer,
+    UnsupportedPDLayoutError,
+    token_slots,
+)
+from pdplan.runtimes import sglang, vllm
+
+
+@pytest.mark.parametrize(
+    ("name", "layer"),
+    [
+        ("model.layers.7.self_attn.attn", 7),
+        ("language_model.model.layers.12.mixer", 12),
+        ("model.decoder.layers.0.encoder_attn.attn", 0),
+    ],
+)
+def test_a_vllm_layer_is_known_by_the_one_integer_of_its_name(name: str, layer: int) -> None:
+    assert vllm.layer_index(name) == layer
+
+
+@pytest.mark.parametrize("name", ["lm_head", "model.layers.1.experts.2.attn", "layers.x.attn"])
+def test_a_name_without_one_layer_number_is_refused_naming_it(name: str) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=r"names no layer pdplan can read"):
+        vllm.layer_index(name)
+    with pytest.raises(UnsupportedPDLayoutError, match="names no layer"):
+        vllm.buffers({name: vllm_mla(layers=1, blocks=2, block_size=4, width=8).tensors[0]},
+                     backend="FLASHMLA", tp_size=1)  # fmt: skip
+
+
+def test_a_dict_in_any_order_gives_the_buffers_of_model_order() -> None:
+    kv = vllm_kv(layers=3, blocks=4, block_size=16, heads=2, dim=4)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(3)]
+    forward = vllm.buffers(dict(zip(names, kv.tensors)), backend="FLASH_ATTN", tp_size=1,
+                           num_kv_heads=2)  # fmt: skip
+    backward = vllm.buffers(dict(reversed(list(zip(names, kv.tensors)))), backend="FLASH_ATTN",
+                            tp_size=1, num_kv_heads=2)  # fmt: skip
+    assert forward == backward
+    # Layer k's K is at layer k's tensor, wherever the dict put it.
+    assert forward.base_ptrs[::2] == tuple(t.ctypes.data for t in kv.tensors)
+    assert [b.layer for b in forward.buffers] == [0, 0, 1, 1, 2, 2]
+
+
+def test_a_layer_sharing_another_s_cache_is_described_once() -> None:
+    kv = vllm_kv(layers=2, blocks=4, block_size=16, heads=2, dim=4)
+    caches = {
+        "model.layers.0.self_attn.attn": kv.tensors[0],
+        "model.layers.1.self_attn.attn": kv.tensors[1],
+        # Gemma 3n's last layers read the cache of an earlier one: the same tensor.
+        "model.layers.2.self_attn.attn": kv.tensors[0],
+    }
+    got = vllm.buffers(caches, backend="FLASH_ATTN", tp_size=1, num_kv_heads=2)
+    assert len(got.buffers) == 4 and [b.layer for b in got.buffers] == [0, 0, 1, 1]
+    assert got.shared == (("model.layers.2.self_attn.attn", "model.layers.0.self_attn.attn"),)
+
+
+def test_an_mla_indexer_cache_is_refused_not_moved_as_a_latent() -> None:
+    mla = vllm_mla(layers=1, blocks=4, block_size=16, width=72)
+    indexer = np.zeros((4, 16, 132), dtype=np.uint8)  # vLLM's shape; its pages are not so
+    caches = {
+        "model.layers.0.self_attn.attn": mla.tensors[0],
+        "model.layers.0.self_attn.indexer.k_cache": indexer,
+    }
+    with pytest.raises(UnsupportedPDLayoutError, match=r"indexer\.k_cache is an MLA indexer"):
+        vllm.buffers(caches, backend="FLASHMLA", tp_size=1)
+
+
+def test_sglang_s_dsa_index_buffer_is_refused_by_name() -> None:
+    kv = [np.zeros((80, 1, 656), dtype=np.uint8)]
+    pool = SimpleNamespace(
+        kv_buffer=kv, page_size=64, index_k_with_scale_buffer=[np.zeros((2, 64 * 132), np.uint8)]
+    )
+    with pytest.raises(UnsupportedPDLayoutError, match=r"index_k_with_scale_buffer"):
+        sglang.buffers(pool, tp_size=1)
+
+
+def test_an_swa_pool_is_unwrapped_by_its_layer_table() -> None:
+    full, _ = sglang_mha(layers=2, size=64, page_size=16, heads=2, dim=4)
+    swa, _ = sglang_mha(layers=2, size=32, page_size=16, heads=2, dim=4)
+    pool = SimpleNamespace(
+        full_kv_pool=full,
+        swa_kv_pool=swa,
+        # global layer -> (index in its sub-pool, is SWA): layers 1 and 3 slide.
+        layers_mapping={0: (0, False), 1: (0, True), 2: (1, False), 3: (1, True)},
+        page_size=16,
+    )
+    got = sglang.buffers(pool, tp_size=1)
+    assert [b.layer for b in got.buffers] == [0, 0, 1, 1, 2, 2, 3, 3]
+    want = [full.k_buffer[0], full.v_buffer[0], swa.k_buffer[0], swa.v_buffer[0],
+            full.k_buffer[1], full.v_buffer[1], swa.k_buffer[1], swa.v_buffer[1]]  # fmt: skip
+    assert got.base_ptrs == tuple(a.ctypes.data for a in want)
+
+
+GUARD = 0xA5
+
+
+def guarded_bytes(shape: tuple[int, ...], blocks: list[np.ndarray]) -> np.ndarray:
+    """Zeroed uint8 memory of ``shape`` with 32 guard bytes either side (kept in ``blocks``)."""
+    count = int(np.prod(shape))
+    block = np.full(count + 64, GUARD, dtype=np.uint8)
+    block[32 : 32 + count] = 0
+    blocks.append(block)
+    return block[32 : 32 + count].reshape(shape)
+
+
+def fp4_pool(*, layers: int, size: int, page_size: int, heads: int, dim: int) -> tuple:
+    """SGLang's FP4 MHA pool: packed K/V of (slots, heads, dim / 2) bytes, and a scale byte for
+    every 16 values of a token, kept as (slots, heads * dim / 16) (``k_scale_buffer``,
+    ``v_scale_buffer``)."""
+    blocks: list[np.ndarray] = []
+    rows = size + page_size
+    k = [guarded_bytes((rows, heads, dim // 2), blocks) for _ in range(layers)]
+    v = [guarded_bytes((rows, heads, dim // 2), blocks) for _ in range(layers)]
+    pool = SimpleNamespace(
+        k_buffer=k,
+        v_buffer=v,
+        head_num=heads,
+        page_size=page_size,
+        k_scale_buffer=[guarded_bytes((rows, heads * dim // 16), blocks) for _ in range(layers)],
+        v_scale_buffer=[guarded_bytes((rows, heads * dim // 16), blocks) for _ in range(layers)],
+    )
+    return pool, blocks
+
+
+def test_fp4_scales_are_buffers_and_move_with_their_tokens() -> None:
+    """Prefill TP 1 -> decode TP 2: each decode rank's K/V bytes and scales are its heads' of
+    the same tokens (the oracle: the prefill arrays, sliced by head)."""
+    heads, dim, n = 4, 32, 21
+    per_head = dim // 16  # scale bytes a head and token
+    src_pool, _ = fp4_pool(layers=2, size=64, page_size=16, heads=heads, dim=dim)
+    rng = np.random.default_rng(3)
+    every = [*src_pool.k_buffer, *src_pool.v_buffer, *src_pool.k_scale_buffer,
+             *src_pool.v_scale_buffer]  # fmt: skip
+    for array in every:
+        array[:] = rng.integers(1, 250, array.shape, dtype=np.uint8)
+    src = sglang.buffers(src_pool, tp_size=1)
+    # K and V layer by layer, then the scales layer by layer, K's then V's.
+    k, v = BufferKind.TARGET_K, BufferKind.TARGET_V
+    assert [b.buffer_kind for b in src.buffers] == [k, v, k, v, k, v, k, v]
+    scales = [a for pair in zip(src_pool.k_scale_buffer, src_pool.v_scale_buffer) for a in pair]
+    assert src.base_ptrs[4:] == tuple(a.ctypes.data for a in scales)
+    decode = [fp4_pool(layers=2, size=64, page_size=16, heads=heads // 2, dim=dim) for _ in "ab"]
+    dst = [sglang.buffers(pool, tp_size=2, num_kv_heads=heads) for pool, _ in decode]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 2),
+        prefill_buffers=src.buffers,
+        decode_buffers=dst[0].buffers,
+        token_maps=True,
+    )
+    src_slots = token_slots([2, 3], 16, n)
+    dst_slots = token_slots([1, 4], 16, n)
+    for rank, (pool, blocks) in enumerate(decode):
+        for fragments in planner.transfer_fragments(rank).values():
+            prepared = PreparedTransfer(
+                fragments,
+                src.base_ptrs,
+                dst[rank].base_ptrs,
+                src_limits=src.limits,
+                dst_limits=dst[rank].limits,
+            )
+            for s, t, length in (
+                prepared.token_descriptors(src_slots, dst_slots).as_array().tolist()
+            ):
+                ctypes.memmove(t, s, length)
+        held = slice(rank * heads // 2, (rank + 1) * heads // 2)
+        scale_bytes = slice(held.start * per_head, held.stop * per_head)
+        for layer in range(2):
+            parts = {"k_buffer": held, "v_buffer": held}
+            parts |= {"k_scale_buffer": scale_bytes, "v_scale_buffer": scale_bytes}
+            for name, part in parts.items():
+                got = getattr(pool, name)[layer][dst_slots]
+                want = getattr(src_pool, name)[layer][src_slots][:, part]
+                np.testing.assert_array_equal(got, want, err_msg=f"{name}[{layer}] rank {rank}")
+        assert all((b[:32] == GUARD).all() and (b[-32:] == GUARD).all() for b in blocks)
