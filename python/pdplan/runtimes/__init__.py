@@ -5,5 +5,6 @@ is imported. Each returns a ``CacheBuffers`` numbered the same way, so any two s
 from __future__ import annotations
 
 from pdplan._arrays import CacheBuffers, StateSpec, state_specs
+from pdplan.runtimes._conventions import RuntimeConventions
 
-__all__ = ["CacheBuffers", "StateSpec", "state_specs"]
+__all__ = ["CacheBuffers", "RuntimeConventions", "StateSpec", "state_specs"]

@@ -26,9 +26,10 @@ from typing import Any
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
+from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._states import attribute, shape_of, state_buffers
 
-__all__ = ["buffers"]
+__all__ = ["buffers", "conventions"]
 
 Built = list[tuple[BufferLayout, int, int]]
 
@@ -285,3 +286,15 @@ def _page_size(pool: Any) -> int:
         if candidate is not None and getattr(candidate, "page_size", None) is not None:
             return int(candidate.page_size)
     return 1
+
+
+def conventions(pool: Any) -> RuntimeConventions:
+    """SGLang's rules for its planner: every decode rank reads its own heads
+    (``decode_replicas="all"``: its transfer slices heads for each decode rank), and pages
+    are the pool's ``page_size`` slots, the scheduler's own (``req_to_token`` rows are slot
+    maps, ``slot // page_size`` page ids).
+
+    :param pool: The rank's ``token_to_kv_pool`` (or a wrapper of it).
+    """
+    page_size = _page_size(pool)
+    return RuntimeConventions("sglang", "all", page_size, page_size)

@@ -16,9 +16,10 @@ from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
 from pdplan._bounded import bounded_tuple
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
+from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._states import shape_of, state_buffers
 
-__all__ = ["BACKENDS", "buffers", "layer_index"]
+__all__ = ["BACKENDS", "buffers", "conventions", "layer_index"]
 
 #: The logical shape of each backend's per-layer KV tensor, by vLLM's backend names.
 BACKENDS: Mapping[str, str] = {
@@ -212,3 +213,17 @@ def buffers(
         [layer for layer, _ in recurrent],
     )
     return CacheBuffers.of(built, shared)
+
+
+def conventions(*, block_size: int, kernel_block_size: int | None = None) -> RuntimeConventions:
+    """vLLM's rules for its planner: every decode rank of a replica group reads its own heads
+    (NixlConnector's rule: ``decode_replicas="all"``), and the scheduler's blocks of
+    ``block_size`` tokens are ``block_size / kernel_block_size`` kernel blocks of the cache
+    tensors where the attention backend takes smaller blocks than the scheduler.
+
+    :param block_size: The scheduler's block size (``cache_config.block_size``).
+    :param kernel_block_size: The cache tensors' block (their ``block_size`` axis); None: the
+        scheduler's.
+    """
+    kernel = block_size if kernel_block_size is None else kernel_block_size
+    return RuntimeConventions("vllm", "all", block_size, kernel)
