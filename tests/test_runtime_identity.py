@@ -69,24 +69,60 @@ def test_a_layer_sharing_another_s_cache_is_described_once() -> None:
     assert got.shared == (("model.layers.2.self_attn.attn", "model.layers.0.self_attn.attn"),)
 
 
-def test_an_mla_indexer_cache_is_refused_not_moved_as_a_latent() -> None:
-    mla = vllm_mla(layers=1, blocks=4, block_size=16, width=72)
-    indexer = np.zeros((4, 16, 132), dtype=np.uint8)  # vLLM's shape; its pages are not so
-    caches = {
-        "model.layers.0.self_attn.attn": mla.tensors[0],
-        "model.layers.0.self_attn.indexer.k_cache": indexer,
-    }
-    with pytest.raises(UnsupportedPDLayoutError, match=r"indexer\.k_cache is an MLA indexer"):
-        vllm.buffers(caches, backend="FLASHMLA", tp_size=1)
-
-
-def test_sglang_s_dsa_index_buffer_is_refused_by_name() -> None:
-    kv = [np.zeros((80, 1, 656), dtype=np.uint8)]
+def test_an_mla_indexer_page_moves_each_token_s_keys_and_its_scale() -> None:
+    """DeepSeek-V3.2's indexer cache, vLLM's (blocks of 16 tokens, ``(blocks, 16, 132)``
+    uint8) into SGLang's DSA pool (pages of 64, ``(pages, 64 * 132)``): in both a page holds
+    every token's 128 fp8 keys, then every token's fp32 scale. By slot maps, each token's keys
+    and its scale arrive at its slot's place in both parts (the oracle: byte offsets from that
+    page layout, not from pdplan)."""
+    n, layers = 25, 2
+    rng = np.random.default_rng(7)
+    latents = vllm_mla(layers=layers, blocks=8, block_size=16, width=72)
+    index = [rng.integers(1, 255, (8, 16, 132), dtype=np.uint8) for _ in range(layers)]
+    caches = {}
+    for layer in range(layers):
+        caches[f"model.layers.{layer}.self_attn.attn"] = latents.tensors[layer]
+        caches[f"model.layers.{layer}.self_attn.indexer.k_cache"] = index[layer]
+    src = vllm.buffers(caches, backend="FLASHMLA", tp_size=1)
+    assert vllm.indexer_parts(132) == (128, 4)
+    # Latents first, then each layer's indexer keys and scales.
+    assert [b.layer for b in src.buffers] == [0, 1, 0, 0, 1, 1]
+    rows = 128 + 64
     pool = SimpleNamespace(
-        kv_buffer=kv, page_size=64, index_k_with_scale_buffer=[np.zeros((2, 64 * 132), np.uint8)]
+        kv_buffer=[np.zeros((rows, 1, 72), dtype=np.int64) for _ in range(layers)],
+        index_k_with_scale_buffer=[np.zeros((3, 64 * 132), np.uint8) for _ in range(layers)],
+        page_size=64,
     )
-    with pytest.raises(UnsupportedPDLayoutError, match=r"index_k_with_scale_buffer"):
-        sglang.buffers(pool, tp_size=1)
+    dst = sglang.buffers(pool, tp_size=1)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=src.buffers,
+        decode_buffers=dst.buffers,
+    )
+    assert planner.token_maps  # page sizes differ: tokens move by slot maps
+    src_slots, dst_slots = token_slots([3, 6], 16, n), token_slots([1], 64, n)
+    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], src.base_ptrs, dst.base_ptrs,
+                                src_limits=src.limits, dst_limits=dst.limits)  # fmt: skip
+    for s, d, length in prepared.token_descriptors(src_slots, dst_slots).as_array().tolist():
+        ctypes.memmove(d, s, length)
+    for layer in range(layers):
+        flat_src = index[layer].reshape(8, -1)
+        flat_dst = pool.index_k_with_scale_buffer[layer]
+        for token, (s, d) in enumerate(zip(src_slots.tolist(), dst_slots.tolist())):
+            (sp, so), (dp, do) = divmod(s, 16), divmod(d, 64)
+            keys = flat_src[sp, so * 128 : (so + 1) * 128]
+            scale = flat_src[sp, 16 * 128 + so * 4 : 16 * 128 + (so + 1) * 4]
+            np.testing.assert_array_equal(flat_dst[dp, do * 128 : (do + 1) * 128], keys)
+            np.testing.assert_array_equal(
+                flat_dst[dp, 64 * 128 + do * 4 : 64 * 128 + (do + 1) * 4], scale, str(token)
+            )
+        # Nothing else of the page was written: the slots of tokens not moved stay zero.
+        untouched = np.ones(64, dtype=bool)
+        untouched[[d % 64 for d in dst_slots.tolist()]] = False
+        assert not flat_dst[1, : 64 * 128].reshape(64, 128)[untouched].any()
+        assert not flat_dst[1, 64 * 128 :].reshape(64, 4)[untouched].any()
+        assert not flat_dst[[0, 2]].any()
 
 
 def test_an_swa_pool_is_unwrapped_by_its_layer_table() -> None:

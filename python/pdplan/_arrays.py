@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -15,7 +16,7 @@ from pdplan._model import BufferKind, BufferLayout
 if TYPE_CHECKING:
     from pdplan._layouts import ModelLayer
 
-__all__ = ["CacheBuffers", "StateSpec", "buffer_from_array", "state_specs"]
+__all__ = ["CacheBuffers", "StateSpec", "buffer_from_array", "page_parts", "state_specs"]
 
 
 def buffer_from_array(
@@ -164,3 +165,38 @@ class CacheBuffers:
             tuple(limit for _, _, limit in built),
             bounded_tuple(shared, "shared", "MAX_LAYERS"),
         )
+
+
+def page_parts(array: Any, page_size: int, widths: Sequence[int]) -> list[Any]:
+    """The parts of a page made of parts of different widths, as views of ``array`` (nothing
+    copied): a page of ``page_size`` tokens holding every token's first part, then every
+    token's second, and so on (vLLM's and SGLang's MLA indexer caches: ``page_size`` x 128
+    fp8 keys, then ``page_size`` fp32 scales). Part ``i`` is ``(pages, page_size,
+    widths[i])``, each page's bytes of it at its offset in the page, so ``buffer_from_array``
+    describes it with the whole page as its stride, as it does K of a fused K/V page: slot
+    maps and page ids then move each token's bytes of every part exactly, at any page sizes.
+
+    :param array: The cache, pages outermost, ``page_size * sum(widths)`` elements a page
+        (``(pages, page_size, sum(widths))`` or ``(pages, page_size * sum(widths))``).
+    :param page_size: Tokens a page holds.
+    :param widths: Elements a token has in each part, in the page's order.
+    """
+    widths = bounded_tuple(widths, "widths", "MAX_PARTS")
+    if page_size <= 0 or not widths or any(w <= 0 for w in widths):
+        raise UnsupportedPDLayoutError(
+            f"page parts need a positive page_size and positive widths, got page_size="
+            f"{page_size}, widths={list(widths)}"
+        )
+    shape = tuple(int(n) for n in getattr(array, "shape", ()))
+    per_page = page_size * sum(widths)
+    if not shape or math.prod(shape[1:]) != per_page:
+        raise UnsupportedPDLayoutError(
+            f"an array of shape {shape} does not hold pages of {page_size} tokens x "
+            f"{sum(widths)} elements ({per_page} a page) with its pages outermost"
+        )
+    flat = array.reshape(shape[0], per_page)
+    views, start = [], 0
+    for width in widths:
+        views.append(flat[:, start : start + page_size * width].reshape(shape[0], page_size, width))
+        start += page_size * width
+    return views

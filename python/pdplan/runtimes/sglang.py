@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
+from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
@@ -50,16 +50,30 @@ def _layer_ids(pool: Any, count: int) -> list[int]:
     return [start + i for i in range(count)]
 
 
-def _refuse_unknown(pool: Any) -> None:
-    """Tensors of a pool that pdplan does not describe yet are refused by name, never left
-    out: the pool's caller would otherwise move its KV without them."""
-    if getattr(pool, "index_k_with_scale_buffer", None) is not None:
+def _indexer(pool: Any, layers: list[int]) -> list[tuple[int, str, Any]]:
+    """A DSA pool's ``index_k_with_scale_buffer`` (DeepSeek-V3.2's indexer keys): per layer
+    ``(pages, page_size * (128 + 4))`` bytes, each page every token's 128 fp8 keys, then every
+    token's fp32 scale; its parts, by layer. A layer whose indexer SGLang elides (0 pages)
+    has none."""
+    index = getattr(pool, "index_k_with_scale_buffer", None)
+    if index is None:
+        return []
+    index = list(index)
+    if len(index) != len(layers):
         raise UnsupportedPDLayoutError(
-            f"{type(pool).__name__}.index_k_with_scale_buffer (the DSA indexer's key cache of "
-            "DeepSeek-V3.2) holds pages of every token's fp8 keys then every token's fp32 "
-            "scale, which pdplan does not describe yet; the pool's kv_buffer alone would "
-            "move without it. Move this pool with SGLang's own transfer for now"
+            f"{type(pool).__name__}.index_k_with_scale_buffer holds {len(index)} layers for "
+            f"{len(layers)} of kv_buffer"
         )
+    page_size = int(attribute(pool, "page_size", "the DSA pool"))
+    found = []
+    for layer, array in zip(layers, index):
+        pages, row = shape_of(array, "an index_k_with_scale_buffer entry")[:2]
+        if pages == 0:
+            continue
+        keys = row // page_size - 4
+        parts = page_parts(array, page_size, (keys, 4))
+        found += [(layer, "indexer", part) for part in parts]
+    return found
 
 
 def _scale(array: Any, name: str, heads: int) -> Any:
@@ -105,7 +119,6 @@ def _mha(pool: Any) -> list[tuple[int, str, Any]]:
 
 def _attention(pool: Any, tp_size: int, num_kv_heads: int | None) -> list[tuple[int, str, Any]]:
     """Every per-layer tensor of a KV pool or of the sub-pools of a wrapper, by model layer."""
-    _refuse_unknown(pool)
     if hasattr(pool, "full_kv_pool") and hasattr(pool, "swa_kv_pool"):  # SWAKVPool
         mapping = attribute(pool, "layers_mapping", "SWAKVPool")
         return [
@@ -127,7 +140,8 @@ def _attention(pool: Any, tp_size: int, num_kv_heads: int | None) -> list[tuple[
                 "the pool's kv_buffer alone would move without it"
             )
         arrays = list(pool.kv_buffer)
-        return [(layer, "mla", a) for layer, a in zip(_layer_ids(pool, len(arrays)), arrays)]
+        layers = _layer_ids(pool, len(arrays))
+        return [(layer, "mla", a) for layer, a in zip(layers, arrays)] + _indexer(pool, layers)
     raise UnsupportedPDLayoutError(
         f"{type(pool).__name__} is not a pool pdplan reads: expected k_buffer and v_buffer "
         "(MHATokenToKVPool), kv_buffer (MLATokenToKVPool), full_kv_pool and swa_kv_pool "
@@ -197,9 +211,10 @@ def buffers(
     Buffers follow the model's layers, each with its model layer as ``BufferLayout.layer``,
     numbered as on every runtime (``CacheBuffers``): K and V of the ``k``-th attention layer
     in model order are ``2k`` and ``2k + 1`` (MLA: ``k``), then the states layer by layer,
-    conv first, then a quantized cache's scales layer by layer, K's then V's. A tensor of the
-    pool that pdplan does not describe (the DSA indexer's key cache, FP4 MLA scales) is
-    refused, naming it, never left out.
+    conv first, then a quantized cache's scales layer by layer, K's then V's, then a DSA
+    pool's indexer keys layer by layer as two buffers, its keys and its scales (a page of
+    every token's keys, then every token's scale). A tensor of the pool that pdplan does not
+    describe (FP4 MLA scales) is refused, naming it, never left out.
 
     :param pool: The rank's ``token_to_kv_pool`` (or its ``MambaPool``).
     :param tp_size: The rank's attention TP size.
@@ -275,6 +290,17 @@ def buffers(
                 page_size=page_size,
                 layer=layer,
                 sliding_window=windows.get(layer),
+            )
+        )
+    for layer, _, part in sorted((t for t in tensors if t[1] == "indexer"), key=lambda t: t[0]):
+        built.append(
+            buffer_from_array(
+                len(built),
+                BufferKind.TARGET_K,
+                part,
+                ("page", "token", "dim"),
+                tp_size=tp_size,
+                layer=layer,
             )
         )
     return CacheBuffers.of(built)

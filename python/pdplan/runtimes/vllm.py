@@ -12,14 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
+from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts
 from pdplan._bounded import bounded_tuple
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._states import shape_of, state_buffers
 
-__all__ = ["BACKENDS", "buffers", "conventions", "layer_index"]
+__all__ = ["BACKENDS", "buffers", "conventions", "indexer_parts", "layer_index"]
 
 #: The logical shape of each backend's per-layer KV tensor, by vLLM's backend names.
 BACKENDS: Mapping[str, str] = {
@@ -74,18 +74,27 @@ def _entries(kv_caches: Sequence[Any] | Mapping[str, Any]) -> list[tuple[int, st
     return [(layer, None, entry) for layer, entry in enumerate(listed)]
 
 
-def _refuse_indexer(name: str | None) -> None:
-    """DeepSeek-V3.2's indexer key cache is refused, never moved wrong: its page is
-    ``block_size`` x 128 fp8 keys, then one fp32 scale a token, though its shape says
-    ``(blocks, block_size, 132)``."""
-    if name is not None and "indexer" in name.split("."):
-        raise UnsupportedPDLayoutError(
-            f"{name} is an MLA indexer's key cache (DeepSeek-V3.2): a page of it holds every "
-            "token's fp8 keys, then every token's fp32 scale, which its shape does not say. "
-            "pdplan does not describe such pages yet; pass kv_caches without it and move its "
-            "pages whole (equal block sizes on both sides), or keep the two sides' caches "
-            "of one layout"
-        )
+def _is_indexer(name: str | None) -> bool:
+    """Whether a ``kv_caches`` entry is an MLA indexer's key cache
+    (``model.layers.7.self_attn.indexer.k_cache``, DeepSeek-V3.2)."""
+    return name is not None and "indexer" in name.split(".")
+
+
+def indexer_parts(width: int) -> tuple[int, int]:
+    """The two parts of an MLA indexer page's token, in bytes: ``keys`` fp8 values, then one
+    fp32 scale for each 128 of them, which vLLM's ``(blocks, block_size, width)`` uint8 tensor
+    lays out as every token's keys, then every token's scales (not token by token, as the
+    shape says).
+
+    :param width: The tensor's last axis (132 for 128 keys).
+    """
+    for keys in range(1, width):
+        if keys + 4 * -(-keys // 128) == width:
+            return keys, width - keys
+    raise UnsupportedPDLayoutError(
+        f"an MLA indexer cache of {width} bytes a token is not keys and their fp32 scales "
+        "(one a 128 keys); pass it as its runtime allocates it"
+    )
 
 
 def _is_state(entry: Any) -> bool:
@@ -130,9 +139,11 @@ def buffers(
 
     Buffers follow the model's layers, whatever order ``kv_caches`` hands them over in: K and
     V of the ``k``-th attention layer in model order are ``2k`` and ``2k + 1`` (MLA: ``k``),
-    states after them layer by layer (``CacheBuffers``), each with its model layer as
-    ``BufferLayout.layer``. A layer whose tensor is another's (KV sharing) is described once
-    and listed in ``CacheBuffers.shared``.
+    states after them layer by layer (``CacheBuffers``), then each MLA indexer cache
+    (DeepSeek-V3.2's ``...indexer.k_cache``) as two buffers, its keys and its scales
+    (``indexer_parts``: a page holds every token's keys, then every token's scale), each
+    buffer with its model layer as ``BufferLayout.layer``. A layer whose tensor is another's
+    (KV sharing) is described once and listed in ``CacheBuffers.shared``.
 
     :param kv_caches: What vLLM's model runner allocates per layer: the ``{layer_name:
         tensor}`` dict it keeps, each layer known by its name (``layer_index``; vLLM fills
@@ -161,8 +172,9 @@ def buffers(
     owner_of: dict[tuple[int, int], str] = {}
     shared: list[tuple[str, str]] = []
     attention = [(layer, name, entry) for layer, name, entry in entries if not _is_state(entry)]
+    indexers = [(layer, name, tensor) for layer, name, tensor in attention if _is_indexer(name)]
+    attention = [entry for entry in attention if not _is_indexer(entry[1])]
     for layer, name, tensor in attention:
-        _refuse_indexer(name)
         label = name if name is not None else f"layer {layer}"
         window = windows.get(layer)
         first = len(built)
@@ -212,6 +224,23 @@ def buffers(
         tp_size,
         [layer for layer, _ in recurrent],
     )
+    for layer, name, tensor in indexers:
+        shape = shape_of(tensor, f"{name}'s indexer cache")
+        if len(shape) != 3:
+            raise UnsupportedPDLayoutError(
+                f"{name}: an MLA indexer cache is (blocks, block_size, bytes a token), got {shape}"
+            )
+        for part in page_parts(tensor, shape[1], indexer_parts(shape[2])):
+            built.append(
+                buffer_from_array(
+                    len(built),
+                    BufferKind.TARGET_K,
+                    part,
+                    ("page", "token", "dim"),
+                    tp_size=tp_size,
+                    layer=layer,
+                )
+            )
     return CacheBuffers.of(built, shared)
 
 
