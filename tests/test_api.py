@@ -90,6 +90,7 @@ def test_public_names() -> None:
         "ItemLengths",
         "ModelFamily",
         "model_families",
+        "page_parts",
         "ModelShape",
         "buffer_layouts_from_item_lengths",
         "model_buffer_layouts",

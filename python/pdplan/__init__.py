@@ -8,7 +8,7 @@ from __future__ import annotations
 
 # _package_types hands the compiled core the classes whose objects it makes (no import circle).
 from pdplan import _package_types, limits  # noqa: F401
-from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, state_specs
+from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts, state_specs
 from pdplan._context import token_owners, token_slots
 from pdplan._core import (
     DEFAULT_MAX_FRAGMENTS,
@@ -116,6 +116,7 @@ __all__ = [
     "limits",
     "model_buffer_layouts",
     "model_families",
+    "page_parts",
     "state_specs",
     "token_owners",
     "token_slots",
