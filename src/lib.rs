@@ -1,6 +1,7 @@
 //! pdplan: plans how a KV cache moves from prefill to decode ranks in a disaggregated LLM
 //! server. The core (everything but `python`) knows nothing of Python.
 
+pub mod array_interface;
 pub mod array_layout;
 pub mod canonical_frames;
 pub mod context;

@@ -8,6 +8,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+use crate::array_interface::{self, DlDtype};
 use crate::array_layout::{self, ArraySpec, ArrayView, Axis};
 use crate::error::{bail, PlanError};
 use crate::layout::{BufferKind, LogicalParts};
@@ -111,43 +112,11 @@ fn ints(value: &Bound<'_, PyAny>, what: &str) -> Converted<Vec<i64>> {
         .collect()
 }
 
-/// Bytes of an element of a typestr (`<f2`, `|u1`, `<V2`), or why it has no known size.
-fn typestr_bytes(typestr: &str) -> Converted<u64> {
-    let mut chars = typestr.chars();
-    let (order, kind) = (chars.next(), chars.next());
-    let size = chars.as_str().parse::<u64>().ok();
-    match (order, kind, size) {
-        (Some('<' | '>' | '|' | '='), Some('b' | 'i' | 'u' | 'f' | 'c' | 'V'), Some(n))
-            if n > 0 =>
-        {
-            Ok(n)
-        }
-        _ => bail!(
-            "the array's dtype {typestr:?} has no size pdplan knows; pass a view of a numeric \
-             or raw-byte dtype"
-        ),
-    }
-}
-
-/// Row-major byte strides of `shape`, for an interface without strides.
-fn compact_strides(shape: &[i64], itemsize: u64) -> Converted<Vec<i64>> {
-    let mut strides = vec![0i64; shape.len()];
-    let mut step = i64::try_from(itemsize).unwrap_or(i64::MAX);
-    for (stride, &extent) in strides.iter_mut().zip(shape).rev() {
-        *stride = step;
-        step = step
-            .checked_mul(extent.max(1))
-            .ok_or_else(|| PlanError::new("the array's extent overflows 64 bits"))?;
-    }
-    Ok(strides)
-}
-
 fn interface_view(dict: &Bound<'_, PyDict>, name: &str) -> Converted<ArrayView> {
     let shape = ints(&item(dict, "shape", name)?, "shape")?;
     let typestr: String = item(dict, "typestr", name)?
         .extract()
         .map_err(|_| PlanError::new(format!("{name}'s typestr must be a string")))?;
-    let itemsize = typestr_bytes(&typestr)?;
     let data = item(dict, "data", name)?;
     let address = data
         .cast::<PyTuple>()
@@ -160,23 +129,10 @@ fn interface_view(dict: &Bound<'_, PyDict>, name: &str) -> Converted<ArrayView> 
             ))
         })?;
     let strides = match dict.get_item("strides").ok().flatten() {
-        Some(s) if !s.is_none() => ints(&s, "strides")?,
-        _ => compact_strides(&shape, itemsize)?,
+        Some(s) if !s.is_none() => Some(ints(&s, "strides")?),
+        _ => None,
     };
-    view(address, &shape, strides, itemsize)
-}
-
-fn view(data: u64, shape: &[i64], strides: Vec<i64>, itemsize: u64) -> Converted<ArrayView> {
-    let shape = shape
-        .iter()
-        .map(|&n| u64::try_from(n).map_err(|_| PlanError::new("the array's shape is negative")))
-        .collect::<Converted<Vec<u64>>>()?;
-    Ok(ArrayView {
-        data,
-        shape,
-        strides,
-        itemsize,
-    })
+    array_interface::interface_view(address, &shape, strides, &typestr)
 }
 
 /// `DLPack`'s `DLTensor`, as `dlpack.h` lays it out (ABI stable since v0.2). The device
@@ -228,34 +184,16 @@ fn dlpack_view(array: &Bound<'_, PyAny>) -> Converted<ArrayView> {
     }
     #[allow(clippy::cast_possible_truncation)] // at most MAX_ARRAY_AXES
     let ndim = ndim as usize;
-    if t.dtype_bits == 0 || t.dtype_bits % 8 != 0 || t.dtype_lanes == 0 {
-        bail!(
-            "the DLPack dtype (code {}, {} bits, {} lanes) has no whole byte size",
-            t.dtype_code,
-            t.dtype_bits,
-            t.dtype_lanes
-        );
-    }
-    let itemsize = u64::from(t.dtype_bits / 8) * u64::from(t.dtype_lanes);
     // SAFETY: `shape` is non-null (checked) and, per DLPack, holds `ndim` int64 values owned
     // by the live tensor.
-    let shape = unsafe { std::slice::from_raw_parts(t.shape, ndim) }.to_vec();
-    let strides = if t.strides.is_null() {
-        compact_strides(&shape, itemsize)?
-    } else {
-        // SAFETY: a non-null `strides` holds `ndim` int64 values (in elements), as `shape`.
-        let elements = unsafe { std::slice::from_raw_parts(t.strides, ndim) };
-        let size = i64::try_from(itemsize).unwrap_or(i64::MAX);
-        elements
-            .iter()
-            .map(|&s| {
-                s.checked_mul(size)
-                    .ok_or_else(|| PlanError::new("a DLPack stride overflows 64 bits"))
-            })
-            .collect::<Converted<Vec<i64>>>()?
+    let shape = unsafe { std::slice::from_raw_parts(t.shape, ndim) };
+    // SAFETY: a non-null `strides` holds `ndim` int64 values (in elements), as `shape`.
+    let strides =
+        (!t.strides.is_null()).then(|| unsafe { std::slice::from_raw_parts(t.strides, ndim) });
+    let dtype = DlDtype {
+        code: t.dtype_code,
+        bits: t.dtype_bits,
+        lanes: t.dtype_lanes,
     };
-    let address = (t.data as u64)
-        .checked_add(t.byte_offset)
-        .ok_or_else(|| PlanError::new("the DLPack address plus its byte offset overflows"))?;
-    view(address, &shape, strides, itemsize)
+    array_interface::dlpack_view(t.data as u64, t.byte_offset, shape, strides, dtype)
 }
