@@ -103,6 +103,21 @@ pub fn validate_pairs(
             d.logical_axis.as_str(),
         )?;
         same.check("logical sizes", p.logical_size, d.logical_size)?;
+        // A buffer not indexed by token moves whole pages: where its pages hold tokens (vLLM's
+        // CPU cache, whose K is transposed inside a block), both sides' pages must hold as many.
+        if !p.logical_axis.is_token_indexed()
+            && p.page_size != d.page_size
+            && p.page_size.max(d.page_size) > 1
+        {
+            bail!(
+                "buffer {} moves whole pages (its tokens have no place of their own in a page), \
+                 but a prefill page holds {} tokens and a decode page {}: give both sides the \
+                 same block size",
+                p.buffer_index,
+                p.page_size,
+                d.page_size
+            );
+        }
         // Where both sides name a buffer's model layer, it is the same layer: a runtime that
         // handed its layers over in another order must not pair layer 4 with layer 1.
         if let (Some(_), Some(_)) = (p.layer, d.layer) {

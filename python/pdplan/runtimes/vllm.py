@@ -9,6 +9,7 @@ its strides), and a recurrent layer's list of state tensors. vLLM's ``slot_mappi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -19,17 +20,45 @@ from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._states import shape_of, state_buffers
 
-__all__ = ["BACKENDS", "buffers", "conventions", "indexer_parts", "layer_index"]
+__all__ = ["BACKENDS", "REFUSED", "buffers", "conventions", "indexer_parts", "layer_index"]
 
-#: The logical shape of each backend's per-layer KV tensor, by vLLM's backend names.
+#: How each attention backend's per-layer KV tensor holds K and V, by vLLM's backend names:
+#: its logical shape and how pdplan reads it. The tensor's strides say how memory is ordered
+#: (an HND cache keeps the logical shape and permutes its strides). vLLM releases up to 0.27
+#: give GPU backends K and V as planes (``"planes"``); later ones pack K and V of a head on the
+#: last axis (``"packed"``, one buffer a layer whose unit is a head's K and V). Either is read
+#: by the tensor's dimensions.
 BACKENDS: Mapping[str, str] = {
-    "FLASH_ATTN": "(2, num_blocks, block_size, num_kv_heads, head_size)",
-    "FLASHINFER": "(num_blocks, 2, block_size, num_kv_heads, head_size)",
-    "FLASHMLA": "(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
-    "TRITON_MLA": "(num_blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "FLASH_ATTN": "(2, blocks, block_size, kv_heads, head_size) or (blocks, kv_heads, "
+    "block_size, 2 * head_size)",
+    "FLEX_ATTENTION": "(2, blocks, block_size, kv_heads, head_size) or (blocks, kv_heads, "
+    "block_size, 2 * head_size)",
+    "FLASHINFER": "(blocks, 2, block_size, kv_heads, head_size) or (blocks, kv_heads, "
+    "block_size, 2 * head_size)",
+    "TRITON_ATTN": "(blocks, 2, block_size, kv_heads, head_size) or (blocks, kv_heads, "
+    "block_size, 2 * head_size)",
+    "ROCM_AITER_FA": "(blocks, kv_heads, block_size, 2 * head_size)",
+    "ROCM_AITER_UNIFIED_ATTN": "(blocks, kv_heads, block_size, 2 * head_size)",
+    "CPU_ATTN": "(blocks, kv_heads, block_size, 2 * head_size), K transposed then V inside "
+    "each (block, head)",
+    "FLASHMLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "TRITON_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "CUTLASS_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "FLASHINFER_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "FLASH_ATTN_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "FLASHMLA_SPARSE": "(blocks, block_size, 656) for fp8_ds_mla, else (blocks, block_size, "
+    "kv_lora_rank + qk_rope_head_dim)",
+    "ROCM_AITER_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
 }
 
-_MLA = ("FLASHMLA", "TRITON_MLA")
+#: Backends whose tensors pdplan refuses, and why: their pages are not what their shape says.
+REFUSED: Mapping[str, str] = {
+    "ROCM_ATTN": "its K block is packed as (kv_heads, head_size / x, block_size, x) inside a "
+    "(2, blocks, block_size, kv_heads, head_size) shape",
+}
+
+_MLA = frozenset(name for name in BACKENDS if name.endswith("MLA") or "MLA_" in name)
+_PLANES_FIRST = frozenset({"FLASH_ATTN", "FLEX_ATTENTION"})
 _KV_AXES = ("page", "token", "head", "dim")
 
 
@@ -102,15 +131,43 @@ def _is_state(entry: Any) -> bool:
 
 
 def _planes(tensor: Any, backend: str, label: str) -> tuple[Any, Any]:
-    """K and V of one layer's tensor: two views, nothing copied."""
+    """K and V of one layer's 5-D tensor (planes): two views, nothing copied."""
     shape = shape_of(tensor, f"{label}'s KV tensor")
-    split = backend == "FLASH_ATTN"
-    axis = 0 if split else 1
+    axis = 0 if backend in _PLANES_FIRST else 1
     if len(shape) != 5 or shape[axis] != 2:
         raise UnsupportedPDLayoutError(
             f"{label}: a {backend} KV tensor has the logical shape {BACKENDS[backend]}, got {shape}"
         )
-    return (tensor[0], tensor[1]) if split else (tensor[:, 0], tensor[:, 1])
+    return (tensor[0], tensor[1]) if axis == 0 else (tensor[:, 0], tensor[:, 1])
+
+
+def _cpu_slabs(
+    tensor: Any, label: str, first: int, layer: int, tp_size: int, heads: int
+) -> tuple[BufferLayout, int, int]:
+    """vLLM's CPU cache: per (block, head) a slab of K transposed (``[head_size][block_size]``),
+    then V; a token has no place of its own in it, so the buffer moves whole slabs: one
+    buffer a layer, its heads split over TP, pages of ``block_size`` tokens (a pair at other
+    block sizes is refused)."""
+    shape = shape_of(tensor, f"{label}'s KV tensor")
+    if len(shape) != 4:
+        raise UnsupportedPDLayoutError(
+            f"{label}: a CPU_ATTN KV tensor has the logical shape {BACKENDS['CPU_ATTN']}, got "
+            f"{shape}"
+        )
+    layout, base, limit = buffer_from_array(
+        first,
+        BufferKind.MAMBA_STATE,  # read as whole units (heads) a page, then named as K and V
+        tensor,
+        ("page", "head", "dim", "dim"),
+        logical_size=heads,
+        tp_size=tp_size,
+        layer=layer,
+    )
+    return (
+        dataclasses.replace(layout, buffer_kind=BufferKind.TARGET_K, page_size=shape[2]),
+        base,
+        limit,
+    )
 
 
 def _check_layout(buffer: BufferLayout, kv_layout: str, label: str) -> None:
@@ -159,9 +216,17 @@ def buffers(
     :param sliding_windows: The window of each sliding-window attention layer, by its model
         layer (``layer_index`` of its name; its position in a list).
     """
-    if backend not in BACKENDS:
+    if backend in REFUSED:
         raise UnsupportedPDLayoutError(
-            f"backend={backend!r} is not one pdplan reads; known: {', '.join(BACKENDS)}"
+            f"backend={backend!r} is refused: {REFUSED[backend]}; pdplan does not move such "
+            "pages yet"
+        )
+    if backend not in BACKENDS:
+        shown = backend if len(str(backend)) <= 64 else str(backend)[:64] + "..."
+        raise UnsupportedPDLayoutError(
+            f"backend={shown!r} is not one pdplan reads; known: {', '.join(BACKENDS)}. For "
+            "another layout describe each tensor by its axes with pdplan.buffer_from_array "
+            "(page, token, head, dim; see the runtime-tensors guide)"
         )
     if kv_layout not in ("NHD", "HND"):
         raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
@@ -178,7 +243,27 @@ def buffers(
         label = name if name is not None else f"layer {layer}"
         window = windows.get(layer)
         first = len(built)
-        if backend in _MLA:
+        if backend == "CPU_ATTN" or (backend not in _MLA and len(shape_of(tensor, label)) == 4):
+            if num_kv_heads is None:
+                raise UnsupportedPDLayoutError(
+                    "num_kv_heads= is needed: the model's KV heads across all TP ranks"
+                )
+            if backend == "CPU_ATTN":
+                views = [_cpu_slabs(tensor, label, first, layer, tp_size, num_kv_heads)]
+            else:  # K and V of a head packed on the last axis: a unit is both
+                packed = buffer_from_array(
+                    first,
+                    BufferKind.TARGET_K,
+                    tensor,
+                    ("page", "head", "token", "dim"),
+                    logical_size=num_kv_heads,
+                    tp_size=tp_size,
+                    layer=layer,
+                    sliding_window=window,
+                )
+                _check_layout(packed[0], kv_layout, label)
+                views = [packed]
+        elif backend in _MLA:
             layout = buffer_from_array(
                 first,
                 BufferKind.TARGET_K,

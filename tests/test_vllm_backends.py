@@ -1,0 +1,127 @@
+"""vLLM's attention backends as their current code allocates them, moved byte for byte: the
+CPU backend's (block, head) slabs (K transposed, then V) whole, and the packed layout of later
+releases (K and V of a head on the last axis) by slot maps between NHD and HND at different
+block sizes. Unknown and refused backends are named with the way forward."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from pdplan import (
+    ParallelLayout,
+    PDTransferPlanner,
+    PreparedTransfer,
+    UnsupportedPDLayoutError,
+    token_slots,
+)
+from pdplan.runtimes import vllm
+
+HEADS, HS = 2, 8
+
+
+def cpu_cache(blocks: int, block: int, heads: int, layers: int = 2) -> dict[str, np.ndarray]:
+    """vLLM CPU_ATTN: per layer (blocks, kv_heads, block_size, 2 * head_size) fp16."""
+    return {
+        f"model.layers.{i}.self_attn.attn": np.zeros((blocks, heads, block, 2 * HS), np.float16)
+        for i in range(layers)
+    }
+
+
+def move(prepared: PreparedTransfer, src: list[int], dst: list[int]) -> None:
+    for s, d, n in prepared.descriptors(src, dst).as_array().tolist():
+        ctypes.memmove(d, s, n)
+
+
+def test_cpu_slabs_move_whole_from_tp_2_to_tp_1() -> None:
+    """Each prefill rank holds one head; inside a (block, head) slab the K area is K
+    transposed ([head_size][block_size]) and the V area [block_size][head_size], so a token
+    has no place of its own: whole slabs move, by block id, each to its head's place."""
+    block = 32
+    prefill = [cpu_cache(6, block, 1) for _ in range(2)]
+    decode = cpu_cache(6, block, HEADS)
+    rng = np.random.default_rng(5)
+    for rank in prefill:
+        for tensor in rank.values():
+            tensor[:] = rng.standard_normal(tensor.shape).astype(np.float16)
+    p = [vllm.buffers(c, backend="CPU_ATTN", tp_size=2, num_kv_heads=HEADS) for c in prefill]
+    d = vllm.buffers(decode, backend="CPU_ATTN", tp_size=1, num_kv_heads=HEADS)
+    assert [b.layer for b in d.buffers] == [0, 1] and {b.page_size for b in d.buffers} == {block}
+    planner = vllm.conventions(block_size=block).planner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=p[0].buffers,
+        decode_buffers=d.buffers,
+    )
+    planner.verify()
+    src_blocks, dst_blocks = [4, 1], [0, 5]
+    for source, fragments in planner.transfer_fragments(0).items():
+        move(PreparedTransfer(fragments, p[source].base_ptrs, d.base_ptrs,
+                              src_limits=p[source].limits, dst_limits=d.limits),
+             src_blocks, dst_blocks)  # fmt: skip
+    for name, tensor in decode.items():
+        for s, t in zip(src_blocks, dst_blocks):
+            for head in range(HEADS):
+                np.testing.assert_array_equal(tensor[t, head], prefill[head][name][s, 0])
+        untouched = [b for b in range(6) if b not in dst_blocks]
+        assert not tensor[untouched].any()
+
+
+def test_cpu_slabs_at_other_block_sizes_are_refused_naming_why() -> None:
+    p = vllm.buffers(cpu_cache(4, 32, HEADS), backend="CPU_ATTN", tp_size=1, num_kv_heads=HEADS)
+    d = vllm.buffers(cpu_cache(8, 16, HEADS), backend="CPU_ATTN", tp_size=1, num_kv_heads=HEADS)
+    with pytest.raises(UnsupportedPDLayoutError, match=r"moves whole pages .* 32 tokens .* 16"):
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 1),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=p.buffers,
+            decode_buffers=d.buffers,
+        )
+
+
+def packed(blocks: int, block: int, heads: int, hnd: bool) -> np.ndarray:
+    """vLLM 0.26 and later: logical (blocks, kv_heads, block_size, 2 * head_size), K then V of
+    each head on the last axis; NHD memory is (blocks, block_size, kv_heads, 2 * head_size)."""
+    if hnd:
+        return np.zeros((blocks, heads, block, 2 * HS), np.float16)
+    return np.zeros((blocks, block, heads, 2 * HS), np.float16).transpose(0, 2, 1, 3)
+
+
+def test_packed_heads_move_by_slot_maps_between_nhd_and_hnd_at_other_block_sizes() -> None:
+    n = 40
+    src = {"model.layers.0.self_attn.attn": packed(8, 16, HEADS, hnd=False)}
+    dst = {"model.layers.0.self_attn.attn": packed(4, 64, HEADS, hnd=True)}
+    rng = np.random.default_rng(9)
+    src_tensor = src["model.layers.0.self_attn.attn"]
+    src_tensor[:] = rng.standard_normal(src_tensor.shape).astype(np.float16)
+    p = vllm.buffers(src, backend="FLASH_ATTN", tp_size=1, num_kv_heads=HEADS)
+    d = vllm.buffers(dst, backend="FLASH_ATTN", kv_layout="HND", tp_size=1, num_kv_heads=HEADS)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=p.buffers,
+        decode_buffers=d.buffers,
+    )
+    assert planner.token_maps
+    src_slots, dst_slots = token_slots([5, 2, 7], 16, n), token_slots([3], 64, n)
+    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], p.base_ptrs, d.base_ptrs,
+                                src_limits=p.limits, dst_limits=d.limits)  # fmt: skip
+    for s, t, length in prepared.token_descriptors(src_slots, dst_slots).as_array().tolist():
+        ctypes.memmove(t, s, length)
+    dst_tensor = dst["model.layers.0.self_attn.attn"]
+    for token, (s, t) in enumerate(zip(src_slots.tolist(), dst_slots.tolist())):
+        for head in range(HEADS):  # K and V of the head: 2 * head_size values
+            np.testing.assert_array_equal(
+                dst_tensor[t // 64, head, t % 64], src_tensor[s // 16, head, s % 16], str(token)
+            )
+
+
+def test_unknown_and_refused_backends_name_the_way_forward() -> None:
+    cache = cpu_cache(2, 16, HEADS)
+    with pytest.raises(UnsupportedPDLayoutError, match=r"known: FLASH_ATTN.*buffer_from_array"):
+        vllm.buffers(cache, backend="XFORMERS", tp_size=1, num_kv_heads=HEADS)
+    with pytest.raises(UnsupportedPDLayoutError, match=r"ROCM_ATTN.*packed"):
+        vllm.buffers(cache, backend="ROCM_ATTN", tp_size=1, num_kv_heads=HEADS)
+    assert set(vllm.REFUSED).isdisjoint(vllm.BACKENDS)
