@@ -125,3 +125,12 @@ def test_unknown_and_refused_backends_name_the_way_forward() -> None:
     with pytest.raises(UnsupportedPDLayoutError, match=r"ROCM_ATTN.*packed"):
         vllm.buffers(cache, backend="ROCM_ATTN", tp_size=1, num_kv_heads=HEADS)
     assert set(vllm.REFUSED).isdisjoint(vllm.BACKENDS)
+
+
+def test_the_vllm_guide_tables_every_backend() -> None:
+    from pathlib import Path
+
+    guide = Path(__file__).resolve().parent.parent / "docs/guides/integrating-vllm.md"
+    table = guide.read_text(encoding="utf-8")
+    missing = [name for name in [*vllm.BACKENDS, *vllm.REFUSED] if f"`{name}`" not in table]
+    assert not missing, missing
