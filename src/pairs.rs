@@ -141,6 +141,17 @@ pub fn validate_pairs(
                 continue;
             }
         }
+        if !p.logical_axis.is_token_indexed() && p.rows_per_page != d.rows_per_page {
+            bail!(
+                "buffer {} is a state whose rows differ: prefill {}, decode {} (a conv state's \
+                 rows are its kernel taps, plus one for each speculative token where the \
+                 runtime keeps them); run both sides with the same conv kernel and \
+                 num_speculative_tokens",
+                p.buffer_index,
+                p.rows_per_page,
+                d.rows_per_page
+            );
+        }
         same.check(
             "logical unit sizes",
             p.bytes_per_logical_unit,

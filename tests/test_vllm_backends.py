@@ -134,3 +134,27 @@ def test_the_vllm_guide_tables_every_backend() -> None:
     table = guide.read_text(encoding="utf-8")
     missing = [name for name in [*vllm.BACKENDS, *vllm.REFUSED] if f"`{name}`" not in table]
     assert not missing, missing
+
+
+def test_conv_states_with_speculative_taps_pair_only_with_as_many() -> None:
+    """vLLM keeps a conv state's kernel taps plus one a speculative token: (slots, taps,
+    channels). Equal taps on both sides move; other taps are refused naming the rows."""
+    import pdplan
+    from pdplan import Mamba2Layer
+
+    specs = pdplan.state_specs(Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2))
+    channels = specs[0].logical_size
+
+    def caches(taps: int, tp: int) -> dict[str, list[np.ndarray]]:
+        conv = np.zeros((6, taps, channels // tp), np.float16)
+        ssm = np.zeros((6, 4 // tp, 2, 3), np.float32)
+        return {"model.layers.0.mixer": [conv, ssm]}
+
+    p = vllm.buffers(caches(3 + 2, 1), backend="FLASH_ATTN", tp_size=1, states=specs)
+    sides = dict(prefill_layout=ParallelLayout("prefill", 1),
+                 decode_layout=ParallelLayout("decode", 2))  # fmt: skip
+    same = vllm.buffers(caches(3 + 2, 2), backend="FLASH_ATTN", tp_size=2, states=specs)
+    PDTransferPlanner(**sides, prefill_buffers=p.buffers, decode_buffers=same.buffers).verify()
+    fewer = vllm.buffers(caches(3, 2), backend="FLASH_ATTN", tp_size=2, states=specs)
+    with pytest.raises(UnsupportedPDLayoutError, match=r"rows differ: prefill 5, decode 3"):
+        PDTransferPlanner(**sides, prefill_buffers=p.buffers, decode_buffers=fewer.buffers)
