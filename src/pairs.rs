@@ -28,6 +28,37 @@ impl Same {
     }
 }
 
+/// A buffer not indexed by token (a state, vLLM's CPU cache) moves whole pages: both sides'
+/// pages must hold as many tokens (the CPU cache's K is transposed inside a block, so a token
+/// has no place of its own) and the same rows (a conv state's taps).
+fn check_whole_pages(p: &BufferLayout, d: &BufferLayout) -> PlanResult<()> {
+    if p.logical_axis.is_token_indexed() {
+        return Ok(());
+    }
+    if p.page_size != d.page_size && p.page_size.max(d.page_size) > 1 {
+        bail!(
+            "buffer {} moves whole pages (its tokens have no place of their own in a page), but \
+             a prefill page holds {} tokens and a decode page {}: give both sides the same \
+             block size",
+            p.buffer_index,
+            p.page_size,
+            d.page_size
+        );
+    }
+    if p.rows_per_page != d.rows_per_page {
+        bail!(
+            "buffer {} is a state whose rows differ: prefill {}, decode {} (a conv state's rows \
+             are its kernel taps, plus one a speculative token, where they sit outside its \
+             channels); run both sides with the same conv layout (dim-first or not), conv \
+             kernel and num_speculative_tokens",
+            p.buffer_index,
+            p.rows_per_page,
+            d.rows_per_page
+        );
+    }
+    Ok(())
+}
+
 /// Whether a pair must be planned by token: a token-indexed buffer whose two sides' pages do
 /// not pair (different token counts, or head-major facing token-major) cannot be copied page
 /// to page, and a sliding window or an attention chunk is a selection of tokens.
@@ -103,21 +134,7 @@ pub fn validate_pairs(
             d.logical_axis.as_str(),
         )?;
         same.check("logical sizes", p.logical_size, d.logical_size)?;
-        // A buffer not indexed by token moves whole pages: where its pages hold tokens (vLLM's
-        // CPU cache, whose K is transposed inside a block), both sides' pages must hold as many.
-        if !p.logical_axis.is_token_indexed()
-            && p.page_size != d.page_size
-            && p.page_size.max(d.page_size) > 1
-        {
-            bail!(
-                "buffer {} moves whole pages (its tokens have no place of their own in a page), \
-                 but a prefill page holds {} tokens and a decode page {}: give both sides the \
-                 same block size",
-                p.buffer_index,
-                p.page_size,
-                d.page_size
-            );
-        }
+        check_whole_pages(p, d)?;
         // Where both sides name a buffer's model layer, it is the same layer: a runtime that
         // handed its layers over in another order must not pair layer 4 with layer 1.
         if let (Some(_), Some(_)) = (p.layer, d.layer) {
@@ -140,17 +157,6 @@ pub fn validate_pairs(
                 // Token by token: whole units, rows and items need not agree.
                 continue;
             }
-        }
-        if !p.logical_axis.is_token_indexed() && p.rows_per_page != d.rows_per_page {
-            bail!(
-                "buffer {} is a state whose rows differ: prefill {}, decode {} (a conv state's \
-                 rows are its kernel taps, plus one for each speculative token where the \
-                 runtime keeps them); run both sides with the same conv kernel and \
-                 num_speculative_tokens",
-                p.buffer_index,
-                p.rows_per_page,
-                d.rows_per_page
-            );
         }
         same.check(
             "logical unit sizes",

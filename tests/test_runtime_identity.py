@@ -67,6 +67,14 @@ def test_a_layer_sharing_another_s_cache_is_described_once() -> None:
     got = vllm.buffers(caches, backend="FLASH_ATTN", tp_size=1, num_kv_heads=2)
     assert len(got.buffers) == 4 and [b.layer for b in got.buffers] == [0, 0, 1, 1]
     assert got.shared == (("model.layers.2.self_attn.attn", "model.layers.0.self_attn.attn"),)
+    # Layers of two cache groups viewing the same memory (vLLM starts every group at byte 0)
+    # are two layers, each described: they read other blocks of it.
+    views = {
+        "model.layers.0.self_attn.attn": kv.tensors[0],
+        "model.layers.1.self_attn.attn": kv.tensors[0][:],  # another view of the same bytes
+    }
+    both = vllm.buffers(views, backend="FLASH_ATTN", tp_size=1, num_kv_heads=2)
+    assert [b.layer for b in both.buffers] == [0, 0, 1, 1] and both.shared == ()
 
 
 def test_an_mla_indexer_page_moves_each_token_s_keys_and_its_scale() -> None:

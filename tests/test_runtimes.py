@@ -356,7 +356,7 @@ def test_state_layouts_that_differ_between_runtimes_are_refused_naming_the_rows(
     ssm, _ = guarded((9, 4, 4, 4))
     p = vllm.buffers([[dim_last, ssm]], backend="FLASH_ATTN", tp_size=2, states=(conv, temporal))
     d = vllm.buffers([[dim_first, ssm]], backend="FLASH_ATTN", tp_size=2, states=(conv, temporal))
-    with pytest.raises(UnsupportedPDLayoutError, match="rows_per_page differ"):
+    with pytest.raises(UnsupportedPDLayoutError, match="rows differ: prefill"):
         PDTransferPlanner(
             prefill_layout=ParallelLayout("prefill", 2),
             decode_layout=ParallelLayout("decode", 2),

@@ -233,8 +233,10 @@ def buffers(
     entries = _entries(kv_caches)
     windows = dict(sliding_windows or {})
     built: list[tuple[BufferLayout, int, int]] = []
-    # A layer sharing another's cache (KV sharing) holds the same memory: described once.
-    owner_of: dict[tuple[int, int], str] = {}
+    # A layer sharing another's cache (KV sharing) is handed the same tensor object: described
+    # once. Layers of different cache groups may view the same memory (vLLM 0.32 on starts
+    # every group at byte 0) yet are different layers, reading other blocks: never merged.
+    owner_of: dict[int, str] = {}
     shared: list[tuple[str, str]] = []
     attention = [(layer, name, entry) for layer, name, entry in entries if not _is_state(entry)]
     indexers = [(layer, name, tensor) for layer, name, tensor in attention if _is_indexer(name)]
@@ -295,7 +297,7 @@ def buffers(
                 )
                 _check_layout(entry[0], kv_layout, label)
                 views.append(entry)
-        memory = (views[0][1], views[-1][2])
+        memory = id(tensor)
         if memory in owner_of:
             shared.append((label, owner_of[memory]))
             continue
