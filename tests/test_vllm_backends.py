@@ -158,3 +158,57 @@ def test_conv_states_with_speculative_taps_pair_only_with_as_many() -> None:
     fewer = vllm.buffers(caches(3, 2), backend="FLASH_ATTN", tp_size=2, states=specs)
     with pytest.raises(UnsupportedPDLayoutError, match=r"rows differ: prefill 5, decode 3"):
         PDTransferPlanner(**sides, prefill_buffers=p.buffers, decode_buffers=fewer.buffers)
+
+
+def test_kda_s_fused_conv_moves_each_of_q_k_v_by_its_own_split() -> None:
+    """Kimi Delta Attention keeps q, k and v's conv states as one tensor, (slots, taps,
+    q | k | v) with each part split over TP on its own: state_specs(..., fused_conv=True)
+    describes it, and TP 2 -> TP 1 puts every channel at its model place (the oracle: each
+    part's channels dealt to the ranks, runtime_pairs.global_channel)."""
+    from runtime_pairs import global_channel
+
+    import pdplan
+    from pdplan import KdaLayer
+
+    layer = KdaLayer(heads=4, head_dim=8, conv_kernel=4)
+    conv, recurrent = pdplan.state_specs(layer, fused_conv=True)
+    assert conv.logical_parts == (32, 32, 32) and recurrent.logical_size == 4
+    parts = conv.logical_parts
+
+    def caches(tp: int) -> dict[str, list[np.ndarray]]:
+        return {
+            "model.layers.0.self_attn": [
+                np.zeros((5, 3, 96 // tp), np.float32),  # vLLM's conv: (slots, taps, channels)
+                np.zeros((5, 4 // tp, 8, 8), np.float32),
+            ]
+        }
+
+    prefill, decode = [caches(2) for _ in range(2)], caches(1)
+    for rank, side in enumerate(prefill):
+        conv_state = side["model.layers.0.self_attn"][0]
+        for local in range(conv_state.shape[2]):
+            channel = global_channel(local, rank, 2, parts)
+            conv_state[3, :, local] = [channel * 10 + tap for tap in range(3)]
+    p = [vllm.buffers(c, backend="FLASH_ATTN", tp_size=2, states=(conv, recurrent))
+         for c in prefill]  # fmt: skip
+    d = vllm.buffers(decode, backend="FLASH_ATTN", tp_size=1, states=(conv, recurrent))
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=p[0].buffers,
+        decode_buffers=d.buffers,
+    )
+    planner.verify()
+    for source, fragments in planner.transfer_fragments(0).items():
+        prepared = PreparedTransfer(
+            fragments,
+            p[source].base_ptrs,
+            d.base_ptrs,
+            src_limits=p[source].limits,
+            dst_limits=d.limits,
+        )
+        move(prepared, [3], [1])
+    got = decode["model.layers.0.self_attn"][0]
+    want = np.array([[channel * 10 + tap for channel in range(96)] for tap in range(3)])
+    np.testing.assert_array_equal(got[1], want)
+    assert not got[[0, 2, 3, 4]].any()

@@ -97,7 +97,9 @@ class StateSpec:
     """The parts the channels concatenate, each split over TP on its own; None: one part."""
 
 
-def state_specs(layer: ModelLayer, dtype: str = "bfloat16") -> tuple[StateSpec, ...]:
+def state_specs(
+    layer: ModelLayer, dtype: str = "bfloat16", *, fused_conv: bool = False
+) -> tuple[StateSpec, ...]:
     """The state tensors of one recurrent layer (``Mamba2Layer``, ``GatedDeltaNetLayer``, ...),
     as the model code derives them, in the order runtimes keep them: the conv states first,
     then the recurrent state (vLLM's per-layer list, SGLang's ``mamba_cache``). A layer that
@@ -106,6 +108,9 @@ def state_specs(layer: ModelLayer, dtype: str = "bfloat16") -> tuple[StateSpec, 
     :param layer: The layer.
     :param dtype: The model's dtype (as ``ModelShape.dtype``); the channel counts do not
         depend on it.
+    :param fused_conv: The runtime keeps the layer's conv states as one tensor, their channels
+        one after another (vLLM's and SGLang's Kimi Delta Attention: ``q | k | v``): one spec
+        whose parts are the conv states, each split over TP on its own.
     """
     from pdplan._layouts import ModelShape, model_buffer_layouts
 
@@ -117,7 +122,13 @@ def state_specs(layer: ModelLayer, dtype: str = "bfloat16") -> tuple[StateSpec, 
     if not states:
         raise UnsupportedPDLayoutError(f"{layer!r} caches no state; it has no state specs")
     # The model code lists the recurrent state first (where the layer has one).
-    return states[1:] + states[:1]
+    convs, recurrent = states[1:], states[:1]
+    if fused_conv and len(convs) > 1:
+        parts = tuple(
+            size for spec in convs for size in (spec.logical_parts or (spec.logical_size,))
+        )
+        convs = (StateSpec(sum(parts), parts),)
+    return convs + recurrent
 
 
 @dataclass(frozen=True)
