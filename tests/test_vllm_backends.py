@@ -212,3 +212,55 @@ def test_kda_s_fused_conv_moves_each_of_q_k_v_by_its_own_split() -> None:
     want = np.array([[channel * 10 + tap for channel in range(96)] for tap in range(3)])
     np.testing.assert_array_equal(got[1], want)
     assert not got[[0, 2, 3, 4]].any()
+
+
+def test_layers_with_their_own_kv_head_counts() -> None:
+    """Gemma 3n and 4 give layers different KV-head counts: num_kv_heads by model layer. TP 2
+    -> TP 1, layer 0 of 8 heads and layer 1 of 2, every head lands at its model place (the
+    oracle: a head's value is its layer, head and plane)."""
+    heads = {0: 8, 1: 2}
+
+    def caches(tp: int, rank: int) -> dict[str, np.ndarray]:
+        out = {}
+        for layer, count in heads.items():
+            tensor = np.zeros((2, 4, 16, count // tp, HS), np.float32)
+            for local in range(count // tp):
+                for plane in range(2):
+                    tensor[plane, :, :, local] = (
+                        layer * 1000 + (rank * count // tp + local) * 10 + plane
+                    )
+            out[f"model.layers.{layer}.self_attn.attn"] = tensor
+        return out
+
+    prefill = [caches(2, rank) for rank in range(2)]
+    decode = {name: np.zeros_like(np.concatenate([prefill[0][name], prefill[1][name]], axis=3))
+              for name in prefill[0]}  # fmt: skip
+    p = [vllm.buffers(c, backend="FLASH_ATTN", tp_size=2, num_kv_heads=heads) for c in prefill]
+    d = vllm.buffers(decode, backend="FLASH_ATTN", tp_size=1, num_kv_heads=heads)
+    assert [b.logical_size for b in d.buffers] == [8, 8, 2, 2]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=p[0].buffers,
+        decode_buffers=d.buffers,
+    )
+    for source, fragments in planner.transfer_fragments(0).items():
+        prepared = PreparedTransfer(
+            fragments,
+            p[source].base_ptrs,
+            d.base_ptrs,
+            src_limits=p[source].limits,
+            dst_limits=d.limits,
+        )
+        # One head a rank reads as head-major, two as token-major: tokens move by slot maps.
+        moved = prepared.token_descriptors(token_slots([2], 16, 16), token_slots([1], 16, 16))
+        for s, t, length in moved.as_array().tolist():
+            ctypes.memmove(t, s, length)
+    for layer, count in heads.items():
+        got = decode[f"model.layers.{layer}.self_attn.attn"]
+        for head in range(count):
+            for plane in range(2):
+                assert (got[plane, 1, :, head] == layer * 1000 + head * 10 + plane).all()
+        assert not got[:, [0, 2, 3]].any()
+    with pytest.raises(UnsupportedPDLayoutError, match="names no count for"):
+        vllm.buffers(decode, backend="FLASH_ATTN", tp_size=1, num_kv_heads={0: 8})

@@ -237,7 +237,7 @@ def buffers(
             mamba_pool = getattr(pool, "mamba_pool", None)
     page_size = _page_size(pool)
     built: Built = []
-    heads = num_kv_heads
+    heads_of: dict[int, int] = {}
     kv = sorted((t for t in tensors if t[1] in ("kv", "mla")), key=lambda t: t[0])
     for layer, what, array in kv:
         window = windows.get(layer)
@@ -255,9 +255,10 @@ def buffers(
                 )
             )
             continue
+        # A layer's heads: the model's given, else its pool's (an SWA sub-pool keeps its own).
+        heads = num_kv_heads or shape_of(array[0], "a K buffer")[1] * tp_size
+        heads_of[layer] = heads
         for kind, plane in zip((BufferKind.TARGET_K, BufferKind.TARGET_V), array):
-            if heads is None:
-                heads = shape_of(plane, "a K buffer")[1] * tp_size
             built.append(
                 buffer_from_array(
                     len(built),
@@ -285,7 +286,7 @@ def buffers(
                 BufferKind.TARGET_K if what == "k_scale_buffer" else BufferKind.TARGET_V,
                 array,
                 ("slot", "head", "dim"),
-                logical_size=heads,
+                logical_size=heads_of.get(layer, num_kv_heads),
                 tp_size=tp_size,
                 page_size=page_size,
                 layer=layer,

@@ -182,13 +182,25 @@ def _check_layout(buffer: BufferLayout, kv_layout: str, label: str) -> None:
         )
 
 
+def _heads_of(heads: int | Mapping[int, int] | None, layer: int, label: str) -> int | None:
+    """The model's KV heads of one layer: the one count, or the layer's in a mapping."""
+    if heads is None or isinstance(heads, int):
+        return heads
+    if layer not in heads:
+        raise UnsupportedPDLayoutError(
+            f"num_kv_heads names no count for {label} (model layer {layer}); give every "
+            "attention layer's"
+        )
+    return int(heads[layer])
+
+
 def buffers(
     kv_caches: Sequence[Any] | Mapping[str, Any],
     *,
     backend: str,
     kv_layout: Literal["NHD", "HND"] = "NHD",
     tp_size: int,
-    num_kv_heads: int | None = None,
+    num_kv_heads: int | Mapping[int, int] | None = None,
     states: Sequence[StateSpec] | None = None,
     sliding_windows: Mapping[int, int] | None = None,
 ) -> CacheBuffers:
@@ -210,7 +222,9 @@ def buffers(
     :param backend: vLLM's attention backend name (``BACKENDS``).
     :param kv_layout: The layout the backend was built with, checked against the strides.
     :param tp_size: The rank's TP size.
-    :param num_kv_heads: The model's KV heads (not the rank's), required except for MLA.
+    :param num_kv_heads: The model's KV heads (not the rank's), required except for MLA; a
+        mapping gives each attention layer's own, by its model layer, where they differ
+        (Gemma 3n and 4).
     :param states: Describes each state tensor of a recurrent layer
         (``pdplan.runtimes.state_specs(layer)``).
     :param sliding_windows: The window of each sliding-window attention layer, by its model
@@ -241,8 +255,10 @@ def buffers(
     attention = [(layer, name, entry) for layer, name, entry in entries if not _is_state(entry)]
     indexers = [(layer, name, tensor) for layer, name, tensor in attention if _is_indexer(name)]
     attention = [entry for entry in attention if not _is_indexer(entry[1])]
+    all_heads = num_kv_heads
     for layer, name, tensor in attention:
         label = name if name is not None else f"layer {layer}"
+        num_kv_heads = _heads_of(all_heads, layer, label)
         window = windows.get(layer)
         first = len(built)
         if backend == "CPU_ATTN" or (backend not in _MLA and len(shape_of(tensor, label)) == 4):
