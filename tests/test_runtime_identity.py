@@ -232,3 +232,68 @@ def test_fp4_scales_are_buffers_and_move_with_their_tokens() -> None:
                 want = getattr(src_pool, name)[layer][src_slots][:, part]
                 np.testing.assert_array_equal(got, want, err_msg=f"{name}[{layer}] rank {rank}")
         assert all((b[:32] == GUARD).all() and (b[-32:] == GUARD).all() for b in blocks)
+
+
+def swa_pool(size: int, swa_size: int, page: int, mapping: np.ndarray) -> SimpleNamespace:
+    """SGLang's SWAKVPool of layer 0 full and layer 1 sliding, with its allocator's
+    full_to_swa_index_mapping (int64, size + page_size + 1 long, a -1 sentinel last)."""
+    full, _ = sglang_mha(layers=1, size=size, page_size=page, heads=2, dim=4)
+    swa, _ = sglang_mha(layers=1, size=swa_size, page_size=page, heads=2, dim=4)
+    return SimpleNamespace(
+        full_kv_pool=full,
+        swa_kv_pool=swa,
+        layers_mapping={0: (0, False), 1: (0, True)},
+        page_size=page,
+        full_to_swa_index_mapping=mapping,
+    )
+
+
+def test_an_swa_pool_s_window_moves_by_its_own_slots() -> None:
+    """A 40-token request, window 16: SGLang keeps SWA slots for its last 16 tokens only
+    (full_to_swa_index_mapping; 0 for the rest). The full layer moves by the request's slots,
+    the sliding layer by swa_slots on each side: its window lands at the decode side's SWA
+    slots, nothing else of the SWA pool is written (the oracle: the mappings themselves)."""
+    n, window, page = 40, 16, 16
+    rng = np.random.default_rng(11)
+
+    def side(first_slot: int, first_swa: int) -> tuple[SimpleNamespace, np.ndarray]:
+        slots = np.arange(first_slot, first_slot + n)
+        mapping = np.zeros(128 + page + 1, dtype=np.int64)
+        mapping[-1] = -1
+        mapping[slots[n - window :]] = np.arange(first_swa, first_swa + window)
+        return swa_pool(128, 64, page, mapping), slots
+
+    (src_pool, src_full), (dst_pool, dst_full) = side(16, 17), side(48, 33)
+    for array in [*src_pool.full_kv_pool.k_buffer, *src_pool.swa_kv_pool.k_buffer,
+                  *src_pool.full_kv_pool.v_buffer, *src_pool.swa_kv_pool.v_buffer]:  # fmt: skip
+        array[:] = rng.integers(1, 1 << 30, array.shape)
+    src = sglang.buffers(src_pool, tp_size=1)
+    dst = sglang.buffers(dst_pool, tp_size=1)
+    assert sglang.swa_buffers(src_pool, src) == (2, 3)
+    src_swa, dst_swa = sglang.swa_slots(src_pool, src_full), sglang.swa_slots(dst_pool, dst_full)
+    assert (src_swa[: n - window] == -1).all() and src_swa[-1] == 17 + window - 1
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=src.buffers,
+        decode_buffers=dst.buffers,
+        token_maps=True,
+    )
+    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], src.base_ptrs, dst.base_ptrs,
+                                src_limits=src.limits, dst_limits=dst.limits)  # fmt: skip
+    for src_slots, dst_slots, chosen in ((src_full, dst_full, (0, 1)),
+                                         (src_swa, dst_swa, (2, 3))):  # fmt: skip
+        moved = prepared.token_descriptors(src_slots, dst_slots, buffers=chosen)
+        for s, d, length in moved.as_array().tolist():
+            ctypes.memmove(d, s, length)
+    for name in ("k_buffer", "v_buffer"):
+        full_got = getattr(dst_pool.full_kv_pool, name)[0]
+        full_src = getattr(src_pool.full_kv_pool, name)[0]
+        np.testing.assert_array_equal(full_got[dst_full], full_src[src_full])
+        swa_got = getattr(dst_pool.swa_kv_pool, name)[0]
+        swa_src = getattr(src_pool.swa_kv_pool, name)[0]
+        held = dst_swa >= 0
+        np.testing.assert_array_equal(swa_got[dst_swa[held]], swa_src[src_swa[held]])
+        others = np.ones(swa_got.shape[0], dtype=bool)
+        others[dst_swa[held]] = False
+        assert not swa_got[others].any()

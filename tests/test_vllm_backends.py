@@ -264,3 +264,29 @@ def test_layers_with_their_own_kv_head_counts() -> None:
         assert not got[:, [0, 2, 3]].any()
     with pytest.raises(UnsupportedPDLayoutError, match="names no count for"):
         vllm.buffers(decode, backend="FLASH_ATTN", tp_size=1, num_kv_heads={0: 8})
+
+
+def test_a_cross_layer_cache_moves_each_layer_s_pages() -> None:
+    """vLLM's block-first layouts (BLHNC) keep every layer's page of a block together: a
+    layer's view strides over all layers' pages. Into per-layer caches (LBHNC), by block id,
+    each layer's page lands in that layer's tensor (the oracle: numpy's own indexing)."""
+    layers = 3
+    memory = np.random.default_rng(1).standard_normal((6, layers, HEADS, 16, 2 * HS))
+    memory = memory.astype(np.float16)  # (blocks, layers, heads, tokens, K | V)
+    src = {f"model.layers.{i}.self_attn.attn": memory[:, i] for i in range(layers)}
+    dst = {name: np.zeros((6, HEADS, 16, 2 * HS), np.float16) for name in src}
+    p = vllm.buffers(src, backend="FLASH_ATTN", kv_layout="HND", tp_size=1, num_kv_heads=HEADS)
+    d = vllm.buffers(dst, backend="FLASH_ATTN", kv_layout="HND", tp_size=1, num_kv_heads=HEADS)
+    assert {b.item_stride_bytes for b in p.buffers} == {layers * HEADS * 16 * 2 * HS * 2}
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=p.buffers,
+        decode_buffers=d.buffers,
+    )
+    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], p.base_ptrs, d.base_ptrs,
+                                src_limits=p.limits, dst_limits=d.limits)  # fmt: skip
+    move(prepared, [5, 0], [2, 3])
+    for i, name in enumerate(src):
+        np.testing.assert_array_equal(dst[name][[2, 3]], memory[[5, 0], i])
+        assert not dst[name][[0, 1, 4, 5]].any()

@@ -21,7 +21,7 @@ Rows of SGLang's ``req_to_token`` are pdplan slot maps as they are.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts
 from pdplan._core import UnsupportedPDLayoutError
@@ -29,7 +29,11 @@ from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._states import attribute, shape_of, state_buffers
 
-__all__ = ["buffers", "conventions"]
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+__all__ = ["buffers", "conventions", "swa_buffers", "swa_slots"]
 
 Built = list[tuple[BufferLayout, int, int]]
 
@@ -325,3 +329,40 @@ def conventions(pool: Any) -> RuntimeConventions:
     """
     page_size = _page_size(pool)
     return RuntimeConventions("sglang", "all", page_size, page_size)
+
+
+def swa_slots(pool: Any, slots: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """The slot map of an ``SWAKVPool``'s sliding-window layers for a request whose slot map in
+    the full pool is ``slots`` (its ``req_to_token`` row): ``full_to_swa_index_mapping`` of
+    each slot, -1 where the token holds no SWA slot (SGLang maps it to 0, its padding slot,
+    once the token has left the window). Give it, with ``swa_buffers``, to
+    ``PreparedTransfer.token_descriptors`` for the SWA layers' buffers.
+
+    :param pool: The rank's ``SWAKVPool``.
+    :param slots: The request's slots in the full pool (-1: a token not held).
+    """
+    import numpy as np
+
+    mapping = np.asarray(attribute(pool, "full_to_swa_index_mapping", "SWAKVPool"))
+    full = np.asarray(slots, dtype=np.int64)
+    if full.ndim != 1:
+        raise UnsupportedPDLayoutError(f"slots must be 1-D, got {full.ndim}-D")
+    if full.size and (full.max() >= mapping.shape[0] - 1 or full.min() < -1):
+        raise UnsupportedPDLayoutError(
+            f"slots must be -1 or below the full pool's {mapping.shape[0] - 1} slots"
+        )
+    swa = np.where(full >= 0, mapping[np.maximum(full, 0)], -1).astype(np.int64)
+    swa[swa == 0] = -1
+    return swa
+
+
+def swa_buffers(pool: Any, cache: CacheBuffers) -> tuple[int, ...]:
+    """The buffers of ``cache`` (``buffers(pool, ...)``) that an ``SWAKVPool`` keeps in its
+    sliding-window sub-pool, by ``layers_mapping``: their tokens move by ``swa_slots``.
+
+    :param pool: The rank's ``SWAKVPool``.
+    :param cache: What ``buffers`` read of it.
+    """
+    mapping = attribute(pool, "layers_mapping", "SWAKVPool")
+    sliding = {int(layer) for layer, (_, is_swa) in mapping.items() if is_swa}
+    return tuple(b.buffer_index for b in cache.buffers if b.layer in sliding)
