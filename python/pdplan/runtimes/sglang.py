@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts
+from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
+from pdplan.runtimes._indexer import indexer_buffers
 from pdplan.runtimes._states import attribute, shape_of, state_buffers
 
 if TYPE_CHECKING:
@@ -74,9 +75,7 @@ def _indexer(pool: Any, layers: list[int]) -> list[tuple[int, str, Any]]:
         pages, row = shape_of(array, "an index_k_with_scale_buffer entry")[:2]
         if pages == 0:
             continue
-        keys = row // page_size - 4
-        parts = page_parts(array, page_size, (keys, 4))
-        found += [(layer, "indexer", part) for part in parts]
+        found.append((layer, "indexer", (array, page_size, row // page_size)))
     return found
 
 
@@ -297,17 +296,10 @@ def buffers(
                 sliding_window=windows.get(layer),
             )
         )
-    for layer, _, part in sorted((t for t in tensors if t[1] == "indexer"), key=lambda t: t[0]):
-        built.append(
-            buffer_from_array(
-                len(built),
-                BufferKind.TARGET_K,
-                part,
-                ("page", "token", "dim"),
-                tp_size=tp_size,
-                layer=layer,
-            )
-        )
+    for layer, _, (array, pages_of, token_bytes) in sorted(
+        (t for t in tensors if t[1] == "indexer"), key=lambda t: t[0]
+    ):
+        built += indexer_buffers(len(built), array, pages_of, token_bytes, tp_size, layer)
     return CacheBuffers.of(built)
 
 

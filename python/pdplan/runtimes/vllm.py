@@ -13,11 +13,12 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts
+from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
 from pdplan._bounded import bounded_tuple
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
+from pdplan.runtimes._indexer import indexer_buffers, indexer_parts
 from pdplan.runtimes._states import shape_of, state_buffers
 
 __all__ = ["BACKENDS", "REFUSED", "buffers", "conventions", "indexer_parts", "layer_index"]
@@ -107,23 +108,6 @@ def _is_indexer(name: str | None) -> bool:
     """Whether a ``kv_caches`` entry is an MLA indexer's key cache
     (``model.layers.7.self_attn.indexer.k_cache``, DeepSeek-V3.2)."""
     return name is not None and "indexer" in name.split(".")
-
-
-def indexer_parts(width: int) -> tuple[int, int]:
-    """The two parts of an MLA indexer page's token, in bytes: ``keys`` fp8 values, then one
-    fp32 scale for each 128 of them, which vLLM's ``(blocks, block_size, width)`` uint8 tensor
-    lays out as every token's keys, then every token's scales (not token by token, as the
-    shape says).
-
-    :param width: The tensor's last axis (132 for 128 keys).
-    """
-    for keys in range(1, width):
-        if keys + 4 * -(-keys // 128) == width:
-            return keys, width - keys
-    raise UnsupportedPDLayoutError(
-        f"an MLA indexer cache of {width} bytes a token is not keys and their fp32 scales "
-        "(one a 128 keys); pass it as its runtime allocates it"
-    )
 
 
 def _is_state(entry: Any) -> bool:
@@ -333,17 +317,7 @@ def buffers(
             raise UnsupportedPDLayoutError(
                 f"{name}: an MLA indexer cache is (blocks, block_size, bytes a token), got {shape}"
             )
-        for part in page_parts(tensor, shape[1], indexer_parts(shape[2])):
-            built.append(
-                buffer_from_array(
-                    len(built),
-                    BufferKind.TARGET_K,
-                    part,
-                    ("page", "token", "dim"),
-                    tp_size=tp_size,
-                    layer=layer,
-                )
-            )
+        built += indexer_buffers(len(built), tensor, shape[1], shape[2], tp_size, layer)
     return CacheBuffers.of(built, shared)
 
 
