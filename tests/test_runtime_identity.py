@@ -297,3 +297,10 @@ def test_an_swa_pool_s_window_moves_by_its_own_slots() -> None:
         others = np.ones(swa_got.shape[0], dtype=bool)
         others[dst_swa[held]] = False
         assert not swa_got[others].any()
+
+
+def test_nvfp4_native_scales_are_refused_by_name() -> None:
+    pool, _ = fp4_pool(layers=1, size=32, page_size=16, heads=2, dim=32)
+    pool.native_k_scale_buffer = [np.zeros((3, 2, 16, 2), np.uint8)]
+    with pytest.raises(UnsupportedPDLayoutError, match=r"native_k_scale_buffer"):
+        sglang.buffers(pool, tp_size=1)

@@ -101,6 +101,12 @@ def _mha(pool: Any) -> list[tuple[int, str, Any]]:
         raise UnsupportedPDLayoutError(
             f"the KV pool holds {len(keys)} K buffers but {len(values)} V buffers"
         )
+    for native in ("native_k_scale_buffer", "native_v_scale_buffer"):
+        if getattr(pool, native, None) is not None:
+            raise UnsupportedPDLayoutError(
+                f"{type(pool).__name__}.{native} (NVFP4 block scales in TRT-LLM's paged layout) "
+                "is not described yet; the pool's K and V alone would move without it"
+            )
     layers = _layer_ids(pool, len(keys))
     out = [(layer, "kv", (k, v)) for layer, k, v in zip(layers, keys, values)]
     heads = int(attribute(pool, "head_num", "the KV pool"))
