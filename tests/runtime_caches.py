@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pdplan import CacheBuffers
+from pdplan import CacheBuffers, PreparedTransfer
 
 #: An element no transfer may write (guard bytes around and between the caches).
 GUARD = -7
@@ -181,3 +181,11 @@ def guards_intact(side: Side) -> bool:
 
 def bases_and_limits(cache: CacheBuffers) -> tuple[list[int], list[int]]:
     return list(cache.base_ptrs), list(cache.limits)
+
+
+def prepared_between(fragments: Any, src: CacheBuffers, dst: CacheBuffers) -> PreparedTransfer:
+    """One rank pair's transfer between two caches as the adapters read them: their base
+    addresses and limits."""
+    return PreparedTransfer(
+        fragments, src.base_ptrs, dst.base_ptrs, src_limits=src.limits, dst_limits=dst.limits
+    )

@@ -31,7 +31,6 @@ from pdplan import (
     Mamba2Layer,
     ParallelLayout,
     PDTransferPlanner,
-    PreparedTransfer,
 )
 from pdplan.runtimes import sglang, vllm
 
@@ -43,6 +42,7 @@ from runtime_caches import (
     Side,
     guarded,
     guards_intact,
+    prepared_between,
     sglang_mha,
     sglang_mla,
     vllm_kv,
@@ -130,13 +130,7 @@ def run_pair(
         tokens = range(len(slots[1])) if receives else range(0)
         want = cache.expected(slots[1], heads_of(rank, dtp, heads), tokens)
         for source, fragments in planner.transfer_fragments(rank).items():
-            prepared = PreparedTransfer(
-                fragments,
-                p_bufs[source].base_ptrs,
-                d_bufs[rank].base_ptrs,
-                src_limits=p_bufs[source].limits,
-                dst_limits=d_bufs[rank].limits,
-            )
+            prepared = prepared_between(fragments, p_bufs[source], d_bufs[rank])
             mover(prepared.token_descriptors(slots[0], slots[1]))
         for got, wanted in zip(cache.actual(), want, strict=True):
             np.testing.assert_array_equal(got, wanted)
@@ -242,6 +236,24 @@ def global_channel(local: int, rank: int, tp: int, parts: tuple[int, ...]) -> in
     raise AssertionError("local channel past the rank's share")
 
 
+def hybrid_moves(
+    mover: Mover,
+    planner: PDTransferPlanner,
+    caches: tuple[Sequence[CacheBuffers], CacheBuffers],
+    slots: tuple[np.ndarray, np.ndarray],
+    states: tuple[int, int],
+) -> None:
+    """Decode rank 0's request of a hybrid model: its KV buffers (the first four) by slot maps,
+    its state buffers (the rest) by the request's state slot on each side."""
+    prefill, decode = caches
+    kv_buffers = range(4)
+    state_buffers = range(4, len(decode.buffers))
+    for source, fragments in planner.transfer_fragments(0).items():
+        prepared = prepared_between(fragments, prefill[source], decode)
+        mover(prepared.token_descriptors(*slots, buffers=kv_buffers))
+        mover(prepared.descriptors([states[0]], [states[1]], buffers=state_buffers))
+
+
 def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> None:
     layer = Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2, conv_kernel=4)
     specs = pdplan.state_specs(layer)
@@ -309,17 +321,7 @@ def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> 
                 [state_label(li, 1, h, x) for x in range(6)]
             ).reshape(2, 3)
     mover.register([kv for _, kv, _ in prefill], [d_side])
-    kv_buffers, state_range = range(4), range(4, 8)
-    for source, fragments in planner.transfer_fragments(0).items():
-        prepared = PreparedTransfer(
-            fragments,
-            p_bufs[source].base_ptrs,
-            d_bufs.base_ptrs,
-            src_limits=p_bufs[source].limits,
-            dst_limits=d_bufs.limits,
-        )
-        mover(prepared.token_descriptors(src, dst, buffers=kv_buffers))
-        mover(prepared.descriptors([src_state], [dst_state], buffers=state_range))
+    hybrid_moves(mover, planner, (p_bufs, d_bufs), (src, dst), (src_state, dst_state))
     for got, wanted in zip(kv_cache.actual(), want, strict=True):
         np.testing.assert_array_equal(got, wanted)
     np.testing.assert_array_equal(conv_d, want_conv)
@@ -412,17 +414,7 @@ def vllm_hybrid_groups_into_sglang_s_hybrid_pool_by_layer(mover: Mover) -> None:
                 [state_label(model_layer, 1, h, x) for x in range(6)]
             ).reshape(2, 3)
     mover.register([kv], [d_side])
-    kv_buffers, state_range = range(4), range(4, 4 + 2 * len(HYBRID_LINEAR))
-    for _, fragments in planner.transfer_fragments(0).items():
-        prepared = PreparedTransfer(
-            fragments,
-            p_bufs.base_ptrs,
-            d_bufs.base_ptrs,
-            src_limits=p_bufs.limits,
-            dst_limits=d_bufs.limits,
-        )
-        mover(prepared.token_descriptors(src, dst, buffers=kv_buffers))
-        mover(prepared.descriptors([src_state], [dst_state], buffers=state_range))
+    hybrid_moves(mover, planner, ([p_bufs], d_bufs), (src, dst), (src_state, dst_state))
     for got, wanted in zip(kv_cache.actual(), want, strict=True):
         np.testing.assert_array_equal(got, wanted)
     np.testing.assert_array_equal(conv_d, want_conv)

@@ -198,3 +198,35 @@ def test_numbers_are_reported_as_given(given: int, shown: str) -> None:
 
 def test_the_bounds_named_are_the_public_ones() -> None:
     assert limits.MAX_ARRAY_AXES == 8 and limits.MAX_LAYOUT_BUFFERS == 1 << 16
+
+
+def test_the_runtime_helpers_refuse_bad_input_by_name() -> None:
+    """The adapters' own entry points answer wrong values with the one error, naming the
+    argument, never numpy's ValueError or a TypeError from deep inside."""
+    from types import SimpleNamespace
+
+    from pdplan import page_parts
+    from pdplan.runtimes import sglang, vllm
+
+    rules = vllm.conventions(block_size=16)
+    pool = SimpleNamespace(full_to_swa_index_mapping=np.zeros(9, dtype=np.int64))
+    kv = np.zeros((2, 2, 4, 1, 4), np.float16)
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: rules.pages(["a"]), "block_ids must be integers"),
+        (lambda: rules.pages([[1]]), "block_ids must be 1-D"),
+        (lambda: rules.pages(np.array([2**63], dtype=np.uint64)), "past 2"),
+        (lambda: vllm.conventions(block_size="16"), "block_size must be an int"),  # type: ignore[arg-type]
+        (lambda: vllm.buffers(5, backend="FLASH_ATTN", tp_size=1, num_kv_heads=1), "iterable"),  # type: ignore[arg-type]
+        (lambda: CacheBuffers.of(5), "entries must be an iterable"),  # type: ignore[arg-type]
+        (lambda: page_parts(np.zeros((2, 4), np.uint8), 2, ("a",)), "must be ints"),  # type: ignore[arg-type]
+        (lambda: sglang.swa_slots(pool, ["x"]), "slots must be integers"),
+        (
+            lambda: vllm.buffers(
+                {"model.layers.0.attn": kv}, backend="FLASH_ATTN", tp_size=1, num_kv_heads={0: "x"}
+            ),  # type: ignore[dict-item]
+            "must be an int",
+        ),
+    ]
+    for run, says in cases:
+        with pytest.raises(UnsupportedPDLayoutError, match=says):
+            run()

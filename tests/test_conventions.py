@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from runtime_caches import RankCache, move, sglang_mha, vllm_kv
+from runtime_caches import RankCache, move, prepared_between, sglang_mha, vllm_kv
 from runtime_pairs import heads_of
 
-from pdplan import ParallelLayout, PreparedTransfer, UnsupportedPDLayoutError
+from pdplan import ParallelLayout, UnsupportedPDLayoutError
 from pdplan.runtimes import sglang, vllm
 
 HEADS, DIM = 2, 4
@@ -47,8 +47,7 @@ def test_scheduler_blocks_name_kernel_blocks_through_the_conventions() -> None:
         prefill_buffers=p.buffers,
         decode_buffers=d.buffers,
     )
-    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], p.base_ptrs, d.base_ptrs,
-                                src_limits=p.limits, dst_limits=d.limits)  # fmt: skip
+    prepared = prepared_between(planner.transfer_fragments(0)[0], p, d)
     wrong = prepared.descriptors(src_blocks, dst_blocks)  # the scheduler's ids as pages
     move(prepared.descriptors(rules.pages(src_blocks), rules.pages(dst_blocks)))
     got = target.actual()
@@ -83,13 +82,7 @@ def test_every_vllm_decode_rank_reads_its_own_heads() -> None:
         target = RankCache.of_vllm(side, "FLASH_ATTN", 16)
         want = target.expected(dst_slots, heads_of(rank, 4, HEADS), range(n))
         for source, fragments in planner.transfer_fragments(rank).items():
-            prepared = PreparedTransfer(
-                fragments,
-                p[source].base_ptrs,
-                d[rank].base_ptrs,
-                src_limits=p[source].limits,
-                dst_limits=d[rank].limits,
-            )
+            prepared = prepared_between(fragments, p[source], d[rank])
             move(prepared.descriptors(src_pages, dst_pages))
         for got, wanted in zip(target.actual(), want, strict=True):
             np.testing.assert_array_equal(got, wanted, f"decode rank {rank}")

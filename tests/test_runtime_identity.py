@@ -9,13 +9,12 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from runtime_caches import sglang_mha, vllm_kv, vllm_mla
+from runtime_caches import prepared_between, sglang_mha, vllm_kv, vllm_mla
 
 from pdplan import (
     BufferKind,
     ParallelLayout,
     PDTransferPlanner,
-    PreparedTransfer,
     UnsupportedPDLayoutError,
     token_slots,
 )
@@ -110,8 +109,7 @@ def test_an_mla_indexer_page_moves_each_token_s_keys_and_its_scale() -> None:
     )
     assert planner.token_maps  # page sizes differ: tokens move by slot maps
     src_slots, dst_slots = token_slots([3, 6], 16, n), token_slots([1], 64, n)
-    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], src.base_ptrs, dst.base_ptrs,
-                                src_limits=src.limits, dst_limits=dst.limits)  # fmt: skip
+    prepared = prepared_between(planner.transfer_fragments(0)[0], src, dst)
     for s, d, length in prepared.token_descriptors(src_slots, dst_slots).as_array().tolist():
         ctypes.memmove(d, s, length)
     for layer in range(layers):
@@ -211,13 +209,7 @@ def test_fp4_scales_are_buffers_and_move_with_their_tokens() -> None:
     dst_slots = token_slots([1, 4], 16, n)
     for rank, (pool, blocks) in enumerate(decode):
         for fragments in planner.transfer_fragments(rank).values():
-            prepared = PreparedTransfer(
-                fragments,
-                src.base_ptrs,
-                dst[rank].base_ptrs,
-                src_limits=src.limits,
-                dst_limits=dst[rank].limits,
-            )
+            prepared = prepared_between(fragments, src, dst[rank])
             for s, t, length in (
                 prepared.token_descriptors(src_slots, dst_slots).as_array().tolist()
             ):
@@ -279,8 +271,7 @@ def test_an_swa_pool_s_window_moves_by_its_own_slots() -> None:
         decode_buffers=dst.buffers,
         token_maps=True,
     )
-    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], src.base_ptrs, dst.base_ptrs,
-                                src_limits=src.limits, dst_limits=dst.limits)  # fmt: skip
+    prepared = prepared_between(planner.transfer_fragments(0)[0], src, dst)
     for src_slots, dst_slots, chosen in ((src_full, dst_full, (0, 1)),
                                          (src_swa, dst_swa, (2, 3))):  # fmt: skip
         moved = prepared.token_descriptors(src_slots, dst_slots, buffers=chosen)

@@ -9,6 +9,7 @@ import ctypes
 
 import numpy as np
 import pytest
+from runtime_caches import prepared_between
 
 from pdplan import (
     ParallelLayout,
@@ -58,8 +59,7 @@ def test_cpu_slabs_move_whole_from_tp_2_to_tp_1() -> None:
     planner.verify()
     src_blocks, dst_blocks = [4, 1], [0, 5]
     for source, fragments in planner.transfer_fragments(0).items():
-        move(PreparedTransfer(fragments, p[source].base_ptrs, d.base_ptrs,
-                              src_limits=p[source].limits, dst_limits=d.limits),
+        move(prepared_between(fragments, p[source], d),
              src_blocks, dst_blocks)  # fmt: skip
     for name, tensor in decode.items():
         for s, t in zip(src_blocks, dst_blocks):
@@ -106,8 +106,7 @@ def test_packed_heads_move_by_slot_maps_between_nhd_and_hnd_at_other_block_sizes
     )
     assert planner.token_maps
     src_slots, dst_slots = token_slots([5, 2, 7], 16, n), token_slots([3], 64, n)
-    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], p.base_ptrs, d.base_ptrs,
-                                src_limits=p.limits, dst_limits=d.limits)  # fmt: skip
+    prepared = prepared_between(planner.transfer_fragments(0)[0], p, d)
     for s, t, length in prepared.token_descriptors(src_slots, dst_slots).as_array().tolist():
         ctypes.memmove(t, s, length)
     dst_tensor = dst["model.layers.0.self_attn.attn"]
@@ -200,13 +199,7 @@ def test_kda_s_fused_conv_moves_each_of_q_k_v_by_its_own_split() -> None:
     )
     planner.verify()
     for source, fragments in planner.transfer_fragments(0).items():
-        prepared = PreparedTransfer(
-            fragments,
-            p[source].base_ptrs,
-            d.base_ptrs,
-            src_limits=p[source].limits,
-            dst_limits=d.limits,
-        )
+        prepared = prepared_between(fragments, p[source], d)
         move(prepared, [3], [1])
     got = decode["model.layers.0.self_attn"][0]
     want = np.array([[channel * 10 + tap for channel in range(96)] for tap in range(3)])
@@ -245,13 +238,7 @@ def test_layers_with_their_own_kv_head_counts() -> None:
         decode_buffers=d.buffers,
     )
     for source, fragments in planner.transfer_fragments(0).items():
-        prepared = PreparedTransfer(
-            fragments,
-            p[source].base_ptrs,
-            d.base_ptrs,
-            src_limits=p[source].limits,
-            dst_limits=d.limits,
-        )
+        prepared = prepared_between(fragments, p[source], d)
         # One head a rank reads as head-major, two as token-major: tokens move by slot maps.
         moved = prepared.token_descriptors(token_slots([2], 16, 16), token_slots([1], 16, 16))
         for s, t, length in moved.as_array().tolist():
@@ -284,8 +271,7 @@ def test_a_cross_layer_cache_moves_each_layer_s_pages() -> None:
         prefill_buffers=p.buffers,
         decode_buffers=d.buffers,
     )
-    prepared = PreparedTransfer(planner.transfer_fragments(0)[0], p.base_ptrs, d.base_ptrs,
-                                src_limits=p.limits, dst_limits=d.limits)  # fmt: skip
+    prepared = prepared_between(planner.transfer_fragments(0)[0], p, d)
     move(prepared, [5, 0], [2, 3])
     for i, name in enumerate(src):
         np.testing.assert_array_equal(dst[name][[2, 3]], memory[[5, 0], i])

@@ -193,6 +193,11 @@ def page_parts(array: Any, page_size: int, widths: Sequence[int]) -> list[Any]:
     :param widths: Elements a token has in each part, in the page's order.
     """
     widths = bounded_tuple(widths, "widths", "MAX_PARTS")
+    numbers = (page_size, *widths)
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in numbers):
+        raise UnsupportedPDLayoutError(
+            f"page_size and widths must be ints, got {[type(n).__name__ for n in numbers]}"
+        )
     if page_size <= 0 or not widths or any(w <= 0 for w in widths):
         raise UnsupportedPDLayoutError(
             f"page parts need a positive page_size and positive widths, got page_size="

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdplan import _core
 from pdplan._core import UnsupportedPDLayoutError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 T = TypeVar("T")
 
@@ -16,10 +20,36 @@ T = TypeVar("T")
 def bounded_tuple(items: Iterable[T], what: str, bound: str) -> tuple[T, ...]:
     """``items`` as a tuple, refused when they are more than ``pdplan.limits.<bound>``."""
     most: int = getattr(_core, bound)
-    taken = tuple(itertools.islice(items, most + 1))
+    try:
+        taken = tuple(itertools.islice(items, most + 1))
+    except TypeError:
+        raise UnsupportedPDLayoutError(
+            f"{what} must be an iterable, got {type(items).__name__}"
+        ) from None
     if len(taken) > most:
         raise UnsupportedPDLayoutError(
             f"len({what}) is above the limit of {most} (pdplan.limits.{bound}); an iterable is "
             "read up to the bound and refused past it"
         )
     return taken
+
+
+def int_ids(values: Any, what: str) -> npt.NDArray[np.int64]:
+    """A caller's 1-D integers (block ids, slots) as int64, refused naming ``what`` when they
+    are not whole numbers of 64 bits in one dimension."""
+    import numpy as np
+
+    try:
+        array = np.asarray(values)
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(array.dtype)
+        ids = array.astype(np.int64, casting="safe" if array.dtype.kind == "i" else "unsafe")
+    except (TypeError, ValueError, OverflowError):
+        raise UnsupportedPDLayoutError(
+            f"{what} must be integers (a 1-D array or a sequence of ints)"
+        ) from None
+    if ids.ndim != 1:
+        raise UnsupportedPDLayoutError(f"{what} must be 1-D, got {ids.ndim}-D")
+    if array.dtype.kind == "u" and array.size and int(array.max()) >= 1 << 63:
+        raise UnsupportedPDLayoutError(f"{what} holds a value past 2^63")
+    return ids

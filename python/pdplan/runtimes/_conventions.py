@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+from pdplan._bounded import int_ids
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferLayout, ParallelLayout
 from pdplan._planner import PDTransferPlanner
@@ -39,6 +40,10 @@ class RuntimeConventions:
     """Tokens of one page of the cache tensors (what ``buffers`` describes)."""
 
     def __post_init__(self) -> None:
+        for name in ("block_size", "kernel_block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise UnsupportedPDLayoutError(f"{name} must be an int, got {type(value).__name__}")
         if self.block_size <= 0 or self.kernel_block_size <= 0:
             raise UnsupportedPDLayoutError(
                 f"block sizes must be positive, got block_size={self.block_size}, "
@@ -65,9 +70,7 @@ class RuntimeConventions:
         """
         import numpy as np
 
-        ids = np.asarray(block_ids, dtype=np.int64)
-        if ids.ndim != 1:
-            raise UnsupportedPDLayoutError(f"block_ids must be 1-D, got {ids.ndim}-D")
+        ids = int_ids(block_ids, "block_ids")
         if ids.size and ids.min() < 0:
             raise UnsupportedPDLayoutError("block_ids must not be negative")
         ratio = self.kernel_blocks_per_block

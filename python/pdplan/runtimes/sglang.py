@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
+from pdplan._bounded import int_ids
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
@@ -342,9 +343,7 @@ def swa_slots(pool: Any, slots: Sequence[int] | npt.NDArray[np.integer]) -> npt.
     import numpy as np
 
     mapping = np.asarray(attribute(pool, "full_to_swa_index_mapping", "SWAKVPool"))
-    full = np.asarray(slots, dtype=np.int64)
-    if full.ndim != 1:
-        raise UnsupportedPDLayoutError(f"slots must be 1-D, got {full.ndim}-D")
+    full = int_ids(slots, "slots")
     if full.size and (full.max() >= mapping.shape[0] - 1 or full.min() < -1):
         raise UnsupportedPDLayoutError(
             f"slots must be -1 or below the full pool's {mapping.shape[0] - 1} slots"

@@ -175,7 +175,12 @@ def _heads_of(heads: int | Mapping[int, int] | None, layer: int, label: str) -> 
             f"num_kv_heads names no count for {label} (model layer {layer}); give every "
             "attention layer's"
         )
-    return int(heads[layer])
+    count = heads[layer]
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise UnsupportedPDLayoutError(
+            f"num_kv_heads for {label} must be an int, got {type(count).__name__}"
+        )
+    return count
 
 
 def buffers(
