@@ -400,10 +400,18 @@ fn logical(
     };
     let shards = tp / replica;
     if logical % shards != 0 || logical / shards != units {
+        // Mamba2 below n_groups: vLLM and SGLang copy B and C's groups onto every rank.
+        let copied_parts = if spec.logical_parts.given().is_empty() || units * shards <= logical {
+            ""
+        } else {
+            "; a rank holding more than its share of the parts is a state whose parts are \
+             copied to every rank (Mamba2's B and C when n_groups is below TP), which pdplan \
+             does not plan: use a TP size that divides n_groups on this side"
+        };
         bail!(
             "{} holds {units} units, but a rank of TP {tp} holds {} of the buffer's \
              logical_size={logical}; check logical_size (the whole model's, not the rank's) \
-             and tp_size",
+             and tp_size{copied_parts}",
             unit_axis.describe(),
             if logical % shards == 0 {
                 (logical / shards).to_string()

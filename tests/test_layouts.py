@@ -369,7 +369,10 @@ def test_every_preset_plans_with_pipeline_stages(
 
 
 def test_one_group_mamba2_at_tp_above_one_is_refused_by_name() -> None:
-    with pytest.raises(UnsupportedPDLayoutError, match=r"layer 0 .*1 groups \(n_groups\)"):
+    with pytest.raises(
+        UnsupportedPDLayoutError,
+        match=r"layer 0 .*n_groups=1 does not split over TP 2.*divides n_groups=1",
+    ):
         model_buffer_layouts(ModelShape.preset("falcon-h1-7b"), 2, 1)
 
 

@@ -295,3 +295,76 @@ def test_nvfp4_native_scales_are_refused_by_name() -> None:
     pool.native_k_scale_buffer = [np.zeros((3, 2, 16, 2), np.uint8)]
     with pytest.raises(UnsupportedPDLayoutError, match=r"native_k_scale_buffer"):
         sglang.buffers(pool, tp_size=1)
+
+
+def minimax_sparse_pool(size: int, page: int, blocks: list[np.ndarray]) -> SimpleNamespace:
+    """SGLang's MiniMaxSparseKVPool of four layers, as its __init__ builds it: layers 0 and 2
+    dense, 1 and 3 sparse, layer 3 in disable_value_sparse_layer_ids. ``main_pool`` holds K
+    and V of all four (bf16 as bytes, (size + page, heads, 2 * dim)); layer 1's index K and V sit in
+    ``index_kv_pool``, layer 3's index K alone in ``index_k_pool`` (head_num=1,
+    idx_head_dim, the index dtype fp8)."""
+    heads, dim, idx_dim, rows = 2, 8, 16, size + page
+
+    def main_planes() -> list[np.ndarray]:
+        return [guarded_bytes((rows, heads, dim * 2), blocks) for _ in range(4)]
+
+    main = SimpleNamespace(k_buffer=main_planes(), v_buffer=main_planes(), head_num=heads,
+                           page_size=page, start_layer=0)  # fmt: skip
+    index = [guarded_bytes((rows, 1, idx_dim), blocks) for _ in range(3)]
+    return SimpleNamespace(
+        main_pool=main,
+        index_kv_pool=SimpleNamespace(k_buffer=[index[0]], v_buffer=[index[1]], page_size=page),
+        index_k_pool=SimpleNamespace(k_buffer=[index[2]], page_size=page),
+        index_kv_layer_id_mapping={1: 0},
+        index_k_layer_id_mapping={3: 0},
+        sparse_layer_id_mapping={1: 0, 3: 1},
+        page_size=page,
+    )
+
+
+def test_a_minimax_sparse_pool_moves_its_main_kv_and_index_caches() -> None:
+    """The wrapper is unwrapped, nothing left out: K and V of the four layers, then the index
+    caches layer by layer (layer 1's K and V, layer 3's K). Page size 16 -> 32 by slot maps:
+    every decode slot holds the prefill slot's bytes of the same tensor (the oracle: the
+    arrays themselves), and nothing else is written."""
+    n = 37
+    src_blocks: list[np.ndarray] = []
+    dst_blocks: list[np.ndarray] = []
+    src_pool = minimax_sparse_pool(128, 16, src_blocks)
+    dst_pool = minimax_sparse_pool(128, 32, dst_blocks)
+    rng = np.random.default_rng(5)
+
+    def tensors(pool: SimpleNamespace) -> list[np.ndarray]:
+        main = [a for pair in zip(pool.main_pool.k_buffer, pool.main_pool.v_buffer) for a in pair]
+        return [*main, pool.index_kv_pool.k_buffer[0], pool.index_kv_pool.v_buffer[0],
+                pool.index_k_pool.k_buffer[0]]  # fmt: skip
+
+    for array in tensors(src_pool):
+        array[:] = rng.integers(1, 250, array.shape, dtype=np.uint8)
+    src, dst = sglang.buffers(src_pool, tp_size=1), sglang.buffers(dst_pool, tp_size=1)
+    assert [b.layer for b in src.buffers] == [0, 0, 1, 1, 2, 2, 3, 3, 1, 1, 3]
+    assert src.base_ptrs == tuple(a.ctypes.data for a in tensors(src_pool))
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=src.buffers,
+        decode_buffers=dst.buffers,
+        token_maps=True,
+    )
+    src_slots, dst_slots = token_slots([3, 5, 6], 16, n), token_slots([1, 3], 32, n)
+    prepared = prepared_between(planner.transfer_fragments(0)[0], src, dst)
+    for s, d, length in prepared.token_descriptors(src_slots, dst_slots).as_array().tolist():
+        ctypes.memmove(d, s, length)
+    for i, (got, want) in enumerate(zip(tensors(dst_pool), tensors(src_pool))):
+        np.testing.assert_array_equal(got[dst_slots], want[src_slots], err_msg=f"tensor {i}")
+        others = np.ones(got.shape[0], dtype=bool)
+        others[dst_slots] = False
+        assert not got[others].any(), f"tensor {i} written outside the request's slots"
+    assert all((b[:32] == GUARD).all() and (b[-32:] == GUARD).all() for b in dst_blocks)
+
+
+def test_a_minimax_sparse_pool_with_a_hisparse_dense_pool_is_refused_by_name() -> None:
+    pool = minimax_sparse_pool(32, 16, [])
+    pool.dense_pool = SimpleNamespace(k_buffer=[], v_buffer=[])
+    with pytest.raises(UnsupportedPDLayoutError, match=r"dense_pool"):
+        sglang.buffers(pool, tp_size=1)

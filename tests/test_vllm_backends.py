@@ -159,6 +159,27 @@ def test_conv_states_with_speculative_taps_pair_only_with_as_many() -> None:
         PDTransferPlanner(**sides, prefill_buffers=p.buffers, decode_buffers=fewer.buffers)
 
 
+def test_mamba2_groups_copied_to_every_rank_are_refused_naming_n_groups() -> None:
+    """Below n_groups ranks vLLM copies B and C's groups onto every rank
+    (``extra_groups_for_head_shards``: n_groups=1 at TP 2 holds 2 groups, one per rank), so a
+    rank's conv holds x/TP + 2 * state_size channels, more than its share: refused naming
+    n_groups, never planned as if B and C were split."""
+    import pdplan
+    from pdplan import Mamba2Layer
+
+    heads, head_dim, state, tp = 4, 2, 3, 2
+    specs = pdplan.state_specs(Mamba2Layer(heads=heads, head_dim=head_dim, state_size=state))
+    copied = heads * head_dim // tp + 2 * state  # x's share, B and C whole
+    cache = {
+        "model.layers.0.mixer": [
+            np.zeros((6, 3, copied), np.float16),
+            np.zeros((6, heads // tp, head_dim, state), np.float32),
+        ]
+    }
+    with pytest.raises(UnsupportedPDLayoutError, match=r"copied to every rank.*n_groups"):
+        vllm.buffers(cache, backend="FLASH_ATTN", tp_size=tp, states=specs)
+
+
 def test_kda_s_fused_conv_moves_each_of_q_k_v_by_its_own_split() -> None:
     """Kimi Delta Attention keeps q, k and v's conv states as one tensor, (slots, taps,
     q | k | v) with each part split over TP on its own: state_specs(..., fused_conv=True)

@@ -462,7 +462,16 @@ fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanRe
         what,
     )?;
     split_heads(m.heads, "heads", cache, what)?;
-    split_heads(m.groups, "groups (n_groups)", cache, what)?;
+    if m.groups % cache.tp != 0 {
+        bail!(
+            "{what}: n_groups={} does not split over TP {}; at this TP vLLM and SGLang copy \
+             the B and C groups onto every rank, which pdplan does not plan yet: use a TP size \
+             that divides n_groups={}",
+            m.groups,
+            cache.tp,
+            m.groups
+        );
+    }
     let ssm = cache
         .state
         .bytes_of(product(&[m.head_dim, m.state_size], what)?, what)?;

@@ -43,6 +43,7 @@ def state_buffer(
             f"state tensor {buffer_index} of shape {shape}: no axis holds this rank's "
             f"{share} of {spec.logical_size} channels (TP {tp_size}) right after the slot "
             "axis or one row axis; check the state spec and tp_size"
+            + _copied_parts(shape, spec, share)
         )
     axes = ["page"] + ["row"] * (channel - 1) + ["channel"] + ["dim"] * (len(shape) - 1 - channel)
     return buffer_from_array(
@@ -54,6 +55,18 @@ def state_buffer(
         tp_size=tp_size,
         logical_parts=spec.logical_parts,
         layer=layer,
+    )
+
+
+def _copied_parts(shape: tuple[int, ...], spec: StateSpec, share: int) -> str:
+    """Why a rank holds more than its share of a state with parts: the runtime copied some
+    parts onto every rank (Mamba2's B and C groups below n_groups ranks)."""
+    if not spec.logical_parts or not any(share < n < spec.logical_size for n in shape[1:3]):
+        return ""
+    return (
+        "; a rank holding more than its share of the parts is a state whose parts are copied "
+        "to every rank (Mamba2's B and C when n_groups is below TP), which pdplan does not "
+        "plan: use a TP size that divides n_groups on this side"
     )
 
 

@@ -12,6 +12,9 @@ and ``swa_memory_pool.py``):
   ``layers_mapping`` (global layer -> (index in its sub-pool, whether SWA));
 - ``HybridLinearKVPool``: its ``full_kv_pool`` (layers by ``full_attention_layer_id_mapping``)
   and its ``mamba_pool``;
+- ``MiniMaxSparseKVPool``: its ``main_pool`` (every layer's K and V) and its sparse layers'
+  index caches, ``index_kv_pool`` (K and V) and ``index_k_pool`` (K only), one head a rank,
+  layers by ``index_kv_layer_id_mapping`` and ``index_k_layer_id_mapping``;
 - ``MambaPool``: ``mamba_cache.conv`` and ``mamba_cache.temporal`` of ``(layers, slots, ...)``,
   layer ``i`` being ``mamba_layer_ids[i]``.
 
@@ -29,6 +32,7 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._indexer import indexer_buffers
+from pdplan.runtimes._sglang_sparse import is_sparse_pool, sparse_pool_tensors
 from pdplan.runtimes._states import attribute, shape_of, state_buffers
 
 if TYPE_CHECKING:
@@ -135,6 +139,8 @@ def _attention(pool: Any, tp_size: int, num_kv_heads: int | None) -> list[tuple[
             *_sub_pool(pool.full_kv_pool, _local_to_global(mapping, False), tp_size, num_kv_heads),
             *_sub_pool(pool.swa_kv_pool, _local_to_global(mapping, True), tp_size, num_kv_heads),
         ]
+    if is_sparse_pool(pool):  # MiniMaxSparseKVPool: its main pool and index caches
+        return sparse_pool_tensors(pool, lambda main: _attention(main, tp_size, num_kv_heads))
     if hasattr(pool, "full_kv_pool"):  # HybridLinearKVPool: its full attention layers
         mapping = attribute(pool, "full_attention_layer_id_mapping", "HybridLinearKVPool")
         dense_to_global = {int(dense): int(layer) for layer, dense in mapping.items()}
@@ -155,7 +161,8 @@ def _attention(pool: Any, tp_size: int, num_kv_heads: int | None) -> list[tuple[
     raise UnsupportedPDLayoutError(
         f"{type(pool).__name__} is not a pool pdplan reads: expected k_buffer and v_buffer "
         "(MHATokenToKVPool), kv_buffer (MLATokenToKVPool), full_kv_pool and swa_kv_pool "
-        "(SWAKVPool), full_kv_pool (HybridLinearKVPool) or mamba_cache (MambaPool)"
+        "(SWAKVPool), full_kv_pool (HybridLinearKVPool), main_pool (MiniMaxSparseKVPool) or "
+        "mamba_cache (MambaPool)"
     )
 
 
@@ -223,8 +230,9 @@ def buffers(
     in model order are ``2k`` and ``2k + 1`` (MLA: ``k``), then the states layer by layer,
     conv first, then a quantized cache's scales layer by layer, K's then V's, then a DSA
     pool's indexer keys layer by layer as two buffers, its keys and its scales (a page of
-    every token's keys, then every token's scale). A tensor of the pool that pdplan does not
-    describe (FP4 MLA scales) is refused, naming it, never left out.
+    every token's keys, then every token's scale), then a ``MiniMaxSparseKVPool``'s index
+    caches layer by layer (index K, then index V where the layer keeps one). A tensor of the
+    pool that pdplan does not describe (FP4 MLA scales) is refused, naming it, never left out.
 
     :param pool: The rank's ``token_to_kv_pool`` (or its ``MambaPool``).
     :param tp_size: The rank's attention TP size.
@@ -307,6 +315,22 @@ def buffers(
         (t for t in tensors if t[1] == "indexer"), key=lambda t: t[0]
     ):
         built += indexer_buffers(len(built), array, pages_of, token_bytes, tp_size, layer)
+    index = sorted((t for t in tensors if t[1] in ("index_kv", "index_k")), key=lambda t: t[0])
+    for layer, _, planes in index:
+        # One index head a rank, as SGLang allocates it (head_num=1).
+        for kind, plane in zip((BufferKind.TARGET_K, BufferKind.TARGET_V), planes):
+            built.append(
+                buffer_from_array(
+                    len(built),
+                    kind,
+                    plane,
+                    ("slot", "head", "dim"),
+                    logical_size=shape_of(plane, "an index cache")[1] * tp_size,
+                    tp_size=tp_size,
+                    page_size=page_size,
+                    layer=layer,
+                )
+            )
     return CacheBuffers.of(built)
 
 
