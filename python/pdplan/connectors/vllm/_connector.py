@@ -1,0 +1,152 @@
+"""``PdplanConnector``: vLLM's connector interface mapped onto the scheduler side
+(``_scheduler``) and the worker side (``_prefill`` serves, ``_decode`` pulls)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+
+from pdplan.connectors._engines import TransferEngine, make_engine
+from pdplan.connectors.vllm._caches import describe, regions
+from pdplan.connectors.vllm._decode import DecodeRank
+from pdplan.connectors.vllm._metadata import StepMetadata
+from pdplan.connectors.vllm._prefill import PrefillRank
+from pdplan.connectors.vllm._scheduler import SchedulerSide
+from pdplan.connectors.vllm._settings import Settings
+
+logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
+
+
+class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
+    """A vLLM KV connector that plans every transfer with pdplan."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        self._settings = Settings.of(transfer.kv_connector_extra_config)
+        self._producer = bool(transfer.is_kv_producer)
+        self._consumer = bool(transfer.is_kv_consumer)
+        self._engine_id = str(transfer.engine_id)
+        parallel = vllm_config.parallel_config
+        self._scheduler: SchedulerSide | None = None
+        self._prefill: PrefillRank | None = None
+        self._decode: DecodeRank | None = None
+        self._engine: TransferEngine | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = SchedulerSide(
+                self._engine_id, self._settings, int(parallel.tensor_parallel_size)
+            )
+
+    # -- worker side --------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        from vllm.distributed.parallel_state import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
+
+        rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        cache = describe(self._vllm_config, self._kv_cache_config, kv_caches)
+        host = self._settings.side_channel_host
+        self._engine = make_engine(self._settings.engine, f"{self._engine_id}-{rank}", host)
+        self._engine.register(regions(kv_caches))
+        if self._producer:
+            port = self._settings.side_channel_port
+            self._prefill = PrefillRank(cache, rank, size, self._engine, host, port)
+        if self._consumer:
+            self._decode = DecodeRank(
+                cache, rank, size, self._engine,
+                self._settings.handshake_timeout_seconds,
+                self._settings.transfer_timeout_seconds,
+            )  # fmt: skip
+        logger.info(
+            "pdplan: rank %d of %d registered %d buffers (%s, %s)",
+            rank, size, len(cache.cache.buffers), self._settings.engine,
+            "producer" if self._producer else "consumer",
+        )  # fmt: skip
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._connector_metadata
+        if not isinstance(meta, StepMetadata):
+            return
+        if self._prefill is not None and meta.leases:
+            self._prefill.lease(meta.leases)
+        if self._decode is not None:
+            for receive in meta.receives:
+                self._decode.start(receive)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return None
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
+                      **kwargs: Any) -> None:  # fmt: skip
+        return None
+
+    def wait_for_save(self) -> None:
+        return None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        sending: set[str] = set()
+        recving: set[str] = set()
+        failed: set[str] = set()
+        if self._prefill is not None:
+            sending = self._prefill.freed()
+        if self._decode is not None:
+            self._decode.poll()
+            recving, failed, blocks = self._decode.take_finished()
+            self._load_errors = getattr(self, "_load_errors", set()) | blocks
+        return KVConnectorTransferResults(
+            finished_sending=sending, finished_recving=recving, failed_recving=failed
+        )
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending, results.finished_recving
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        blocks: set[int] = getattr(self, "_load_errors", set())
+        self._load_errors: set[int] = set()
+        return blocks
+
+    def shutdown(self) -> None:
+        if self._prefill is not None:
+            self._prefill.close()
+        if self._engine is not None:
+            self._engine.close()
+
+    # -- scheduler side -----------------------------------------------------------------
+
+    def _side(self) -> SchedulerSide:
+        if self._scheduler is None:
+            raise RuntimeError("a scheduler-side method was called on a worker's connector")
+        return self._scheduler
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        return self._side().matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        self._side().after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> StepMetadata:
+        return self._side().step()
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._side().freed(set(getattr(connector_output, "finished_sending", None) or ()))
+
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        return self._side().finished(request, block_ids)
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self._side().finished(request, block_ids)
+
+    def has_pending_block_frees(self) -> bool:
+        return self._scheduler is not None and self._scheduler.holding

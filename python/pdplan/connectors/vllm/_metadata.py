@@ -1,0 +1,32 @@
+"""What the scheduler-side connector tells the workers each step (pickled to each worker)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+try:  # vLLM's base class, so vLLM's runner accepts the object
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+except ImportError:  # pragma: no cover - the connector module refuses a missing vLLM first
+    KVConnectorMetadata = object
+
+
+@dataclass(frozen=True)
+class Receive:
+    """One decode request to pull: its local blocks (per KV cache group) and where the prefill
+    side keeps the same tokens. Empty ``local_blocks``: nothing to read, only tell the
+    prefill ranks they may free the request (an aborted request, a full local hit)."""
+
+    request_id: str
+    local_blocks: tuple[tuple[int, ...], ...]
+    remote_blocks: tuple[tuple[int, ...], ...]
+    remote: dict[str, Any]
+
+
+@dataclass
+class StepMetadata(KVConnectorMetadata):  # type: ignore[misc,valid-type]
+    """One step's work: requests to pull (decode), requests whose blocks wait for their
+    readers until a deadline (prefill: ``time.time()`` seconds)."""
+
+    receives: list[Receive] = field(default_factory=list)
+    leases: dict[str, float] = field(default_factory=dict)

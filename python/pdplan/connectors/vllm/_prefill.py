@@ -1,0 +1,122 @@
+"""A prefill rank's side of the connector: its side-channel server (the handshake and the
+decode side's "done"), and the requests whose blocks it holds until every decode rank that
+reads or must notify it is done, or their lease runs out."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan._exchange import decode_layout, encode_layout
+from pdplan._model import ParallelLayout
+from pdplan.connectors._engines import TransferEngine
+from pdplan.connectors._side_channel import SideChannelServer
+from pdplan.connectors.vllm._caches import WorkerCache
+from pdplan.connectors.vllm._identity import check_identity
+from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
+from pdplan.runtimes import vllm as vllm_adapter
+
+logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
+
+#: "done" messages kept for requests this rank has not heard of yet (they can arrive before
+#: the scheduler's lease): the oldest are dropped past this.
+MAX_EARLY_NOTICES = 65536
+
+
+class PrefillRank:
+    """Serves one prefill rank's layout and counts the decode side's notices."""
+
+    def __init__(
+        self,
+        cache: WorkerCache,
+        tp_rank: int,
+        tp_size: int,
+        engine: TransferEngine,
+        host: str,
+        port: int,
+    ) -> None:
+        self._cache = cache
+        self._tp_rank = tp_rank
+        self._layout = ParallelLayout("prefill", tp_size)
+        self._engine_metadata = engine.metadata()
+        self._frames = encode_layout(
+            self._layout,
+            cache.cache.buffers,
+            base_ptrs=cache.cache.base_ptrs,
+            limits=cache.cache.limits,
+        )
+        self._lock = threading.Lock()
+        self._notices: OrderedDict[str, list[int]] = OrderedDict()  # id -> [heard, expected]
+        self._leases: dict[str, float] = {}
+        self._server = SideChannelServer(host, port + tp_rank, self._answer)
+
+    def _answer(self, frames: list[bytes]) -> list[bytes]:
+        if frames[:1] == [b"hello"] and len(frames) == 4:
+            return self._hello(frames[1], frames[2], frames[3])
+        if frames[:1] == [b"done"] and len(frames) == 3:
+            self._done(frames[1].decode(errors="replace")[:256], frames[2])
+            return []
+        raise UnsupportedPDLayoutError("expected a hello or a done request")
+
+    def _hello(self, identity: bytes, version: bytes, payload: bytes) -> list[bytes]:
+        check_identity(self._cache.identity, identity, "decode")
+        peer = decode_layout(version, payload, max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
+        rules = vllm_adapter.conventions(
+            block_size=self._cache.block_size, kernel_block_size=self._cache.kernel_block_size
+        )
+        planner = rules.planner(
+            prefill_layout=self._layout,
+            decode_layout=peer.layout,
+            prefill_buffers=self._cache.cache.buffers,
+            decode_buffers=peer.buffers,
+        )
+        return [
+            self._cache.identity_bytes(),
+            *self._frames,
+            self._engine_metadata,
+            planner.fingerprint.encode(),
+        ]
+
+    def _done(self, request_id: str, expected: bytes) -> None:
+        try:
+            count = int(expected[:16])
+        except ValueError:
+            raise UnsupportedPDLayoutError("a done request's count is not an integer") from None
+        with self._lock:
+            heard = self._notices.setdefault(request_id, [0, count])
+            heard[0] += 1
+            heard[1] = count
+            while len(self._notices) > MAX_EARLY_NOTICES:
+                self._notices.popitem(last=False)
+
+    def lease(self, leases: dict[str, float]) -> None:
+        """Requests whose blocks this rank holds, each until its deadline (``time.time()``)."""
+        with self._lock:
+            self._leases.update(leases)
+
+    def freed(self) -> set[str]:
+        """Requests every reader is done with, or whose lease ran out: their blocks go free."""
+        now = time.time()
+        done: set[str] = set()
+        with self._lock:
+            for request_id, deadline in list(self._leases.items()):
+                heard = self._notices.get(request_id)
+                if heard is not None and heard[0] >= heard[1]:
+                    done.add(request_id)
+                elif now > deadline:
+                    logger.warning(
+                        "pdplan: request %s: no decode side read it within its lease; its "
+                        "blocks are freed",
+                        request_id,
+                    )
+                    done.add(request_id)
+            for request_id in done:
+                del self._leases[request_id]
+                self._notices.pop(request_id, None)
+        return done
+
+    def close(self) -> None:
+        self._server.close()

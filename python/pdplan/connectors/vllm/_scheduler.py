@@ -1,0 +1,113 @@
+"""The scheduler side: which requests pull from a prefill instance, which hold their blocks
+for a decode instance, and the ``kv_transfer_params`` both speak (vLLM's NixlConnector
+protocol: a proxy or router that drives NixlConnector drives this one unchanged)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pdplan.connectors.vllm._metadata import Receive, StepMetadata
+from pdplan.connectors.vllm._settings import Settings
+
+#: Keys a decode request's ``kv_transfer_params`` must carry to pull.
+REMOTE_KEYS = ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host",
+               "remote_port")  # fmt: skip
+
+
+def block_groups(block_ids: Any) -> tuple[tuple[int, ...], ...]:
+    """Block ids per KV cache group, whether vLLM gives one list or one per group."""
+    if not block_ids:
+        return ()
+    if isinstance(block_ids[0], int):
+        return (tuple(int(b) for b in block_ids),)
+    return tuple(tuple(int(b) for b in group) for group in block_ids)
+
+
+class SchedulerSide:
+    """One instance's scheduler-side state."""
+
+    def __init__(self, engine_id: str, settings: Settings, tp_size: int) -> None:
+        self.engine_id = engine_id
+        self.settings = settings
+        self.tp_size = tp_size
+        self._receives: list[Receive] = []
+        self._leases: dict[str, float] = {}
+        self._held: set[str] = set()
+
+    def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if params and params.get("do_remote_prefill"):
+            count = len(request.prompt_token_ids or ()) - num_computed_tokens
+            if count > 0:
+                return count, True
+        return 0, False
+
+    def after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill"):
+            return
+        params["do_remote_prefill"] = False
+        if not all(key in params for key in REMOTE_KEYS):
+            return
+        if num_external_tokens > 0:
+            groups = blocks.get_unhashed_block_ids_all_groups()
+            hits = [
+                sum(b.block_hash is not None and not b.is_null for b in group)
+                for group in blocks.blocks
+            ]
+            remote = block_groups(params["remote_block_ids"])
+            # Local prefix hits cover the first blocks; read only the rest, block for block.
+            local = tuple(tuple(g) for g in groups)
+            wanted = tuple(
+                tuple(r[hit : hit + len(g)]) for r, g, hit in zip(remote, local, hits)
+            )
+        else:
+            local, wanted = (), ()
+        self._receives.append(Receive(request.request_id, local, wanted, dict(params)))
+
+    def finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        params = request.kv_transfer_params
+        if not params:
+            return False, None
+        if params.get("do_remote_prefill"):
+            # Aborted before its blocks were allocated: tell the prefill side to free.
+            params["do_remote_prefill"] = False
+            if all(key in params for key in REMOTE_KEYS):
+                self._receives.append(Receive(request.request_id, (), (), dict(params)))
+            return False, None
+        if not params.get("do_remote_decode"):
+            return False, None
+        from vllm.v1.request import RequestStatus
+
+        groups = block_groups(block_ids)
+        if request.status not in (
+            RequestStatus.FINISHED_LENGTH_CAPPED,
+            RequestStatus.FINISHED_STOPPED,
+        ) or not any(groups):
+            return False, None
+        self._leases[request.request_id] = time.time() + self.settings.kv_lease_seconds
+        self._held.add(request.request_id)
+        return True, {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [list(g) for g in groups],
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": request.request_id,
+            "remote_host": self.settings.side_channel_host,
+            "remote_port": self.settings.side_channel_port,
+            "tp_size": self.tp_size,
+            "remote_num_tokens": int(request.num_computed_tokens),
+        }
+
+    def step(self) -> StepMetadata:
+        meta = StepMetadata(self._receives, self._leases)
+        self._receives, self._leases = [], {}
+        return meta
+
+    def freed(self, request_ids: set[str]) -> None:
+        self._held -= request_ids
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)

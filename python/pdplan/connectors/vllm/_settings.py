@@ -1,0 +1,61 @@
+"""The connector's settings, read from ``kv_transfer_config.kv_connector_extra_config``: every
+key optional, unknown keys refused (a misspelt key must not silently fall back)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pdplan._core import UnsupportedPDLayoutError
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``kv_connector_extra_config``'s keys."""
+
+    engine: str = "nixl"
+    """The transfer engine: ``"nixl"`` (UCX) or ``"mooncake"`` (its TCP transport)."""
+    side_channel_host: str = "127.0.0.1"
+    """Where the prefill instance's side channel listens, and what it tells decode."""
+    side_channel_port: int = 5700
+    """The prefill instance's first side-channel port: TP rank ``r`` listens on
+    ``side_channel_port + r``. Give each prefill instance on a host its own range."""
+    kv_lease_seconds: float = 120.0
+    """How long a prefill rank keeps a request's blocks for a decode side that never reads
+    them; then it frees them."""
+    handshake_timeout_seconds: float = 5.0
+    """How long a decode rank waits for a prefill rank's side channel to answer."""
+    transfer_timeout_seconds: float = 60.0
+    """How long a decode rank waits for one request's reads before reporting its blocks
+    lost (vLLM then recomputes or fails them, by ``kv_load_failure_policy``)."""
+
+    @classmethod
+    def of(cls, extra: Mapping[str, Any] | None) -> Settings:
+        given = dict(extra or {})
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise UnsupportedPDLayoutError(
+                f"kv_connector_extra_config has keys PdplanConnector does not read: {unknown}; "
+                f"known: {sorted(known)}"
+            )
+        values: dict[str, Any] = {}
+        for name, value in given.items():
+            kind = type(getattr(cls, name))
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise UnsupportedPDLayoutError(
+                    f"kv_connector_extra_config {name}={value!r} must be a {kind.__name__}"
+                )
+            values[name] = value
+        settings = cls(**values)
+        if not 0 < settings.side_channel_port < 65536:
+            raise UnsupportedPDLayoutError(
+                f"side_channel_port={settings.side_channel_port} is not a TCP port"
+            )
+        for name in ("kv_lease_seconds", "handshake_timeout_seconds", "transfer_timeout_seconds"):
+            if not getattr(settings, name) > 0:
+                raise UnsupportedPDLayoutError(f"{name} must be positive")
+        return settings

@@ -1,0 +1,154 @@
+"""Real vLLM instances for the connector's tests: a tiny random-weight model written with
+transformers, and instances started as processes of their own, driven over a local socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+from multiprocessing.connection import Listener
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+#: Per instance on this 2-core machine (vLLM's CPU backend): no thread binding, one OpenMP
+#: thread, TP 1 in one process.
+INSTANCE_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "OMP_NUM_THREADS": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_LOGGING_LEVEL": "INFO",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def write_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
+    """A tiny random-weight model in ``folder``: Llama with GQA (4 query heads, 2 KV heads of
+    64 dims), or Qwen3 (the same with q/k norms)."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        max_position_embeddings=1024, torch_dtype="bfloat16",
+    )  # fmt: skip
+    if arch == "llama":
+        config: Any = transformers.LlamaConfig(**common)
+        model: Any = transformers.LlamaForCausalLM(config)
+    elif arch == "qwen3":
+        config = transformers.Qwen3Config(**common)
+        model = transformers.Qwen3ForCausalLM(config)
+    else:
+        raise ValueError(arch)
+    # Larger weights than the default init, so greedy tokens depend on the whole context.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(8.0)
+    model.to(torch.bfloat16).save_pretrained(folder)
+    return folder
+
+
+def llm_args(model: Path, *, tp: int = 1, connector: dict[str, Any] | None = None,
+             block_size: int = 32) -> dict[str, Any]:  # fmt: skip
+    args: dict[str, Any] = {
+        "model": str(model),
+        "skip_tokenizer_init": True,
+        "tensor_parallel_size": tp,
+        "dtype": "bfloat16",
+        "block_size": block_size,
+        "max_model_len": 512,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 512,
+        "kv_cache_memory_bytes": 64 << 20,
+        "enforce_eager": True,
+        "enable_prefix_caching": False,
+        "seed": 0,
+    }
+    if connector is not None:
+        args["kv_transfer_config"] = connector
+    return args
+
+
+def pdplan_connector(role: str, port: int, engine: str = "nixl", **extra: Any) -> dict[str, Any]:
+    return {
+        "kv_connector": "PdplanConnector",
+        "kv_connector_module_path": "pdplan.connectors.vllm",
+        "kv_role": role,
+        "kv_buffer_device": "cpu",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {
+            "engine": engine, "side_channel_host": "127.0.0.1", "side_channel_port": port,
+            **extra,
+        },
+    }  # fmt: skip
+
+
+class Instance:
+    """One vLLM instance in a process of its own."""
+
+    def __init__(self, llm: dict[str, Any], log: Path, env: dict[str, str] | None = None) -> None:
+        key = secrets.token_bytes(16)
+        self._listener = Listener(("127.0.0.1", 0), authkey=key)
+        port = self._listener.address[1]
+        self.log = log
+        environment = {**os.environ, **INSTANCE_ENV, **(env or {})}
+        self._log_file = open(log, "wb")  # noqa: SIM115 - kept open while the process runs
+        self.process = subprocess.Popen(
+            [sys.executable, str(HERE / "instance.py"), str(port), key.hex(), json.dumps({"llm": llm})],
+            env=environment, stdout=self._log_file, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self._listener._listener._socket.settimeout(600)  # type: ignore[attr-defined]
+        try:
+            self._conn = self._listener.accept()
+        except OSError:
+            self.process.kill()
+            raise RuntimeError(f"the instance did not start: {self.tail()}") from None
+        kind, self.initial_free = self._conn.recv()
+        assert kind == "ready"
+
+    def tail(self, lines: int = 40) -> str:
+        self._log_file.flush()
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def call(self, command: str, args: Any = None, timeout: float = 300) -> Any:
+        self._conn.send((command, args))
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"{command} took over {timeout} s:\n{self.tail()}")
+        return self._conn.recv()
+
+    def generate(self, prompts: list[list[int]], params: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self.call("generate", {"prompts": prompts, "params": params})
+        return result
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.call("exit", timeout=30)
+            except (OSError, EOFError, TimeoutError):
+                pass
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._log_file.close()
+        self._listener.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+def prefill_params(n: int) -> list[dict[str, Any]]:
+    return [{"max_tokens": 1, "temperature": 0.0,
+             "extra_args": {"kv_transfer_params": {"do_remote_decode": True}}}] * n  # fmt: skip
+
+
+def decode_params(prefilled: list[dict[str, Any]], max_tokens: int) -> list[dict[str, Any]]:
+    return [{"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+             "extra_args": {"kv_transfer_params": p["kv_transfer_params"]}}
+            for p in prefilled]  # fmt: skip
