@@ -35,7 +35,7 @@ def write_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
     common = dict(
         vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        max_position_embeddings=1024, torch_dtype="bfloat16",
+        max_position_embeddings=1024, torch_dtype="float32",
     )  # fmt: skip
     if arch == "llama":
         config: Any = transformers.LlamaConfig(**common)
@@ -49,7 +49,7 @@ def write_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(8.0)
-    model.to(torch.bfloat16).save_pretrained(folder)
+    model.save_pretrained(folder)
     return folder
 
 
@@ -59,7 +59,7 @@ def llm_args(model: Path, *, tp: int = 1, connector: dict[str, Any] | None = Non
         "model": str(model),
         "skip_tokenizer_init": True,
         "tensor_parallel_size": tp,
-        "dtype": "bfloat16",
+        "dtype": "float32",
         "block_size": block_size,
         "max_model_len": 512,
         "max_num_seqs": 16,

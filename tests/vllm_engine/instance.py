@@ -43,6 +43,25 @@ def corrupt_kv(llm: Any) -> None:
     llm.collective_rpc(scramble)
 
 
+def generate_aborting(
+    llm: Any, prompts: list[list[int]], params: list[dict[str, Any]], abort: list[int]
+) -> dict[int, list[int]]:
+    """Adds every request at once, aborts those of ``abort`` before any step, and steps until
+    the rest finish: their tokens by index."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    for i, (ids, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), {"prompt_token_ids": ids}, SamplingParams(**p))
+    engine.abort_request([str(i) for i in abort])
+    done: dict[int, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished:
+                done[int(output.request_id)] = list(output.outputs[0].token_ids)
+    return done
+
+
 def main() -> None:
     port, key, config = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), json.loads(sys.argv[3])
     from vllm import LLM, SamplingParams
@@ -62,6 +81,8 @@ def main() -> None:
                  "finish_reason": o.outputs[0].finish_reason}
                 for o in outputs
             ])  # fmt: skip
+        elif command == "generate_aborting":
+            conn.send(generate_aborting(llm, args["prompts"], args["params"], args["abort"]))
         elif command == "free_blocks":
             conn.send(free_blocks(llm))
         elif command == "step_until":

@@ -1,0 +1,169 @@
+"""PdplanConnector inside real vLLM instances (vLLM 0.32's CPU backend): a prefill and a decode
+process decode token for token what one instance decodes, for TP 1 -> 2, 2 -> 1 and 2 -> 2
+through NIXL and a pair through Mooncake; a corrupted prefill KV changes the output (the KV is
+used, not recomputed); a mix of finished, aborted and never-read requests leaks no block on
+either side; a prefill killed after its forward pass is recomputed by the decode side, which
+says so. The oracle is vLLM itself: one instance, no connector, the same prompts.
+
+Run by scripts/test_vllm.sh (CI), which installs vLLM."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import (
+    Instance,
+    decode_params,
+    llm_args,
+    pdplan_connector,
+    prefill_params,
+    write_model,
+)
+
+MAX_TOKENS = 12
+#: Lengths crossing the 32-token block boundaries, one of exactly two blocks.
+LENGTHS = (20, 45, 64, 97)
+_ports = itertools.count(5800, 20)
+#: What the connector logs when it hands blocks back to vLLM to recompute.
+RECOMPUTED = "reported for vLLM to recompute"
+
+
+def prompts_of(lengths: tuple[int, ...], salt: int = 0) -> list[list[int]]:
+    return [[(37 * i + 11 * j + salt) % 500 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("model") / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="module")
+def reference(model: Path, logs: Path) -> dict[tuple[int, ...], list[int]]:
+    """Greedy tokens of one instance without a connector, by prompt."""
+    one = Instance(llm_args(model), logs / "reference.log")
+    try:
+        prompts = prompts_of(LENGTHS) + prompts_of(tuple(range(8, 120, 11)), salt=5)
+        greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+        outputs = one.generate(prompts, [greedy] * len(prompts))
+    finally:
+        one.close()
+    return {tuple(p): o["tokens"] for p, o in zip(prompts, outputs)}
+
+
+def pair(model: Path, logs: Path, name: str, prefill_tp: int, decode_tp: int,
+         engine: str = "nixl", **extra: Any) -> tuple[Instance, Instance]:  # fmt: skip
+    port = next(_ports)
+    prefill = Instance(
+        llm_args(model, tp=prefill_tp,
+                 connector=pdplan_connector("kv_producer", port, engine, **extra)),
+        logs / f"{name}-prefill.log",
+    )  # fmt: skip
+    try:
+        decode = Instance(
+            llm_args(model, tp=decode_tp,
+                     connector=pdplan_connector("kv_consumer", port + 10, engine)),
+            logs / f"{name}-decode.log",
+        )  # fmt: skip
+    except BaseException:
+        prefill.close()
+        raise
+    return prefill, decode
+
+
+@pytest.fixture
+def closing() -> Iterator[list[Instance]]:
+    instances: list[Instance] = []
+    yield instances
+    for instance in instances:
+        instance.close()
+
+
+def assert_no_leak(prefill: Instance, decode: Instance) -> None:
+    # The prefill frees a request's blocks when its engine steps after the decode side's
+    # notice (or the lease); step it until then.
+    freed = prefill.call("step_until", {"free": prefill.initial_free, "seconds": 60})
+    assert freed == prefill.initial_free, (freed, prefill.initial_free, prefill.tail())
+    assert decode.call("free_blocks") == decode.initial_free
+
+
+@pytest.mark.parametrize(
+    ("engine", "prefill_tp", "decode_tp"),
+    [("nixl", 1, 2), ("nixl", 2, 1), ("nixl", 2, 2), ("mooncake", 1, 1)],
+)
+def test_two_instances_decode_what_one_decodes(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance], engine: str, prefill_tp: int, decode_tp: int,
+) -> None:  # fmt: skip
+    name = f"{engine}-{prefill_tp}-{decode_tp}"
+    prefill, decode = pair(model, logs, name, prefill_tp, decode_tp, engine)
+    closing += [prefill, decode]
+    prompts = prompts_of(LENGTHS)
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    assert all(p["kv_transfer_params"]["do_remote_prefill"] for p in prefilled)
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    assert [d["tokens"] for d in decoded] == [reference[tuple(p)] for p in prompts]
+    assert RECOMPUTED not in decode.tail(400), decode.tail()
+    assert_no_leak(prefill, decode)
+
+
+def test_a_corrupted_prefill_kv_changes_what_decode_decodes(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],
+) -> None:  # fmt: skip
+    prefill, decode = pair(model, logs, "corrupt", 1, 1)
+    closing += [prefill, decode]
+    prompts = prompts_of(LENGTHS)
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    prefill.call("corrupt")
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    differing = [d["tokens"] != reference[tuple(p)] for p, d in zip(prompts, decoded)]
+    assert all(differing), differing
+
+
+def test_finished_aborted_and_unread_requests_leak_no_block(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],
+) -> None:  # fmt: skip
+    """Eleven concurrent requests of 8 to 118 tokens: the decode side aborts three before
+    they are scheduled (its connector tells the prefill side to free them), two are never
+    handed to the decode side (their lease of 5 s frees them), six decode. Both sides end
+    with every block free."""
+    prefill, decode = pair(model, logs, "leaks", 1, 1, kv_lease_seconds=5)
+    closing += [prefill, decode]
+    prompts = prompts_of(tuple(range(8, 120, 11)), salt=5)
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    handed = prompts[:-2]
+    aborted = [1, 4, 7]
+    done = decode.call("generate_aborting", {
+        "prompts": handed, "params": decode_params(prefilled[:-2], MAX_TOKENS),
+        "abort": aborted,
+    })  # fmt: skip
+    assert sorted(done) == [i for i in range(len(handed)) if i not in aborted]
+    for i, tokens in done.items():
+        assert tokens == reference[tuple(handed[i])], i
+    assert_no_leak(prefill, decode)
+
+
+def test_a_killed_prefill_is_recomputed_and_said_so(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],
+) -> None:  # fmt: skip
+    prefill, decode = pair(model, logs, "killed", 1, 1)
+    closing += [prefill, decode]
+    prompts = prompts_of(LENGTHS)
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    prefill.kill()
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    assert [d["tokens"] for d in decoded] == [reference[tuple(p)] for p in prompts]
+    log = decode.tail(400)
+    assert "did not answer" in log and RECOMPUTED in log, decode.tail()
+    assert decode.call("free_blocks") == decode.initial_free
