@@ -28,6 +28,10 @@ from pdplan.runtimes import vllm as vllm_adapter
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
+#: How long an instance none of whose ranks answered is taken as gone before it is asked
+#: again (each ask waits the handshake timeout).
+RETRY_SILENT_SECONDS = 30.0
+
 
 @dataclass
 class PrefillRankInfo:
@@ -78,6 +82,7 @@ class DecodeRank:
             block_size=cache.block_size, kernel_block_size=cache.kernel_block_size
         )
         self._peers: dict[str, Peer] = {}
+        self._silent: dict[str, float] = {}  # instances that did not answer, since when
         self._pulls: dict[str, Pull] = {}
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()
@@ -93,6 +98,9 @@ class DecodeRank:
         peer = self._peers.get(engine_id)
         if peer is not None:
             return peer
+        silent_since = self._silent.get(engine_id)
+        if silent_since is not None and time.monotonic() - silent_since < RETRY_SILENT_SECONDS:
+            raise PeerGone(f"the prefill instance at {host}:{port} did not answer lately")
         first_error: Exception | None = None
         for rank in range(max(1, tp_size)):
             try:
@@ -106,6 +114,7 @@ class DecodeRank:
                 peer.planner = peer.planner.without_prefill_ranks(peer.gone)
             self._peers[engine_id] = peer
             return peer
+        self._silent[engine_id] = time.monotonic()
         raise first_error or UnsupportedPDLayoutError(f"no prefill rank at {host}:{port}")
 
     def _first_handshake(self, host: str, port: int, rank: int, reply: list[bytes]) -> Peer:
@@ -239,9 +248,20 @@ class DecodeRank:
         return dst, src, lengths
 
     def _fail(self, receive: Receive) -> None:
-        self._load_errors.update(b for group in receive.local_blocks for b in group)
-        self._failed.add(receive.request_id)
-        self._finished.add(receive.request_id)
+        blocks = {b for group in receive.local_blocks for b in group}
+        if blocks:
+            logger.warning("pdplan: request %s: its %d blocks are reported for vLLM to "
+                           "recompute", receive.request_id, len(blocks))  # fmt: skip
+        self._load_errors.update(blocks)
+        if receive.local_blocks:
+            self._failed.add(receive.request_id)
+        self._done(receive)
+
+    def _done(self, receive: Receive) -> None:
+        # Only a request parked waiting for its blocks is reported: one without local blocks
+        # (aborted before allocation, a full local hit) only notifies.
+        if receive.local_blocks:
+            self._finished.add(receive.request_id)
 
     def poll(self) -> None:
         """Completes the requests whose reads are done, failed or timed out."""
@@ -258,7 +278,7 @@ class DecodeRank:
                              "reported for vLLM to recompute", request_id)  # fmt: skip
                 self._fail(pull.receive)
             else:
-                self._finished.add(request_id)
+                self._done(pull.receive)
             self._notify(pull.peer, pull.receive)
 
     def _notify(self, peer: Peer, receive: Receive) -> None:
