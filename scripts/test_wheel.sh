@@ -31,13 +31,14 @@ for version in 3.10 3.11 3.12 3.13; do
   "$python" -m venv "$venv"
   if [ "$version" = "$default_version" ]; then
     extras="test,engines"
-    args=()
+    # Real vLLM instances run in scripts/test_vllm.sh, in a venv with vLLM.
+    args=(-m "not vllm")
   else
     extras="test"
     # One abi3 binary for every version: its stub and the package's types are checked once,
     # on the default interpreter (mypy --strict and stubtest take about 10 s a run).
     # Without the engines, on both cores (a file a worker: some tests count module state).
-    args=(tests -m "not mooncake and not nixl" --ignore=tests/test_typing.py -n 2 --dist loadfile)
+    args=(tests -m "not mooncake and not nixl and not vllm" --ignore=tests/test_typing.py -n 2 --dist loadfile)
   fi
   echo "== CPython $version ($python): $wheel[$extras]"
   "$venv/bin/python" -m pip install -q --upgrade pip

@@ -97,9 +97,11 @@ class Instance:
         port = self._listener.address[1]
         self.log = log
         environment = {**os.environ, **INSTANCE_ENV, **(env or {})}
-        self._log_file = open(log, "wb")  # noqa: SIM115 - kept open while the process runs
+        # Kept open while the process runs.
+        self._log_file = open(log, "wb")
         self.process = subprocess.Popen(
-            [sys.executable, str(HERE / "instance.py"), str(port), key.hex(), json.dumps({"llm": llm})],
+            [sys.executable, str(HERE / "instance.py"), str(port), key.hex(),
+             json.dumps({"llm": llm})],
             env=environment, stdout=self._log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
         self._listener._listener._socket.settimeout(600)  # type: ignore[attr-defined]
@@ -121,7 +123,9 @@ class Instance:
             raise TimeoutError(f"{command} took over {timeout} s:\n{self.tail()}")
         return self._conn.recv()
 
-    def generate(self, prompts: list[list[int]], params: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def generate(
+        self, prompts: list[list[int]], params: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         result: list[dict[str, Any]] = self.call("generate", {"prompts": prompts, "params": params})
         return result
 

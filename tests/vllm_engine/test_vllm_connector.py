@@ -24,6 +24,8 @@ from harness import (
     write_model,
 )
 
+pytestmark = pytest.mark.vllm
+
 MAX_TOKENS = 12
 #: Lengths crossing the 32-token block boundaries, one of exactly two blocks.
 LENGTHS = (20, 45, 64, 97)

@@ -91,7 +91,7 @@ def ask(host: str, port: int, frames: list[bytes], timeout_seconds: float) -> li
     try:
         socket.connect(f"tcp://{host}:{port}")
         socket.send_multipart([PROTOCOL, *frames])
-        reply = socket.recv_multipart()
+        reply: list[bytes] = socket.recv_multipart()
     except zmq.Again:
         raise PeerGone(
             f"the prefill rank at {host}:{port} did not answer within {timeout_seconds} s"

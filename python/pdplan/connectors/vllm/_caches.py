@@ -36,7 +36,7 @@ def backend_name(vllm_config: Any, kv_caches: dict[str, Any]) -> str:
         layer = layers.get(name)
         backend = getattr(layer, "attn_backend", None)
         if backend is not None:
-            names.add(backend.get_name())
+            names.add(str(backend.get_name()))
     if len(names) != 1:
         raise UnsupportedPDLayoutError(
             f"PdplanConnector reads caches of one attention backend; the layers use "

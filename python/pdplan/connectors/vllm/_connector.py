@@ -39,6 +39,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._prefill: PrefillRank | None = None
         self._decode: DecodeRank | None = None
         self._engine: TransferEngine | None = None
+        self._load_errors: set[int] = set()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 self._engine_id, self._settings, int(parallel.tensor_parallel_size)
@@ -101,7 +102,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if self._decode is not None:
             self._decode.poll()
             recving, failed, blocks = self._decode.take_finished()
-            self._load_errors = getattr(self, "_load_errors", set()) | blocks
+            self._load_errors |= blocks
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving, failed_recving=failed
         )
@@ -111,8 +112,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return results.finished_sending, results.finished_recving
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        blocks: set[int] = getattr(self, "_load_errors", set())
-        self._load_errors: set[int] = set()
+        blocks, self._load_errors = self._load_errors, set()
         return blocks
 
     def shutdown(self) -> None:
@@ -128,7 +128,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             raise RuntimeError("a scheduler-side method was called on a worker's connector")
         return self._scheduler
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
         return self._side().matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:

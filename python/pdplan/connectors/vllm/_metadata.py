@@ -24,7 +24,7 @@ class Receive:
 
 
 @dataclass
-class StepMetadata(KVConnectorMetadata):  # type: ignore[misc,valid-type]
+class StepMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """One step's work: requests to pull (decode), requests whose blocks wait for their
     readers until a deadline (prefill: ``time.time()`` seconds)."""
 

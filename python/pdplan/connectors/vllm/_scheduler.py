@@ -59,9 +59,7 @@ class SchedulerSide:
             remote = block_groups(params["remote_block_ids"])
             # Local prefix hits cover the first blocks; read only the rest, block for block.
             local = tuple(tuple(g) for g in groups)
-            wanted = tuple(
-                tuple(r[hit : hit + len(g)]) for r, g, hit in zip(remote, local, hits)
-            )
+            wanted = tuple(tuple(r[hit : hit + len(g)]) for r, g, hit in zip(remote, local, hits))
         else:
             local, wanted = (), ()
         self._receives.append(Receive(request.request_id, local, wanted, dict(params)))
