@@ -25,6 +25,15 @@ INSTANCE_ENV = {
 }
 
 
+MAX_TOKENS = 12
+#: Lengths crossing the 32-token block boundaries, one of exactly two blocks.
+LENGTHS = (20, 45, 64, 97)
+
+
+def prompts_of(lengths: tuple[int, ...], salt: int = 0) -> list[list[int]]:
+    return [[(37 * i + 11 * j + salt) % 500 + 1 for j in range(n)] for i, n in enumerate(lengths)]
+
+
 def write_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
     """A tiny random-weight model in ``folder``: Llama with GQA (4 query heads, 2 KV heads of
     64 dims), or Qwen3 (the same with q/k norms)."""

@@ -16,49 +16,21 @@ from typing import Any
 
 import pytest
 from harness import (
+    LENGTHS,
+    MAX_TOKENS,
     Instance,
     decode_params,
     llm_args,
     pdplan_connector,
     prefill_params,
-    write_model,
+    prompts_of,
 )
 
 pytestmark = pytest.mark.vllm
 
-MAX_TOKENS = 12
-#: Lengths crossing the 32-token block boundaries, one of exactly two blocks.
-LENGTHS = (20, 45, 64, 97)
 _ports = itertools.count(5800, 20)
 #: What the connector logs when it hands blocks back to vLLM to recompute.
 RECOMPUTED = "reported for vLLM to recompute"
-
-
-def prompts_of(lengths: tuple[int, ...], salt: int = 0) -> list[list[int]]:
-    return [[(37 * i + 11 * j + salt) % 500 + 1 for j in range(n)] for i, n in enumerate(lengths)]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_model(tmp_path_factory.mktemp("model") / "tiny-llama")
-
-
-@pytest.fixture(scope="module")
-def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("logs")
-
-
-@pytest.fixture(scope="module")
-def reference(model: Path, logs: Path) -> dict[tuple[int, ...], list[int]]:
-    """Greedy tokens of one instance without a connector, by prompt."""
-    one = Instance(llm_args(model), logs / "reference.log")
-    try:
-        prompts = prompts_of(LENGTHS) + prompts_of(tuple(range(8, 120, 11)), salt=5)
-        greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
-        outputs = one.generate(prompts, [greedy] * len(prompts))
-    finally:
-        one.close()
-    return {tuple(p): o["tokens"] for p, o in zip(prompts, outputs)}
 
 
 def pair(model: Path, logs: Path, name: str, prefill_tp: int, decode_tp: int,
