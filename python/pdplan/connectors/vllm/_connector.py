@@ -14,12 +14,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from pdplan.connectors._engines import TransferEngine, make_engine
+from pdplan.connectors._settings import Settings
 from pdplan.connectors.vllm._caches import describe, regions
 from pdplan.connectors.vllm._decode import DecodeRank
 from pdplan.connectors.vllm._metadata import StepMetadata
 from pdplan.connectors.vllm._prefill import PrefillRank
 from pdplan.connectors.vllm._scheduler import SchedulerSide
-from pdplan.connectors.vllm._settings import Settings
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 

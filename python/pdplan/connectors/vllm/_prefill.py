@@ -13,9 +13,9 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import decode_layout, encode_layout
 from pdplan._model import ParallelLayout
 from pdplan.connectors._engines import TransferEngine
+from pdplan.connectors._identity import check_identity
 from pdplan.connectors._side_channel import SideChannelServer
 from pdplan.connectors.vllm._caches import WorkerCache
-from pdplan.connectors.vllm._identity import check_identity
 from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
 from pdplan.runtimes import vllm as vllm_adapter
 

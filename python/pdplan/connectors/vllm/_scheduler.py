@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from pdplan.connectors._settings import Settings
 from pdplan.connectors.vllm._metadata import Receive, StepMetadata
-from pdplan.connectors.vllm._settings import Settings
 
 #: Keys a decode request's ``kv_transfer_params`` must carry to pull.
 REMOTE_KEYS = ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host",
