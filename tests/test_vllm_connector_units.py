@@ -49,3 +49,46 @@ def test_an_identity_that_differs_is_refused_naming_the_first_field() -> None:
         check_identity(own, b"x" * 5000, "prefill")
     with pytest.raises(UnsupportedPDLayoutError, match=r"not JSON"):
         check_identity(own, b"{", "prefill")
+
+
+GOOD = {"remote_engine_id": "e", "remote_request_id": "r", "remote_host": "127.0.0.1",
+        "remote_port": 5600, "tp_size": 2, "remote_block_ids": [[3, 4]]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("remote_port", 70000, r"remote_port must be an integer in \[1, 65535\]"),
+        ("remote_port", "5600", r"remote_port must be an integer"),
+        ("tp_size", True, r"tp_size must be an integer"),
+        ("tp_size", 10**9, r"tp_size must be an integer in \[1, "),
+        ("remote_host", "h" * 1000, r"remote_host must be a string of 1 to 256"),
+        ("remote_engine_id", None, r"remote_engine_id must be a string"),
+    ],
+)
+def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, message: str) -> None:
+    """They come from a client through a proxy: a bad value is refused naming its key."""
+    from pdplan.connectors._transfer_params import remote_of
+
+    assert remote_of(GOOD).port == 5600
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        remote_of({**GOOD, key: value})
+
+
+@pytest.mark.parametrize(
+    ("blocks", "message"),
+    [
+        ("1,2", r"must be a list"),
+        ([[1, -2]], r"non-negative integers"),
+        ([[1, 2.0]], r"non-negative integers"),
+        ([[1], "x"], r"lists of at most"),
+        ([[1]] * 65, r"over 64 KV cache groups"),
+    ],
+)
+def test_block_ids_must_be_lists_of_non_negative_ints(blocks: object, message: str) -> None:
+    from pdplan.connectors._transfer_params import block_groups
+
+    assert block_groups([5, 6]) == ((5, 6),)
+    assert block_groups([[5], [7, 8]]) == ((5,), (7, 8))
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        block_groups(blocks)

@@ -32,6 +32,10 @@ class Settings:
 
     @classmethod
     def of(cls, extra: Mapping[str, Any] | None) -> Settings:
+        if extra is not None and not isinstance(extra, Mapping):
+            raise UnsupportedPDLayoutError(
+                f"kv_connector_extra_config must be a mapping, got {type(extra).__name__}"
+            )
         given = dict(extra or {})
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(given) - set(known))

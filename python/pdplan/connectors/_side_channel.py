@@ -84,11 +84,8 @@ def ask(host: str, port: int, frames: list[bytes], timeout_seconds: float) -> li
 
     context = zmq.Context.instance()
     socket: Any = context.socket(zmq.REQ)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-    socket.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_seconds * 1000)))
-    socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_seconds * 1000)))
     try:
+        _configure(socket, timeout_seconds)
         socket.connect(f"tcp://{host}:{port}")
         socket.send_multipart([PROTOCOL, *frames])
         reply: list[bytes] = socket.recv_multipart()
@@ -96,6 +93,8 @@ def ask(host: str, port: int, frames: list[bytes], timeout_seconds: float) -> li
         raise PeerGone(
             f"the prefill rank at {host}:{port} did not answer within {timeout_seconds} s"
         ) from None
+    except zmq.ZMQError as error:
+        raise UnsupportedPDLayoutError(f"the side channel to {host}:{port}: {error}") from None
     finally:
         socket.close()
     if len(reply) > MAX_FRAMES + 1:
@@ -104,6 +103,71 @@ def ask(host: str, port: int, frames: list[bytes], timeout_seconds: float) -> li
         message = reply[1][:4096].decode(errors="replace") if len(reply) > 1 else "no reason"
         raise UnsupportedPDLayoutError(f"the prefill rank at {host}:{port} refused: {message}")
     return reply[1:]
+
+
+def _configure(socket: Any, timeout_seconds: float) -> None:
+    import zmq
+
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+    socket.setsockopt(zmq.RCVTIMEO, max(1, int(timeout_seconds * 1000)))
+    socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_seconds * 1000)))
+
+
+class Notices:
+    """One-way notices to prefill ranks ("done"), sent by a thread of their own over sockets
+    kept open per rank, off the engine step's path. A rank that does not answer gets its
+    socket renewed and the notice is dropped (its lease frees the blocks)."""
+
+    #: Notices waiting at most; past it new ones are dropped, logged.
+    MAX_QUEUED = 65536
+
+    def __init__(self, timeout_seconds: float, on_error: Callable[[str], None]) -> None:
+        import queue
+
+        self._queue: queue.Queue[tuple[str, int, list[bytes]] | None] = queue.Queue(self.MAX_QUEUED)
+        self._timeout = timeout_seconds
+        self._on_error = on_error
+        self._thread = threading.Thread(target=self._run, name="pdplan-notices", daemon=True)
+        self._thread.start()
+
+    def send(self, host: str, port: int, frames: list[bytes]) -> None:
+        import queue
+
+        try:
+            self._queue.put_nowait((host, port, frames))
+        except queue.Full:
+            self._on_error(f"notice to {host}:{port} dropped: {self.MAX_QUEUED} waiting")
+
+    def _run(self) -> None:
+        import zmq
+
+        context = zmq.Context.instance()
+        sockets: dict[tuple[str, int], Any] = {}
+        while (item := self._queue.get()) is not None:
+            host, port, frames = item
+            socket = sockets.get((host, port))
+            try:
+                if socket is None:
+                    socket = context.socket(zmq.REQ)
+                    _configure(socket, self._timeout)
+                    socket.connect(f"tcp://{host}:{port}")
+                    sockets[(host, port)] = socket
+                socket.send_multipart([PROTOCOL, *frames])
+                reply = socket.recv_multipart()
+                if reply[:1] != [b"ok"]:
+                    self._on_error(f"{host}:{port} refused a notice")
+            except zmq.ZMQError as error:
+                self._on_error(f"notice to {host}:{port} not delivered: {error}")
+                if socket is not None:
+                    socket.close()
+                sockets.pop((host, port), None)
+        for socket in sockets.values():
+            socket.close()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=2)
 
 
 class PeerGone(UnsupportedPDLayoutError):

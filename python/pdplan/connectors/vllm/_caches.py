@@ -98,10 +98,17 @@ def group_buffers(
 
 def regions(kv_caches: dict[str, Any]) -> list[tuple[int, int]]:
     """Each backing storage once, ``(address, bytes)``: layers that view one storage (KV
-    sharing, hybrid groups) register it once."""
+    sharing, hybrid groups) register it once. Only host memory is read: caches on a device
+    are refused (NixlConnector stages them through host buffers; pdplan does not yet)."""
     seen: dict[int, int] = {}
     for value in kv_caches.values():
         for tensor in value if isinstance(value, (list, tuple)) else [value]:
+            if str(tensor.device.type) != "cpu":
+                raise UnsupportedPDLayoutError(
+                    f"PdplanConnector moves host (cpu) KV caches; this one is on "
+                    f"{tensor.device}: run the CPU backend, or use NixlConnector for device "
+                    "memory until pdplan registers it"
+                )
             storage = tensor.untyped_storage()
             address, size = int(storage.data_ptr()), int(storage.nbytes())
             seen[address] = max(size, seen.get(address, 0))

@@ -13,6 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from pdplan._core import UnsupportedPDLayoutError
 from pdplan.connectors._engines import TransferEngine, make_engine
 from pdplan.connectors._settings import Settings
 from pdplan.connectors.vllm._caches import describe, regions
@@ -31,6 +32,12 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         super().__init__(vllm_config, role, kv_cache_config)
         transfer = vllm_config.kv_transfer_config
         self._settings = Settings.of(transfer.kv_connector_extra_config)
+        device = str(getattr(transfer, "kv_buffer_device", "cpu") or "cpu")
+        if device != "cpu":
+            raise UnsupportedPDLayoutError(
+                f"PdplanConnector registers host memory; kv_buffer_device={device!r} is not "
+                "supported yet (use 'cpu' with the CPU backend)"
+            )
         self._producer = bool(transfer.is_kv_producer)
         self._consumer = bool(transfer.is_kv_consumer)
         self._engine_id = str(transfer.engine_id)
@@ -118,6 +125,8 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def shutdown(self) -> None:
         if self._prefill is not None:
             self._prefill.close()
+        if self._decode is not None:
+            self._decode.close()
         if self._engine is not None:
             self._engine.close()
 

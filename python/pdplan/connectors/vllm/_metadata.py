@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from pdplan.connectors._transfer_params import Remote
 
 try:  # vLLM's base class, so vLLM's runner accepts the object
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
@@ -15,12 +16,15 @@ except ImportError:  # pragma: no cover - the connector module refuses a missing
 class Receive:
     """One decode request to pull: its local blocks (per KV cache group) and where the prefill
     side keeps the same tokens. Empty ``local_blocks``: nothing to read, only tell the
-    prefill ranks they may free the request (an aborted request, a full local hit)."""
+    prefill ranks they may free the request (an aborted request, a full local hit).
+    ``refused``: why its ``kv_transfer_params`` cannot be read (``remote`` is then None); the
+    worker reports its blocks for vLLM to recompute."""
 
     request_id: str
     local_blocks: tuple[tuple[int, ...], ...]
     remote_blocks: tuple[tuple[int, ...], ...]
-    remote: dict[str, Any]
+    remote: Remote | None
+    refused: str = ""
 
 
 @dataclass

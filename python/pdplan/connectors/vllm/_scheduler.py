@@ -4,24 +4,16 @@ protocol: a proxy or router that drives NixlConnector drives this one unchanged)
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+from pdplan._core import UnsupportedPDLayoutError
 from pdplan.connectors._settings import Settings
+from pdplan.connectors._transfer_params import REMOTE_KEYS, block_groups, remote_of
 from pdplan.connectors.vllm._metadata import Receive, StepMetadata
 
-#: Keys a decode request's ``kv_transfer_params`` must carry to pull.
-REMOTE_KEYS = ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host",
-               "remote_port")  # fmt: skip
-
-
-def block_groups(block_ids: Any) -> tuple[tuple[int, ...], ...]:
-    """Block ids per KV cache group, whether vLLM gives one list or one per group."""
-    if not block_ids:
-        return ()
-    if isinstance(block_ids[0], int):
-        return (tuple(int(b) for b in block_ids),)
-    return tuple(tuple(int(b) for b in group) for group in block_ids)
+logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
 
 class SchedulerSide:
@@ -38,6 +30,13 @@ class SchedulerSide:
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill"):
+            try:
+                remote_of(params)
+                block_groups(params.get("remote_block_ids"))
+            except UnsupportedPDLayoutError as error:
+                logger.error("pdplan: request %s is computed here: %s", request.request_id, error)
+                params["do_remote_prefill"] = False
+                return 0, False
             count = len(request.prompt_token_ids or ()) - num_computed_tokens
             if count > 0:
                 return count, True
@@ -48,21 +47,27 @@ class SchedulerSide:
         if not params or not params.get("do_remote_prefill"):
             return
         params["do_remote_prefill"] = False
-        if not all(key in params for key in REMOTE_KEYS):
+        if not any(key in params for key in REMOTE_KEYS) and num_external_tokens == 0:
             return
+        local: tuple[tuple[int, ...], ...] = ()
         if num_external_tokens > 0:
-            groups = blocks.get_unhashed_block_ids_all_groups()
+            local = tuple(tuple(g) for g in blocks.get_unhashed_block_ids_all_groups())
+        try:
+            remote = remote_of(params)
+            groups = block_groups(params.get("remote_block_ids"))
+        except UnsupportedPDLayoutError as error:
+            # The request waits for its blocks: the worker reports them to recompute.
+            self._receives.append(Receive(request.request_id, local, (), None, str(error)))
+            return
+        wanted: tuple[tuple[int, ...], ...] = ()
+        if local:
             hits = [
                 sum(b.block_hash is not None and not b.is_null for b in group)
                 for group in blocks.blocks
             ]
-            remote = block_groups(params["remote_block_ids"])
             # Local prefix hits cover the first blocks; read only the rest, block for block.
-            local = tuple(tuple(g) for g in groups)
-            wanted = tuple(tuple(r[hit : hit + len(g)]) for r, g, hit in zip(remote, local, hits))
-        else:
-            local, wanted = (), ()
-        self._receives.append(Receive(request.request_id, local, wanted, dict(params)))
+            wanted = tuple(tuple(r[hit : hit + len(g)]) for r, g, hit in zip(groups, local, hits))
+        self._receives.append(Receive(request.request_id, local, wanted, remote))
 
     def finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         params = request.kv_transfer_params
@@ -71,14 +76,16 @@ class SchedulerSide:
         if params.get("do_remote_prefill"):
             # Aborted before its blocks were allocated: tell the prefill side to free.
             params["do_remote_prefill"] = False
-            if all(key in params for key in REMOTE_KEYS):
-                self._receives.append(Receive(request.request_id, (), (), dict(params)))
+            try:
+                self._receives.append(Receive(request.request_id, (), (), remote_of(params)))
+            except UnsupportedPDLayoutError:
+                pass  # nothing can be told to a prefill side named wrongly
             return False, None
         if not params.get("do_remote_decode"):
             return False, None
         from vllm.v1.request import RequestStatus
 
-        groups = block_groups(block_ids)
+        groups = block_groups(block_ids, "block_ids")
         if request.status not in (
             RequestStatus.FINISHED_LENGTH_CAPPED,
             RequestStatus.FINISHED_STOPPED,
