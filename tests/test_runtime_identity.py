@@ -13,8 +13,10 @@ from runtime_caches import prepared_between, sglang_mha, vllm_kv, vllm_mla
 
 from pdplan import (
     BufferKind,
+    CacheBuffers,
     ParallelLayout,
     PDTransferPlanner,
+    PreparedTransfer,
     UnsupportedPDLayoutError,
     token_slots,
 )
@@ -160,6 +162,23 @@ def guarded_bytes(shape: tuple[int, ...], blocks: list[np.ndarray]) -> np.ndarra
     return block[32 : 32 + count].reshape(shape)
 
 
+def guards_hold(blocks: list[np.ndarray]) -> bool:
+    """Whether the 32 guard bytes either side of every block are untouched."""
+    return all((b[:32] == GUARD).all() and (b[-32:] == GUARD).all() for b in blocks)
+
+
+def one_to_one(src: CacheBuffers, dst: CacheBuffers) -> PreparedTransfer:
+    """TP 1 to TP 1 with token maps: rank 0's transfer between two caches."""
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=src.buffers,
+        decode_buffers=dst.buffers,
+        token_maps=True,
+    )
+    return prepared_between(planner.transfer_fragments(0)[0], src, dst)
+
+
 def fp4_pool(*, layers: int, size: int, page_size: int, heads: int, dim: int) -> tuple:
     """SGLang's FP4 MHA pool: packed K/V of (slots, heads, dim / 2) bytes, and a scale byte for
     every 16 values of a token, kept as (slots, heads * dim / 16) (``k_scale_buffer``,
@@ -223,7 +242,7 @@ def test_fp4_scales_are_buffers_and_move_with_their_tokens() -> None:
                 got = getattr(pool, name)[layer][dst_slots]
                 want = getattr(src_pool, name)[layer][src_slots][:, part]
                 np.testing.assert_array_equal(got, want, err_msg=f"{name}[{layer}] rank {rank}")
-        assert all((b[:32] == GUARD).all() and (b[-32:] == GUARD).all() for b in blocks)
+        assert guards_hold(blocks)
 
 
 def swa_pool(size: int, swa_size: int, page: int, mapping: np.ndarray) -> SimpleNamespace:
@@ -264,14 +283,7 @@ def test_an_swa_pool_s_window_moves_by_its_own_slots() -> None:
     assert sglang.swa_buffers(src_pool, src) == (2, 3)
     src_swa, dst_swa = sglang.swa_slots(src_pool, src_full), sglang.swa_slots(dst_pool, dst_full)
     assert (src_swa[: n - window] == -1).all() and src_swa[-1] == 17 + window - 1
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 1),
-        decode_layout=ParallelLayout("decode", 1),
-        prefill_buffers=src.buffers,
-        decode_buffers=dst.buffers,
-        token_maps=True,
-    )
-    prepared = prepared_between(planner.transfer_fragments(0)[0], src, dst)
+    prepared = one_to_one(src, dst)
     for src_slots, dst_slots, chosen in ((src_full, dst_full, (0, 1)),
                                          (src_swa, dst_swa, (2, 3))):  # fmt: skip
         moved = prepared.token_descriptors(src_slots, dst_slots, buffers=chosen)
@@ -344,15 +356,8 @@ def test_a_minimax_sparse_pool_moves_its_main_kv_and_index_caches() -> None:
     src, dst = sglang.buffers(src_pool, tp_size=1), sglang.buffers(dst_pool, tp_size=1)
     assert [b.layer for b in src.buffers] == [0, 0, 1, 1, 2, 2, 3, 3, 1, 1, 3]
     assert src.base_ptrs == tuple(a.ctypes.data for a in tensors(src_pool))
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 1),
-        decode_layout=ParallelLayout("decode", 1),
-        prefill_buffers=src.buffers,
-        decode_buffers=dst.buffers,
-        token_maps=True,
-    )
     src_slots, dst_slots = token_slots([3, 5, 6], 16, n), token_slots([1, 3], 32, n)
-    prepared = prepared_between(planner.transfer_fragments(0)[0], src, dst)
+    prepared = one_to_one(src, dst)
     for s, d, length in prepared.token_descriptors(src_slots, dst_slots).as_array().tolist():
         ctypes.memmove(d, s, length)
     for i, (got, want) in enumerate(zip(tensors(dst_pool), tensors(src_pool))):
@@ -360,7 +365,7 @@ def test_a_minimax_sparse_pool_moves_its_main_kv_and_index_caches() -> None:
         others = np.ones(got.shape[0], dtype=bool)
         others[dst_slots] = False
         assert not got[others].any(), f"tensor {i} written outside the request's slots"
-    assert all((b[:32] == GUARD).all() and (b[-32:] == GUARD).all() for b in dst_blocks)
+    assert guards_hold(dst_blocks)
 
 
 def test_a_minimax_sparse_pool_with_a_hisparse_dense_pool_is_refused_by_name() -> None:

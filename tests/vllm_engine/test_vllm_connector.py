@@ -24,6 +24,7 @@ from harness import (
     pdplan_connector,
     prefill_params,
     prompts_of,
+    write_model,
 )
 
 pytestmark = pytest.mark.vllm
@@ -141,3 +142,51 @@ def test_a_killed_prefill_is_recomputed_and_said_so(
     log = decode.tail(400)
     assert "did not answer" in log and RECOMPUTED in log, decode.tail()
     assert decode.call("free_blocks") == decode.initial_free
+
+
+def test_a_second_architecture_qwen3_decodes_what_one_instance_decodes(
+    tmp_path: Path, logs: Path, closing: list[Instance]
+) -> None:
+    """Qwen3 (q/k norms before the cache): prefill TP 2 -> decode TP 1 through NIXL."""
+    model = write_model(tmp_path / "tiny-qwen3", arch="qwen3", seed=1)
+    prompts = prompts_of(LENGTHS, salt=3)
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    one = Instance(llm_args(model), logs / "qwen3-reference.log")
+    closing.append(one)
+    want = [o["tokens"] for o in one.generate(prompts, [greedy] * len(prompts))]
+    one.close()
+    prefill, decode = pair(model, logs, "qwen3-2-1", 2, 1)
+    closing += [prefill, decode]
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    assert [d["tokens"] for d in decoded] == want
+    assert RECOMPUTED not in decode.tail(400), decode.tail()
+    assert_no_leak(prefill, decode)
+
+
+def test_a_decode_side_serving_another_model_is_refused_naming_the_field(
+    model: Path, tmp_path: Path, logs: Path, closing: list[Instance]
+) -> None:
+    """Decode serves a 3-layer model, prefill the 2-layer one: the handshake names the first
+    field that differs, the requests are recomputed on the decode side (their tokens are the
+    decode model's own), neither engine crashes, and the prefill frees the unread blocks when
+    their lease runs out."""
+    other = write_model(tmp_path / "tiny-llama-3", layers=3)
+    port = next(_ports)
+    prefill = Instance(llm_args(model, connector=pdplan_connector("kv_producer", port,
+                                                                  kv_lease_seconds=3)),
+                       logs / "mismatch-prefill.log")  # fmt: skip
+    closing.append(prefill)
+    decode = Instance(llm_args(other, connector=pdplan_connector("kv_consumer", port + 10)),
+                      logs / "mismatch-decode.log")  # fmt: skip
+    closing.append(decode)
+    prompts = prompts_of(LENGTHS)
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    log = decode.tail(400)
+    assert "differs in num_layers: 3 there, 2 here" in log, decode.tail()
+    assert RECOMPUTED in log
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    own = decode.generate(prompts, [greedy] * len(prompts))
+    assert [d["tokens"] for d in decoded] == [o["tokens"] for o in own]
+    assert_no_leak(prefill, decode)

@@ -255,6 +255,25 @@ def buffers(
             mamba_pool = getattr(pool, "mamba_pool", None)
     page_size = _page_size(pool)
     built: Built = []
+
+    def token_plane(
+        kind: BufferKind, array: Any, heads: int | None, layer: int, window: int | None = None
+    ) -> None:
+        """A flat token pool's ``(slots, heads, dim)`` tensor as the next buffer."""
+        built.append(
+            buffer_from_array(
+                len(built),
+                kind,
+                array,
+                ("slot", "head", "dim"),
+                logical_size=heads,
+                tp_size=tp_size,
+                page_size=page_size,
+                layer=layer,
+                sliding_window=window,
+            )
+        )
+
     heads_of: dict[int, int] = {}
     kv = sorted((t for t in tensors if t[1] in ("kv", "mla")), key=lambda t: t[0])
     for layer, what, array in kv:
@@ -277,19 +296,7 @@ def buffers(
         heads = num_kv_heads or shape_of(array[0], "a K buffer")[1] * tp_size
         heads_of[layer] = heads
         for kind, plane in zip((BufferKind.TARGET_K, BufferKind.TARGET_V), array):
-            built.append(
-                buffer_from_array(
-                    len(built),
-                    kind,
-                    plane,
-                    ("slot", "head", "dim"),
-                    logical_size=heads,
-                    tp_size=tp_size,
-                    page_size=page_size,
-                    layer=layer,
-                    sliding_window=window,
-                )
-            )
+            token_plane(kind, plane, heads, layer, window)
     if mamba_pool is not None:
         layers, recurrent = _state_layers(mamba_pool)
         built += state_buffers(len(built), recurrent, states, tp_size, layers)
@@ -298,19 +305,8 @@ def buffers(
         key=lambda t: (t[0], t[1]),
     )
     for layer, what, array in scales:
-        built.append(
-            buffer_from_array(
-                len(built),
-                BufferKind.TARGET_K if what == "k_scale_buffer" else BufferKind.TARGET_V,
-                array,
-                ("slot", "head", "dim"),
-                logical_size=heads_of.get(layer, num_kv_heads),
-                tp_size=tp_size,
-                page_size=page_size,
-                layer=layer,
-                sliding_window=windows.get(layer),
-            )
-        )
+        kind = BufferKind.TARGET_K if what == "k_scale_buffer" else BufferKind.TARGET_V
+        token_plane(kind, array, heads_of.get(layer, num_kv_heads), layer, windows.get(layer))
     for layer, _, (array, pages_of, token_bytes) in sorted(
         (t for t in tensors if t[1] == "indexer"), key=lambda t: t[0]
     ):
@@ -319,18 +315,7 @@ def buffers(
     for layer, _, planes in index:
         # One index head a rank, as SGLang allocates it (head_num=1).
         for kind, plane in zip((BufferKind.TARGET_K, BufferKind.TARGET_V), planes):
-            built.append(
-                buffer_from_array(
-                    len(built),
-                    kind,
-                    plane,
-                    ("slot", "head", "dim"),
-                    logical_size=shape_of(plane, "an index cache")[1] * tp_size,
-                    tp_size=tp_size,
-                    page_size=page_size,
-                    layer=layer,
-                )
-            )
+            token_plane(kind, plane, shape_of(plane, "an index cache")[1] * tp_size, layer)
     return CacheBuffers.of(built)
 
 
