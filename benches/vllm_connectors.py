@@ -32,7 +32,7 @@ from harness import (  # noqa: E402
 
 from provenance import write  # noqa: E402
 
-ROUNDS = 5
+ROUNDS = 20
 PAIRS = ((1, 1), (1, 2), (2, 1), (2, 2))
 
 
