@@ -69,6 +69,36 @@ def test_cpu_slabs_move_whole_from_tp_2_to_tp_1() -> None:
         assert not tensor[untouched].any()
 
 
+def test_cpu_slabs_of_heads_replicated_over_tp_reach_every_decode_rank() -> None:
+    """One KV head at decode TP 2: vLLM keeps it whole on both ranks and each reads its own
+    (the vLLM rule), so both decode ranks end with the prefill slab of every block moved."""
+    block = 32
+    prefill = cpu_cache(6, block, 1)
+    decode = [cpu_cache(6, block, 1) for _ in range(2)]
+    rng = np.random.default_rng(8)
+    for tensor in prefill.values():
+        tensor[:] = rng.standard_normal(tensor.shape).astype(np.float16)
+    p = vllm.buffers(prefill, backend="CPU_ATTN", tp_size=1, num_kv_heads=1)
+    d = [vllm.buffers(c, backend="CPU_ATTN", tp_size=2, num_kv_heads=1) for c in decode]
+    assert {b.tp_replica_group_size for b in d[0].buffers} == {2}
+    planner = vllm.conventions(block_size=block).planner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 2),
+        prefill_buffers=p.buffers,
+        decode_buffers=d[0].buffers,
+    )
+    planner.verify()
+    src_blocks, dst_blocks = [4, 1], [0, 5]
+    for rank in range(2):
+        for fragments in planner.transfer_fragments(rank).values():
+            move(prepared_between(fragments, p, d[rank]), src_blocks, dst_blocks)
+        for name, tensor in decode[rank].items():
+            np.testing.assert_array_equal(tensor[dst_blocks], prefill[name][src_blocks])
+            assert not tensor[[b for b in range(6) if b not in dst_blocks]].any()
+    with pytest.raises(UnsupportedPDLayoutError, match=r"tp_size=3 is above the 2 KV heads"):
+        vllm.buffers(cpu_cache(6, block, 1), backend="CPU_ATTN", tp_size=3, num_kv_heads=2)
+
+
 def test_cpu_slabs_at_other_block_sizes_are_refused_naming_why() -> None:
     p = vllm.buffers(cpu_cache(4, 32, HEADS), backend="CPU_ATTN", tp_size=1, num_kv_heads=HEADS)
     d = vllm.buffers(cpu_cache(8, 16, HEADS), backend="CPU_ATTN", tp_size=1, num_kv_heads=HEADS)

@@ -34,7 +34,9 @@ def prompts_of(lengths: tuple[int, ...], salt: int = 0) -> list[list[int]]:
     return [[(37 * i + 11 * j + salt) % 500 + 1 for j in range(n)] for i, n in enumerate(lengths)]
 
 
-def write_model(folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2) -> Path:
+def write_model(
+    folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, kv_heads: int = 2
+) -> Path:
     """A tiny random-weight model in ``folder``: Llama with GQA (4 query heads, 2 KV heads of
     64 dims), or Qwen3 (the same with q/k norms)."""
     import torch
@@ -43,7 +45,7 @@ def write_model(folder: Path, arch: str = "llama", seed: int = 0, layers: int = 
     torch.manual_seed(seed)
     common = dict(
         vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=64,
         max_position_embeddings=1024, torch_dtype="float32",
     )  # fmt: skip
     if arch == "llama":

@@ -190,3 +190,32 @@ def test_a_decode_side_serving_another_model_is_refused_naming_the_field(
     own = decode.generate(prompts, [greedy] * len(prompts))
     assert [d["tokens"] for d in decoded] == [o["tokens"] for o in own]
     assert_no_leak(prefill, decode)
+
+
+@pytest.fixture(scope="module")
+def one_head_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model(tmp_path_factory.mktemp("one-head") / "tiny-llama-1kv", seed=2, kv_heads=1)
+
+
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(1, 2), (2, 1)])
+def test_one_kv_head_replicated_over_tp_moves_exactly(
+    one_head_model: Path, logs: Path, closing: list[Instance], prefill_tp: int, decode_tp: int
+) -> None:
+    """One KV head, so TP 2 keeps it whole on both ranks. Decode TP 2: each decode rank reads
+    its own copy (vLLM's rule). Prefill TP 2: the decode rank reads rank 0's copy and tells
+    rank 1, which holds the same blocks, that it is done (a notify-only rank), so neither
+    prefill rank leaks."""
+    prompts = prompts_of(LENGTHS, salt=9)
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    one = Instance(llm_args(one_head_model), logs / f"one-head-ref-{prefill_tp}.log")
+    closing.append(one)
+    want = [o["tokens"] for o in one.generate(prompts, [greedy] * len(prompts))]
+    one.close()
+    prefill, decode = pair(one_head_model, logs, f"one-head-{prefill_tp}-{decode_tp}",
+                           prefill_tp, decode_tp)  # fmt: skip
+    closing += [prefill, decode]
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    assert [d["tokens"] for d in decoded] == want
+    assert RECOMPUTED not in decode.tail(400), decode.tail()
+    assert_no_leak(prefill, decode)

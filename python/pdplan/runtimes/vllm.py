@@ -138,20 +138,27 @@ def _cpu_slabs(
             f"{label}: a CPU_ATTN KV tensor has the logical shape {BACKENDS['CPU_ATTN']}, got "
             f"{shape}"
         )
+    # More TP ranks than KV heads: each head is kept whole by tp / heads ranks (vLLM's
+    # replication), a replica group the planner reads any one of.
+    replica = tp_size // heads if 0 < heads < tp_size else 1
+    if 0 < heads < tp_size and tp_size % heads:
+        raise UnsupportedPDLayoutError(
+            f"{label}: tp_size={tp_size} is above the {heads} KV heads but not a multiple of "
+            "them: the heads cannot be replicated evenly"
+        )
     layout, base, limit = buffer_from_array(
         first,
         BufferKind.MAMBA_STATE,  # read as whole units (heads) a page, then named as K and V
         tensor,
         ("page", "head", "dim", "dim"),
         logical_size=heads,
-        tp_size=tp_size,
+        tp_size=tp_size // replica,
         layer=layer,
     )
-    return (
-        dataclasses.replace(layout, buffer_kind=BufferKind.TARGET_K, page_size=shape[2]),
-        base,
-        limit,
+    kv = dataclasses.replace(
+        layout, buffer_kind=BufferKind.TARGET_K, page_size=shape[2], tp_replica_group_size=replica
     )
+    return kv, base, limit
 
 
 def _check_layout(buffer: BufferLayout, kv_layout: str, label: str) -> None:
