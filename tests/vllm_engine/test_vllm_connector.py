@@ -171,7 +171,8 @@ def test_a_decode_side_serving_another_model_is_refused_naming_the_field(
     field that differs, the requests are recomputed on the decode side (their tokens are the
     decode model's own), neither engine crashes, and the prefill frees the unread blocks when
     their lease runs out."""
-    other = write_model(tmp_path / "tiny-llama-3", layers=3)
+    # The same name in another folder, so the first field that differs is the layer count.
+    other = write_model(tmp_path / model.name, layers=3)
     port = next(_ports)
     prefill = Instance(llm_args(model, connector=pdplan_connector("kv_producer", port,
                                                                   kv_lease_seconds=3)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from pdplan._arrays import CacheBuffers
@@ -67,7 +68,8 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         block_size=block_size,
         kernel_block_size=kernel,
         identity={
-            "model": str(model.model),
+            # The model's name, not where it lies: hosts keep one model at different paths.
+            "model": PurePath(str(model.model)).name,
             "dtype": str(model.dtype),
             "cache_dtype": str(vllm_config.cache_config.cache_dtype),
             "num_layers": len(kv_caches),
