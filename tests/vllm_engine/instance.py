@@ -13,6 +13,11 @@ import time
 from multiprocessing.connection import Client
 from typing import Any
 
+import timing
+
+# At the top, so workers vLLM forks or spawns (which import this module) are timed too.
+timing.install()
+
 
 def free_blocks(llm: Any) -> int:
     core = llm.llm_engine.engine_core.engine_core

@@ -72,7 +72,7 @@ def test_a_silent_prefill_rank_is_read_around_from_its_replica() -> None:
     try:
         remote = Remote("prefill", "req-1", "127.0.0.1", port, 2)
         ranks[1].lease({"req-1": time.time() + 60})
-        puller.start(Receive("req-1", ((4, 6),), ((1, 3),), remote))
+        puller.start([Receive("req-1", ((4, 6),), ((1, 3),), remote)])
         puller.poll()
         done, failed, lost = puller.take_finished()
         assert (done, failed, lost) == ({"req-1"}, set(), set())

@@ -86,9 +86,8 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             return
         if self._prefill is not None and meta.leases:
             self._prefill.lease(meta.leases)
-        if self._decode is not None:
-            for receive in meta.receives:
-                self._decode.start(receive)
+        if self._decode is not None and meta.receives:
+            self._decode.start(meta.receives)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None

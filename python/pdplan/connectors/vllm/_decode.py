@@ -37,10 +37,9 @@ MAX_FIRST_TRIES = 8
 
 @dataclass
 class Pull:
-    """One request's reads in flight."""
+    """One step's reads in flight, and the requests they serve (each with its peer)."""
 
-    receive: Receive
-    peer: Peer
+    requests: list[tuple[Receive, Peer]]
     handles: list[Any]
     deadline: float
 
@@ -65,7 +64,7 @@ class DecodeRank:
         self._notices = Notices(handshake_timeout, lambda m: logger.warning("pdplan: %s", m))
         self._peers: dict[str, Peer] = {}
         self._silent: dict[str, float] = {}  # instances that did not answer, since when
-        self._pulls: dict[str, Pull] = {}
+        self._pulls: list[Pull] = []
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()
         self._failed: set[str] = set()
@@ -124,36 +123,52 @@ class DecodeRank:
 
     # -- per request --------------------------------------------------------------------
 
-    def start(self, receive: Receive) -> None:
-        """Starts a request's reads (or, without local blocks, only its notices)."""
-        if receive.remote is None:
-            logger.error("pdplan: request %s cannot be read: %s", receive.request_id,
-                         receive.refused)  # fmt: skip
-            self._fail(receive)
+    def start(self, receives: list[Receive]) -> None:
+        """Starts a step's reads: one engine read a source rank for all of the step's requests
+        it serves (each read's fixed cost paid once a step, not once a request); a request
+        without local blocks only notifies."""
+        batch: list[tuple[Receive, Peer]] = []
+        parts: dict[tuple[str, int], tuple[Peer, list[tuple[Any, Any, Any]]]] = {}
+        for receive in receives:
+            if receive.remote is None:
+                logger.error("pdplan: request %s cannot be read: %s", receive.request_id,
+                             receive.refused)  # fmt: skip
+                self._fail(receive)
+                continue
+            try:
+                peer = self._peer(receive.remote)
+                sources = self._sources(peer, receive) if receive.local_blocks else []
+                pages = self._pages(receive) if sources else []
+                reads = [(rank, self._descriptors(peer, rank, pages)) for rank in sources or ()]
+            except UnsupportedPDLayoutError as error:
+                logger.error("pdplan: request %s cannot be read: %s", receive.request_id, error)
+                self._fail(receive)
+                continue
+            except Exception:  # a connector fault fails the request, never the engine
+                logger.exception("pdplan: request %s failed in the connector", receive.request_id)
+                self._fail(receive)
+                continue
+            if sources is None:
+                self._fail(receive)
+                self._notify(peer, receive)
+                continue
+            batch.append((receive, peer))
+            for rank, read in reads:
+                parts.setdefault((receive.remote.engine_id, rank), (peer, []))[1].append(read)
+        if not batch:
             return
-        try:
-            peer = self._peer(receive.remote)
-            handles = self._post(peer, receive) if receive.local_blocks else []
-        except UnsupportedPDLayoutError as error:
-            logger.error("pdplan: request %s cannot be read: %s", receive.request_id, error)
-            self._fail(receive)
-            return
-        except Exception:  # a connector fault fails the request, never the engine
-            logger.exception("pdplan: request %s failed in the connector", receive.request_id)
-            self._fail(receive)
-            return
-        if handles is None:
-            self._fail(receive)
-            self._notify(peer, receive)
-            return
-        deadline = time.monotonic() + self._transfer_timeout
-        self._pulls[receive.request_id] = Pull(receive, peer, handles, deadline)
+        handles = []
+        for (_, rank), (peer, columns) in parts.items():
+            local, remote, lengths = (np.concatenate(column) for column in zip(*columns))
+            if len(lengths):
+                handles.append(self._engine.read(peer.ranks[rank].engine, local, remote, lengths))
+        self._pulls.append(Pull(batch, handles, time.monotonic() + self._transfer_timeout))
 
-    def _post(self, peer: Peer, receive: Receive) -> list[Any] | None:
-        """Posts one read a source rank; None when something is lost (after reading around
-        the ranks that are gone)."""
+    def _sources(self, peer: Peer, receive: Receive) -> list[int] | None:
+        """The source ranks to read, each ready (its addresses known), after reading around
+        the ranks that are gone; None when something is lost."""
         while True:
-            if peer.planner.lost(self._rank):
+            if peer.lost:
                 logger.warning(
                     "pdplan: request %s: prefill ranks %s are gone and hold bytes no other "
                     "rank holds", receive.request_id, sorted(peer.gone),
@@ -161,35 +176,40 @@ class DecodeRank:
                 return None
             sources = peer.plan.target_prefill_ranks
             if all([self._source_ready(peer, p) for p in sources]):
-                break
-        handles = []
-        for rank in sources:
-            local, remote, lengths = self._descriptors(peer, rank, receive)
-            if len(lengths):
-                handles.append(self._engine.read(peer.ranks[rank].engine, local, remote, lengths))
-        return handles
+                return list(sources)
 
-    def _descriptors(self, peer: Peer, rank: int, receive: Receive) -> tuple[Any, Any, Any]:
-        own = self._cache.cache
-        prepared = peer.transfer(rank, own.base_ptrs, own.limits)
-        src, dst, lengths = [], [], []
+    def _pages(self, receive: Receive) -> list[tuple[Any, Any, tuple[int, ...]]]:
+        """Per KV cache group, the request's pages on the prefill side and here, and the
+        group's buffers: the same for every source rank, computed once."""
+        pages = []
         for group, (local, remote) in enumerate(zip(receive.local_blocks, receive.remote_blocks)):
             if len(remote) != len(local):
                 raise UnsupportedPDLayoutError(
                     f"request {receive.request_id}: the prefill side holds {len(remote)} "
                     f"blocks of group {group} for {len(local)} here"
                 )
-            part = prepared.descriptors(
-                self._rules.pages(remote),
-                self._rules.pages(local),
-                buffers=self._cache.groups[group],
+            pages.append(
+                (self._rules.pages(remote), self._rules.pages(local), self._cache.groups[group])
             )
+        return pages
+
+    def _descriptors(
+        self, peer: Peer, rank: int, pages: list[tuple[Any, Any, tuple[int, ...]]]
+    ) -> tuple[Any, Any, Any]:
+        """What this rank reads of source ``rank``: local, remote addresses and lengths."""
+        own = self._cache.cache
+        prepared = peer.transfer(rank, own.base_ptrs, own.limits)
+        src, dst, lengths = [], [], []
+        for remote, local, buffers in pages:
+            part = prepared.descriptors(remote, local, buffers=buffers)
             src.append(part.src_addrs)
             dst.append(part.dst_addrs)
             lengths.append(part.lengths)
         if not lengths:
             empty = np.zeros(0, np.uint64)
             return empty, empty, empty
+        if len(lengths) == 1:
+            return dst[0], src[0], lengths[0]
         return np.concatenate(dst), np.concatenate(src), np.concatenate(lengths)
 
     def _fail(self, receive: Receive) -> None:
@@ -210,19 +230,23 @@ class DecodeRank:
     def poll(self) -> None:
         """Completes the requests whose reads are done, failed or timed out."""
         now = time.monotonic()
-        for request_id, pull in list(self._pulls.items()):
+        waiting = []
+        for pull in self._pulls:
             states = [self._engine.state(h) for h in pull.handles]
             pull.handles = [h for h, s in zip(pull.handles, states) if s == "PROC"]
             failed = "ERR" in states or (pull.handles and now > pull.deadline)
             if pull.handles and not failed:
+                waiting.append(pull)
                 continue
-            del self._pulls[request_id]
-            if failed:
-                logger.error("pdplan: request %s: a read failed or timed out", request_id)
-                self._fail(pull.receive)
-            else:
-                self._done(pull.receive)
-            self._notify(pull.peer, pull.receive)
+            for receive, peer in pull.requests:
+                if failed:
+                    logger.error("pdplan: request %s: a read failed or timed out",
+                                 receive.request_id)  # fmt: skip
+                    self._fail(receive)
+                else:
+                    self._done(receive)
+                self._notify(peer, receive)
+        self._pulls = waiting
 
     def _notify(self, peer: Peer, receive: Receive) -> None:
         """Tells every prefill rank that holds the request's blocks that this rank is done,

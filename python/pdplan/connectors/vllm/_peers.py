@@ -51,6 +51,14 @@ class Peer:
     prepared: dict[int, PreparedTransfer] = field(default_factory=dict)
     _plan: RankTransferPlan | None = None
     _waits: dict[int, int] | None = None
+    _lost: bool | None = None
+
+    @property
+    def lost(self) -> bool:
+        """Whether the ranks gone hold bytes of this decode rank no other rank holds."""
+        if self._lost is None:
+            self._lost = bool(self.planner.lost(self.decode_rank))
+        return self._lost
 
     @property
     def plan(self) -> RankTransferPlan:
@@ -84,7 +92,7 @@ class Peer:
         self.gone.add(rank)
         self.planner = self.planner.without_prefill_ranks(self.gone)
         self.prepared.clear()
-        self._plan = self._waits = None
+        self._plan = self._waits = self._lost = None
 
     def transfer(self, rank: int, dst_bases: Any, dst_limits: Any) -> PreparedTransfer:
         """The prepared transfer from source ``rank``, built once."""
