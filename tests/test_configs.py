@@ -435,7 +435,8 @@ def test_a_sliding_window_pattern_key_makes_the_pattern_whatever_the_model_type(
         "sliding_window_pattern": 4,
     }
     got = kinds(ModelShape.from_hf_config(write(tmp_path, config)))
-    assert got == {"attention:4096": [0, 1, 2, 4, 5, 6], "attention": [3, 7]}
+    # A sliding layer sees [pos - 4096, pos]: vLLM's commandr.py keeps 4097 tokens.
+    assert got == {"attention:4097": [0, 1, 2, 4, 5, 6], "attention": [3, 7]}
 
 
 def test_not_json_at_all_is_refused_clearly(tmp_path: Path) -> None:
@@ -561,3 +562,194 @@ def test_sliding_windows_reach_the_buffers_and_turn_token_maps_on() -> None:
             prefill_buffers=prefill,
             decode_buffers=(replace(decode[0], sliding_window=64), *decode[1:]),
         )
+
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    ("quantization", "side_file", "kv_cache_dtype"),
+    [
+        # ModelOpt 0.31 and later: the KV algorithm in config.json's quantization_config.
+        ({"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}, None,
+         "float8_e4m3fn"),
+        # ModelOpt's newer scheme form (8-bit float, static scales).
+        ({"quant_method": "modelopt", "kv_cache_scheme": {"dynamic": False, "num_bits": 8,
+          "type": "float"}}, None, "float8_e4m3fn"),
+        # ModelOpt 0.29 and older: an hf_quant_config.json beside a config without one.
+        (None, {"producer": {"name": "modelopt", "version": "0.19.0"},
+                "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}},
+         "float8_e4m3fn"),
+        (None, {"producer": {"name": "modelopt"},
+                "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None}}, None),
+        # llm-compressor (compressed-tensors) with a KV scheme: vLLM's Attention caches fp8.
+        ({"quant_method": "compressed-tensors", "kv_cache_scheme": {"num_bits": 8,
+          "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}}, None,
+         "float8_e4m3fn"),
+        ({"quant_method": "compressed-tensors", "kv_cache_scheme": None}, None, None),
+        # FP8 weights alone leave vLLM's auto cache at the model's dtype.
+        ({"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic"}, None, None),
+    ],
+)  # fmt: skip
+def test_a_quantized_export_reports_its_cache_dtype_as_vllm_resolves_auto(
+    tmp_path: Path,
+    quantization: dict[str, Any] | None,
+    side_file: dict[str, Any] | None,
+    kv_cache_dtype: str | None,
+) -> None:
+    """vLLM 0.32: utils/torch_utils.py get_kv_cache_quant_algo_string and
+    resolve_kv_cache_dtype_string (ModelOpt), transformers_utils/config.py (hf_quant_config.json
+    when config.json has no quantization_config), model_executor/layers/attention/attention.py
+    (compressed-tensors' kv_cache_scheme makes the cache fp8)."""
+    config = dict(LLAMA_8B)
+    if quantization is not None:
+        config["quantization_config"] = quantization
+    folder = tmp_path / "model"
+    folder.mkdir()
+    write(folder, config)
+    if side_file is not None:
+        (folder / "hf_quant_config.json").write_text(json.dumps(side_file))
+    shape = ModelShape.from_hf_config(folder)
+    assert shape.kv_cache_dtype == kv_cache_dtype
+    assert shape.dtype == "bfloat16"
+    # K and V of 8 KV heads x 128 a token: a byte a value in fp8, two in bf16.
+    token = shape.summary()[0].token_bytes
+    assert token == 2 * 8 * 128 * (1 if kv_cache_dtype else 2)
+    # kv_cache_dtype= still overrides what the export implies.
+    assert replace(shape, kv_cache_dtype="bfloat16").summary()[0].token_bytes == 4096
+
+
+def test_a_config_file_given_directly_reads_the_quant_file_beside_it(tmp_path: Path) -> None:
+    write(tmp_path, LLAMA_8B)
+    side = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8",
+            "kv_cache_quant_algo": "FP8"}}  # fmt: skip
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(side))
+    assert ModelShape.from_hf_config(tmp_path / "config.json").kv_cache_dtype == "float8_e4m3fn"
+    (tmp_path / "hf_quant_config.json").write_text("[1, 2]")
+    with pytest.raises(UnsupportedPDLayoutError, match=r"hf_quant_config\.json"):
+        ModelShape.from_hf_config(tmp_path / "config.json")
+
+
+def read_layers(tmp_path: Path, config: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Each layer as (kind, KV heads, head dim, window), from a config written to disk."""
+    shape = ModelShape.from_hf_config(write(tmp_path, config))
+    return [
+        (layer.kind, getattr(layer, "kv_heads", None), getattr(layer, "head_dim", None),
+         getattr(layer, "sliding_window", None))
+        for layer in shape.model_layers
+    ]  # fmt: skip
+
+
+BASE = {"num_hidden_layers": 4, "num_attention_heads": 32, "hidden_size": 4096}
+
+
+@pytest.mark.parametrize(
+    ("config", "layers"),
+    [
+        # transformers 5.19 configuration_mistral.py L68, L80: 8 KV heads and a 4096 window
+        # when omitted; vLLM llama.py applies a model-wide window to every layer.
+        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"},
+         [("attention", 8, 128, 4096)] * 4),
+        ({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+          "sliding_window": None, "num_key_value_heads": None},
+         [("attention", 32, 128, None)] * 4),
+        # configuration_mixtral.py L72, L83: 8 KV heads, no window.
+        ({"architectures": ["MixtralForCausalLM"], "model_type": "mixtral"},
+         [("attention", 8, 128, None)] * 4),
+        # A Mistral 3 wrapper: text_config's model_type mistral (configuration_mistral3.py).
+        ({"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+          "text_config": {**BASE, "model_type": "mistral", "sliding_window": None,
+                          "head_dim": 128, "num_key_value_heads": 8}},
+         [("attention", 8, 128, None)] * 4),
+        # configuration_ernie4_5.py L69, L81: 2 KV heads, head dim 128 when omitted.
+        ({"architectures": ["Ernie4_5ForCausalLM"], "model_type": "ernie4_5"},
+         [("attention", 2, 128, None)] * 4),
+        # configuration_ernie4_5_moe.py L99: 4 KV heads; vLLM ernie45_moe.py L322: head_dim or
+        # hidden / heads.
+        ({"architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe"},
+         [("attention", 4, 128, None)] * 4),
+        # configuration_voxtral.py L96-107: text defaults of 8 KV heads, head dim 128.
+        ({"architectures": ["VoxtralForConditionalGeneration"], "model_type": "voxtral",
+          "text_config": {**BASE, "model_type": "llama", "hidden_size": 3072}},
+         [("attention", 8, 128, None)] * 4),
+        # configuration_dots1.py L89, L108-125: 32 KV heads; sliding (4096 by default) from
+        # max_window_layers on.
+        ({"architectures": ["Dots1ForCausalLM"], "model_type": "dots1",
+          "max_window_layers": 2},
+         [("attention", 32, 128, None)] * 2 + [("attention", 32, 128, 4096)] * 2),
+        # vLLM step3_text.py L237: one KV head; configs/step3_vl.py L59: head_dim 256.
+        ({"architectures": ["Step3TextForCausalLM"], "model_type": "step3_text"},
+         [("attention", 1, 256, None)] * 4),
+        # configuration_seed_oss.py L67, L84: 8 KV heads, head dim 128 when omitted.
+        ({"architectures": ["SeedOssForCausalLM"], "model_type": "seed_oss",
+          "hidden_size": 5120},
+         [("attention", 8, 128, None)] * 4),
+        # configuration_starcoder2.py L66: 2 KV heads; a model-wide window on every layer
+        # (vLLM engine/arg_utils.py: CacheConfig.sliding_window without layer_types).
+        ({"architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2",
+          "sliding_window": 4096},
+         [("attention", 2, 128, 4096)] * 4),
+        # configuration_smollm3.py L77, L100-113: 4 KV heads; NoPE layers (every 4th) slide
+        # when use_sliding_window and a window are set.
+        ({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+          "use_sliding_window": True, "sliding_window": 512},
+         [("attention", 4, 128, None)] * 3 + [("attention", 4, 128, 512)]),
+        # vLLM's RWConfig (transformers_utils/configs/falcon.py L71-79): hidden_size 8192 is
+        # the new decoder architecture, n_head_kv KV heads.
+        ({"architectures": ["RWForCausalLM"], "model_type": "RefinedWeb", "n_layer": 4,
+          "n_head": 128, "n_head_kv": 8, "hidden_size": 8192},
+         [("attention", 8, 64, None)] * 4),
+        # The same class below 8192: multi_query (default True), one KV head.
+        ({"architectures": ["RWForCausalLM"], "model_type": "RefinedWebModel", "n_layer": 4,
+          "n_head": 71, "hidden_size": 4544},
+         [("attention", 1, 64, None)] * 4),
+    ],
+)  # fmt: skip
+def test_keys_a_file_omits_take_its_config_class_defaults(
+    tmp_path: Path, config: dict[str, Any], layers: list[tuple[Any, ...]]
+) -> None:
+    # Wrappers name their sizes in text_config; RefinedWeb files under their own names.
+    whole = config if "text_config" in config or "n_head" in config else {**BASE, **config}
+    assert read_layers(tmp_path, whole) == layers
+
+
+@pytest.mark.parametrize(
+    ("architecture", "reason"),
+    [
+        ("BaichuanForCausalLM", "0.23"),
+        ("MllamaForConditionalGeneration", "0.10.2"),
+        ("DeepseekV4ForCausalLM", "compress_ratios"),
+        ("MiniMaxM3SparseForCausalLM", "indexer"),
+        ("GlmMoeDsaForCausalLM", "index_topk_pattern"),
+        ("Step3p5ForCausalLM", "attention_other_setting"),
+    ],
+)
+def test_architectures_no_runtime_pdplan_reads_serves_are_refused_saying_why(
+    tmp_path: Path, architecture: str, reason: str
+) -> None:
+    with pytest.raises(UnsupportedPDLayoutError, match=f"{architecture} is refused: .*{reason}"):
+        ModelShape.from_hf_config(write(tmp_path, {**BASE, "architectures": [architecture]}))
+
+
+def test_hunyuan_cross_layer_attention_is_refused_and_off_is_read(tmp_path: Path) -> None:
+    config = {
+        **BASE,
+        "architectures": ["HunYuanMoEV1ForCausalLM"],
+        "model_type": "hunyuan",
+        "num_key_value_heads": 8,
+        "attention_head_dim": 128,
+        "cla_share_factor": 2,
+    }
+    assert read_layers(tmp_path, {**config, "use_cla": False}) == [("attention", 8, 128, None)] * 4
+    with pytest.raises(UnsupportedPDLayoutError, match="use_cla"):
+        read_layers(tmp_path, {**config, "use_cla": True})
+    with pytest.raises(UnsupportedPDLayoutError, match="attention_head_dim 64"):
+        read_layers(tmp_path, {**config, "attention_head_dim": 64})

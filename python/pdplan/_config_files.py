@@ -10,10 +10,14 @@ from pathlib import Path
 from pdplan import _core
 from pdplan._core import UnsupportedPDLayoutError
 
-__all__ = ["CONFIG_NAME", "config_file", "named", "read_config_text"]
+__all__ = ["CONFIG_NAME", "QUANT_CONFIG_NAME", "config_file", "named", "read_config_text"]
 
 #: The file a model's folder keeps its config in (Hugging Face's name for it).
 CONFIG_NAME = "config.json"
+
+#: The file ModelOpt 0.29 and older keep an export's quantization config in, beside the
+#: config: read for the KV cache dtype when ``config.json`` has no quantization config.
+QUANT_CONFIG_NAME = "hf_quant_config.json"
 
 
 def config_file(path: str | os.PathLike[str]) -> Path:

@@ -219,6 +219,7 @@ def model_shape_parts(
     preset: str | None = None,
     page_size: int | None = None,
     family: str | None = None,
+    quant_config_text: str | None = None,
 ) -> tuple[
     str,
     tuple[ModelLayer, ...],
@@ -226,7 +227,9 @@ def model_shape_parts(
     tuple[str | None, str | None],
     str | None,
 ]: ...
-def model_families() -> list[tuple[str, list[str], list[str], list[str], str]]: ...
+def model_families() -> list[
+    tuple[str, list[str], list[str], list[str], str, list[tuple[str, str]]]
+]: ...
 def model_layers(shape: ModelShape) -> tuple[ModelLayer, ...]: ...
 def model_summary(
     shape: ModelShape,

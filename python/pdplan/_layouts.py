@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from pdplan import _core
-from pdplan._config_files import config_file, named, read_config_text
+from pdplan._config_files import QUANT_CONFIG_NAME, config_file, named, read_config_text
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
@@ -65,15 +65,32 @@ class ModelFamily:
     """The cache keys (of ``CACHE_KEYS``) its reader consumes."""
     source: str
     """The modeling code its rule follows."""
+    ignored: tuple[tuple[str, str], ...] = ()
+    """Cache keys its configs hold that its modeling code never reads, each with the source
+    that shows it: accepted, never read."""
+    presets: tuple[str, ...] = ()
+    """The presets (``MODEL_PRESETS``) it reads."""
 
 
 def model_families() -> tuple[ModelFamily, ...]:
     """The registry of model families. A config is read by the family its ``architectures``
     names (then its ``model_type``), or refused; ``ModelShape.from_hf_config(..., family=)``
     chooses one."""
+    presets: dict[str, list[str]] = {}
+    for preset in MODEL_PRESETS:
+        family = _core.model_shape_parts(preset=preset)[4]
+        presets.setdefault(family or "", []).append(preset)
     return tuple(
-        ModelFamily(name, tuple(archs), tuple(types), tuple(keys), source)
-        for name, archs, types, keys, source in _core.model_families()
+        ModelFamily(
+            name,
+            tuple(archs),
+            tuple(types),
+            tuple(keys),
+            source,
+            tuple((key, why) for key, why in ignored),
+            tuple(presets.get(name, ())),
+        )
+        for name, archs, types, keys, source, ignored in _core.model_families()
     )
 
 
@@ -330,7 +347,11 @@ class ModelShape:
         cache-shaping key (``CACHE_KEYS``) its family's reader does not consume.
 
         The dtype is the one the config names (``dtype`` or ``torch_dtype``), bfloat16 when it
-        names none; the KV cache dtype the config's ``kv_cache_dtype`` where it names one; the
+        names none; the KV cache dtype the config's ``kv_cache_dtype`` where it names one, else
+        the one a quantized export implies as vLLM resolves ``kv_cache_dtype="auto"`` (ModelOpt's
+        ``kv_cache_quant_algo``/``kv_cache_scheme`` in ``quantization_config`` or in an
+        ``hf_quant_config.json`` beside the config, compressed-tensors' ``kv_cache_scheme``);
+        the
         state dtype the config's ``mamba_ssm_cache_dtype`` or ``mamba_ssm_dtype`` where its
         family keeps state. Pass ``kv_cache_dtype``/``state_dtype`` with
         ``dataclasses.replace``.
@@ -344,8 +365,14 @@ class ModelShape:
         file = config_file(path)
         shown = os.fspath(path) if file == Path(path) else str(file)
         text = read_config_text(file, shown)
+        quant_text = None
+        beside = file.parent / QUANT_CONFIG_NAME
+        if beside.is_file():
+            quant_text = read_config_text(beside, str(beside))
         try:
-            parts = _core.model_shape_parts(config_text=text, page_size=page_size, family=family)
+            parts = _core.model_shape_parts(
+                config_text=text, page_size=page_size, family=family, quant_config_text=quant_text
+            )
         except UnsupportedPDLayoutError as error:
             raise named(error, shown) from None
         return cls._from_parts(parts, page_size)

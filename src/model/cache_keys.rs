@@ -45,6 +45,7 @@ pub const CACHE_KEYS: &[&str] = &[
     "multi_query",
     "multi_query_attention",
     "multi_query_group_num",
+    "num_attention_groups",
     "num_global_key_value_heads",
     "swa_num_key_value_heads",
     "attention_k_eq_v",
@@ -60,6 +61,8 @@ pub const CACHE_KEYS: &[&str] = &[
     "qk_rope_head_dim",
     // KV shared between layers.
     "num_kv_shared_layers",
+    "use_cla",
+    "cla_share_factor",
     // Latent attention and its indexer.
     "kv_lora_rank",
     "index_head_dim",
@@ -97,6 +100,12 @@ pub const CACHE_KEYS: &[&str] = &[
 /// Keys of the table every family's reader consumes: the cache's element type, where a config
 /// names one, is the model's KV cache dtype whatever the family.
 pub const UNIVERSAL_KEYS: &[&str] = &["kv_cache_dtype"];
+
+/// Keys configs write under another name too, `(alias, twin)`: a family that reads the twin
+/// reads the alias as the twin (`Config::get`), and a config holding both must give one value
+/// (`families::check_keys`). Gemma 2's published configs hold `sliding_window_size` beside
+/// `sliding_window`.
+pub const ALIASES: &[(&str, &str)] = &[("sliding_window_size", "sliding_window")];
 
 /// Whether `key` is in the table.
 pub fn is_cache_key(key: &str) -> bool {

@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::cache_keys::{is_cache_key, UNIVERSAL_KEYS};
+use super::cache_keys::{is_cache_key, ALIASES, UNIVERSAL_KEYS};
 use super::dtype::Dtype;
 use crate::error::{bail, PlanError, PlanResult};
 
@@ -119,7 +119,22 @@ impl<'a> Config<'a> {
                 self.reader
             );
         }
-        Ok(self.parts.text.get(key).filter(|v| !v.is_null()))
+        let text = self.parts.text;
+        let value = text.get(key).filter(|v| !v.is_null()).or_else(|| {
+            // A twin's other name (cache_keys.rs ALIASES), which check_keys held to agree.
+            ALIASES
+                .iter()
+                .filter(|(alias, twin)| *twin == key && !self.keys.contains(alias))
+                .find_map(|(alias, _)| text.get(*alias).filter(|v| !v.is_null()))
+        });
+        Ok(value)
+    }
+
+    /// Whether the text part names `key` at all, `null` included: config classes that default
+    /// an absent key to one value and a `null` one to another need to tell them apart.
+    pub fn names_key(&self, key: &str) -> PlanResult<bool> {
+        let _ = self.get(key)?;
+        Ok(self.parts.text.contains_key(key))
     }
 
     pub fn has(&self, key: &str) -> PlanResult<bool> {

@@ -6,7 +6,7 @@
 //! a family. Each family declares the cache keys (`cache_keys.rs`) it consumes: a config that
 //! holds another is refused, naming the key.
 
-use super::cache_keys::{CACHE_KEYS, UNIVERSAL_KEYS};
+use super::cache_keys::{ALIASES, CACHE_KEYS, UNIVERSAL_KEYS};
 use super::config::{Config, Parts};
 use super::layers::Layer;
 use super::readers::{attention as a, state as s};
@@ -16,6 +16,11 @@ impl Family {
     /// Whether the family's reader consumes `key`: one it declares, or one every reader does.
     pub fn consumes(&self, key: &str) -> bool {
         self.keys.contains(&key) || UNIVERSAL_KEYS.contains(&key)
+    }
+
+    /// Whether the family declares `key` ignored by its modeling code.
+    pub fn ignores(&self, key: &str) -> bool {
+        self.ignored.iter().any(|(k, _)| *k == key)
     }
 
     /// Every cache key it consumes: its own, then the universal ones.
@@ -39,6 +44,12 @@ pub struct Family {
     /// Where its rule comes from.
     pub source: &'static str,
     pub read: Reader,
+    /// Cache keys its configs hold that its modeling code never reads, each with the source
+    /// that shows it: accepted, never read.
+    pub ignored: &'static [(&'static str, &'static str)],
+    /// The key whose list's length is the layer count, where the family's config class counts
+    /// its layers by it (transformers' `NemotronHConfig.num_hidden_layers`).
+    pub counted_by: Option<&'static str>,
 }
 
 const STATE_DTYPES: [&str; 2] = ["mamba_ssm_cache_dtype", "mamba_ssm_dtype"];
@@ -68,19 +79,24 @@ pub const FAMILIES: &[Family] = &[
             "GraniteMoeForCausalLM",
             "GraniteMoeSharedForCausalLM",
             "ArceeForCausalLM",
+            "ApertusForCausalLM",
         ],
-        model_types: &["llama", "aquila", "internlm", "internlm2", "internlm3", "xverse", "granite", "granitemoe", "granitemoeshared", "arcee"],
+        model_types: &["llama", "aquila", "internlm", "internlm2", "internlm3", "xverse", "granite", "granitemoe", "granitemoeshared", "arcee", "apertus"],
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/llama.py LlamaAttention",
         read: a::llama,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "mistral",
-        architectures: &["MistralForCausalLM", "MixtralForCausalLM"],
-        model_types: &["mistral", "mixtral"],
+        architectures: &["MistralForCausalLM", "MixtralForCausalLM", "Ministral3ForCausalLM", "Mistral3ForConditionalGeneration"],
+        model_types: &["mistral", "mixtral", "ministral3", "mistral3"],
         keys: keys!["sliding_window", "layer_types"],
-        source: "vLLM models/llama.py LlamaAttention (Mistral runs as Llama), models/mixtral.py",
-        read: a::llama,
+        source: "vLLM models/llama.py LlamaAttention (Mistral runs as Llama), models/mixtral.py, models/mistral3.py (text_config); transformers MistralConfig (8 KV heads and a 4096 window when omitted), MixtralConfig, Ministral3Config",
+        read: a::mistral,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "phi3",
@@ -89,6 +105,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/phi3.py (a Llama subclass), models/phimoe.py",
         read: a::llama,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "qwen",
@@ -106,6 +124,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "use_sliding_window", "max_window_layers", "layer_types"],
         source: "transformers models/qwen2/configuration_qwen2.py Qwen2Config (layer_types from use_sliding_window and max_window_layers)",
         read: a::qwen,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "gemma",
@@ -114,6 +134,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys![],
         source: "vLLM models/gemma.py GemmaAttention",
         read: a::dense,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "gemma2",
@@ -122,6 +144,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "layer_types"],
         source: "transformers models/gemma2/configuration_gemma2.py Gemma2Config (odd layers global)",
         read: a::gemma2,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "gemma3",
@@ -130,6 +154,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
         source: "transformers models/gemma3/configuration_gemma3.py Gemma3TextConfig (every sliding_window_pattern-th layer global)",
         read: a::gemma3,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "gemma3n",
@@ -138,6 +164,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "sliding_window_pattern", "layer_types", "num_kv_shared_layers"],
         source: "vLLM models/gemma3n.py Gemma3nAttention (kv_sharing_target_layer_name)",
         read: a::gemma3n,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "gemma4",
@@ -146,6 +174,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "sliding_window_pattern", "layer_types", "num_kv_shared_layers", "global_head_dim", "num_global_key_value_heads", "attention_k_eq_v"],
         source: "vLLM models/gemma4.py Gemma4DecoderLayer and Gemma4Attention; transformers models/gemma4/configuration_gemma4.py Gemma4TextConfig",
         read: a::gemma4,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "cohere",
@@ -154,6 +184,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys![],
         source: "vLLM models/commandr.py CohereAttention",
         read: a::dense,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "cohere2",
@@ -162,6 +194,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
         source: "transformers models/cohere2/configuration_cohere2.py Cohere2Config (every fourth layer global)",
         read: a::cohere2,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "olmo",
@@ -170,6 +204,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys![],
         source: "vLLM models/olmo.py, olmo2.py, olmoe.py",
         read: a::dense,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "olmo3",
@@ -178,6 +214,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/olmo2.py Olmo2Attention (per-layer window from layer_types)",
         read: a::olmo3,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "exaone",
@@ -186,6 +224,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys![],
         source: "vLLM models/exaone.py ExaoneAttention",
         read: a::dense,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "exaone4",
@@ -194,6 +234,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
         source: "transformers models/exaone4/configuration_exaone4.py Exaone4Config",
         read: a::exaone4,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "glm",
@@ -202,6 +244,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys![],
         source: "vLLM models/glm.py, glm4.py, glm4_moe.py",
         read: a::dense,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "chatglm",
@@ -210,14 +254,18 @@ pub const FAMILIES: &[Family] = &[
         keys: own_keys!["multi_query_attention", "multi_query_group_num", "kv_channels"],
         source: "vLLM models/chatglm.py GLMAttention",
         read: a::chatglm,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "deepseek",
-        architectures: &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM"],
-        model_types: &["deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2"],
+        architectures: &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "Glm4MoeLiteForCausalLM"],
+        model_types: &["deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe_lite"],
         keys: keys!["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim"],
         source: "vLLM models/deepseek_v2.py DeepseekV2MLAAttention (Kimi K2 is DeepseekV3ForCausalLM)",
         read: a::deepseek,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "minimax-m2",
@@ -226,6 +274,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["attn_type_list"],
         source: "vLLM models/minimax_m2.py MiniMaxM2Attention",
         read: a::minimax_m2,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "falcon",
@@ -234,6 +284,8 @@ pub const FAMILIES: &[Family] = &[
         keys: own_keys!["multi_query", "num_kv_heads", "n_head_kv", "new_decoder_architecture"],
         source: "vLLM models/falcon.py FalconAttention",
         read: a::falcon,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "gpt-bigcode",
@@ -242,6 +294,8 @@ pub const FAMILIES: &[Family] = &[
         keys: own_keys!["multi_query"],
         source: "vLLM models/gpt_bigcode.py GPTBigCodeAttention",
         read: a::gpt_bigcode,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "llama4",
@@ -250,6 +304,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["attention_chunk_size", "no_rope_layers", "no_rope_layer_interval"],
         source: "vLLM models/llama4.py Llama4Attention (nope, ChunkedLocalAttention); transformers models/llama4/configuration_llama4.py Llama4TextConfig",
         read: a::llama4,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "nemotron-nas",
@@ -258,6 +314,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["block_configs"],
         source: "vLLM models/nemotron_nas.py DeciLMDecoderLayer",
         read: a::nemotron_nas,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "mimo-v2",
@@ -266,6 +324,13 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["v_head_dim", "hybrid_layer_pattern", "swa_num_key_value_heads", "swa_head_dim", "swa_v_head_dim", "sliding_window", "sliding_window_size"],
         source: "vLLM models/mimo_v2_flash.py MiMoV2Attention and its decoder layer (hybrid_layer_pattern[i] == 1 is sliding)",
         read: a::mimo_v2,
+        ignored: &[(
+            "attention_chunk_size",
+            "vLLM models/mimo_v2.py builds its layers from sliding_window_size and \
+             hybrid_layer_pattern alone; only ChunkedLocalAttention layers (models/llama4.py) \
+             cache by attention_chunk_size",
+        )],
+        counted_by: None,
     },
     Family {
         name: "gpt-oss",
@@ -274,14 +339,18 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/gpt_oss.py OAIAttention (sliding on layer_types' sliding_attention)",
         read: a::llama,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "nemotron-h",
         architectures: &["NemotronHForCausalLM"],
         model_types: &["nemotron_h"],
-        keys: keys!["attention_head_dim", "hybrid_override_pattern", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
-        source: "vLLM models/nemotron_h.py NemotronHMambaDecoderLayer and NemotronHAttention",
+        keys: keys!["attention_head_dim", "hybrid_override_pattern", "layers_block_type", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
+        source: "vLLM models/nemotron_h.py NemotronHMambaDecoderLayer and NemotronHAttention; transformers models/nemotron_h/configuration_nemotron_h.py NemotronHConfig (layers_block_type, else hybrid_override_pattern; the layer count is its length)",
         read: s::nemotron_h,
+        ignored: &[],
+        counted_by: Some("layers_block_type"),
     },
     Family {
         name: "jamba",
@@ -290,6 +359,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["attn_layer_period", "attn_layer_offset", "mamba_d_state", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "transformers models/jamba/configuration_jamba.py JambaConfig.layers_block_type; vLLM models/jamba.py",
         read: s::jamba,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "bamba",
@@ -298,6 +369,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["attn_layer_indices", "layers_block_type", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "transformers models/bamba/configuration_bamba.py BambaConfig.layers_block_type; vLLM models/bamba.py",
         read: s::bamba,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "granite-hybrid",
@@ -306,6 +379,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["layer_types", "mamba_n_heads", "mamba_d_head", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/granitemoehybrid.py GraniteMoeHybridModel (layer_types mamba and attention)",
         read: s::granite_hybrid,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "falcon-h1",
@@ -314,14 +389,18 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["mamba_n_heads", "mamba_d_head", "mamba_d_ssm", "mamba_d_state", "mamba_n_groups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/falcon_h1.py FalconH1ParallelHybrid",
         read: s::falcon_h1,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "mamba",
-        architectures: &["MambaForCausalLM"],
-        model_types: &["mamba"],
+        architectures: &["MambaForCausalLM", "FalconMambaForCausalLM"],
+        model_types: &["mamba", "falcon_mamba"],
         keys: own_keys!["state_size", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/mamba.py MambaDecoderLayer",
         read: s::mamba,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "mamba2",
@@ -330,6 +409,8 @@ pub const FAMILIES: &[Family] = &[
         keys: own_keys!["head_dim", "state_size", "n_groups", "conv_kernel", "expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/mamba2.py Mamba2DecoderLayer",
         read: s::mamba2_stack,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "zamba2",
@@ -338,6 +419,8 @@ pub const FAMILIES: &[Family] = &[
         keys: own_keys!["num_key_value_heads", "attention_head_dim", "layers_block_type", "hybrid_layer_ids", "n_mamba_heads", "mamba_headdim", "mamba_d_state", "mamba_ngroups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "transformers models/zamba2/configuration_zamba2.py Zamba2Config; vLLM models/zamba2.py Zamba2HybridLayer",
         read: s::zamba2,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "lfm2",
@@ -346,6 +429,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["layer_types", "full_attn_idxs", "conv_L_cache", "conv_dim"],
         source: "vLLM models/lfm2.py Lfm2ShortConvDecoderLayer; vLLM mamba_utils.py short_conv_state_shape",
         read: s::lfm2,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "qwen3-next",
@@ -354,6 +439,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/qwen3_next.py Qwen3NextDecoderLayer",
         read: s::qwen3_next,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "qwen3.5",
@@ -362,6 +449,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["layer_types", "full_attention_interval", "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/qwen3_5.py (the Qwen3-Next layers; mamba_ssm_dtype for the recurrent state)",
         read: s::qwen3_next,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "kimi-linear",
@@ -370,6 +459,8 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["linear_attn_config", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/kimi_linear.py KimiDecoderLayer; vLLM mamba_utils.py kda_state_shape",
         read: s::kimi_linear,
+        ignored: &[],
+        counted_by: None,
     },
     Family {
         name: "minimax-text-01",
@@ -378,7 +469,115 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["attn_type_list", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "vLLM models/minimax_text_01.py MiniMaxText01DecoderLayer (attn_type_list 0: lightning attention)",
         read: s::minimax_text01,
+        ignored: &[],
+        counted_by: None,
     },
+    Family {
+        name: "phi",
+        architectures: &["PhiForCausalLM"],
+        model_types: &["phi"],
+        keys: keys!["layer_types", "sliding_window"],
+        source: "transformers models/phi/configuration_phi.py PhiConfig; vLLM models/transformers/base.py _create_attention_instances (vLLM 0.32 runs it through its Transformers backend)",
+        read: a::phi,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "seed-oss",
+        architectures: &["SeedOssForCausalLM"],
+        model_types: &["seed_oss"],
+        keys: keys!["layer_types", "sliding_window"],
+        source: "transformers models/seed_oss/configuration_seed_oss.py SeedOssConfig (num_key_value_heads 8, head_dim 128 when absent); vLLM models/transformers/base.py _create_attention_instances",
+        read: a::seed_oss,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "starcoder2",
+        architectures: &["Starcoder2ForCausalLM"],
+        model_types: &["starcoder2"],
+        keys: keys!["layer_types", "sliding_window"],
+        source: "transformers models/starcoder2/configuration_starcoder2.py Starcoder2Config (num_key_value_heads 2 when absent); vLLM models/transformers/base.py _create_attention_instances, engine/arg_utils.py (a model-wide sliding_window)",
+        read: a::starcoder2,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "smollm3",
+        architectures: &["SmolLM3ForCausalLM"],
+        model_types: &["smollm3"],
+        keys: keys!["layer_types", "sliding_window", "use_sliding_window", "no_rope_layers", "no_rope_layer_interval"],
+        source: "transformers models/smollm3/configuration_smollm3.py SmolLM3Config.__post_init__ (layer_types from use_sliding_window, sliding_window and no_rope_layers); vLLM models/transformers/base.py _create_attention_instances",
+        read: a::smollm3,
+        ignored: &[(
+            "max_window_layers",
+            "transformers SmolLM3Config and modeling_smollm3.py never read it; vLLM's \
+             Transformers backend reads layer_types and sliding_window",
+        )],
+        counted_by: None,
+    },
+    Family {
+        name: "hunyuan",
+        architectures: &["HunYuanDenseV1ForCausalLM", "HunYuanMoEV1ForCausalLM"],
+        model_types: &["hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan"],
+        keys: keys!["attention_head_dim", "use_cla", "cla_share_factor", "layer_types", "sliding_window"],
+        source: "transformers models/hunyuan_v1_dense and hunyuan_v1_moe configuration classes; vLLM models/registry.py (Transformers backend) and transformers/base.py _create_attention_instances; cross-layer attention (use_cla) refused",
+        read: a::hunyuan,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "ernie4.5",
+        architectures: &["Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM"],
+        model_types: &["ernie4_5", "ernie4_5_moe"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/ernie45.py (a LlamaForCausalLM) and models/ernie45_moe.py; transformers Ernie4_5Config (2 KV heads, head_dim 128 when omitted), Ernie4_5_MoeConfig (4 KV heads)",
+        read: a::ernie45,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "voxtral",
+        architectures: &["VoxtralForConditionalGeneration"],
+        model_types: &["voxtral"],
+        keys: keys!["sliding_window", "layer_types"],
+        source: "vLLM models/voxtral.py (text_config on llama.py; the Whisper audio encoder keeps no paged cache); transformers VoxtralConfig._default_text_config_kwargs",
+        read: a::voxtral,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "dots1",
+        architectures: &["Dots1ForCausalLM"],
+        model_types: &["dots1"],
+        keys: keys!["sliding_window", "layer_types", "max_window_layers"],
+        source: "transformers models/dots1/configuration_dots1.py Dots1Config.__post_init__ (layer_types from sliding_window and max_window_layers); vLLM models/transformers/base.py _create_attention_instances (vLLM 0.32 runs it through its Transformers backend)",
+        read: a::dots1,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "step3",
+        architectures: &["Step3TextForCausalLM", "Step3VLForConditionalGeneration"],
+        model_types: &["step3_text", "step3_vl"],
+        keys: keys!["num_attention_groups"],
+        source: "vLLM models/step3_text.py Step3TextAttention (one KV head, replicated; head_dim 256 when omitted)",
+        read: a::step3,
+        ignored: &[],
+        counted_by: None,
+    },
+];
+
+/// Architectures no family reads, each with why: refused naming the reason, not only "no
+/// family".
+pub const REFUSED: &[(&str, &str)] = &[
+    ("BaichuanForCausalLM", "vLLM serves Baichuan only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS), and its remote code does not run on vLLM's Transformers backend"),
+    ("BaiChuanForCausalLM", "vLLM serves Baichuan only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS), and its remote code does not run on vLLM's Transformers backend"),
+    ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models), and no runtime pdplan reads caches its cross-attention layers' image tokens"),
+    ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to six caches a layer in vLLM (a sliding MLA cache, compressed caches of compress_ratios, their compressor states, an indexer); pdplan does not read them yet"),
+    ("MiniMaxM3SparseForCausalLM", "MiniMax-M3's sparse layers keep an indexer key cache beside their KV in vLLM; pdplan does not read it yet"),
+    ("GlmMoeDsaForCausalLM", "GLM-5's indexer cache is skipped on layers by index_topk_pattern, index_topk_freq and index_skip_topk_offset in vLLM; pdplan does not read them yet"),
+    ("Step3p5ForCausalLM", "Step-3.5 gives layers their own heads through attention_other_setting in vLLM; pdplan does not read it yet"),
 ];
 
 /// The names, for messages.
@@ -410,6 +609,14 @@ pub fn select(parts: Parts<'_>, chosen: Option<&str>) -> PlanResult<&'static Fam
             return Ok(family);
         }
     }
+    for arch in &architectures {
+        if let Some((_, why)) = REFUSED.iter().find(|(name, _)| name == arch) {
+            bail!(
+                "config.json's architecture {arch} is refused: {why}; describe its layers with \
+                 ModelShape(layer_kinds=...)"
+            );
+        }
+    }
     let model_types = parts.names("model_type")?;
     for model_type in &model_types {
         if let Some(family) = FAMILIES.iter().find(|f| f.model_types.contains(model_type)) {
@@ -431,6 +638,41 @@ pub fn select(parts: Parts<'_>, chosen: Option<&str>) -> PlanResult<&'static Fam
     )
 }
 
+/// The twin `key` is another name for, where `family` reads the twin and not `key`.
+fn twin_read(key: &str, family: &Family) -> Option<&'static str> {
+    ALIASES
+        .iter()
+        .find(|(alias, twin)| *alias == key && family.consumes(twin))
+        .map(|(_, twin)| *twin)
+}
+
+/// Keys that are a window or chunk of tokens: one as long as the context is no window.
+const WINDOW_KEYS: [&str; 4] = [
+    "sliding_window",
+    "sliding_window_size",
+    "attention_chunk_size",
+    "attention_window",
+];
+
+/// Whether `value` says the feature `key` names is off: false, an empty list, or a window as
+/// long as the model's context (`max_position_embeddings`) or longer.
+fn means_off(
+    key: &str,
+    value: &serde_json::Value,
+    part: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Bool(false) => true,
+        Value::Array(list) => list.is_empty(),
+        Value::Number(window) if WINDOW_KEYS.contains(&key) => {
+            let context = part.get("max_position_embeddings").and_then(Value::as_u64);
+            matches!((window.as_u64(), context), (Some(w), Some(c)) if w >= c)
+        }
+        _ => false,
+    }
+}
+
 /// Refuses a config holding a cache key its family does not consume, naming the key and the
 /// families that do read it; and one whose top level says other than its `text_config` about
 /// a key the reader consumes (readers read the language model's part).
@@ -449,8 +691,20 @@ pub fn check_keys(parts: Parts<'_>, family: &Family) -> PlanResult<()> {
     }
     for part in parts.each() {
         for key in CACHE_KEYS {
-            if part.get(*key).is_none_or(serde_json::Value::is_null) || family.consumes(key) {
+            let Some(value) = part.get(*key).filter(|v| !v.is_null()) else {
                 continue;
+            };
+            if family.consumes(key) || family.ignores(key) || means_off(key, value, part) {
+                continue;
+            }
+            if let Some(twin) = twin_read(key, family) {
+                match part.get(twin).filter(|v| !v.is_null()) {
+                    Some(read) if read != value => bail!(
+                        "config.json has {key} {value} and {twin} {read}: {key} is another name \
+                         for {twin}, so the two must agree; drop one or make them equal"
+                    ),
+                    _ => continue,
+                }
             }
             let readers: Vec<&str> = FAMILIES
                 .iter()

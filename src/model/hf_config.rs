@@ -3,8 +3,11 @@
 //! every cache-shaping key it holds must be one that reader consumes, and the reader follows
 //! its modeling code's rule.
 
+use serde_json::Value;
+
 use super::config::{lenient_json, Config, Parts};
 use super::families::{check_keys, select, Family};
+use super::quantization::{self, SIDE_FILE};
 use super::shape::{check_layer_count, DraftShape, ModelShape};
 use crate::error::{bail, quoted, PlanError, PlanResult};
 use crate::limits;
@@ -19,22 +22,52 @@ pub fn shape_from_hf_config(
     page_size: u64,
     family: Option<&str>,
 ) -> PlanResult<ModelShape> {
+    shape_from_hf_files(text, None, page_size, family)
+}
+
+/// `shape_from_hf_config`, with the text of `ModelOpt`'s `hf_quant_config.json` where the
+/// model's folder holds one (read for the KV cache dtype when `config.json` has no
+/// quantization config).
+pub fn shape_from_hf_files(
+    text: &str,
+    quant_text: Option<&str>,
+    page_size: u64,
+    family: Option<&str>,
+) -> PlanResult<ModelShape> {
     limits::PAGE_SIZE.check("page_size", page_size)?;
     let parsed = lenient_json(text)?;
     let parts = Parts::of(&parsed)?;
+    let side = quant_text
+        .map(|t| lenient_json(t).map_err(|e| PlanError::new(format!("{SIDE_FILE}: {e}"))))
+        .transpose()?;
     let family = select(parts, family)?;
-    read(parts, family, page_size)
+    read(parts, side.as_ref(), family, page_size)
         .map_err(|e| PlanError::new(format!("{e} (read as family {})", family.name)))
 }
 
-fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult<ModelShape> {
+fn read(
+    parts: Parts<'_>,
+    side: Option<&Value>,
+    family: &'static Family,
+    page_size: u64,
+) -> PlanResult<ModelShape> {
     check_keys(parts, family)?;
     let config = Config {
         parts,
         reader: family.name,
         keys: family.keys,
     };
-    let count = config.require(&LAYER_COUNT, "a decoder model")?;
+    let count = match family
+        .counted_by
+        .map(|key| config.list(key))
+        .transpose()?
+        .flatten()
+    {
+        // The family's config class counts its layers by this list (num_hidden_layers, where
+        // a config still names one, is ignored by it).
+        Some(list) => list.len() as u64,
+        None => config.require(&LAYER_COUNT, "a decoder model")?,
+    };
     check_layer_count(count)?;
     let layers = (family.read)(&config, count)?;
     // The SSM state's dtype, where the config names one and the runtime applies it (vLLM's
@@ -48,7 +81,11 @@ fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult
     Ok(ModelShape {
         layers,
         dtype: config.dtype()?,
-        kv_cache_dtype: config.dtype_key("kv_cache_dtype")?,
+        // A config's own kv_cache_dtype, else what a quantized export implies (vLLM's auto).
+        kv_cache_dtype: match config.dtype_key("kv_cache_dtype")? {
+            Some(named) => Some(named),
+            None => quantization::kv_cache_dtype(parts, side)?,
+        },
         state_dtype,
         page_size,
         draft: None,
@@ -56,15 +93,20 @@ fn read(parts: Parts<'_>, family: &'static Family, page_size: u64) -> PlanResult
     })
 }
 
-/// The shape of exactly one of a `config.json` text and a preset name.
+/// The shape of exactly one of a `config.json` text (with its `hf_quant_config.json` text,
+/// where there is one) and a preset name.
 pub fn shape_from(
     config_text: Option<&str>,
+    quant_text: Option<&str>,
     preset_name: Option<&str>,
     page_size: u64,
     family: Option<&str>,
 ) -> PlanResult<ModelShape> {
+    if quant_text.is_some() && config_text.is_none() {
+        bail!("{SIDE_FILE}'s text goes with a config_text");
+    }
     match (config_text, preset_name) {
-        (Some(text), None) => shape_from_hf_config(text, page_size, family),
+        (Some(text), None) => shape_from_hf_files(text, quant_text, page_size, family),
         (None, Some(name)) => preset(name, page_size),
         _ => bail!("give exactly one of config_text and preset"),
     }
@@ -266,5 +308,92 @@ mod tests {
             None
         )
         .is_err());
+    }
+
+    #[test]
+    fn values_meaning_off_are_accepted_aliases_must_agree_and_ignored_keys_are_declared() {
+        let base = r#""num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+            "num_key_value_heads": 2, "max_position_embeddings": 4096"#;
+        let read = |extra: &str| {
+            shape_from_hf_config(
+                &format!(
+                    r#"{{"architectures": ["Qwen3NextForCausalLM"], {base},
+                    "layer_types": ["linear_attention", "full_attention"],
+                    "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+                    "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+                    "linear_conv_kernel_dim": 4{extra}}}"#
+                ),
+                16,
+                None,
+            )
+        };
+        // Qwen3-Next's reader does not read use_sliding_window: false is off, true refused.
+        assert_eq!(
+            read(r#", "use_sliding_window": false"#)
+                .unwrap()
+                .layers
+                .len(),
+            2
+        );
+        let on = read(r#", "use_sliding_window": true"#).unwrap_err();
+        assert!(on.message().contains("use_sliding_window"), "{on}");
+        // An empty list and a window as long as the context are off too; a shorter one is not.
+        assert!(read(r#", "hybrid_layer_ids": []"#).is_ok());
+        assert!(read(r#", "sliding_window": 4096"#).is_ok());
+        let window = read(r#", "sliding_window": 4095"#).unwrap_err();
+        assert!(window.message().contains("sliding_window"), "{window}");
+
+        // Gemma 2 reads sliding_window; sliding_window_size is its other name.
+        let gemma2 = |extra: &str| {
+            shape_from_hf_config(
+                &format!(
+                    r#"{{"architectures": ["Gemma2ForCausalLM"], {base}, "head_dim": 16{extra}}}"#
+                ),
+                16,
+                None,
+            )
+        };
+        let both = gemma2(r#", "sliding_window": 64, "sliding_window_size": 64"#).unwrap();
+        let alone = gemma2(r#", "sliding_window_size": 64"#).unwrap();
+        assert_eq!(both.layers, alone.layers);
+        assert_eq!(
+            both.layers,
+            gemma2(r#", "sliding_window": 64"#).unwrap().layers
+        );
+        let apart = gemma2(r#", "sliding_window": 64, "sliding_window_size": 32"#).unwrap_err();
+        assert!(
+            apart.message().contains("sliding_window_size") && apart.message().contains("agree"),
+            "{apart}"
+        );
+
+        // MiMo-V2 declares attention_chunk_size ignored (its modeling code never reads it).
+        let family = super::super::families::by_name("mimo-v2").unwrap();
+        assert!(family.ignores("attention_chunk_size"));
+        assert!(!family.consumes("attention_chunk_size"));
+    }
+
+    #[test]
+    fn nemotron_3_configs_count_their_layers_by_layers_block_type() {
+        let mamba = r#""mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
+            "n_groups": 2, "conv_kernel": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 32"#;
+        let listed = format!(
+            r#"{{"architectures": ["NemotronHForCausalLM"], {mamba},
+                "layers_block_type": ["mamba", "moe", "full_attention", "linear_attention", "mlp"]}}"#
+        );
+        let by_list = shape_from_hf_config(&listed, 16, None).unwrap();
+        let pattern = format!(
+            r#"{{"architectures": ["NemotronHForCausalLM"], {mamba}, "num_hidden_layers": 5,
+                "hybrid_override_pattern": "ME*M-"}}"#
+        );
+        assert_eq!(
+            by_list.layers,
+            shape_from_hf_config(&pattern, 16, None).unwrap().layers
+        );
+        assert!(matches!(by_list.layers[2], Layer::Attention(_)));
+        assert!(matches!(by_list.layers[3], Layer::Mamba2(_)));
+        let odd = listed.replace("\"mlp\"", "\"cross_attention\"");
+        let err = shape_from_hf_config(&odd, 16, None).unwrap_err();
+        assert!(err.message().contains("layers_block_type[4]"), "{err}");
     }
 }

@@ -167,25 +167,31 @@ type ShapeParts<'py> = (
 );
 
 /// A config's or a preset's shape, as the parts `ModelShape` is built of: its dtype, its
-/// layers and its draft model (layers, KV heads, head dim).
+/// layers and its draft model (layers, KV heads, head dim). `quant_config_text`: `ModelOpt`'s
+/// `hf_quant_config.json` beside the config, where there is one.
 #[pyfunction]
-#[pyo3(signature = (config_text=None, preset=None, page_size=None, family=None))]
+#[pyo3(signature = (config_text=None, preset=None, page_size=None, family=None, quant_config_text=None))]
 fn model_shape_parts<'py>(
     py: Python<'py>,
     config_text: Option<&Bound<'py, PyAny>>,
     preset: Option<&Bound<'py, PyAny>>,
     page_size: Option<&Bound<'py, PyAny>>,
     family: Option<&Bound<'py, PyAny>>,
+    quant_config_text: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<ShapeParts<'py>> {
     let shape = || -> Converted<model::ModelShape> {
         let page_size = page_size.map_or(Ok(16), |v| to_u64(v, "page_size"))?;
         let config = config_text
             .map(|v| string_arg(v, "config_text"))
             .transpose()?;
+        let quant = quant_config_text
+            .map(|v| string_arg(v, "quant_config_text"))
+            .transpose()?;
         let name = preset.map(|v| string_arg(v, "preset")).transpose()?;
         let family = family.map(|v| string_arg(v, "family")).transpose()?;
         model::shape_from(
             config.as_deref(),
+            quant.as_deref(),
             name.as_deref(),
             page_size,
             family.as_deref(),
@@ -205,13 +211,15 @@ fn model_shape_parts<'py>(
     ))
 }
 
-/// One row per model family: (name, architectures, model types, cache keys read, source).
+/// One row per model family: (name, architectures, model types, cache keys read, source,
+/// keys its modeling code never reads with the source that shows it).
 type FamilyRow = (
     &'static str,
     Vec<&'static str>,
     Vec<&'static str>,
     Vec<&'static str>,
     &'static str,
+    Vec<(&'static str, &'static str)>,
 );
 
 /// The registry of model families, in order.
@@ -226,6 +234,7 @@ fn model_families() -> Vec<FamilyRow> {
                 f.model_types.to_vec(),
                 f.consumed_keys(),
                 f.source,
+                f.ignored.to_vec(),
             )
         })
         .collect()

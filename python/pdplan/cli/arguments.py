@@ -179,7 +179,11 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--layers", type=_positive)
     model.add_argument("--kv-heads", type=_positive)
     model.add_argument("--head-dim", type=_positive)
-    model.add_argument("--dtype", default="bfloat16", help="bfloat16, float16, float32, fp8")
+    model.add_argument(
+        "--dtype",
+        help="the model's dtype: bfloat16 (default with the shape options), float16, float32; "
+        "with --model or --config it replaces the config's",
+    )
     model.add_argument("--page-size", type=_positive, default=16, help="tokens a page (16)")
     model.add_argument(
         "--kv-cache-dtype",

@@ -157,10 +157,12 @@ def shape_of(args: argparse.Namespace) -> ModelShape:
     elif any(x is None for x in explicit):
         raise UserError("--layers, --kv-heads and --head-dim go together")
     else:
-        shape = ModelShape(args.layers, args.kv_heads, args.head_dim, args.dtype, args.page_size)
+        dtype = args.dtype or "bfloat16"
+        shape = ModelShape(args.layers, args.kv_heads, args.head_dim, dtype, args.page_size)
     # The config's dtypes stand unless the command names others.
     return replace(
         shape,
+        dtype=args.dtype or shape.dtype,
         kv_cache_dtype=args.kv_cache_dtype or shape.kv_cache_dtype,
         state_dtype=args.state_dtype or shape.state_dtype,
     )

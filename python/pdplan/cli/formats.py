@@ -87,6 +87,10 @@ def print_families(output_format: str) -> None:
         print(f"{family.name}: {', '.join(family.architectures)}")
         print(f"  model types: {', '.join(family.model_types)}")
         print(f"  cache keys read: {', '.join(family.keys)}")
+        for key, why in family.ignored:
+            print(f"  ignored: {key} ({why})")
+        if family.presets:
+            print(f"  presets: {', '.join(family.presets)}")
         print(f"  rule: {family.source}")
 
 

@@ -21,20 +21,57 @@ const NEMOTRON_MAMBA: MambaKeys = MambaKeys {
     conv: &["conv_kernel"],
 };
 
-/// Nemotron-H and Nemotron-3 (vLLM `nemotron_h.py`): `hybrid_override_pattern`, a letter a
-/// layer: `M` Mamba2, `*` attention, `-` MLP, `E` `MoE`.
+/// Nemotron-H and Nemotron-3 (vLLM `nemotron_h.py`; transformers `NemotronHConfig`): a kind a
+/// layer, from `layers_block_type` (`linear_attention` Mamba2, `full_attention`, `moe`, `mlp`;
+/// the legacy `mamba` and `attention` too) or else `hybrid_override_pattern`, a letter a layer
+/// (`M` Mamba2, `*` attention, `-` MLP, `E` `MoE`). transformers reads the list where both are
+/// given, and vLLM's pattern is derived from it.
 pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let key = "hybrid_override_pattern";
-    let Some(text) = c.str(key)? else {
-        bail!("config.json: a Nemotron-H config must have {key}");
+    let kinds_of: Vec<usize> = if let Some(list) = c.layer_list("layers_block_type", count)? {
+        list.iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let kind = match v.as_str() {
+                    Some("full_attention" | "attention") => 0,
+                    Some("linear_attention" | "mamba") => 1,
+                    Some("moe" | "mlp") => 2,
+                    _ => bail!(
+                        "config.json: layers_block_type[{i}] is {v}; pdplan reads \
+                         linear_attention (mamba), full_attention (attention), moe and mlp"
+                    ),
+                };
+                Ok(kind)
+            })
+            .collect::<PlanResult<_>>()?
+    } else {
+        let key = "hybrid_override_pattern";
+        let Some(text) = c.str(key)? else {
+            bail!("config.json: a Nemotron-H config must have layers_block_type or {key}");
+        };
+        let letters: Vec<char> = text.chars().collect();
+        if letters.len() as u64 != count {
+            bail!(
+                "config.json: {key} has {} layers but num_hidden_layers is {count}",
+                letters.len()
+            );
+        }
+        letters
+            .iter()
+            .enumerate()
+            .map(|(i, letter)| {
+                let kind = match letter {
+                    '*' => 0,
+                    'M' => 1,
+                    '-' | 'E' => 2,
+                    other => bail!(
+                        "config.json: {key}[{i}] is {other:?}; pdplan reads M (Mamba2), * \
+                         (attention), - (MLP) and E (MoE)"
+                    ),
+                };
+                Ok(kind)
+            })
+            .collect::<PlanResult<_>>()?
     };
-    let letters: Vec<char> = text.chars().collect();
-    if letters.len() as u64 != count {
-        bail!(
-            "config.json: {key} has {} layers but num_hidden_layers is {count}",
-            letters.len()
-        );
-    }
     let _ = c.u64("expand")?;
     let keys = AttentionKeys {
         head_dim: &["head_dim", "attention_head_dim"],
@@ -44,15 +81,12 @@ pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let mamba = || Ok(Layer::Mamba2(mamba2(c, &NEMOTRON_MAMBA, None)?));
     let kinds: [&dyn Fn() -> PlanResult<Layer>; 3] = [&attention, &mamba, &|| Ok(Layer::Mlp)];
     by_kind(count, &kinds, |i| {
-        match letters[usize::try_from(i).unwrap_or(0)] {
-            '*' => Ok(0),
-            'M' => Ok(1),
-            '-' | 'E' => Ok(2),
-            other => bail!(
-                "config.json: {key}[{i}] is {other:?}; pdplan reads M (Mamba2), * (attention), - \
-             (MLP) and E (MoE)"
-            ),
-        }
+        let at = usize::try_from(i).unwrap_or(usize::MAX);
+        kinds_of.get(at).copied().ok_or_else(|| {
+            PlanError::new(format!(
+                "config.json: layer {i} has no kind (a bug in pdplan)"
+            ))
+        })
     })
 }
 
