@@ -48,52 +48,94 @@ def nixl_connector(role: str) -> dict[str, Any]:
     return {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
 
 
-def measure(model: Path, logs: Path, connector: str, prefill_tp: int, decode_tp: int,
-            port: int) -> tuple[list[float], list[float]]:  # fmt: skip
-    """Decode times to first token, and every request's transfer time, after a warm-up."""
+class Pair:
+    """One connector's prefill and decode instances."""
 
-    def config(role: str, side_port: int) -> dict[str, Any]:
-        if connector == "pdplan":
-            return pdplan_connector(role, side_port)
-        return nixl_connector(role)
+    def __init__(self, model: Path, logs: Path, connector: str, prefill_tp: int,
+                 decode_tp: int, port: int) -> None:  # fmt: skip
+        def config(role: str, side_port: int) -> dict[str, Any]:
+            if connector == "pdplan":
+                return pdplan_connector(role, side_port)
+            if connector == "pdplan-spin":  # NIXL's own progress loop, as NixlConnector runs it
+                return pdplan_connector(role, side_port, nixl_progress_delay_us=0)
+            return nixl_connector(role)
 
-    env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}
-    name = f"{connector}-{prefill_tp}-{decode_tp}"
-    prefill = Instance(llm_args(model, tp=prefill_tp, connector=config("kv_producer", port)),
-                       logs / f"{name}-p.log", env)  # fmt: skip
-    times_file = str(logs / f"{name}-transfers.txt")
-    decode_env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port + 10), timing.ENV: times_file}
-    decode = Instance(llm_args(model, tp=decode_tp, connector=config("kv_consumer", port + 10)),
-                      logs / f"{name}-d.log", decode_env)  # fmt: skip
-    times, transfers = [], []
-    try:
-        for round_ in range(ROUNDS + 1):  # the first round warms up (handshakes)
-            prompts = prompts_of(LENGTHS, salt=round_)
-            prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
-            start = time.perf_counter()
-            decode.generate(prompts, decode_params(prefilled, 1))
-            elapsed = time.perf_counter() - start
-            moved = timing.read(times_file)
-            # A request computed on the decode side instead would be timed too short: every
-            # request must have been received through the connector.
-            if len(moved) != len(prompts):
-                raise RuntimeError(f"{name}: {len(moved)} of {len(prompts)} requests were "
-                                   f"received through the connector:\n{decode.tail()}")  # fmt: skip
-            if round_:
-                times.append(elapsed)
-                transfers.extend(moved)
-    finally:
-        decode.close()
-        prefill.close()
-    print(name, "ms:", " ".join(f"{t * 1e3:.1f}" for t in times), flush=True)
-    return times, transfers
+        self.name = f"{connector}-{prefill_tp}-{decode_tp}"
+        env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}
+        self.prefill = Instance(
+            llm_args(model, tp=prefill_tp, connector=config("kv_producer", port)),
+            logs / f"{self.name}-p.log", env,
+        )  # fmt: skip
+        self.times_file = str(logs / f"{self.name}-transfers.txt")
+        decode_env = {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port + 10), timing.ENV: self.times_file}
+        self.decode = Instance(
+            llm_args(model, tp=decode_tp, connector=config("kv_consumer", port + 10)),
+            logs / f"{self.name}-d.log", decode_env,
+        )  # fmt: skip
+        self.times: list[float] = []
+        self.transfers: list[float] = []
+
+    def round(self, salt: int, kept: bool) -> None:
+        """Prefills a batch, then times the decode side's first token; ``kept`` records it."""
+        prompts = prompts_of(LENGTHS, salt=salt)
+        prefilled = self.prefill.generate(prompts, prefill_params(len(prompts)))
+        start = time.perf_counter()
+        self.decode.generate(prompts, decode_params(prefilled, 1))
+        elapsed = time.perf_counter() - start
+        moved = timing.read(self.times_file)
+        # A request computed on the decode side instead would be timed too short: every
+        # request must have been received through the connector.
+        if len(moved) != len(prompts):
+            raise RuntimeError(
+                f"{self.name}: {len(moved)} of {len(prompts)} requests were received through "
+                f"the connector:\n{self.decode.tail()}"
+            )
+        if kept:
+            self.times.append(elapsed)
+            self.transfers.extend(moved)
+
+    def close(self) -> None:
+        self.decode.close()
+        self.prefill.close()
+
+
+def measure(model: Path, logs: Path, prefill_tp: int, decode_tp: int, port: int,
+            nixl_first: bool) -> dict[str, Pair]:  # fmt: skip
+    """Each connector's pair on its own (only its instances up: an idle NIXL agent keeps a
+    core busy, and another pair's would weigh on this one's figures), the first round a
+    warm-up (handshakes). Which connector goes first alternates from pair to pair, so a drift
+    in what else runs on this shared machine weighs on both. A connector that cannot serve
+    the pair is left out."""
+    pairs: dict[str, Pair] = {}
+    order = ("nixl", "pdplan", "pdplan-spin")
+    order = order if nixl_first else order[::-1]
+    for offset, connector in enumerate(order):
+        pair = None
+        try:
+            pair = Pair(model, logs, connector, prefill_tp, decode_tp, port + 20 * offset)
+            for round_ in range(ROUNDS + 1):
+                pair.round(round_, kept=round_ > 0)
+            pairs[connector] = pair
+            print(pair.name, "ms:", " ".join(f"{t * 1e3:.1f}" for t in pair.times), flush=True)
+        except Exception as error:  # a pair a connector does not serve
+            print(f"{connector} {prefill_tp} -> {decode_tp}: {error}", flush=True)
+        finally:
+            if pair is not None:
+                pair.close()
+    return pairs
 
 
 def cells(medians: dict[str, float]) -> list[str]:
-    """NixlConnector's, pdplan's and their ratio, or "fails" for a connector that did not run."""
-    shown = [f"{medians[c]:.1f}" if c in medians else "fails" for c in ("nixl", "pdplan")]
-    ratio = medians["pdplan"] / medians["nixl"] if len(medians) == 2 else None
-    return [*shown, f"{ratio:.2f}" if ratio is not None else "—"]
+    """NixlConnector's, then pdplan's and pdplan's with NIXL's spinning progress loop, each
+    with its ratio to NixlConnector's; "fails" for a connector that did not run."""
+    out = [f"{medians['nixl']:.1f}" if "nixl" in medians else "fails"]
+    for connector in ("pdplan", "pdplan-spin"):
+        if connector not in medians:
+            out += ["fails", "—"]
+            continue
+        ratio = medians[connector] / medians["nixl"] if "nixl" in medians else None
+        out += [f"{medians[connector]:.1f}", f"{ratio:.2f}" if ratio is not None else "—"]
+    return out
 
 
 def main() -> None:
@@ -110,17 +152,10 @@ def main() -> None:
     for heads, prefill_tp, decode_tp in PAIRS:
         if only and f"{heads}:{prefill_tp}:{decode_tp}" not in only.split(","):
             continue
-        ttft, moved = {}, {}
-        for connector in ("nixl", "pdplan"):
-            port += 20
-            try:
-                times, transfers = measure(models[heads], work, connector, prefill_tp,
-                                           decode_tp, port)  # fmt: skip
-            except Exception as error:  # a pair a connector does not serve
-                print(f"{connector} {heads} KV heads {prefill_tp} -> {decode_tp}: {error}")
-                continue
-            ttft[connector] = statistics.median(times) * 1e3
-            moved[connector] = statistics.median(transfers) * 1e3
+        port += 80
+        pairs = measure(models[heads], work, prefill_tp, decode_tp, port, len(rows) % 2 == 0)
+        ttft = {c: statistics.median(p.times) * 1e3 for c, p in pairs.items()}
+        moved = {c: statistics.median(p.transfers) * 1e3 for c, p in pairs.items()}
         rows.append(" | ".join([
             f"| {heads} | {prefill_tp} -> {decode_tp}",
             *cells(ttft), *cells(moved),
@@ -129,16 +164,21 @@ def main() -> None:
     table = "\n".join([
         f"Decode time to first token for {len(LENGTHS)} requests of {', '.join(map(str, LENGTHS))} "
         f"tokens whose KV the prefill instance holds (the pull, then one decode step), median "
-        f"of {ROUNDS} rounds after a warm-up; tiny fp32 Llama (2 layers, KV heads of 64), "
+        f"of {ROUNDS} rounds after a warm-up, one connector's instances up at a time (which goes "
+        "first alternating from pair to pair); tiny fp32 Llama (2 layers, KV heads of 64), "
         "vLLM 0.32 CPU backend, block 32, both through NIXL 1.5.1 (UCX, loopback). Transfer: "
         "the median request's time from the step that hands it to the connector to the step "
         "that reports it received (its slowest decode rank). \"fails\": the connector does not "
-        "serve the pair (the run's output says why).",
+        "serve the pair (the run's output says why). Both with their defaults: NixlConnector's "
+        "NIXL agents poll without pause (a core busy per instance, idle or not); "
+        "PdplanConnector's progress threads sleep 10 µs between polls "
+        "(nixl_progress_delay_us); \"NIXL spinning\" is PdplanConnector with "
+        "nixl_progress_delay_us=0, NIXL's own loop, for the connector's cost alone.",
         "",
-        "| KV heads | prefill TP -> decode TP | time to first token, NixlConnector (ms) | "
-        "PdplanConnector (ms) | pdplan / NIXL | transfer, NixlConnector (ms) | "
-        "PdplanConnector (ms) | pdplan / NIXL |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| KV heads | prefill TP -> decode TP | TTFT, NixlConnector (ms) | PdplanConnector | "
+        "ratio | PdplanConnector, NIXL spinning | ratio | transfer, NixlConnector (ms) | "
+        "PdplanConnector | ratio | PdplanConnector, NIXL spinning | ratio |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ])  # fmt: skip
     write("vllm_connectors.md", table)

@@ -47,22 +47,49 @@ def _skip_absent_infiniband() -> None:
         os.environ.setdefault("UCX_MODULES", "^ib")
 
 
+#: nixl_agent's construction is patched one agent at a time (``_paced_agent``).
+_AGENT_LOCK = threading.Lock()
+
+
+def _paced_agent(api: Any, name: str, delay_us: int) -> Any:
+    """A NIXL agent whose progress thread sleeps ``delay_us`` between polls. NIXL's Python
+    ``nixl_agent`` hard-codes ``pthrDelay = 0`` (its thread then keeps a core busy, idle or
+    not) and exposes no setting: its call to the bound agent is wrapped, for this one
+    construction, to set the delay on the config it passes."""
+    config = api.nixl_agent_config(backends=["UCX"])
+    bound = getattr(api, "nixlBind", None)
+    if delay_us == 0 or bound is None or not hasattr(bound, "nixlAgent"):
+        return api.nixl_agent(name, config)
+    with _AGENT_LOCK:
+        original = bound.nixlAgent
+
+        def paced(agent_name: str, agent_config: Any) -> Any:
+            agent_config.pthrDelay = delay_us
+            return original(agent_name, agent_config)
+
+        bound.nixlAgent = paced
+        try:
+            return api.nixl_agent(name, config)
+        finally:
+            bound.nixlAgent = original
+
+
 class NixlEngine:
     """A NIXL agent with the UCX backend over host (DRAM) memory."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, progress_delay_us: int = 10) -> None:
         _skip_absent_infiniband()
         try:
-            from nixl._api import nixl_agent, nixl_agent_config
+            import nixl._api as api
         except ImportError:
             try:
-                from nixl_cu12._api import nixl_agent, nixl_agent_config
+                import nixl_cu12._api as api
             except ImportError:
                 raise UnsupportedPDLayoutError(
                     "engine='nixl' needs NIXL's Python package (pip install nixl), or set "
                     "kv_connector_extra_config engine='mooncake'"
                 ) from None
-        self._agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+        self._agent = _paced_agent(api, name, progress_delay_us)
         self._peers: dict[bytes, str] = {}
         self._lock = threading.Lock()
 
@@ -153,10 +180,12 @@ class MooncakeEngine:
         self._pool.shutdown(wait=False)
 
 
-def make_engine(kind: str, name: str, host: str) -> TransferEngine:
+def make_engine(
+    kind: str, name: str, host: str, nixl_progress_delay_us: int = 10
+) -> TransferEngine:
     """The engine ``kind`` names (``"nixl"`` or ``"mooncake"``)."""
     if kind == "nixl":
-        return NixlEngine(name)
+        return NixlEngine(name, nixl_progress_delay_us)
     if kind == "mooncake":
         return MooncakeEngine(host)
     raise UnsupportedPDLayoutError(

@@ -29,6 +29,9 @@ class Settings:
     transfer_timeout_seconds: float = 60.0
     """How long a decode rank waits for one request's reads before reporting its blocks
     lost (vLLM then recomputes or fails them, by ``kv_load_failure_policy``)."""
+    nixl_progress_delay_us: int = 10
+    """Microseconds NIXL's progress thread sleeps between polls. NIXL's Python agent polls
+    without pause (a core busy per agent, idle or not); 0 keeps that."""
 
     @classmethod
     def of(cls, extra: Mapping[str, Any] | None) -> Settings:
@@ -62,4 +65,9 @@ class Settings:
         for name in ("kv_lease_seconds", "handshake_timeout_seconds", "transfer_timeout_seconds"):
             if not getattr(settings, name) > 0:
                 raise UnsupportedPDLayoutError(f"{name} must be positive")
+        if not 0 <= settings.nixl_progress_delay_us <= 1_000_000:
+            raise UnsupportedPDLayoutError(
+                f"nixl_progress_delay_us={settings.nixl_progress_delay_us} must be 0 to "
+                "1,000,000 (a second)"
+            )
         return settings

@@ -63,7 +63,10 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         cache = describe(self._vllm_config, self._kv_cache_config, kv_caches)
         host = self._settings.side_channel_host
-        self._engine = make_engine(self._settings.engine, f"{self._engine_id}-{rank}", host)
+        self._engine = make_engine(
+            self._settings.engine, f"{self._engine_id}-{rank}", host,
+            self._settings.nixl_progress_delay_us,
+        )  # fmt: skip
         self._engine.register(regions(kv_caches))
         if self._producer:
             port = self._settings.side_channel_port

@@ -33,6 +33,8 @@ logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 RETRY_SILENT_SECONDS = 30.0
 #: Ranks asked for a first handshake at most, when the first ones do not answer.
 MAX_FIRST_TRIES = 8
+#: Requests one "done" message names at most (a prefill rank reads at most this many).
+MAX_NOTICES_A_MESSAGE = 1024
 
 
 @dataclass
@@ -65,6 +67,7 @@ class DecodeRank:
         self._peers: dict[str, Peer] = {}
         self._silent: dict[str, float] = {}  # instances that did not answer, since when
         self._pulls: list[Pull] = []
+        self._outbox: dict[tuple[str, int], list[str]] = {}
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()
         self._failed: set[str] = set()
@@ -155,6 +158,7 @@ class DecodeRank:
             batch.append((receive, peer))
             for rank, read in reads:
                 parts.setdefault((receive.remote.engine_id, rank), (peer, []))[1].append(read)
+        self._flush()
         if not batch:
             return
         handles = []
@@ -247,15 +251,24 @@ class DecodeRank:
                     self._done(receive)
                 self._notify(peer, receive)
         self._pulls = waiting
+        self._flush()
 
     def _notify(self, peer: Peer, receive: Receive) -> None:
-        """Tells every prefill rank that holds the request's blocks that this rank is done,
-        with how many decode ranks it waits for."""
+        """Queues "done" for every prefill rank that holds the request's blocks, with how many
+        decode ranks it waits for; ``_flush`` sends them."""
         assert receive.remote is not None  # only requests with a remote reach a peer
-        request_id = receive.remote.request_id.encode()
         for rank in peer.holders:
-            count = str(peer.waits.get(rank, 1)).encode()
-            self._notices.send(peer.host, peer.port + rank, [b"done", request_id, count])
+            line = f"{receive.remote.request_id}\t{peer.waits.get(rank, 1)}"
+            self._outbox.setdefault((peer.host, peer.port + rank), []).append(line)
+
+    def _flush(self) -> None:
+        """One "done" message a prefill rank for what this call completed (not one a request:
+        a step's requests finish together), off the step's path."""
+        for (host, port), lines in self._outbox.items():
+            for start in range(0, len(lines), MAX_NOTICES_A_MESSAGE):
+                part = lines[start : start + MAX_NOTICES_A_MESSAGE]
+                self._notices.send(host, port, [b"done", "\n".join(part).encode()])
+        self._outbox.clear()
 
     def take_finished(self) -> tuple[set[str], set[str], set[int]]:
         """Requests done since the last call, those of them that failed, and their blocks."""

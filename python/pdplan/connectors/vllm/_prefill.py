@@ -24,6 +24,8 @@ logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 #: "done" messages kept for requests this rank has not heard of yet (they can arrive before
 #: the scheduler's lease): the oldest are dropped past this.
 MAX_EARLY_NOTICES = 65536
+#: Requests one "done" message may name (the decode side sends at most this many).
+MAX_NOTICES_A_MESSAGE = 1024
 
 
 class PrefillRank:
@@ -56,8 +58,8 @@ class PrefillRank:
     def _answer(self, frames: list[bytes]) -> list[bytes]:
         if frames[:1] == [b"hello"] and len(frames) == 4:
             return self._hello(frames[1], frames[2], frames[3])
-        if frames[:1] == [b"done"] and len(frames) == 3:
-            self._done(frames[1].decode(errors="replace")[:256], frames[2])
+        if frames[:1] == [b"done"] and len(frames) == 2:
+            self._done(frames[1])
             return []
         raise UnsupportedPDLayoutError("expected a hello or a done request")
 
@@ -80,15 +82,29 @@ class PrefillRank:
             planner.fingerprint.encode(),
         ]
 
-    def _done(self, request_id: str, expected: bytes) -> None:
-        try:
-            count = int(expected[:16])
-        except ValueError:
-            raise UnsupportedPDLayoutError("a done request's count is not an integer") from None
+    def _done(self, payload: bytes) -> None:
+        """A decode rank's "done" for requests, a line each: ``request_id<TAB>count`` (how
+        many decode ranks this rank waits for)."""
+        lines = payload.split(b"\n")
+        if len(lines) > MAX_NOTICES_A_MESSAGE:
+            raise UnsupportedPDLayoutError(
+                f"a done message names {len(lines)} requests, more than {MAX_NOTICES_A_MESSAGE}"
+            )
+        heard = []
+        for line in lines:
+            name, tab, expected = line.partition(b"\t")
+            try:
+                count = int(expected[:16]) if tab else -1
+            except ValueError:
+                count = -1
+            if count < 0:
+                raise UnsupportedPDLayoutError("a done line is not request_id<TAB>count")
+            heard.append((name.decode(errors="replace")[:256], count))
         with self._lock:
-            heard = self._notices.setdefault(request_id, [0, count])
-            heard[0] += 1
-            heard[1] = count
+            for request_id, count in heard:
+                seen = self._notices.setdefault(request_id, [0, count])
+                seen[0] += 1
+                seen[1] = count
             while len(self._notices) > MAX_EARLY_NOTICES:
                 self._notices.popitem(last=False)
 
