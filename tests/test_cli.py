@@ -815,3 +815,22 @@ def test_a_hugging_face_cache_snapshot_is_named_by_its_repository(tmp_path: Path
     (snapshot / "config.json").symlink_to(Path("..", "..", "blobs", "5f1e0c9a"))
     assert model_line_name(str(snapshot), tmp_path) == "acme/Walrus-13B"
     assert model_line_name(str(snapshot / "config.json"), tmp_path) == "acme/Walrus-13B"
+
+
+def test_dtype_with_a_model_is_honoured_not_ignored(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, *CHECK_8B)
+    assert code == 0 and "(bfloat16; KV cache bfloat16" in out and "4,096 B a token" in out
+    code, out, _ = run(capsys, *CHECK_8B, "--dtype", "float32")
+    # 8 KV heads x 128 x K and V, four bytes a value.
+    assert code == 0 and "(float32; KV cache float32" in out and "8,192 B a token" in out
+    code, _, err = run(capsys, *CHECK_8B, "--dtype", "int3")
+    assert code == 2 and "int3" in err
+
+
+def test_models_lists_presets_and_declared_ignored_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    llama = out.split("\nmistral: ", 1)[0]
+    assert "presets: llama-3-8b, llama-3-70b, llama-3-70b-eagle" in llama
+    mimo = out.split("\nmimo-v2: ", 1)[1].split("\n  rule:", 1)[0]
+    assert "ignored: attention_chunk_size (vLLM models/mimo_v2.py" in mimo
