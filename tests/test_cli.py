@@ -834,3 +834,23 @@ def test_models_lists_presets_and_declared_ignored_keys(capsys: pytest.CaptureFi
     assert "presets: llama-3-8b, llama-3-70b, llama-3-70b-eagle" in llama
     mimo = out.split("\nmimo-v2: ", 1)[1].split("\n  rule:", 1)[0]
     assert "ignored: attention_chunk_size (vLLM models/mimo_v2.py" in mimo
+
+
+def test_check_reads_a_model_folders_quant_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A ModelOpt export's folder: config.json without a quantization config, and
+    hf_quant_config.json naming an FP8 KV cache (as vLLM reads it, the cache is fp8)."""
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_size": 4096, "torch_dtype": "bfloat16"}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    side = {"producer": {"name": "modelopt"},
+            "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}  # fmt: skip
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(side))
+    argv = ["check", "--prefill-tp", "1", "--decode-tp", "1", "--config", str(tmp_path)]
+    code, out, _ = run(capsys, *argv)
+    # 8 KV heads x 128 x K and V, one byte a value.
+    assert code == 0 and "KV cache float8_e4m3fn" in out and "2,048 B a token" in out
+    code, out, _ = run(capsys, *argv, "--kv-cache-dtype", "bfloat16")
+    assert code == 0 and "4,096 B a token" in out
