@@ -9,7 +9,7 @@
 use super::cache_keys::{ALIASES, CACHE_KEYS, UNIVERSAL_KEYS};
 use super::config::{Config, Parts};
 use super::layers::Layer;
-use super::readers::{attention as a, state as s};
+use super::readers::{attention as a, defaults as d, state as s};
 use crate::error::{bail, quoted, PlanResult};
 
 impl Family {
@@ -94,7 +94,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["mistral", "mixtral", "ministral3", "mistral3"],
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/llama.py LlamaAttention (Mistral runs as Llama), models/mixtral.py, models/mistral3.py (text_config); transformers MistralConfig (8 KV heads and a 4096 window when omitted), MixtralConfig, Ministral3Config",
-        read: a::mistral,
+        read: d::mistral,
         ignored: &[],
         counted_by: None,
     },
@@ -478,7 +478,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["phi"],
         keys: keys!["layer_types", "sliding_window"],
         source: "transformers models/phi/configuration_phi.py PhiConfig; vLLM models/transformers/base.py _create_attention_instances (vLLM 0.32 runs it through its Transformers backend)",
-        read: a::phi,
+        read: d::phi,
         ignored: &[],
         counted_by: None,
     },
@@ -488,7 +488,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["seed_oss"],
         keys: keys!["layer_types", "sliding_window"],
         source: "transformers models/seed_oss/configuration_seed_oss.py SeedOssConfig (num_key_value_heads 8, head_dim 128 when absent); vLLM models/transformers/base.py _create_attention_instances",
-        read: a::seed_oss,
+        read: d::seed_oss,
         ignored: &[],
         counted_by: None,
     },
@@ -498,7 +498,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["starcoder2"],
         keys: keys!["layer_types", "sliding_window"],
         source: "transformers models/starcoder2/configuration_starcoder2.py Starcoder2Config (num_key_value_heads 2 when absent); vLLM models/transformers/base.py _create_attention_instances, engine/arg_utils.py (a model-wide sliding_window)",
-        read: a::starcoder2,
+        read: d::starcoder2,
         ignored: &[],
         counted_by: None,
     },
@@ -508,7 +508,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["smollm3"],
         keys: keys!["layer_types", "sliding_window", "use_sliding_window", "no_rope_layers", "no_rope_layer_interval"],
         source: "transformers models/smollm3/configuration_smollm3.py SmolLM3Config.__post_init__ (layer_types from use_sliding_window, sliding_window and no_rope_layers); vLLM models/transformers/base.py _create_attention_instances",
-        read: a::smollm3,
+        read: d::smollm3,
         ignored: &[(
             "max_window_layers",
             "transformers SmolLM3Config and modeling_smollm3.py never read it; vLLM's \
@@ -522,7 +522,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan"],
         keys: keys!["attention_head_dim", "use_cla", "cla_share_factor", "layer_types", "sliding_window"],
         source: "transformers models/hunyuan_v1_dense and hunyuan_v1_moe configuration classes; vLLM models/registry.py (Transformers backend) and transformers/base.py _create_attention_instances; cross-layer attention (use_cla) refused",
-        read: a::hunyuan,
+        read: d::hunyuan,
         ignored: &[],
         counted_by: None,
     },
@@ -532,7 +532,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["ernie4_5", "ernie4_5_moe"],
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/ernie45.py (a LlamaForCausalLM) and models/ernie45_moe.py; transformers Ernie4_5Config (2 KV heads, head_dim 128 when omitted), Ernie4_5_MoeConfig (4 KV heads)",
-        read: a::ernie45,
+        read: d::ernie45,
         ignored: &[],
         counted_by: None,
     },
@@ -542,7 +542,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["voxtral"],
         keys: keys!["sliding_window", "layer_types"],
         source: "vLLM models/voxtral.py (text_config on llama.py; the Whisper audio encoder keeps no paged cache); transformers VoxtralConfig._default_text_config_kwargs",
-        read: a::voxtral,
+        read: d::voxtral,
         ignored: &[],
         counted_by: None,
     },
@@ -552,7 +552,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["dots1"],
         keys: keys!["sliding_window", "layer_types", "max_window_layers"],
         source: "transformers models/dots1/configuration_dots1.py Dots1Config.__post_init__ (layer_types from sliding_window and max_window_layers); vLLM models/transformers/base.py _create_attention_instances (vLLM 0.32 runs it through its Transformers backend)",
-        read: a::dots1,
+        read: d::dots1,
         ignored: &[],
         counted_by: None,
     },
@@ -562,7 +562,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["step3_text", "step3_vl"],
         keys: keys!["num_attention_groups"],
         source: "vLLM models/step3_text.py Step3TextAttention (one KV head, replicated; head_dim 256 when omitted)",
-        read: a::step3,
+        read: d::step3,
         ignored: &[],
         counted_by: None,
     },

@@ -55,7 +55,8 @@ def _paced_agent(api: Any, name: str, delay_us: int) -> Any:
     """A NIXL agent whose progress thread sleeps ``delay_us`` between polls. NIXL's Python
     ``nixl_agent`` hard-codes ``pthrDelay = 0`` (its thread then keeps a core busy, idle or
     not) and exposes no setting: its call to the bound agent is wrapped, for this one
-    construction, to set the delay on the config it passes."""
+    construction, to set the delay on the config it passes (an agent another thread makes in
+    that moment would get it too; pdplan's own are made one at a time)."""
     config = api.nixl_agent_config(backends=["UCX"])
     bound = getattr(api, "nixlBind", None)
     if delay_us == 0 or bound is None or not hasattr(bound, "nixlAgent"):

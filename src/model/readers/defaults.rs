@@ -1,0 +1,305 @@
+//! Readers whose rule is a config class's defaults: what transformers fills in for keys a
+//! published file omits (Mistral's window, ERNIE's KV heads), and the families vLLM 0.32 runs
+//! through its Transformers backend, whose layers are the config object's, defaults included.
+
+use super::attention::typed;
+use super::{by_kind, heads_and_split, named_kinds, uniform, window, HEADS, STANDARD};
+use crate::error::{bail, PlanResult};
+use crate::model::config::{as_u64, Config};
+use crate::model::layers::{AttentionShape, Layer};
+
+/// A config class's default for a key, as the families vLLM runs through its Transformers
+/// backend need them: `absent` when the file omits the key, `null` (`None`: the query heads or
+/// `hidden_size / heads`) when it writes null.
+#[derive(Clone, Copy)]
+pub struct ClassDefault {
+    pub absent: Option<u64>,
+}
+
+/// vLLM 0.32 runs these families through its Transformers backend (`models/registry.py`
+/// `_TRANSFORMERS_SUPPORTED_MODELS`; `models/transformers/base.py`
+/// `_create_attention_instances`): every layer an `Attention` of the config's KV heads and
+/// head size (`head_dim`, else `hidden_size / heads`: `model_arch_config_convertor.py`
+/// `get_head_size`), sliding where `layer_types` says `sliding_attention`, else by the
+/// model-wide `sliding_window` (`engine/arg_utils.py`, `CacheConfig.sliding_window`). Keys the
+/// file omits take the config class's defaults.
+fn backend(
+    c: &Config,
+    count: u64,
+    kv_heads: ClassDefault,
+    head_dim: ClassDefault,
+) -> PlanResult<(AttentionShape, Vec<Layer>)> {
+    let what = "an attention layer";
+    let heads = c.require(HEADS, what)?;
+    let kv = match c.u64("num_key_value_heads")? {
+        Some(kv) => kv,
+        None if c.names_key("num_key_value_heads")? => heads,
+        None => kv_heads.absent.unwrap_or(heads),
+    };
+    let dim = match c.u64("head_dim")?.filter(|&d| d > 0) {
+        Some(dim) => dim,
+        None => match head_dim
+            .absent
+            .filter(|_| !c.names_key("head_dim").unwrap_or(true))
+        {
+            Some(dim) => dim,
+            None => heads_and_split(c, STANDARD, what)?.1,
+        },
+    };
+    let full = AttentionShape::full(kv, dim);
+    if let Some(types) = c.layer_list("layer_types", count)? {
+        return Ok((full, typed(c, count, full, types)?));
+    }
+    let window = c.u64("sliding_window")?.filter(|&w| w > 0);
+    Ok((full, uniform(count, Layer::Attention(full.sliding(window)))))
+}
+
+const CLASS_HEADS: ClassDefault = ClassDefault { absent: None };
+
+/// Phi-1 and Phi-2 (transformers `PhiConfig`: KV heads default to the query heads, no
+/// `head_dim`), through vLLM's Transformers backend.
+pub fn phi(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    Ok(backend(c, count, CLASS_HEADS, CLASS_HEADS)?.1)
+}
+
+/// Seed-OSS (transformers `SeedOssConfig`: `num_key_value_heads` 8 and `head_dim` 128 when
+/// absent), through vLLM's Transformers backend.
+pub fn seed_oss(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let kv = ClassDefault { absent: Some(8) };
+    let dim = ClassDefault { absent: Some(128) };
+    Ok(backend(c, count, kv, dim)?.1)
+}
+
+/// `StarCoder2` (transformers `Starcoder2Config`: `num_key_value_heads` 2 when absent; a
+/// `sliding_window` applies to every layer), through vLLM's Transformers backend.
+pub fn starcoder2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let kv = ClassDefault { absent: Some(2) };
+    Ok(backend(c, count, kv, CLASS_HEADS)?.1)
+}
+
+/// `SmolLM3` (transformers `SmolLM3Config.__post_init__`): `num_key_value_heads` 4 when absent;
+/// without `layer_types`, a layer slides where `use_sliding_window`, a `sliding_window` and
+/// `no_rope_layers[i] == 0` (default: every `no_rope_layer_interval`-th layer, 4) all hold.
+/// Through vLLM's Transformers backend, which slides where `layer_types` says so.
+pub fn smollm3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let kv = ClassDefault { absent: Some(4) };
+    if c.has("layer_types")? {
+        return Ok(backend(c, count, kv, CLASS_HEADS)?.1);
+    }
+    let (full, _) = backend(c, count, kv, CLASS_HEADS)?;
+    let interval = c.positive("no_rope_layer_interval")?.unwrap_or(4);
+    let rope: Vec<bool> = match c.layer_list("no_rope_layers", count)? {
+        Some(list) => list
+            .iter()
+            .map(|v| Ok(as_u64(v, "no_rope_layers")? != 0))
+            .collect::<PlanResult<_>>()?,
+        None => (0..count).map(|i| (i + 1) % interval != 0).collect(),
+    };
+    let window = c.u64("sliding_window")?;
+    let sliding = c.bool("use_sliding_window")?.unwrap_or(false) && window.is_some();
+    rope.iter()
+        .map(|&has_rope| {
+            if sliding && !has_rope {
+                let w = self::window(c, "sliding_window", "use_sliding_window")?;
+                Ok(Layer::Attention(full.sliding(Some(w))))
+            } else {
+                Ok(Layer::Attention(full))
+            }
+        })
+        .collect()
+}
+
+/// Hunyuan dense and `MoE` V1 (transformers `HunYuanDenseV1Config`, `HunYuanMoEV1Config`; the
+/// remote-code `HunYuanConfig`), through vLLM's Transformers backend: KV heads default to the
+/// query heads, the head size is `head_dim` or `hidden_size / heads`, and an
+/// `attention_head_dim` must agree with it. Cross-layer attention (`use_cla`) is refused: vLLM
+/// serves it through remote code pdplan has not read.
+pub fn hunyuan(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    if c.bool("use_cla")?.unwrap_or(false) {
+        let factor = c.u64("cla_share_factor")?.unwrap_or(1);
+        bail!(
+            "config.json: use_cla is true (cross-layer attention, cla_share_factor {factor}): \
+             pdplan does not read Hunyuan's cross-layer KV sharing; describe the layers with \
+             ModelShape(layer_kinds=...)"
+        );
+    }
+    let _ = c.u64("cla_share_factor")?; // read with use_cla only
+    let (full, layers) = backend(c, count, CLASS_HEADS, CLASS_HEADS)?;
+    if let Some(named) = c.u64("attention_head_dim")? {
+        if named != full.head_dim {
+            bail!(
+                "config.json: attention_head_dim {named} differs from the head size vLLM \
+                 allocates ({}: head_dim, else hidden_size / num_attention_heads)",
+                full.head_dim
+            );
+        }
+    }
+    Ok(layers)
+}
+
+/// What a config class fills in for keys a file omits (a `null` in the file is not omitted:
+/// KV heads then default to the query heads, the head dim to `hidden_size / heads`, the window
+/// to none).
+#[derive(Clone, Copy, Default)]
+pub struct Omitted {
+    pub kv_heads: Option<u64>,
+    pub head_dim: Option<u64>,
+    pub window: Option<u64>,
+}
+
+/// The attention shape, then the window, with `omitted`'s defaults for keys the file lacks.
+fn with_defaults(c: &Config, omitted: Omitted) -> PlanResult<(AttentionShape, Option<u64>)> {
+    let what = "an attention layer";
+    let heads = c.require(HEADS, what)?;
+    let kv = match c.u64("num_key_value_heads")? {
+        Some(kv) => kv,
+        None if c.names_key("num_key_value_heads")? => heads,
+        None => omitted.kv_heads.unwrap_or(heads),
+    };
+    let dim = match c.u64("head_dim")?.filter(|&d| d > 0) {
+        Some(dim) => dim,
+        None => match omitted.head_dim {
+            Some(dim) if !c.names_key("head_dim")? => dim,
+            _ => heads_and_split(c, STANDARD, what)?.1,
+        },
+    };
+    let window = match c.u64("sliding_window")? {
+        Some(w) => Some(w).filter(|&w| w > 0), // vLLM's config/model.py: 0 is no window
+        None if c.names_key("sliding_window")? => None,
+        None => omitted.window,
+    };
+    Ok((AttentionShape::full(kv, dim), window))
+}
+
+/// vLLM's `llama.py` rule (a layer slides where `layer_types` says `sliding_attention`, else
+/// every layer by the model-wide window) over a config class's defaults.
+fn llama_defaults(c: &Config, count: u64, omitted: Omitted) -> PlanResult<Vec<Layer>> {
+    let (full, window) = with_defaults(c, omitted)?;
+    if let Some(types) = c.layer_list("layer_types", count)? {
+        let names = [("full_attention", 0), ("sliding_attention", 1)];
+        let sliding = || match window {
+            Some(w) => Ok(Layer::Attention(full.sliding(Some(w)))),
+            None => bail!(
+                "config.json: layer_types names sliding layers but no positive sliding_window"
+            ),
+        };
+        let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
+        return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
+    }
+    Ok(uniform(count, Layer::Attention(full.sliding(window))))
+}
+
+/// Mistral, Mixtral, Ministral 3 and the Mistral 3 wrappers (vLLM `mistral.py` on `llama.py`'s
+/// rule; `mistral3.py` reads `text_config`): transformers' `MistralConfig` gives 8 KV heads and
+/// a 4,096-token window to every layer when the file omits them, `MixtralConfig` and
+/// `Ministral3Config` 8 KV heads and no window (`Ministral3Config` a head dim of 128).
+pub fn mistral(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let model_type = c.parts.text.get("model_type").and_then(|v| v.as_str());
+    let omitted = match model_type {
+        Some("mixtral") => Omitted {
+            kv_heads: Some(8),
+            ..Omitted::default()
+        },
+        Some("ministral3") => Omitted {
+            kv_heads: Some(8),
+            head_dim: Some(128),
+            window: None,
+        },
+        // MistralConfig's, also for a Mistral 3 text_config that names no model_type.
+        _ => Omitted {
+            kv_heads: Some(8),
+            head_dim: None,
+            window: Some(4096),
+        },
+    };
+    llama_defaults(c, count, omitted)
+}
+
+/// ERNIE 4.5: the dense model runs on vLLM's `llama.py` rule with `Ernie4_5Config`'s defaults
+/// (2 KV heads, head dim 128 when omitted); the `MoE` (`ernie45_moe.py`) reads
+/// `num_key_value_heads` as given (`Ernie4_5_MoeConfig`: 4 when omitted) and `head_dim` or
+/// `hidden_size / heads`, with only a model-wide window.
+pub fn ernie45(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let moe = c
+        .parts
+        .names("architectures")?
+        .contains(&"Ernie4_5_MoeForCausalLM");
+    if !moe {
+        let omitted = Omitted {
+            kv_heads: Some(2),
+            head_dim: Some(128),
+            window: None,
+        };
+        return llama_defaults(c, count, omitted);
+    }
+    if c.names_key("num_key_value_heads")? && c.u64("num_key_value_heads")?.is_none() {
+        bail!("config.json: num_key_value_heads is null; vLLM's ernie45_moe.py reads it as given (name the KV heads)");
+    }
+    if c.has("layer_types")? {
+        bail!("config.json: ERNIE 4.5 MoE layers take no layer_types in vLLM's ernie45_moe.py; drop the key or describe the layers with ModelShape(layer_kinds=...)");
+    }
+    let (full, window) = with_defaults(
+        c,
+        Omitted {
+            kv_heads: Some(4),
+            ..Omitted::default()
+        },
+    )?;
+    Ok(uniform(count, Layer::Attention(full.sliding(window))))
+}
+
+/// Voxtral (vLLM `voxtral.py`; its audio encoder keeps no paged cache): the `text_config`
+/// language model on `llama.py`'s rule, with `VoxtralConfig`'s text defaults (8 KV heads,
+/// head dim 128) for keys it omits.
+pub fn voxtral(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    llama_defaults(
+        c,
+        count,
+        Omitted {
+            kv_heads: Some(8),
+            head_dim: Some(128),
+            window: None,
+        },
+    )
+}
+
+/// dots.llm1 (vLLM 0.32 runs it through its Transformers backend): `Dots1Config` gives 32 KV
+/// heads when omitted, and without `layer_types` a layer slides where a `sliding_window`
+/// (4,096 when omitted) is set and `i >= max_window_layers` (62 when omitted).
+pub fn dots1(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let omitted = Omitted {
+        kv_heads: Some(32),
+        head_dim: None,
+        window: Some(4096),
+    };
+    if c.has("layer_types")? {
+        return llama_defaults(c, count, omitted);
+    }
+    let (full, window) = with_defaults(c, omitted)?;
+    let first = c.u64("max_window_layers")?.unwrap_or(62);
+    Ok((0..count)
+        .map(|i| match window {
+            Some(w) if i >= first => Layer::Attention(full.sliding(Some(w))),
+            _ => Layer::Attention(full),
+        })
+        .collect())
+}
+
+/// Step-3's language model (vLLM `step3_text.py`): one KV head on every layer, replicated over
+/// TP, of `head_dim` (256 when omitted); any other `num_attention_groups` is refused by vLLM.
+pub fn step3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    if let Some(groups) = c.u64("num_attention_groups")? {
+        if groups != 1 {
+            bail!("config.json: num_attention_groups is {groups}; vLLM's step3_text.py serves one KV head (1)");
+        }
+    }
+    let dim = match c.u64("head_dim")? {
+        Some(dim) => dim,
+        None if c.names_key("head_dim")? => heads_and_split(c, STANDARD, "an attention layer")?.1,
+        None => 256,
+    };
+    Ok(uniform(
+        count,
+        Layer::Attention(AttentionShape::full(1, dim)),
+    ))
+}
