@@ -138,6 +138,26 @@ impl Prepared {
         StagingCounts::of(&direct, chunk_bytes)
     }
 
+    /// What `staging_counts` counts for a request of `pages` pages scattered on both sides
+    /// (no page beside the one before it, so no run continues across pages), in one transfer,
+    /// in constant time: two such pages are counted and the counts scaled. Fragment-major
+    /// order keeps the descriptors of two fragments of one page apart once there are two
+    /// pages, so one page is counted as itself.
+    pub fn scattered_page_counts(
+        &self,
+        pages: u64,
+        selection: &Selection,
+    ) -> PlanResult<StagingCounts> {
+        let counted = pages.min(2);
+        // Pages 2k-2, ..., 2, 0: backwards and a page apart.
+        let table: Vec<u64> = (0..counted).rev().map(|page| 2 * page).collect();
+        let counts = self.staging_counts((&table, &table), selection, None)?;
+        if pages <= 2 {
+            return Ok(counts);
+        }
+        counts.scaled(2, pages)
+    }
+
     /// One request's staging plan from its slot maps (`token_descriptors`, coalesced).
     pub fn token_staging_plan(
         &self,

@@ -122,6 +122,27 @@ fn push_merged(out: &mut Descriptors, (src, dst, len): (u64, u64, u64), continue
 }
 
 impl StagingCounts {
+    /// These counts, of a request of `pages` pages, from `self`: the counts of the same
+    /// request over `per` pages. Exact where no descriptor of one page run continues another's
+    /// (scattered pages, whole transfers): every count but the one transfer grows with the
+    /// pages.
+    pub fn scaled(self, per: u64, pages: u64) -> PlanResult<Self> {
+        let scale = |count: u64, name: &str| -> PlanResult<u64> {
+            match count.checked_mul(pages) {
+                Some(total) if per > 0 && total % per == 0 => Ok(total / per),
+                _ => bail!("{name}: {count} over {per} pages does not scale to {pages} pages"),
+            }
+        };
+        let bytes = scale(self.bytes, "bytes")?;
+        Ok(Self {
+            direct: scale(self.direct, "descriptors")?,
+            transfer: transfer_count(bytes, None),
+            gather: scale(self.gather, "gather descriptors")?,
+            scatter: scale(self.scatter, "scatter descriptors")?,
+            bytes,
+        })
+    }
+
     /// What a staging plan of these direct descriptors would count, without building it (the
     /// cost model's path: no gather or scatter columns).
     pub fn of(direct: &Descriptors, chunk_bytes: Option<u64>) -> PlanResult<Self> {

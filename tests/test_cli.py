@@ -649,7 +649,7 @@ def pdplan(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[s
 
 CHECK_8B = ["check", "--prefill-tp", "2", "--decode-tp", "1", "--model", "llama-3-8b"]
 SUBCOMMAND_HINT = "({} --help lists the options)"
-TOP_HINT = "(pdplan --help lists the commands: demo, plan, check, models)"
+TOP_HINT = "(pdplan --help lists the commands: demo, plan, check, cost, models)"
 
 
 @pytest.mark.parametrize(

@@ -60,6 +60,7 @@ from pdplan._model import (
 )
 from pdplan._planner import LostRange, PDTransferPlanner, RoutingTable
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
+from pdplan._transfer_cost import PairCost, Pairing, TransferCost, model_planner, transfer_cost
 
 __all__ = [
     "CACHE_KEYS",
@@ -90,6 +91,8 @@ __all__ = [
     "ModelLayer",
     "ModelShape",
     "PDTransferPlanner",
+    "PairCost",
+    "Pairing",
     "ParallelLayout",
     "PeerLayout",
     "PreparedTransfer",
@@ -102,6 +105,7 @@ __all__ = [
     "StagingPlan",
     "StateSpec",
     "TokenShare",
+    "TransferCost",
     "TransferDescriptors",
     "TransferFragment",
     "UnsupportedPDLayoutError",
@@ -116,10 +120,12 @@ __all__ = [
     "limits",
     "model_buffer_layouts",
     "model_families",
+    "model_planner",
     "page_parts",
     "state_specs",
     "token_owners",
     "token_slots",
+    "transfer_cost",
     "transfer_descriptors",
     "vllm_layer_partition",
 ]

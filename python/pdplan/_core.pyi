@@ -82,6 +82,7 @@ __all__ = [
     "rank_coordinates",
     "rank_token_share",
     "remake_fragments",
+    "scaled_counts",
     "token_owners",
     "token_slots",
     "transfer_descriptors",
@@ -537,6 +538,18 @@ class PreparedTransfer:
             each); None: one transfer.
         """
 
+    def scattered_page_counts(
+        self, pages: int, *, buffers: range | _Ints | None = None
+    ) -> StagingCounts:
+        """What ``staging_counts`` would count for a request of ``pages`` pages scattered on
+        both sides (no page beside the one before it, so no run continues across pages), in
+        one transfer, in constant time: what a router weighs before any page is chosen.
+
+        :param pages: Pages the request moves on each side.
+        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+            ``buffer_index`` values); None: all.
+        """
+
     def token_staging_counts(
         self,
         src_slots: _Ints,
@@ -699,3 +712,11 @@ def check_cost_model(
     per_copy_s: float,
     per_segment_s: float,
 ) -> None: ...
+def scaled_counts(counts: tuple[int, int, int, int, int], per: int, pages: int) -> StagingCounts:
+    """Counts of a request over ``per`` scattered pages (``scattered_page_counts``), scaled to
+    ``pages`` pages in one transfer; refused where they do not scale evenly.
+
+    :param counts: The five staging counts over ``per`` pages.
+    :param per: The pages they were counted over.
+    :param pages: The pages to scale them to.
+    """

@@ -6,6 +6,7 @@ a transfer and a scatter; this module weighs the two ways with a handful of figu
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -152,7 +153,9 @@ class CostModel:
                 f"{', '.join(StagingCounts._fields)}), got {counts!r}"
             )
         counts = StagingCounts(*counts)
-        direct, staging, gather, wire, scatter = _core.estimate_staging(counts, *self._figures())
+        direct, staging, gather, wire, scatter = _core.estimate_staging(
+            counts, *_checked_figures(self)
+        )
         return CostEstimate(
             direct_s=direct,
             staging_s=staging,
@@ -227,3 +230,9 @@ def _prepared(value: object, method: str) -> PreparedTransfer:
             f"CostModel.{method} takes a PreparedTransfer, got {type(value).__name__}"
         )
     return value
+
+
+@functools.lru_cache(maxsize=64)
+def _checked_figures(model: CostModel) -> tuple[float, float, float, float, float]:
+    """A model's figures, read once: estimates are on a router's per-request path."""
+    return model._figures()

@@ -153,7 +153,7 @@ pub const FAMILIES: &[Family] = &[
         model_types: &["gemma3", "gemma3_text"],
         keys: keys!["sliding_window", "sliding_window_pattern", "layer_types"],
         source: "transformers models/gemma3/configuration_gemma3.py Gemma3TextConfig (every sliding_window_pattern-th layer global)",
-        read: a::gemma3,
+        read: d::gemma3,
         ignored: &[],
         counted_by: None,
     },
@@ -673,6 +673,23 @@ fn means_off(
     }
 }
 
+/// Keys a switch of the same part turns off: the key says nothing where its switch is false.
+const SWITCHES: [(&str, &str); 1] = [("sliding_window", "use_sliding_window")];
+
+/// Whether `value` of `key` says nothing in its part: null, a value meaning off, or a key
+/// whose switch the part sets false (Qwen2.5-VL exports keep `sliding_window` 32768 at the
+/// top level beside `use_sliding_window: false`).
+fn switched_off(
+    key: &str,
+    value: &serde_json::Value,
+    part: &serde_json::Map<String, serde_json::Value>,
+) -> bool {
+    let switch = SWITCHES.iter().find(|(k, _)| *k == key).map(|(_, s)| *s);
+    value.is_null()
+        || means_off(key, value, part)
+        || switch.is_some_and(|s| part.get(s) == Some(&serde_json::Value::Bool(false)))
+}
+
 /// Refuses a config holding a cache key its family does not consume, naming the key and the
 /// families that do read it; and one whose top level says other than its `text_config` about
 /// a key the reader consumes (readers read the language model's part).
@@ -680,7 +697,7 @@ pub fn check_keys(parts: Parts<'_>, family: &Family) -> PlanResult<()> {
     if !std::ptr::eq(parts.text, parts.root) {
         for key in CACHE_KEYS.iter().filter(|k| family.consumes(k)) {
             let (text, root) = (parts.text.get(*key), parts.root.get(*key));
-            if root.is_some_and(|v| !v.is_null()) && text != root {
+            if root.is_some_and(|v| !switched_off(key, v, parts.root)) && text != root {
                 bail!(
                     "config.json has {key} at its top level, but its language model (read from \
                      text_config) says {}; make the two agree or drop the top-level key",

@@ -301,6 +301,21 @@ impl PyPrepared {
         counts_object(py, made.map_err(to_py_err)?)
     }
 
+    /// What `staging_counts` would count for a request of `pages` pages scattered on both
+    /// sides (no page beside the one before it), in one transfer, in constant time.
+    #[pyo3(signature = (pages, *, buffers=None))]
+    fn scattered_page_counts<'py>(
+        &self,
+        py: Python<'py>,
+        pages: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let convert = || -> Converted<_> { Ok((to_u64(pages, "pages")?, selection(buffers)?)) };
+        let (pages, chosen) = convert().map_err(to_py_err)?;
+        let counts = self.inner.scattered_page_counts(pages, &chosen);
+        counts_object(py, counts.map_err(to_py_err)?)
+    }
+
     /// What `token_staging_plan` would count, without building its columns.
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, chunk_bytes=None))]
     fn token_staging_counts<'py>(

@@ -188,6 +188,26 @@ pub fn estimate_staging(
     Ok((e.direct_s, e.staging_s, e.gather_s, e.wire_s, e.scatter_s))
 }
 
+/// Counts of a request over `per` scattered pages, scaled to `pages` pages
+/// (`StagingCounts::scaled`): a router's per-request counts from counts kept per pairing.
+#[pyfunction]
+pub fn scaled_counts(
+    py: Python<'_>,
+    counts: CountsTuple,
+    per: u64,
+    pages: u64,
+) -> PyResult<Bound<'_, PyAny>> {
+    let (direct, transfer, gather, scatter, bytes) = counts;
+    let counts = StagingCounts {
+        direct,
+        transfer,
+        gather,
+        scatter,
+        bytes,
+    };
+    counts_object(py, counts.scaled(per, pages).map_err(to_py_err)?)
+}
+
 /// Checks a cost model's figures (called from `CostModel.__post_init__`).
 #[pyfunction]
 pub fn check_cost_model(

@@ -6,6 +6,8 @@
     pdplan check --prefill-tp 8 --decode-tp 3 --model llama-3-70b \
         [--unavailable-prefill-rank N ...]
     pdplan check --prefill-tp 8 --decode-tp 2 --config path/to/model/   # or .../config.json
+    pdplan cost --prefill-tp 8 --decode-tp 2 --model llama-3-70b --tokens 32768 \
+        [--decode-prefix N] [--format table|json]
 
 User errors print one line and exit 2 (a flag argparse refuses: its line and a hint); there is
 no traceback for them. A config is named in messages by the path given.
@@ -18,6 +20,7 @@ from collections.abc import Sequence
 
 from pdplan._model import UnsupportedPDLayoutError
 from pdplan.cli.arguments import UserError, cost_model, parse
+from pdplan.cli.cost import print_cost
 from pdplan.cli.demo import demo
 from pdplan.cli.deployment import Deployment, model_name, planner_from_args, shape_of
 from pdplan.cli.failover import failover_lines
@@ -46,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "models":
             print_families(args.format)
+            return 0
+        if args.command == "cost":
+            print_cost(args, shape_of(args), cost_model(args))
             return 0
         if args.command == "check":
             shape = shape_of(args)  # a model that cannot be read is a user error, not a layout's

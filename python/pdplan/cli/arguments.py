@@ -55,6 +55,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a count of at least 0, got {text!r}")
+    return value
+
+
 def _real(text: str, positive: bool) -> float:
     """A finite number of at least 0 (above 0 when `positive`)."""
     try:
@@ -290,6 +300,24 @@ def parser() -> Parser:
         help="plan around this prefill rank, gone (repeatable): report who still serves each "
         "decode rank and what is lost; exit 2 when anything is",
     )
+    cost = commands.add_parser(
+        "cost",
+        help="what one request costs the pairing: bytes and descriptors per rank pair, fanout, "
+        "time",
+        description="One request of --tokens tokens, the decode side holding the first "
+        "--decode-prefix: every rank pair's descriptors and bytes, the largest fanout and the "
+        "cost model's time (pdplan.Pairing), its pages scattered on both sides.",
+    )
+    _layout_options(cost)
+    cost.add_argument("--tokens", type=_positive, required=True, help="the request's length")
+    cost.add_argument(
+        "--decode-prefix",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="tokens the decode side already holds (its prefix cache hit; default 0)",
+    )
+    cost.add_argument("--format", choices=("table", "json"), default="table")
     models = commands.add_parser(
         "models",
         help="list the model families whose configs pdplan reads",

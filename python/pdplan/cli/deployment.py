@@ -7,17 +7,13 @@ import os
 import re
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pdplan._config_files import CONFIG_NAME
-from pdplan._layouts import (
-    MODEL_PRESETS,
-    ModelShape,
-    even_layer_partition,
-    model_buffer_layouts,
-)
-from pdplan._model import BufferLayout, ParallelLayout, UnsupportedPDLayoutError
+from pdplan._layouts import MODEL_PRESETS, ModelShape
+from pdplan._model import ParallelLayout, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
+from pdplan._transfer_cost import model_planner
 from pdplan.cli.arguments import UserError
 
 
@@ -79,41 +75,26 @@ class Deployment:
             cp_interleave=self.interleave,
         )
 
-    def planner(self, shape: ModelShape) -> PDTransferPlanner:
-        def partition(pp: int, given: tuple[int, ...] | None) -> tuple[int, ...] | None:
-            # Stages split the model's layers, MLP-only ones too (the buffers name only the
-            # layers with a cache): pdplan's default split of all of them.
-            if given is not None or pp == 1:
-                return given
-            return even_layer_partition(shape.num_layers, pp)
-
-        def buffers(page_size: int | None) -> tuple[tuple[BufferLayout, ...], ...]:
-            sized = shape if page_size is None else replace(shape, page_size=page_size)
-            return model_buffer_layouts(
-                sized,
-                self.prefill_tp,
-                self.decode_tp,
-                self.kv_layout,
-                prefill_pp=self.prefill_pp,
-                decode_pp=self.decode_pp,
-                prefill_cp=self.prefill_cp,
-                decode_cp=self.decode_cp,
-                prefill_dcp=self.prefill_dcp,
-                decode_dcp=self.decode_dcp,
-            )
-
-        # Each side's buffers in its own page size (a planner maps tokens where they differ).
-        prefill_buffers = buffers(self.prefill_page_size)[0]
-        decode_buffers = buffers(self.decode_page_size)[1]
-        return PDTransferPlanner(
-            prefill_layout=self.layout(
-                "prefill", partition(self.prefill_pp, self.prefill_partition)
-            ),
-            decode_layout=self.layout("decode", partition(self.decode_pp, self.decode_partition)),
-            prefill_buffers=prefill_buffers,
-            decode_buffers=decode_buffers,
-            decode_replicas=self.decode_replicas,
+    def sides(self) -> tuple[ParallelLayout, ParallelLayout]:
+        """Both sides' layouts, prefill first."""
+        return (
+            self.layout("prefill", self.prefill_partition),
+            self.layout("decode", self.decode_partition),
         )
+
+    def options(self) -> dict[str, Any]:
+        """What ``model_planner`` and ``Pairing`` take beside the model and the layouts."""
+        return {
+            "prefill_page_size": self.prefill_page_size,
+            "decode_page_size": self.decode_page_size,
+            "kv_layout": self.kv_layout,
+            "decode_replicas": self.decode_replicas,
+        }
+
+    def planner(self, shape: ModelShape) -> PDTransferPlanner:
+        """The planner of `shape` between both sides, each side's buffers in its own page
+        size (``model_planner``)."""
+        return model_planner(shape, *self.sides(), **self.options())
 
 
 #: A Hub repository's name (``ORG/NAME``): a path that looks like one and is not there was

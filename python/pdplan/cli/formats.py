@@ -248,7 +248,7 @@ def print_table(
     print("  " + ", ".join(f"{rank}: {n}" for rank, n in fanout.items()))
 
 
-def _seconds(value: float) -> str:
+def seconds_text(value: float) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3)):
         if value >= scale:
             return f"{value / scale:.3g} {unit}"
@@ -288,7 +288,7 @@ def request_lines(
         size = f"{nbytes // count:,} B" if count else "0 B"
         lines.append(
             f"  decode<-prefill {named}{more} ({len(members)} pairs): {count:,} descriptors of "
-            f"{size}; direct {_seconds(e.direct_s)}, staged {_seconds(e.staging_s)} in "
+            f"{size}; direct {seconds_text(e.direct_s)}, staged {seconds_text(e.staging_s)} in "
             f"{transfers:,} descriptor(s) -> {choice}"
         )
     return lines

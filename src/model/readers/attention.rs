@@ -97,10 +97,6 @@ pub fn gemma2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     periodic(c, count, 2, None)
 }
 
-pub fn gemma3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    periodic(c, count, 6, Some("sliding_window_pattern"))
-}
-
 /// Cohere 2 (Command R7B, Command A): `Cohere2Config`'s pattern, and a sliding layer sees
 /// `[pos - sliding_window, pos]`, one token more than the window it names: vLLM's `commandr.py`
 /// `CohereAttention` passes `sliding_window + 1` to the cache (and its eviction) for it.

@@ -142,6 +142,7 @@ pub fn hunyuan(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 /// to none).
 #[derive(Clone, Copy, Default)]
 pub struct Omitted {
+    pub heads: Option<u64>,
     pub kv_heads: Option<u64>,
     pub head_dim: Option<u64>,
     pub window: Option<u64>,
@@ -150,7 +151,10 @@ pub struct Omitted {
 /// The attention shape, then the window, with `omitted`'s defaults for keys the file lacks.
 fn with_defaults(c: &Config, omitted: Omitted) -> PlanResult<(AttentionShape, Option<u64>)> {
     let what = "an attention layer";
-    let heads = c.require(HEADS, what)?;
+    let heads = match omitted.heads {
+        Some(heads) if !c.names_key(HEADS[0])? => heads,
+        _ => c.require(HEADS, what)?,
+    };
     let kv = match c.u64("num_key_value_heads")? {
         Some(kv) => kv,
         None if c.names_key("num_key_value_heads")? => heads,
@@ -171,22 +175,32 @@ fn with_defaults(c: &Config, omitted: Omitted) -> PlanResult<(AttentionShape, Op
     Ok((AttentionShape::full(kv, dim), window))
 }
 
+/// Each layer full or sliding (`window`): as `layer_types` names it, else as `otherwise` says
+/// of layer `i` (1: sliding).
+fn full_or_sliding(
+    c: &Config,
+    count: u64,
+    (full, window): (AttentionShape, Option<u64>),
+    otherwise: impl Fn(u64) -> PlanResult<usize>,
+) -> PlanResult<Vec<Layer>> {
+    let sliding = || match window {
+        Some(w) => Ok(Layer::Attention(full.sliding(Some(w)))),
+        None => bail!("config.json: the layers name sliding layers but no positive sliding_window"),
+    };
+    let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
+    if let Some(types) = c.layer_list("layer_types", count)? {
+        let names = [("full_attention", 0), ("sliding_attention", 1)];
+        return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
+    }
+    by_kind(count, &kinds, otherwise)
+}
+
 /// vLLM's `llama.py` rule (a layer slides where `layer_types` says `sliding_attention`, else
 /// every layer by the model-wide window) over a config class's defaults.
 fn llama_defaults(c: &Config, count: u64, omitted: Omitted) -> PlanResult<Vec<Layer>> {
     let (full, window) = with_defaults(c, omitted)?;
-    if let Some(types) = c.layer_list("layer_types", count)? {
-        let names = [("full_attention", 0), ("sliding_attention", 1)];
-        let sliding = || match window {
-            Some(w) => Ok(Layer::Attention(full.sliding(Some(w)))),
-            None => bail!(
-                "config.json: layer_types names sliding layers but no positive sliding_window"
-            ),
-        };
-        let kinds: [&dyn Fn() -> PlanResult<Layer>; 2] = [&|| Ok(Layer::Attention(full)), &sliding];
-        return by_kind(count, &kinds, named_kinds("layer_types", types, &names));
-    }
-    Ok(uniform(count, Layer::Attention(full.sliding(window))))
+    let every = usize::from(window.is_some());
+    full_or_sliding(c, count, (full, window), |_| Ok(every))
 }
 
 /// Mistral, Mixtral, Ministral 3 and the Mistral 3 wrappers (vLLM `mistral.py` on `llama.py`'s
@@ -203,13 +217,13 @@ pub fn mistral(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         Some("ministral3") => Omitted {
             kv_heads: Some(8),
             head_dim: Some(128),
-            window: None,
+            ..Omitted::default()
         },
         // MistralConfig's, also for a Mistral 3 text_config that names no model_type.
         _ => Omitted {
             kv_heads: Some(8),
-            head_dim: None,
             window: Some(4096),
+            ..Omitted::default()
         },
     };
     llama_defaults(c, count, omitted)
@@ -228,7 +242,7 @@ pub fn ernie45(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         let omitted = Omitted {
             kv_heads: Some(2),
             head_dim: Some(128),
-            window: None,
+            ..Omitted::default()
         };
         return llama_defaults(c, count, omitted);
     }
@@ -258,7 +272,7 @@ pub fn voxtral(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         Omitted {
             kv_heads: Some(8),
             head_dim: Some(128),
-            window: None,
+            ..Omitted::default()
         },
     )
 }
@@ -269,8 +283,8 @@ pub fn voxtral(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 pub fn dots1(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let omitted = Omitted {
         kv_heads: Some(32),
-        head_dim: None,
         window: Some(4096),
+        ..Omitted::default()
     };
     if c.has("layer_types")? {
         return llama_defaults(c, count, omitted);
@@ -302,4 +316,20 @@ pub fn step3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         count,
         Layer::Attention(AttentionShape::full(1, dim)),
     ))
+}
+
+/// Gemma 3 (vLLM `gemma3.py` and `gemma3_mm.py`, which read the `text_config`): a layer
+/// slides unless `(i + 1) % sliding_window_pattern` is 0 (6 when omitted), or as `layer_types`
+/// says; `Gemma3TextConfig` gives 8 heads, 4 KV heads, a head dim of 256 and a 4,096-token
+/// window to a file that omits them (the published gemma-3-4b-it names none of its heads).
+pub fn gemma3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let omitted = Omitted {
+        heads: Some(8),
+        kv_heads: Some(4),
+        head_dim: Some(256),
+        window: Some(4096),
+    };
+    let shape = with_defaults(c, omitted)?;
+    let period = c.positive("sliding_window_pattern")?.unwrap_or(6);
+    full_or_sliding(c, count, shape, |i| Ok(usize::from((i + 1) % period != 0)))
 }
