@@ -257,3 +257,37 @@ def test_the_command_prints_the_cost(capsys: pytest.CaptureFixture[str]) -> None
     assert "2,621,440 descriptors" in table and "largest fanout 1" in table
     assert main(["cost", *flags, "--decode-prefix", "40000"]) == 2
     assert "cannot exceed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "prefill_tp", "decode_tp", "prefill_cp", "page_sizes"),
+    [
+        ("gpt-oss-20b", 2, 1, 1, (16, 32)),  # 128-token windows
+        ("gemma-3-27b", 4, 2, 1, (32, 16)),  # 1024-token windows
+        ("llama-4-scout", 2, 2, 1, (16, 64)),  # 8192-token attention chunks
+        ("llama-3-8b", 2, 1, 2, (16, 16)),  # CP 2, round robin
+        ("deepseek-v3", 1, 1, 2, (64, 16)),  # MLA, CP 2, pages that differ
+    ],
+)
+@pytest.mark.parametrize(
+    ("tokens", "prefix"), [(20011, 0), (20011, 7777), (9000, 8999), (40000, 128)]
+)
+def test_long_requests_by_slot_maps_cost_what_planning_them_builds(
+    model: str,
+    prefill_tp: int,
+    decode_tp: int,
+    prefill_cp: int,
+    page_sizes: tuple[int, int],
+    tokens: int,
+    prefix: int,
+) -> None:
+    # Long enough that whole periods come out of the middle, past every window and chunk.
+    pairing = pairing_or_none(
+        model, prefill_tp, decode_tp, prefill_cp, prefill_page_size=page_sizes[0],
+        decode_page_size=page_sizes[1],
+    )  # fmt: skip
+    assert pairing is not None and pairing.planner.token_maps
+    cost = pairing.cost(tokens, decode_prefix=prefix)
+    got = {(p.decode_rank, p.prefill_rank): (p.descriptors, p.bytes) for p in cost.pairs}
+    assert got == planned(pairing, tokens, prefix, seed=tokens + prefix)
+    assert cost.by == "slots"

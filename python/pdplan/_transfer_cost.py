@@ -11,20 +11,20 @@ request's tokens.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 from pdplan import _core
-from pdplan._context import token_slots
 from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._layouts import MODEL_PRESETS, ModelShape, even_layer_partition, model_buffer_layouts
 from pdplan._planner import PDTransferPlanner
+from pdplan._slot_counts import SlotCounter
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
 
 if TYPE_CHECKING:
-    import numpy as np
-    import numpy.typing as npt
+    from collections.abc import Sequence
 
     from pdplan._model import BufferLayout, ParallelLayout, TransferFragment
 
@@ -265,7 +265,7 @@ class Pairing:
             if layout.rank_coordinates(r).dp_group == self.decode_dp_group
         )
 
-    def _prepared(self, fragments: tuple[TransferFragment, ...], pages: int) -> PreparedTransfer:
+    def _prepared(self, fragments: Sequence[TransferFragment], pages: int) -> PreparedTransfer:
         """Fragments over stand-in caches of `pages` pages a buffer, 2^40 apart."""
         planner = self.planner
         src_bases = [(i + 1) * _BASE_STEP for i in range(len(planner.prefill_buffers))]
@@ -334,34 +334,40 @@ class Pairing:
             estimate,
         )
 
+    @cached_property
+    def _slot_counter(self) -> SlotCounter:
+        layouts = (self.planner.prefill_layout, self.planner.decode_layout)
+        kinds = self.model.summary()
+        windows = [k.sliding_window or 0 for k in kinds]
+        chunks = [k.attention_chunk_size or 1 for k in kinds]
+        reach = max([*windows, *(c for c in chunks if c > 1), 0])
+        return SlotCounter(
+            layouts, self.page_sizes, self._kv, self._prepared, reach, math.lcm(*chunks, 1)
+        )
+
+    @cached_property
+    def _long_request_fragments(self) -> dict[int, dict[int, tuple[TransferFragment, ...]]]:
+        """Each decode rank's fragments by source for a request of at least one period (the
+        sources of shorter ones under CP are fewer)."""
+        return {rank: self.planner.transfer_fragments(rank) for rank in self._decode_ranks}
+
     def _by_slots(self, tokens: int, decode_prefix: int) -> TransferCost:
         """Slot maps over scattered pages (every other page, backwards), the decode side's
-        slots cleared below the prefix: the request's own token walk."""
-        import numpy as np
-
-        sizes = self.page_sizes
-        counts = [-(-tokens // size) for size in sizes]
-        tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
-        layouts = (self.planner.prefill_layout, self.planner.decode_layout)
-
-        def slots(side: int, rank: int) -> npt.NDArray[np.int64]:
-            return token_slots(tables[side], sizes[side], tokens, layout=layouts[side], rank=rank)
-
+        slots cleared below the prefix (``SlotCounter``)."""
+        counter = self._slot_counter
+        short = counter.period is None or tokens < counter.period
         pairs = []
         for rank in self._decode_ranks:
-            dst_slots = slots(1, rank).copy()
-            dst_slots[:decode_prefix] = -1
-            for prefill_rank, fragments in self.planner.transfer_fragments(
-                rank, num_tokens=tokens
-            ).items():
-                prepared = self._prepared(tuple(fragments), 2 * max(counts))
-                parts = [
-                    prepared.token_staging_counts(
-                        slots(0, prefill_rank), dst_slots, buffers=self._kv
-                    )
-                ]
+            sources = (
+                self.planner.transfer_fragments(rank, num_tokens=tokens)
+                if short
+                else self._long_request_fragments[rank]
+            )
+            for prefill_rank, fragments in sources.items():
+                parts = [counter.counts((rank, prefill_rank), fragments, tokens, decode_prefix)]
                 if self._state:
-                    parts.append(prepared.scattered_page_counts(1, buffers=self._state))
+                    state = self._prepared(fragments, 3)
+                    parts.append(state.scattered_page_counts(1, buffers=self._state))
                 pairs.append(self._pair(rank, prefill_rank, parts))
         return TransferCost(
             tokens, decode_prefix, tokens - decode_prefix, "slots", tuple(pairs)
