@@ -16,9 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import provenance
 
 from pdplan import Pairing, ParallelLayout, PreparedTransfer, token_slots, transfer_descriptors
+
+import provenance
 
 TOKENS = 32768
 PREFIX = 4096
