@@ -225,6 +225,10 @@ def test_a_pairing_refuses_what_it_cannot_plan() -> None:
         )
     with pytest.raises(UnsupportedPDLayoutError, match="ModelShape"):
         Pairing(42, ParallelLayout("prefill", 2), ParallelLayout("decode", 1))  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedPDLayoutError, match="cost_model must be a CostModel"):
+        Pairing(
+            "llama-3-8b", ParallelLayout("prefill", 2), ParallelLayout("decode", 1), cost_model=1e-6
+        )  # type: ignore[arg-type]
     with pytest.raises(UnsupportedPDLayoutError, match="no such file"):
         Pairing("no/such/config.json", ParallelLayout("prefill", 2), ParallelLayout("decode", 1))
 

@@ -126,7 +126,7 @@ class TransferCost:
     by: Literal["pages", "slots"]
     """How the request moves: by page ids (both sides' pages alike) or by slot maps."""
     pairs: tuple[PairCost, ...]
-    """Every pair of ranks the request moves bytes between, or that holds its blocks."""
+    """Every (decode rank, prefill rank) pair the decode DP group reads from."""
 
     @property
     def largest_fanout(self) -> int:
@@ -239,6 +239,10 @@ class Pairing:
             kv_layout=kv_layout,
             decode_replicas=decode_replicas,
         )
+        if cost_model is not None and not isinstance(cost_model, CostModel):
+            raise UnsupportedPDLayoutError(
+                f"cost_model must be a CostModel, got {type(cost_model).__name__}"
+            )
         self.cost_model = cost_model or CostModel()
         groups = self.planner.decode_layout.dp_size
         if not 0 <= decode_dp_group < groups:
