@@ -728,7 +728,6 @@ def test_keys_a_file_omits_take_its_config_class_defaults(
         ("MllamaForConditionalGeneration", "0.10.2"),
         ("DeepseekV4ForCausalLM", "compress_ratios"),
         ("MiniMaxM3SparseForCausalLM", "indexer"),
-        ("GlmMoeDsaForCausalLM", "index_topk_pattern"),
         ("Step3p5ForCausalLM", "attention_other_setting"),
     ],
 )
@@ -737,6 +736,30 @@ def test_architectures_no_runtime_pdplan_reads_serves_are_refused_saying_why(
 ) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match=f"{architecture} is refused: .*{reason}"):
         ModelShape.from_hf_config(write(tmp_path, {**BASE, "architectures": [architecture]}))
+
+
+def test_an_indexer_pattern_says_which_layers_keep_one(tmp_path: Path) -> None:
+    # vLLM deepseek_v32/attention.py: index_topk_pattern[l] == "S" skips layer l's indexer;
+    # layers past the pattern keep theirs. DeepSeek-V3.2 reads the same keys.
+    config = {
+        **BASE,
+        "architectures": ["DeepseekV32ForCausalLM"],
+        "model_type": "deepseek_v32",
+        "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64,
+        "index_head_dim": 128,
+        "index_topk_pattern": "FSS",
+    }
+    shape = ModelShape.from_hf_config(write(tmp_path, config))
+    kept = [layer.index_head_dim for layer in shape.model_layers]
+    assert kept == [128, 0, 0, 128]
+    for bad, says in (("FXS", "'X'"), (["F", "S"], "string")):
+        with pytest.raises(UnsupportedPDLayoutError, match=says):
+            ModelShape.from_hf_config(write(tmp_path, {**config, "index_topk_pattern": bad}))
+    freq = {**config, "index_topk_pattern": None, "index_topk_freq": 2, "index_skip_topk_offset": 1}
+    shape = ModelShape.from_hf_config(write(tmp_path, freq))
+    # max(l - 1 + 1, 0) % 2: layers 0 and 2 keep theirs.
+    assert [layer.index_head_dim for layer in shape.model_layers] == [128, 0, 128, 0]
 
 
 def test_hunyuan_cross_layer_attention_is_refused_and_off_is_read(tmp_path: Path) -> None:

@@ -289,8 +289,9 @@ CASES: dict[str, Case] = {
             "torch_dtype": "float32",
         },
         [
-            ("sliding-window attention (window 4096)", list(range(0, 42, 2)), 2 * kv(8, 256), 0),
-            ("full attention", list(range(1, 42, 2)), 2 * kv(8, 256), 0),
+            # float32 weights, served in bfloat16 (vLLM config/model.py _resolve_auto_dtype).
+            ("sliding-window attention (window 4096)", list(range(0, 42, 2)), kv(8, 256), 0),
+            ("full attention", list(range(1, 42, 2)), kv(8, 256), 0),
         ],
         "transformers Gemma2Config: layer i slides when (i + 1) % 2 (float32 weights)",
     ),
@@ -483,7 +484,7 @@ CASES: dict[str, Case] = {
             "num_key_value_heads": 32,
             "torch_dtype": "float32",
         },
-        [("full attention", every(32), 2 * kv(32, 128), 0)],
+        [("full attention", every(32), kv(32, 128), 0)],  # float32 served in bfloat16
         "vLLM models/olmo2.py Olmo2Attention",
     ),
     "olmo-3-7b": Case(
@@ -600,6 +601,35 @@ CASES: dict[str, Case] = {
         "vLLM models/deepseek_v2.py DeepseekV2MLAAttention: one latent of kv_lora_rank + "
         "qk_rope_head_dim",
     ),
+    "glm-5": Case(
+        "glm-5",
+        {
+            # GLM-5.2's indexer spacing; the sizes left to GlmMoeDsaConfig's defaults.
+            "architectures": ["GlmMoeDsaForCausalLM"],
+            "model_type": "glm_moe_dsa",
+            "num_hidden_layers": 78,
+            "hidden_size": 6144,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "index_topk_freq": 4,
+            "index_skip_topk_offset": 3,
+            "torch_dtype": "bfloat16",
+        },
+        [
+            # vLLM deepseek_v32/attention.py: layer l skips its indexer where
+            # max(l - offset + 1, 0) % freq != 0; the indexer keeps 128 fp8 keys and a 4-byte
+            # scale a token; the latent is kv_lora_rank 512 + qk_rope_head_dim 64 (defaults).
+            (
+                "MLA + indexer",
+                [l for l in every(78) if max(l - 3 + 1, 0) % 4 == 0],
+                nbytes((512 + 64,)) + 128 + 4,
+                0,
+            ),
+            ("MLA", [l for l in every(78) if max(l - 3 + 1, 0) % 4 != 0], nbytes((512 + 64,)), 0),
+        ],
+        "vLLM models/deepseek_v32/attention.py (index_topk_freq, index_skip_topk_offset); "
+        "transformers configuration_glm_moe_dsa.py GlmMoeDsaConfig defaults",
+    ),
     "minimax-m2": Case(
         "minimax-m2",
         {
@@ -659,7 +689,7 @@ CASES: dict[str, Case] = {
             "multi_query": True,
             "torch_dtype": "float32",
         },
-        [("full attention", every(40), 2 * kv(1, 128), 0)],
+        [("full attention", every(40), kv(1, 128), 0)],  # float32 served in bfloat16
         "vLLM models/gpt_bigcode.py GPTBigCodeAttention: one KV head with multi_query",
     ),
     "llama-4-scout": Case(
@@ -861,7 +891,8 @@ CASES: dict[str, Case] = {
             "expand": 2,
             "torch_dtype": "float32",
         },
-        [("Mamba1", every(64), 0, nbytes((5120, 16), F32) + nbytes((5120, 3), F32))],
+        # float32 weights served in bfloat16, the states too (no mamba_ssm_cache_dtype).
+        [("Mamba1", every(64), 0, nbytes((5120, 16)) + nbytes((5120, 3)))],
         "vLLM models/mamba.py: SSM [intermediate_size, state_size], conv [intermediate_size, "
         "conv_kernel - 1]",
     ),

@@ -172,7 +172,8 @@ def test_hf_config_reader(tmp_path: Path) -> None:
     [
         ("float16", "float16"),
         ("bfloat16", "bfloat16"),
-        ("float32", "float32"),
+        # vLLM's dtype="auto" downcasts float32 (config/model.py _resolve_auto_dtype).
+        ("float32", "bfloat16"),
         ("float8_e4m3fn", "float8_e4m3fn"),
         ("float8_e5m2", "float8_e5m2"),
         ("float8_e4m3fnuz", "float8_e4m3fnuz"),

@@ -66,6 +66,9 @@ pub const CACHE_KEYS: &[&str] = &[
     // Latent attention and its indexer.
     "kv_lora_rank",
     "index_head_dim",
+    "index_topk_freq",
+    "index_topk_pattern",
+    "index_skip_topk_offset",
     // State sizes.
     "mamba_d_state",
     "ssm_state_size",

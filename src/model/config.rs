@@ -255,9 +255,19 @@ impl<'a> Config<'a> {
         }
     }
 
-    /// The model's dtype: newer configs say `dtype`, older ones `torch_dtype`; multimodal ones
-    /// may keep it outside `text_config`. A config that names none is taken as bfloat16.
+    /// The model's dtype as vLLM serves it with `dtype="auto"`: newer configs say `dtype`, older
+    /// ones `torch_dtype`; multimodal ones may keep it outside `text_config`. A config that
+    /// names none, or float32, is served in bfloat16: vLLM's `config/model.py`
+    /// `_resolve_auto_dtype` downcasts float32 to the platform's first supported dtype
+    /// (bfloat16 on GPUs that have it; `dtype=` or `--dtype` names another).
     pub fn dtype(&self) -> PlanResult<Dtype> {
+        Ok(match self.named_dtype()? {
+            Dtype::Float32 => Dtype::BFloat16,
+            other => other,
+        })
+    }
+
+    fn named_dtype(&self) -> PlanResult<Dtype> {
         let named = self.parts.each().find_map(|part| {
             ["dtype", "torch_dtype"]
                 .iter()

@@ -69,6 +69,7 @@ pub const FAMILIES: &[Family] = &[
         name: "llama",
         architectures: &[
             "LlamaForCausalLM",
+            "LLaMAForCausalLM",
             "AquilaForCausalLM",
             "AquilaModel",
             "InternLMForCausalLM",
@@ -261,9 +262,19 @@ pub const FAMILIES: &[Family] = &[
         name: "deepseek",
         architectures: &["DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "Glm4MoeLiteForCausalLM"],
         model_types: &["deepseek_v2", "deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe_lite"],
-        keys: keys!["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim"],
-        source: "vLLM models/deepseek_v2.py DeepseekV2MLAAttention (Kimi K2 is DeepseekV3ForCausalLM)",
+        keys: keys!["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset"],
+        source: "vLLM models/deepseek_v2.py DeepseekV2MLAAttention (Kimi K2 is DeepseekV3ForCausalLM); V3.2's indexer skipped by models/deepseek_v32/attention.py",
         read: a::deepseek,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "glm-5",
+        architectures: &["GlmMoeDsaForCausalLM"],
+        model_types: &["glm_moe_dsa"],
+        keys: keys!["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset"],
+        source: "vLLM models/registry.py runs GlmMoeDsaForCausalLM as models/deepseek_v32 (MLA, indexer skipped by index_topk_pattern / index_topk_freq / index_skip_topk_offset); transformers models/glm_moe_dsa/configuration_glm_moe_dsa.py GlmMoeDsaConfig defaults",
+        read: a::glm_dsa,
         ignored: &[],
         counted_by: None,
     },
@@ -576,7 +587,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models), and no runtime pdplan reads caches its cross-attention layers' image tokens"),
     ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to six caches a layer in vLLM (a sliding MLA cache, compressed caches of compress_ratios, their compressor states, an indexer); pdplan does not read them yet"),
     ("MiniMaxM3SparseForCausalLM", "MiniMax-M3's sparse layers keep an indexer key cache beside their KV in vLLM; pdplan does not read it yet"),
-    ("GlmMoeDsaForCausalLM", "GLM-5's indexer cache is skipped on layers by index_topk_pattern, index_topk_freq and index_skip_topk_offset in vLLM; pdplan does not read them yet"),
     ("Step3p5ForCausalLM", "Step-3.5 gives layers their own heads through attention_other_setting in vLLM; pdplan does not read it yet"),
 ];
 

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::error::{bail, quoted, PlanResult};
 use crate::model::config::{as_u64, field, Config};
-use crate::model::layers::{AttentionShape, Layer};
+use crate::model::layers::{AttentionShape, Layer, MlaShape};
 
 /// `layer_types` of full and sliding attention of one shape, the window `sliding_window`.
 pub(super) fn typed(
@@ -43,7 +43,15 @@ pub fn llama(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 /// `sliding_window` counts only with `use_sliding_window` (default false), and then layers
 /// `i >= max_window_layers` (default 28) slide; `layer_types`, where given, decides instead.
 pub fn qwen(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let full = attention_shape(c, STANDARD)?;
+    let full = if qwen2_based(c)? {
+        // vLLM's qwen2.py and qwen2_moe.py (the Qwen2 VL models' language model too) take
+        // hidden_size / heads as the head size and never read head_dim.
+        let _ = c.u64("head_dim")?;
+        let (heads, split) = heads_and_split(c, STANDARD, "an attention layer")?;
+        AttentionShape::full(c.u64("num_key_value_heads")?.unwrap_or(heads), split)
+    } else {
+        attention_shape(c, STANDARD)?
+    };
     let use_window = c.bool("use_sliding_window")?.unwrap_or(false);
     let named_window = c.u64("sliding_window")?.filter(|&w| w > 0);
     let max_window_layers = c.u64("max_window_layers")?.unwrap_or(28);
@@ -57,6 +65,20 @@ pub fn qwen(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
             _ => Layer::Attention(full),
         })
         .collect())
+}
+
+/// Whether the model runs on vLLM's Qwen2 attention (`Qwen2Attention`, `Qwen2MoeAttention`).
+fn qwen2_based(c: &Config) -> PlanResult<bool> {
+    const QWEN2: [&str; 4] = [
+        "Qwen2ForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "Qwen2VLForConditionalGeneration",
+        "Qwen2_5_VLForConditionalGeneration",
+    ];
+    Ok(c.parts
+        .names("architectures")?
+        .iter()
+        .any(|a| QWEN2.contains(a)))
 }
 
 /// Every layer full attention as the standard keys name it (Gemma 1, Command R, `OLMo` 1/2/E,
@@ -340,7 +362,79 @@ pub fn deepseek(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     ] {
         let _ = c.u64(key)?;
     }
-    Ok(uniform(count, Layer::Mla(mla(c, true)?)))
+    let latent = mla(c, true)?;
+    with_indexers(c, count, latent)
+}
+
+/// Each layer's latent, its indexer kept where vLLM keeps one (`models/deepseek_v32/
+/// attention.py`, shared by `DeepSeek`-V3.2 and GLM-5): a layer `l` skips it (reading the top-k
+/// of the layer before) where `index_topk_pattern[l]` is `"S"`, or, without a pattern, where
+/// `max(l - index_skip_topk_offset + 1, 0) % index_topk_freq` is not 0 (offset 2 and frequency
+/// 1 when omitted: no layer skips).
+fn with_indexers(c: &Config, count: u64, latent: MlaShape) -> PlanResult<Vec<Layer>> {
+    let freq = c.positive("index_topk_freq")?.unwrap_or(1);
+    let offset = c.u64("index_skip_topk_offset")?.unwrap_or(2);
+    let pattern: Option<Vec<char>> = match c.get("index_topk_pattern")? {
+        None => None,
+        Some(Value::String(text)) => {
+            if let Some(bad) = text.chars().find(|ch| !matches!(ch, 'F' | 'S')) {
+                bail!("config.json: index_topk_pattern holds {bad:?}; vLLM reads 'F' (an indexer) or 'S' (skipped) a layer");
+            }
+            Some(text.chars().collect())
+        }
+        Some(other) => bail!("config.json: index_topk_pattern must be a string of 'F' and 'S', one a layer, got {other}"),
+    };
+    let skipped = |layer: u64| match &pattern {
+        Some(chars) => usize::try_from(layer)
+            .ok()
+            .and_then(|i| chars.get(i))
+            .is_some_and(|ch| *ch == 'S'),
+        None => (layer + 1).saturating_sub(offset) % freq != 0,
+    };
+    Ok((0..count)
+        .map(|layer| {
+            let index_head_dim = if skipped(layer) {
+                0
+            } else {
+                latent.index_head_dim
+            };
+            Layer::Mla(MlaShape {
+                index_head_dim,
+                ..latent
+            })
+        })
+        .collect())
+}
+
+/// GLM-5 (vLLM runs `GlmMoeDsaForCausalLM` as `DeepSeek`-V3.2's model): MLA with an indexer,
+/// `GlmMoeDsaConfig`'s defaults for what the file omits (`kv_lora_rank` 512,
+/// `qk_rope_head_dim` 64, `index_head_dim` 128), layers skipping the indexer as V3.2's do.
+pub fn glm_dsa(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    for key in [
+        "num_key_value_heads",
+        "qk_nope_head_dim",
+        "v_head_dim",
+        "head_dim",
+    ] {
+        let _ = c.u64(key)?;
+    }
+    let or = |key: &str, default: u64| -> PlanResult<u64> {
+        Ok(match c.u64(key)? {
+            Some(value) => value,
+            None if c.names_key(key)? => 0,
+            None => default,
+        })
+    };
+    let kv_lora_rank = or("kv_lora_rank", 512)?;
+    if kv_lora_rank == 0 {
+        bail!("config.json: kv_lora_rank must be positive");
+    }
+    let latent = MlaShape {
+        kv_lora_rank,
+        rope_head_dim: or("qk_rope_head_dim", 64)?,
+        index_head_dim: or("index_head_dim", 128)?,
+    };
+    with_indexers(c, count, latent)
 }
 
 /// `MiniMax`-M2 (vLLM `minimax_m2.py`): full attention on every layer; an `attn_type_list`, where
