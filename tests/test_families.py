@@ -621,11 +621,11 @@ CASES: dict[str, Case] = {
             # scale a token; the latent is kv_lora_rank 512 + qk_rope_head_dim 64 (defaults).
             (
                 "MLA + indexer",
-                [l for l in every(78) if max(l - 3 + 1, 0) % 4 == 0],
+                [i for i in every(78) if max(i - 3 + 1, 0) % 4 == 0],
                 nbytes((512 + 64,)) + 128 + 4,
                 0,
             ),
-            ("MLA", [l for l in every(78) if max(l - 3 + 1, 0) % 4 != 0], nbytes((512 + 64,)), 0),
+            ("MLA", [i for i in every(78) if max(i - 3 + 1, 0) % 4 != 0], nbytes((512 + 64,)), 0),
         ],
         "vLLM models/deepseek_v32/attention.py (index_topk_freq, index_skip_topk_offset); "
         "transformers configuration_glm_moe_dsa.py GlmMoeDsaConfig defaults",
