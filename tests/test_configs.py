@@ -728,7 +728,6 @@ def test_keys_a_file_omits_take_its_config_class_defaults(
         ("MllamaForConditionalGeneration", "0.10.2"),
         ("DeepseekV4ForCausalLM", "compress_ratios"),
         ("MiniMaxM3SparseForCausalLM", "indexer"),
-        ("Step3p5ForCausalLM", "attention_other_setting"),
     ],
 )
 def test_architectures_no_runtime_pdplan_reads_serves_are_refused_saying_why(
@@ -736,6 +735,42 @@ def test_architectures_no_runtime_pdplan_reads_serves_are_refused_saying_why(
 ) -> None:
     with pytest.raises(UnsupportedPDLayoutError, match=f"{architecture} is refused: .*{reason}"):
         ModelShape.from_hf_config(write(tmp_path, {**BASE, "architectures": [architecture]}))
+
+
+def test_step3p5_layers_of_the_other_type_take_its_heads(tmp_path: Path) -> None:
+    # vLLM step3p5.py: the other setting's groups and head dim where layer_types names its
+    # attention_type; without layer_types, even layers slide; head_dim else hidden / heads.
+    config = {
+        "architectures": ["Step3p5ForCausalLM"],
+        "model_type": "step3p5",
+        "num_hidden_layers": 4,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_attention_groups": 8,
+        "sliding_window": 512,
+        "layer_types": ["full_attention", "sliding_attention"] * 2 + ["sliding_attention"],
+        "attention_other_setting": {
+            "attention_type": "sliding_attention",
+            "num_attention_heads": 64,
+            "num_attention_groups": 2,
+            "head_dim": 64,
+        },
+    }
+    assert read_layers(tmp_path, config) == [
+        ("attention", 8, 128, None),
+        ("attention", 2, 64, 512),
+        ("attention", 8, 128, None),
+        ("attention", 2, 64, 512),
+    ]
+    plain = {k: v for k, v in config.items() if k not in ("layer_types", "attention_other_setting")}
+    assert (
+        read_layers(tmp_path, plain)
+        == [("attention", 8, 128, 512), ("attention", 8, 128, None)] * 2
+    )
+    with pytest.raises(UnsupportedPDLayoutError, match="att_impl_type"):
+        read_layers(tmp_path, {**config, "att_impl_type": "MLA"})
+    with pytest.raises(UnsupportedPDLayoutError, match="attention_type"):
+        read_layers(tmp_path, {**config, "attention_other_setting": {"num_attention_groups": 2}})
 
 
 def test_an_indexer_pattern_says_which_layers_keep_one(tmp_path: Path) -> None:

@@ -1278,6 +1278,26 @@ CASES.update({
         "vLLM models/step3_text.py: one KV head, replicated (stepfun-ai/step3's text values, "
         "recalled)",
     ),
+    "step-3.5-flash": Case(
+        "step3.5",
+        # Values as Megatron-Bridge's Step-3.5 provider gives them (no published file was
+        # found): a full layer every fourth, 96 query heads on the sliding ones; layer_types
+        # runs 3 entries past the layers (MTP), as the checkpoint's does.
+        {"architectures": ["Step3p5ForCausalLM"], "model_type": "step3p5",
+         "num_hidden_layers": 45, "hidden_size": 4096, "num_attention_heads": 64,
+         "num_attention_groups": 8, "head_dim": 128, "sliding_window": 512,
+         "layer_types": ["full_attention" if i % 4 == 0 else "sliding_attention"
+                         for i in range(45)] + ["sliding_attention"] * 3,
+         "attention_other_setting": {"attention_type": "sliding_attention",
+                                     "num_attention_heads": 96, "num_attention_groups": 8,
+                                     "head_dim": 128},
+         "torch_dtype": "bfloat16"},
+        [("full attention", list(range(0, 45, 4)), kv(8, 128), 0),
+         ("sliding-window attention (window 512)", [i for i in every(45) if i % 4], kv(8, 128),
+          0)],
+        "vLLM models/step3p5.py Step3p5DecoderLayer: attention_other_setting where layer_types "
+        "names its type; sliding_attention layers by sliding_window",
+    ),
 })  # fmt: skip
 
 

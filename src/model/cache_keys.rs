@@ -48,6 +48,7 @@ pub const CACHE_KEYS: &[&str] = &[
     "num_attention_groups",
     "num_global_key_value_heads",
     "swa_num_key_value_heads",
+    "attention_other_setting",
     "attention_k_eq_v",
     // Head dims, K and V.
     "head_dim",

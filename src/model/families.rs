@@ -577,6 +577,16 @@ pub const FAMILIES: &[Family] = &[
         ignored: &[],
         counted_by: None,
     },
+    Family {
+        name: "step3.5",
+        architectures: &["Step3p5ForCausalLM"],
+        model_types: &["step3p5"],
+        keys: keys!["num_attention_groups", "head_dim", "layer_types", "sliding_window", "attention_other_setting"],
+        source: "vLLM models/step3p5.py Step3p5DecoderLayer (attention_other_setting's heads where layer_types names its type; sliding_attention layers by sliding_window) on transformers_utils/configs/step3p5.py Step3p5Config",
+        read: d::step3p5,
+        ignored: &[],
+        counted_by: None,
+    },
 ];
 
 /// Architectures no family reads, each with why: refused naming the reason, not only "no
@@ -587,7 +597,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models), and no runtime pdplan reads caches its cross-attention layers' image tokens"),
     ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to six caches a layer in vLLM (a sliding MLA cache, compressed caches of compress_ratios, their compressor states, an indexer); pdplan does not read them yet"),
     ("MiniMaxM3SparseForCausalLM", "MiniMax-M3's sparse layers keep an indexer key cache beside their KV in vLLM; pdplan does not read it yet"),
-    ("Step3p5ForCausalLM", "Step-3.5 gives layers their own heads through attention_other_setting in vLLM; pdplan does not read it yet"),
 ];
 
 /// The names, for messages.

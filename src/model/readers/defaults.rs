@@ -4,9 +4,10 @@
 
 use super::attention::typed;
 use super::{by_kind, heads_and_split, named_kinds, uniform, window, HEADS, STANDARD};
-use crate::error::{bail, PlanResult};
-use crate::model::config::{as_u64, Config};
+use crate::error::{bail, PlanError, PlanResult};
+use crate::model::config::{as_u64, field, Config};
 use crate::model::layers::{AttentionShape, Layer};
+use serde_json::Value;
 
 /// A config class's default for a key, as the families vLLM runs through its Transformers
 /// backend need them: `absent` when the file omits the key, `null` (`None`: the query heads or
@@ -332,4 +333,85 @@ pub fn gemma3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     let shape = with_defaults(c, omitted)?;
     let period = c.positive("sliding_window_pattern")?.unwrap_or(6);
     full_or_sliding(c, count, shape, |i| Ok(usize::from((i + 1) % period != 0)))
+}
+
+/// Step-3.5 (vLLM `step3p5.py` `Step3p5DecoderLayer`, `Step3p5Attention`; `Step3p5Config`'s
+/// defaults: 40 heads, 8 KV groups): a layer whose `layer_types` entry is
+/// `attention_other_setting["attention_type"]` takes that setting's heads, groups and head
+/// dim; a layer slides where `layer_types` says `sliding_attention` (every even layer without
+/// the list), by `sliding_window`; the head dim is `head_dim`, else `hidden_size / heads`. The
+/// list may run past the layers (the checkpoint's MTP layers): the config class cuts it.
+pub fn step3p5(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    if let Some(kind) = c.get("att_impl_type")?.filter(|v| !v.is_null()) {
+        if kind.as_str() != Some("GQA") {
+            bail!("config.json: att_impl_type is {kind}; vLLM's step3p5.py serves \"GQA\" only");
+        }
+    }
+    let types: Vec<&str> = match c.list("layer_types")? {
+        None => Vec::new(),
+        Some(list) => {
+            if !list.is_empty() && (list.len() as u64) < count {
+                bail!(
+                    "config.json: layer_types lists {} layers but the model has {count}",
+                    list.len()
+                );
+            }
+            list.iter()
+                .take(usize::try_from(count).unwrap_or(usize::MAX))
+                .map(|v| {
+                    v.as_str().ok_or_else(|| {
+                        PlanError::new(format!(
+                            "config.json: layer_types entries must be strings, got {v}"
+                        ))
+                    })
+                })
+                .collect::<PlanResult<_>>()?
+        }
+    };
+    let other = c.get("attention_other_setting")?;
+    let other_type = match other {
+        Some(setting) => match field(setting, "attention_type", "attention_other_setting")? {
+            Some(Value::String(name)) => Some(name.as_str()),
+            _ if types.is_empty() => None,
+            _ => bail!("config.json: attention_other_setting names no attention_type (vLLM's step3p5.py needs it beside layer_types)"),
+        },
+        None => None,
+    };
+    let sized = |key: &str, default: Option<u64>, other_applies: bool| -> PlanResult<Option<u64>> {
+        if other_applies {
+            if let Some(setting) = other {
+                let path = format!("attention_other_setting.{key}");
+                if let Some(value) = field(setting, key, &path)? {
+                    let value = as_u64(value, &path)?;
+                    if value > 0 {
+                        return Ok(Some(value));
+                    }
+                }
+            }
+        }
+        Ok(c.u64(key)?.filter(|&v| v > 0).or(default))
+    };
+    let window = c.u64("sliding_window")?.filter(|&w| w > 0);
+    let hidden = c.u64("hidden_size")?;
+    (0..count)
+        .map(|layer| {
+            let kind = usize::try_from(layer).ok().and_then(|i| types.get(i)).copied();
+            let applies = kind.is_some() && kind == other_type;
+            let heads = sized("num_attention_heads", Some(40), applies)?.unwrap_or(40);
+            let kv = sized("num_attention_groups", Some(8), applies)?.unwrap_or(8);
+            let dim = match sized("head_dim", None, applies)? {
+                Some(dim) => dim,
+                None => match hidden {
+                    Some(h) if heads > 0 && h % heads == 0 => h / heads,
+                    _ => bail!("config.json: Step-3.5 layer {layer} has no head_dim and hidden_size is not a multiple of its {heads} heads"),
+                },
+            };
+            let sliding = match kind {
+                Some(name) => name == "sliding_attention",
+                None => layer % 2 == 0,
+            };
+            let full = AttentionShape::full(kv, dim);
+            Ok(Layer::Attention(if sliding { full.sliding(window) } else { full }))
+        })
+        .collect()
 }
