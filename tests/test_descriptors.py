@@ -199,6 +199,19 @@ def test_coalescing_needs_both_sides_to_continue() -> None:
     assert rows(runs) == [(0, 0, 192), (448, 192, 128)]
 
 
+def test_a_fragment_that_writes_nothing_does_not_part_its_neighbours() -> None:
+    # Hypothesis found it: a fragment of another buffer limited to no pages sat between two
+    # halves of one run, and the halves stayed apart. The descriptors before and after an
+    # empty fragment are neighbours; they merge where they continue each other.
+    first, second = frag(length=32), frag(src_off=32, dst_off=32, length=32)
+    empty = frag(buffer_index=1, page_count=0)
+    out = transfer_descriptors([first, empty, second], [0, 4096], [0, 4096], [0], [0])
+    assert rows(out) == [(0, 0, 64)]
+    zero = frag(dst_off=1, length=0)
+    out = transfer_descriptors([zero, empty, zero], [0, 4096], [0, 4096], [0], [0])
+    assert rows(out) == coalesced(tagged_loop([zero, empty, zero], [0, 4096], [0, 4096], [0], [0]))
+
+
 def test_page_count_takes_the_first_pairs() -> None:
     out = transfer_descriptors([frag(page_count=2)], [0], [0], [5, 6, 7], [0, 1, 2], coalesce=False)
     assert out.src_addrs.tolist() == [320, 384]

@@ -112,11 +112,13 @@ impl Job<'_> {
     /// Whether coalescing can merge anything: some job's descriptors may continue each other,
     /// or a job follows another of the same buffer.
     pub(super) fn any_may_merge(jobs: &[Self]) -> bool {
-        jobs.iter().enumerate().any(|(i, job)| {
-            job.may_merge_within()
-                || i.checked_sub(1)
-                    .and_then(|previous| jobs.get(previous))
-                    .is_some_and(|previous| previous.buffer_index == job.buffer_index)
+        // A job that writes nothing sits between no two descriptors: the one before it that
+        // writes is the neighbour.
+        let mut previous_buffer = None;
+        jobs.iter().filter(|job| job.count() > 0).any(|job| {
+            let joins = previous_buffer == Some(job.buffer_index);
+            previous_buffer = Some(job.buffer_index);
+            joins || job.may_merge_within()
         })
     }
 
@@ -156,11 +158,11 @@ impl Descriptors {
         for job in jobs {
             let count = job.count();
             let end = start + count;
+            if count == 0 {
+                continue; // writes nothing, so the descriptor before it stays the neighbour
+            }
             let joins_previous = previous_buffer == Some(job.buffer_index);
             previous_buffer = Some(job.buffer_index);
-            if count == 0 {
-                continue;
-            }
             if kept == start && !job.may_merge_within() {
                 // Nothing moved yet and nothing merges inside: only the first may join.
                 if joins_previous && kept > 0 && self.continues(kept - 1, start) {

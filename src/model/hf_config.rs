@@ -6,7 +6,8 @@
 use serde_json::Value;
 
 use super::config::{lenient_json, Config, Parts};
-use super::families::{check_keys, select, Family};
+use super::families::{select, Family};
+use super::key_checks::check_keys;
 use super::quantization::{self, SIDE_FILE};
 use super::shape::{check_layer_count, DraftShape, ModelShape};
 use crate::error::{bail, quoted, PlanError, PlanResult};

@@ -8,6 +8,7 @@ mod dtype;
 mod families;
 mod hf_config;
 mod item_lengths;
+mod key_checks;
 mod layer_kinds;
 mod layers;
 mod quantization;
