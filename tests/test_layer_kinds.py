@@ -100,3 +100,15 @@ def test_a_field_s_docstring_says_what_its_schema_row_says(
     for name, _, _, doc in fields:
         assert name in docs, f"{cls}.{name} has no docstring"
         assert docs[name].lower().startswith(doc.lower().rstrip(".")), (cls, name, docs[name], doc)
+
+
+@pytest.mark.parametrize(("index_head_dim", "row_bytes"), [(64, 64), (128, 132), (256, 264)])
+def test_an_indexer_keeps_a_scale_per_128_keys(index_head_dim: int, row_bytes: int) -> None:
+    # vLLM models/deepseek_v32/attention.py: the indexer's key cache is head_dim +
+    # head_dim // 128 * 4 bytes a token (fp8 keys, a 4-byte ue8m0 scale per 128 of them).
+    layer = pdplan.MlaLayer(kv_lora_rank=512, rope_head_dim=64, index_head_dim=index_head_dim)
+    shape = pdplan.ModelShape(dtype="bfloat16", page_size=16, layer_kinds=(layer,))
+    prefill, _ = pdplan.model_buffer_layouts(shape, 1, 1)
+    latent, indexer = prefill
+    assert latent.item_stride_bytes == (512 + 64) * 2 * 16
+    assert indexer.item_stride_bytes == row_bytes * 16

@@ -6,7 +6,7 @@
 //!   names its window on every buffer.
 //! - MLA: the latent (`replicated`, `kv_lora_rank + rope_head_dim` values; FP8 caches use
 //!   `FlashMLA`'s layout), then with an indexer its key cache (`index_head_dim` fp8 values and
-//!   one fp32 scale, `replicated`).
+//!   a 4-byte scale per 128 of them, `replicated`).
 //! - Mamba2: SSM state `[heads, head_dim, state_size]` sharded by heads, then the conv state
 //!   `x | B | C` (`heads * head_dim`, `groups * state_size` twice) of `conv_kernel - 1` inputs.
 //! - Mamba1: SSM state `[inner, state_size]`, then the conv state `[inner, conv_kernel - 1]`.
@@ -221,6 +221,9 @@ pub struct Cache {
 
 pub const KV_KINDS: (BufferKind, BufferKind) = (BufferKind::TargetK, BufferKind::TargetV);
 
+/// Indexer keys a scale covers (vLLM's `quant_block_size`).
+const INDEX_QUANT_BLOCK: u64 = 128;
+
 fn product(values: &[u64], what: &str) -> PlanResult<u64> {
     values
         .iter()
@@ -375,10 +378,11 @@ fn mla(m: &MlaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<(
     };
     out.push(token_buffer(cache, BufferKind::TargetK, token_bytes, what)?);
     if m.index_head_dim > 0 {
-        // The indexer keeps fp8 keys and one fp32 scale a token, whatever the KV dtype.
+        // The indexer keeps fp8 keys and a 4-byte scale per 128 of them, whatever the KV dtype
+        // (vLLM models/deepseek_v32/attention.py: head_dim + head_dim // 128 * 4 bytes).
         let keys = m
             .index_head_dim
-            .checked_add(4)
+            .checked_add(m.index_head_dim / INDEX_QUANT_BLOCK * 4)
             .ok_or_else(|| PlanError::new("the indexer's key cache overflows"))?;
         out.push(token_buffer(
             cache,
