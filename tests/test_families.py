@@ -1278,6 +1278,23 @@ CASES.update({
         "vLLM models/step3_text.py: one KV head, replicated (stepfun-ai/step3's text values, "
         "recalled)",
     ),
+    "minimax-m3": Case(
+        "minimax-m3",
+        {"architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax_m3_text",
+         "num_hidden_layers": 60, "hidden_size": 6144, "num_attention_heads": 64,
+         "num_key_value_heads": 4, "head_dim": 128,
+         "sparse_attention_config": {"use_sparse_attention": True, "sparse_index_dim": 128,
+                                     "sparse_num_index_heads": 4,
+                                     "sparse_attention_freq": [0] * 3 + [1] * 57},
+         "torch_dtype": "bfloat16"},
+        # vLLM minimax_m3/nvidia/model.py: K and V on every layer; a layer whose
+        # sparse_attention_freq is not 0 also keeps one bf16 index key of sparse_index_dim
+        # (common/indexer.py MiniMaxM3IndexerCache).
+        [("full attention", [0, 1, 2], kv(4, 128), 0),
+         ("full attention + index keys", list(range(3, 60)), kv(4, 128) + nbytes((128,)), 0)],
+        "vLLM models/minimax_m3/nvidia/model.py _sparse_attention_layer_ids; "
+        "common/indexer.py MiniMaxM3IndexerCache",
+    ),
     "step-3.5-flash": Case(
         "step3.5",
         # Values as Megatron-Bridge's Step-3.5 provider gives them (no published file was

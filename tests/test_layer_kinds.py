@@ -112,3 +112,28 @@ def test_an_indexer_keeps_a_scale_per_128_keys(index_head_dim: int, row_bytes: i
     latent, indexer = prefill
     assert latent.item_stride_bytes == (512 + 64) * 2 * 16
     assert indexer.item_stride_bytes == row_bytes * 16
+
+
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(4, 1), (1, 4), (4, 2), (8, 8)])
+def test_index_keys_are_one_head_on_every_rank(prefill_tp: int, decode_tp: int) -> None:
+    # MiniMax-M3's sparse layers: K and V of 4 heads split over TP, and one bf16 index key of
+    # 128 a token that every rank holds whole (vLLM MiniMaxM3IndexerCache, one head). A decode
+    # rank receives its K and V heads and the whole index key, once.
+    sparse = pdplan.AttentionLayer(kv_heads=4, head_dim=128, index_head_dim=128)
+    shape = pdplan.ModelShape(page_size=16, layer_kinds=(sparse,))
+    _, decode = pdplan.model_buffer_layouts(shape, prefill_tp, decode_tp)
+    assert [b.item_stride_bytes for b in decode][2] == 128 * 2 * 16
+    assert [b.is_token_indexed for b in decode] == [True] * 3
+    pairing = pdplan.Pairing(
+        shape,
+        pdplan.ParallelLayout("prefill", prefill_tp),
+        pdplan.ParallelLayout("decode", decode_tp),
+    )
+    pairing.planner.verify()
+    cost = pairing.cost(160)
+    heads = max(4 // decode_tp, 1)
+    kv_bytes, index_bytes = 160 * 2 * heads * 128 * 2, 160 * 128 * 2
+    # K and V go to the first rank of each replica group ("first"); every rank needs the
+    # index keys, as every rank needs a replicated MLA latent.
+    receiving = min(decode_tp, 4)
+    assert cost.bytes == receiving * kv_bytes + decode_tp * index_bytes

@@ -418,6 +418,7 @@ def test_llama_3_70b_as_json() -> None:
     written = json.loads(ModelShape.preset("llama-3-70b").to_json())
     layer = {"kind": "attention", "kv_heads": 8, "head_dim": 128}
     layer |= {"sliding_window": None, "v_head_dim": None, "attention_chunk_size": None}
+    layer |= {"index_head_dim": 0}
     assert written["layer_kinds"] == [layer] * 80
     assert written["dtype"] == "bfloat16" and written["draft_layers"] == 0
 

@@ -99,7 +99,8 @@ class AttentionLayer:
     """Attention with a paged KV cache: K and V of ``kv_heads`` x ``head_dim`` a token (GQA
     replica groups where TP exceeds the heads); a sliding-window layer keeps ``sliding_window``
     tokens, a chunked local-attention layer (Llama 4) its current ``attention_chunk_size``
-    chunk. ``v_head_dim``: V's head dim where it differs from K's (MiMo-V2)."""
+    chunk. ``v_head_dim``: V's head dim where it differs from K's (MiMo-V2). ``index_head_dim``:
+    a sparse layer's index keys (MiniMax-M3)."""
 
     kind: ClassVar[str] = "attention"
     """The layer kind's name, ``"attention"``, as ``ModelShape.to_dict`` writes it."""
@@ -113,6 +114,9 @@ class AttentionLayer:
     """V's head dim where it differs from K's; None: ``head_dim``."""
     attention_chunk_size: int | None = None
     """A chunked local-attention layer's chunk (tokens); None: none."""
+    index_head_dim: int = 0
+    """A sparse layer's index key dim (MiniMax-M3; 0: none): one bfloat16 key a token, the
+    same on every rank, beside K and V."""
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ pub const CACHE_KEYS: &[&str] = &[
     "index_topk_freq",
     "index_topk_pattern",
     "index_skip_topk_offset",
+    "sparse_attention_config",
     // State sizes.
     "mamba_d_state",
     "ssm_state_size",

@@ -578,10 +578,20 @@ pub const FAMILIES: &[Family] = &[
         counted_by: None,
     },
     Family {
+        name: "minimax-m3",
+        architectures: &["MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"],
+        model_types: &["minimax_m3_text", "minimax_m3_vl"],
+        keys: keys!["sparse_attention_config"],
+        source: "vLLM models/minimax_m3/nvidia/model.py (every layer K and V of num_key_value_heads x head_dim; a layer whose sparse_attention_config.sparse_attention_freq entry is not 0 keeps a MiniMaxM3IndexerCache of sparse_index_dim, common/indexer.py) on transformers_utils/configs/minimax_m3.py MiniMaxM3TextConfig",
+        read: d::minimax_m3,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
         name: "step3.5",
         architectures: &["Step3p5ForCausalLM"],
         model_types: &["step3p5"],
-        keys: keys!["num_attention_groups", "head_dim", "layer_types", "sliding_window", "attention_other_setting"],
+        keys: keys!["num_attention_groups", "layer_types", "sliding_window", "attention_other_setting"],
         source: "vLLM models/step3p5.py Step3p5DecoderLayer (attention_other_setting's heads where layer_types names its type; sliding_attention layers by sliding_window) on transformers_utils/configs/step3p5.py Step3p5Config",
         read: d::step3p5,
         ignored: &[],
@@ -596,7 +606,6 @@ pub const REFUSED: &[(&str, &str)] = &[
     ("BaiChuanForCausalLM", "vLLM serves Baichuan only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS), and its remote code does not run on vLLM's Transformers backend"),
     ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models), and no runtime pdplan reads caches its cross-attention layers' image tokens"),
     ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to six caches a layer in vLLM (a sliding MLA cache, compressed caches of compress_ratios, their compressor states, an indexer); pdplan does not read them yet"),
-    ("MiniMaxM3SparseForCausalLM", "MiniMax-M3's sparse layers keep an indexer key cache beside their KV in vLLM; pdplan does not read it yet"),
 ];
 
 /// The names, for messages.

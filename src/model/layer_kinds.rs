@@ -87,6 +87,11 @@ pub const LAYER_KINDS: &[LayerKind] = &[
                 "attention_chunk_size",
                 "a chunked local-attention layer's chunk",
             ),
+            int_or(
+                "index_head_dim",
+                0,
+                "a sparse layer's index key dim (MiniMax-M3; 0: none)",
+            ),
         ],
     },
     LayerKind {
@@ -277,6 +282,7 @@ impl Layer {
                 OptionalInt(a.sliding_window),
                 OptionalInt(a.v_head_dim),
                 OptionalInt(a.attention_chunk),
+                Int(a.index_head_dim),
             ],
             Self::Mla(m) => vec![
                 Int(m.kv_lora_rank),
@@ -331,6 +337,7 @@ impl Layer {
                 sliding_window: v.optional()?,
                 v_head_dim: v.optional()?,
                 attention_chunk: v.optional()?,
+                index_head_dim: v.int()?,
             }),
             "mla" => Self::Mla(MlaShape {
                 kv_lora_rank: v.int()?,
@@ -394,6 +401,7 @@ mod tests {
             sliding_window: Some(4096),
             v_head_dim: None,
             attention_chunk: Some(8192),
+            index_head_dim: 128,
         };
         let mamba = Mamba2Shape {
             heads: 64,

@@ -41,6 +41,9 @@ pub struct AttentionShape {
     /// Chunked local attention (Llama 4): a token attends only within its chunk of this many
     /// tokens, so a request of `n` tokens keeps only tokens `t >= (n / chunk) * chunk`.
     pub attention_chunk: Option<u64>,
+    /// A sparse layer's index key dim (`MiniMax`-M3): one bf16 key a token, the same on every
+    /// rank, beside K and V; 0 without one.
+    pub index_head_dim: u64,
 }
 
 impl AttentionShape {
@@ -52,6 +55,7 @@ impl AttentionShape {
             sliding_window: None,
             v_head_dim: None,
             attention_chunk: None,
+            index_head_dim: 0,
         }
     }
 
@@ -202,7 +206,12 @@ impl AttentionShape {
             ),
             None => String::new(),
         };
-        base + &dims
+        let index = if self.index_head_dim > 0 {
+            " + index keys"
+        } else {
+            ""
+        };
+        base + &dims + index
     }
 }
 
@@ -342,6 +351,16 @@ pub fn attention(
             sliding_window: a.sliding_window,
             attention_chunk_size: a.attention_chunk,
             ..buffer
+        });
+    }
+    if a.index_head_dim > 0 {
+        // vLLM's MiniMaxM3IndexerCache: one key head on every rank (the indexer's default
+        // bfloat16; its fp8 option is a runtime setting a config does not name).
+        let keys = Dtype::BFloat16.bytes_of(a.index_head_dim, "an index key")?;
+        out.push(BufferLayout {
+            sliding_window: a.sliding_window,
+            attention_chunk_size: a.attention_chunk,
+            ..token_buffer(cache, kinds.0, keys, "the index key cache")?
         });
     }
     Ok(())

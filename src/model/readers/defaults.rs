@@ -415,3 +415,46 @@ pub fn step3p5(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         })
         .collect()
 }
+
+/// `MiniMax`-M3 (vLLM `models/minimax_m3/nvidia/model.py`; `MiniMaxM3TextConfig`'s defaults: 4
+/// KV heads of 128, the first 3 of 60 layers dense): every layer keeps K and V of
+/// `num_key_value_heads` x `head_dim`; a layer whose `sparse_attention_freq` entry is not 0
+/// also keeps index keys of `sparse_index_dim` (`MiniMaxM3IndexerCache`, one head, bf16).
+/// Layers past the list are dense.
+pub fn minimax_m3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    let full = AttentionShape::full(
+        c.u64("num_key_value_heads")?.unwrap_or(4),
+        c.u64("head_dim")?.unwrap_or(128),
+    );
+    let path = "sparse_attention_config";
+    let (index_dim, sparse): (u64, Vec<bool>) = match c.get(path)? {
+        None => (128, (0..count).map(|i| (3..60).contains(&i)).collect()),
+        Some(setting) => {
+            let index_dim = match field(setting, "sparse_index_dim", path)? {
+                Some(v) => as_u64(v, "sparse_attention_config.sparse_index_dim")?,
+                None => bail!("config.json: sparse_attention_config names no sparse_index_dim"),
+            };
+            let freq = match field(setting, "sparse_attention_freq", path)? {
+                None => Vec::new(),
+                Some(Value::Array(list)) => list
+                    .iter()
+                    .map(|v| Ok(as_u64(v, "sparse_attention_config.sparse_attention_freq")? != 0))
+                    .collect::<PlanResult<_>>()?,
+                Some(other) => bail!("config.json: sparse_attention_config.sparse_attention_freq must be a list, got {other}"),
+            };
+            (index_dim, freq)
+        }
+    };
+    if index_dim == 0 && sparse.iter().any(|&s| s) {
+        bail!("config.json: sparse_attention_config.sparse_index_dim must be positive");
+    }
+    Ok((0..count)
+        .map(|layer| {
+            let is_sparse = usize::try_from(layer).ok().and_then(|i| sparse.get(i)) == Some(&true);
+            Layer::Attention(AttentionShape {
+                index_head_dim: if is_sparse { index_dim } else { 0 },
+                ..full
+            })
+        })
+        .collect())
+}
