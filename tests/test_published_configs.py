@@ -86,7 +86,8 @@ def read_by_a_family(model: str, truth: dict[str, Any]) -> bool:
 
 
 def test_the_corpus_holds_what_the_issue_asks() -> None:
-    assert len(MODELS) >= 1
+    # README.md beside the files says what could not be found (the issue asks for 100).
+    assert len(MODELS) >= 70
     for model in MODELS:
         truth = truth_of(model)
         source = truth["source"]
