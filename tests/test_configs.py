@@ -724,7 +724,7 @@ def test_keys_a_file_omits_take_its_config_class_defaults(
 @pytest.mark.parametrize(
     ("architecture", "reason"),
     [
-        ("BaichuanForCausalLM", "0.23"),
+        ("BaiChuanForCausalLM", "0.23"),
         ("MllamaForConditionalGeneration", "0.10.2"),
         ("DeepseekV4ForCausalLM", "compress_ratios"),
     ],

@@ -1278,6 +1278,19 @@ CASES.update({
         "vLLM models/step3_text.py: one KV head, replicated (stepfun-ai/step3's text values, "
         "recalled)",
     ),
+    "baichuan2-13b": Case(
+        "baichuan",
+        # baichuan-inc/Baichuan2-13B-Chat's sizes (recalled): multi-head attention.
+        {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan",
+         "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 40,
+         "intermediate_size": 13696, "vocab_size": 125696, "model_max_length": 4096,
+         "torch_dtype": "bfloat16"},
+        # SGLang baichuan.py: head_dim = hidden_size // heads (128); the pool holds the
+        # config's KV heads, which default to the 40 query heads.
+        [("full attention", every(40), kv(40, 128), 0)],
+        "SGLang models/baichuan.py BaiChuanAttention (head_dim hidden_size // heads); the KV "
+        "pool of model_config's KV heads",
+    ),
     "minimax-m3": Case(
         "minimax-m3",
         {"architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax_m3_text",

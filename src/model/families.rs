@@ -578,6 +578,16 @@ pub const FAMILIES: &[Family] = &[
         counted_by: None,
     },
     Family {
+        name: "baichuan",
+        architectures: &["BaichuanForCausalLM"],
+        model_types: &["baichuan"],
+        keys: keys![],
+        source: "SGLang models/baichuan.py (Baichuan 13B and Baichuan 2; vLLM served it up to 0.23): multi-head attention, the KV pool of the config's KV heads (the query heads) x hidden_size / heads",
+        read: a::dense,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
         name: "minimax-m3",
         architectures: &["MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"],
         model_types: &["minimax_m3_text", "minimax_m3_vl"],
@@ -602,8 +612,7 @@ pub const FAMILIES: &[Family] = &[
 /// Architectures no family reads, each with why: refused naming the reason, not only "no
 /// family".
 pub const REFUSED: &[(&str, &str)] = &[
-    ("BaichuanForCausalLM", "vLLM serves Baichuan only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS), and its remote code does not run on vLLM's Transformers backend"),
-    ("BaiChuanForCausalLM", "vLLM serves Baichuan only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS), and its remote code does not run on vLLM's Transformers backend"),
+    ("BaiChuanForCausalLM", "Baichuan-7B (v1): vLLM serves it only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS) and SGLang registers BaichuanForCausalLM (Baichuan 13B and Baichuan 2), not this name"),
     ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models), and no runtime pdplan reads caches its cross-attention layers' image tokens"),
     ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to six caches a layer in vLLM (a sliding MLA cache, compressed caches of compress_ratios, their compressor states, an indexer); pdplan does not read them yet"),
 ];
