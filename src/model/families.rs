@@ -613,7 +613,7 @@ pub const FAMILIES: &[Family] = &[
 /// family".
 pub const REFUSED: &[(&str, &str)] = &[
     ("BaiChuanForCausalLM", "Baichuan-7B (v1): vLLM serves it only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS) and SGLang registers BaichuanForCausalLM (Baichuan 13B and Baichuan 2), not this name"),
-    ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models), and no runtime pdplan reads caches its cross-attention layers' image tokens"),
+    ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models); SGLang serves it, its image tokens ahead of the text in every layer's pool (num_images x max_num_tiles x ((image_size / patch_size)^2 + 1) tokens, 6404 an image for Llama-3.2-11B-Vision), but its PD disaggregation sends those slots with no encoder bookkeeping on the decode side (disaggregation/decode.py prepare_for_prebuilt sets no encoder_lens), so no runtime serves it disaggregated"),
     ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to five caches a layer in vLLM (models/deepseek_v4/attention.py: a sliding MLA cache on every layer; where compress_ratios[i] > 1 a compressed cache of one entry per that many tokens and its compressor state; at ratio 4 an indexer key cache and its compressor state), in block sizes of their own; pdplan has no layer kind for caches of several tokens an entry yet"),
 ];
 
