@@ -736,6 +736,44 @@ def test_architectures_no_runtime_pdplan_reads_serves_are_refused_saying_why(
         ModelShape.from_hf_config(write(tmp_path, {**BASE, "architectures": [architecture]}))
 
 
+@pytest.mark.parametrize(
+    "architectures",
+    [["Qwen2ForCausalLM"], ["Qwen2Model"], ["Qwen2ForRewardModel"],
+     ["Qwen2AudioForConditionalGeneration"], None],
+)  # fmt: skip
+def test_qwen2_models_take_hidden_size_over_heads(
+    tmp_path: Path, architectures: list[str] | None
+) -> None:
+    # vLLM qwen2.py Qwen2Attention: head_dim = hidden_size // heads, config.head_dim unread,
+    # for every architecture vLLM runs on it (and a file naming only model_type qwen2).
+    config: dict[str, Any] = {
+        "model_type": "qwen2", "num_hidden_layers": 2, "hidden_size": 4096,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 256,
+    }  # fmt: skip
+    if architectures:
+        config["architectures"] = architectures
+    assert read_layers(tmp_path, config) == [("attention", 8, 128, None)] * 2
+    qwen3 = {**config, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    assert read_layers(tmp_path, qwen3) == [("attention", 8, 256, None)] * 2
+
+
+def test_minimax_m3_without_sparse_layers_keeps_no_index_keys(tmp_path: Path) -> None:
+    # vLLM minimax_m3 _sparse_attention_layer_ids: an empty config, or one without
+    # sparse_attention_freq, names no sparse layer.
+    config = {
+        "architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "minimax_m3_text",
+        "num_hidden_layers": 4, "num_key_value_heads": 4, "head_dim": 128,
+    }  # fmt: skip
+    for setting in ({}, {"sparse_index_dim": 128}):
+        shape = ModelShape.from_hf_config(
+            write(tmp_path, {**config, "sparse_attention_config": setting})
+        )
+        assert [layer.index_head_dim for layer in shape.model_layers] == [0] * 4
+    named = {"sparse_attention_freq": [0, 1, 1, 0]}
+    with pytest.raises(UnsupportedPDLayoutError, match="sparse_index_dim"):
+        ModelShape.from_hf_config(write(tmp_path, {**config, "sparse_attention_config": named}))
+
+
 def test_step3p5_layers_of_the_other_type_take_its_heads(tmp_path: Path) -> None:
     # vLLM step3p5.py: the other setting's groups and head dim where layer_types names its
     # attention_type; without layer_types, even layers slide; head_dim else hidden / heads.
@@ -787,7 +825,11 @@ def test_an_indexer_pattern_says_which_layers_keep_one(tmp_path: Path) -> None:
     shape = ModelShape.from_hf_config(write(tmp_path, config))
     kept = [layer.index_head_dim for layer in shape.model_layers]
     assert kept == [128, 0, 0, 128]
-    for bad, says in (("FXS", "'X'"), (["F", "S"], "string")):
+    listed = ModelShape.from_hf_config(
+        write(tmp_path, {**config, "index_topk_pattern": ["F", "S"]})
+    )
+    assert [layer.index_head_dim for layer in listed.model_layers] == [128, 0, 128, 128]
+    for bad, says in (("FXS", "'X'"), (["F", "SS"], "SS"), (3, "string")):
         with pytest.raises(UnsupportedPDLayoutError, match=says):
             ModelShape.from_hf_config(write(tmp_path, {**config, "index_topk_pattern": bad}))
     freq = {**config, "index_topk_pattern": None, "index_topk_freq": 2, "index_skip_topk_offset": 1}

@@ -295,3 +295,41 @@ def test_long_requests_by_slot_maps_cost_what_planning_them_builds(
     got = {(p.decode_rank, p.prefill_rank): (p.descriptors, p.bytes) for p in cost.pairs}
     assert got == planned(pairing, tokens, prefix, seed=tokens + prefix)
     assert cost.by == "slots"
+
+
+@pytest.mark.parametrize("split", ["interleave", "contiguous", "zigzag"])
+def test_decode_context_parallel_shares_cost_what_planning_them_builds(split: str) -> None:
+    # DCP dealt by the request's length (contiguous, zigzag) repeats no period: a full walk.
+    decode = ParallelLayout("decode", 4, dcp_size=2, cp_split=split)  # type: ignore[arg-type]
+    pairing = Pairing("deepseek-v3", ParallelLayout("prefill", 2), decode)
+    for tokens, prefix in ((5000, 1000), (5000, 0), (777, 776)):
+        cost = pairing.cost(tokens, decode_prefix=prefix)
+        got = {(p.decode_rank, p.prefill_rank): (p.descriptors, p.bytes) for p in cost.pairs}
+        assert got == planned(pairing, tokens, prefix, seed=tokens)
+
+
+def test_a_short_request_walks_no_more_than_itself() -> None:
+    # Pages of 17 and 19 tokens under 8192-token chunks repeat only every 2.6 M tokens: a
+    # 100-token request is counted as it is, not from periods (it took 14 s, and pages of
+    # about 2^20 tokens were refused as too many tokens).
+    pairing = Pairing(
+        "llama-4-scout", ParallelLayout("prefill", 1), ParallelLayout("decode", 1),
+        prefill_page_size=17, decode_page_size=19,
+    )  # fmt: skip
+    cost = pairing.cost(100, decode_prefix=3)
+    got = {(p.decode_rank, p.prefill_rank): (p.descriptors, p.bytes) for p in cost.pairs}
+    assert got == planned(pairing, 100, 3, seed=1)
+    big = Pairing(
+        "gemma-3-27b", ParallelLayout("prefill", 1), ParallelLayout("decode", 1),
+        prefill_page_size=2**20 - 1, decode_page_size=2**20 - 3,
+    )  # fmt: skip
+    assert big.cost(100).bytes == planned(big, 100, 0, seed=2)[(0, 0)][1]
+
+
+def test_the_decode_dp_group_is_the_one_asked_for() -> None:
+    decode = ParallelLayout("decode", 4, dp_size=2)
+    cost = transfer_cost(
+        "llama-3-8b", ParallelLayout("prefill", 2), decode, tokens=64, decode_dp_group=1
+    )
+    assert cost.decode_dp_group == 1
+    assert {p.decode_rank for p in cost.pairs} == {2, 3}

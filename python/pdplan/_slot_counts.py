@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from pdplan._context import token_slots
+from pdplan._core import UnsupportedPDLayoutError
 from pdplan._staging import StagingCounts
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ def _spread(layout: ParallelLayout) -> tuple[int, int] | None:
     ways = layout.cp_size * layout.dcp_size
     if ways == 1 or layout.cp_kv == "replicated":
         return 1, 1
-    if layout.cp_size > 1 and layout.cp_split != "interleave":
+    if layout.cp_split != "interleave":  # CP or DCP shares by the request's length
         return None
     return ways, layout.cp_interleave
 
@@ -143,11 +144,18 @@ class SlotCounter:
         # The first period (holding the prefix's end), kept periods, the middle, then the
         # tail's periods and the last partial one; each period of the middle adds `unit`.
         steady = (1 + _KEPT_PERIODS + self._tail) * period
+        if tokens < steady + period:  # nothing to take out: the request as it is
+            return self.walk(self.prepare(fragments, self._pages(tokens)), pair, tokens, prefix)
         if pair not in self._units:
             prepared = self.prepare(fragments, self._pages(steady + 2 * period))
             unit = _less(
                 self.walk(prepared, pair, steady + period, 0), self.walk(prepared, pair, steady, 0)
             )
+            if min(unit) < 0:  # never scale what does not repeat
+                raise UnsupportedPDLayoutError(
+                    f"rank pair {pair}'s slot maps do not repeat every {period} tokens (a bug in "
+                    "pdplan's period)"
+                )
             self._units[pair] = (prepared, unit)
         prepared, unit = self._units[pair]
         middle = max(0, tokens // period - steady // period)

@@ -3,10 +3,10 @@ bytes and descriptors of every rank pair, the largest fanout and the cost model'
 router choosing where to send a request before any page is allocated.
 
 A ``Pairing`` builds the planner once; ``Pairing.cost`` then counts one request exactly as
-planning it would (its pages scattered on both sides, so no descriptor continues another), in
-microseconds where the two sides move by pages: the Rust core counts two pages and scales.
-Where they move by slot maps (page sizes that differ, context parallelism) the count walks the
-request's tokens.
+planning it would (its pages scattered on both sides, so no descriptor continues another),
+without building it: where the two sides move by pages the Rust core counts two pages and
+scales; where they move by slot maps (page sizes that differ, context parallelism) it walks a
+few periods of both sides' page boundaries and multiplies the middle ones (``_slot_counts``).
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ class TransferCost:
     """How the request moves: by page ids (both sides' pages alike) or by slot maps."""
     pairs: tuple[PairCost, ...]
     """Every (decode rank, prefill rank) pair the decode DP group reads from."""
+    decode_dp_group: int = 0
+    """The decode DP group the request lands on."""
 
     @property
     def largest_fanout(self) -> int:
@@ -258,6 +260,7 @@ class Pairing:
             else (1, 1)
         )
         self._kv = [b.buffer_index for b in prefill_buffers if b.is_token_indexed]
+        self._states: dict[tuple[int, int], StagingCounts] = {}
         self._state = [b.buffer_index for b in prefill_buffers if not b.is_token_indexed]
 
     @cached_property
@@ -325,7 +328,8 @@ class Pairing:
                 parts.append(source.state)
             pairs.append(self._pair(source.decode_rank, source.prefill_rank, parts))
         return TransferCost(
-            tokens, decode_prefix, tokens - first * page_size, "pages", tuple(pairs)
+            tokens, decode_prefix, tokens - first * page_size, "pages", tuple(pairs),
+            self.decode_dp_group,
         )  # fmt: skip
 
     def _pair(self, decode_rank: int, prefill_rank: int, parts: list[StagingCounts]) -> PairCost:
@@ -355,6 +359,16 @@ class Pairing:
         sources of shorter ones under CP are fewer)."""
         return {rank: self.planner.transfer_fragments(rank) for rank in self._decode_ranks}
 
+    def _state_counts(
+        self, rank: int, prefill_rank: int, fragments: Sequence[TransferFragment]
+    ) -> StagingCounts:
+        """A pair's state counts (one page each side), counted once."""
+        key = (rank, prefill_rank)
+        if key not in self._states:
+            prepared = self._prepared(fragments, 3)
+            self._states[key] = prepared.scattered_page_counts(1, buffers=self._state)
+        return self._states[key]
+
     def _by_slots(self, tokens: int, decode_prefix: int) -> TransferCost:
         """Slot maps over scattered pages (every other page, backwards), the decode side's
         slots cleared below the prefix (``SlotCounter``)."""
@@ -370,11 +384,11 @@ class Pairing:
             for prefill_rank, fragments in sources.items():
                 parts = [counter.counts((rank, prefill_rank), fragments, tokens, decode_prefix)]
                 if self._state:
-                    state = self._prepared(fragments, 3)
-                    parts.append(state.scattered_page_counts(1, buffers=self._state))
+                    parts.append(self._state_counts(rank, prefill_rank, fragments))
                 pairs.append(self._pair(rank, prefill_rank, parts))
         return TransferCost(
-            tokens, decode_prefix, tokens - decode_prefix, "slots", tuple(pairs)
+            tokens, decode_prefix, tokens - decode_prefix, "slots", tuple(pairs),
+            self.decode_dp_group,
         )  # fmt: skip
 
 
@@ -388,7 +402,9 @@ def transfer_cost(
     prefill_page_size: int | None = None,
     decode_page_size: int | None = None,
     kv_layout: Literal["HND", "NHD"] = "HND",
+    decode_replicas: Literal["first", "all"] = "first",
     cost_model: CostModel | None = None,
+    decode_dp_group: int = 0,
 ) -> TransferCost:
     """One request's cost on a pairing, planned for this call: a router costing many requests
     keeps a ``Pairing`` and calls ``Pairing.cost``, which plans once.
@@ -401,7 +417,9 @@ def transfer_cost(
     :param prefill_page_size: Tokens a prefill page; None: the model's.
     :param decode_page_size: Tokens a decode page; None: the model's.
     :param kv_layout: How KV pages store tokens, ``"HND"`` or ``"NHD"``.
+    :param decode_replicas: Which decode ranks of a replica group receive.
     :param cost_model: The engine's figures; None: ``CostModel()``.
+    :param decode_dp_group: The decode DP group the request lands on.
     """
     pairing = Pairing(
         model,
@@ -410,6 +428,8 @@ def transfer_cost(
         prefill_page_size=prefill_page_size,
         decode_page_size=decode_page_size,
         kv_layout=kv_layout,
+        decode_replicas=decode_replicas,
         cost_model=cost_model,
+        decode_dp_group=decode_dp_group,
     )
     return pairing.cost(tokens, decode_prefix=decode_prefix)

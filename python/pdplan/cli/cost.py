@@ -23,7 +23,7 @@ def cost_lines(cost: TransferCost) -> list[str]:
     """The request, its totals, then each group of alike rank pairs."""
     held = f", {cost.decode_prefix:,} held by the decode side" if cost.decode_prefix else ""
     lines = [
-        f"a {cost.tokens:,}-token request to decode DP group 0{held}: {cost.moved_tokens:,} "
+        f"a {cost.tokens:,}-token request to decode DP group {cost.decode_dp_group}{held}: {cost.moved_tokens:,} "
         f"tokens move by {cost.by} (scattered pages)",
         f"  {len(cost.pairs)} rank pairs, {cost.descriptors:,} descriptors, "
         f"{cost.bytes / 2**30:.3f} GiB ({cost.bytes:,} B), largest fanout {cost.largest_fanout}",
@@ -49,6 +49,7 @@ def cost_json(cost: TransferCost) -> dict[str, object]:
         "decode_prefix": cost.decode_prefix,
         "moved_tokens": cost.moved_tokens,
         "by": cost.by,
+        "decode_dp_group": cost.decode_dp_group,
         "descriptors": cost.descriptors,
         "bytes": cost.bytes,
         "largest_fanout": cost.largest_fanout,

@@ -67,18 +67,18 @@ pub fn qwen(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         .collect())
 }
 
-/// Whether the model runs on vLLM's Qwen2 attention (`Qwen2Attention`, `Qwen2MoeAttention`).
+/// Whether the model runs on vLLM's Qwen2 attention (`qwen2.py`, `qwen2_moe.py`: every
+/// `Qwen2*` architecture, the VL and audio models' language model too), by its architectures,
+/// else its model type; Qwen3 reads `head_dim`.
 fn qwen2_based(c: &Config) -> PlanResult<bool> {
-    const QWEN2: [&str; 4] = [
-        "Qwen2ForCausalLM",
-        "Qwen2MoeForCausalLM",
-        "Qwen2VLForConditionalGeneration",
-        "Qwen2_5_VLForConditionalGeneration",
-    ];
+    let architectures = c.parts.names("architectures")?;
+    if !architectures.is_empty() {
+        return Ok(architectures.iter().any(|a| a.starts_with("Qwen2")));
+    }
     Ok(c.parts
-        .names("architectures")?
+        .names("model_type")?
         .iter()
-        .any(|a| QWEN2.contains(a)))
+        .any(|t| t.starts_with("qwen2")))
 }
 
 /// Every layer full attention as the standard keys name it (Gemma 1, Command R, `OLMo` 1/2/E,
@@ -374,16 +374,26 @@ pub fn deepseek(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 fn with_indexers(c: &Config, count: u64, latent: MlaShape) -> PlanResult<Vec<Layer>> {
     let freq = c.positive("index_topk_freq")?.unwrap_or(1);
     let offset = c.u64("index_skip_topk_offset")?.unwrap_or(2);
+    let bad = |what: &str| -> PlanResult<Vec<char>> {
+        bail!("config.json: index_topk_pattern holds {what}; vLLM reads 'F' (an indexer) or 'S' (skipped) a layer")
+    };
     let pattern: Option<Vec<char>> = match c.get("index_topk_pattern")? {
         None => None,
-        Some(Value::String(text)) => {
-            if let Some(bad) = text.chars().find(|ch| !matches!(ch, 'F' | 'S')) {
-                bail!("config.json: index_topk_pattern holds {bad:?}; vLLM reads 'F' (an indexer) or 'S' (skipped) a layer");
-            }
-            Some(text.chars().collect())
-        }
+        // A string of one letter a layer, or a list of one-letter strings (vLLM indexes both).
+        Some(Value::String(text)) => Some(text.chars().collect()),
+        Some(Value::Array(list)) => Some(
+            list.iter()
+                .map(|v| match v.as_str() {
+                    Some(one) if one.chars().count() == 1 => Ok(one.chars().next().unwrap_or('F')),
+                    _ => bad(&v.to_string()).map(|_| 'F'),
+                })
+                .collect::<PlanResult<_>>()?,
+        ),
         Some(other) => bail!("config.json: index_topk_pattern must be a string of 'F' and 'S', one a layer, got {other}"),
     };
+    if let Some(odd) = pattern.iter().flatten().find(|ch| !matches!(ch, 'F' | 'S')) {
+        bad(&format!("{odd:?}"))?;
+    }
     let skipped = |layer: u64| match &pattern {
         Some(chars) => usize::try_from(layer)
             .ok()

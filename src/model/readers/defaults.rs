@@ -427,13 +427,11 @@ pub fn minimax_m3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         c.u64("head_dim")?.unwrap_or(128),
     );
     let path = "sparse_attention_config";
-    let (index_dim, sparse): (u64, Vec<bool>) = match c.get(path)? {
-        None => (128, (0..count).map(|i| (3..60).contains(&i)).collect()),
+    // vLLM's _sparse_attention_layer_ids: no config, an empty one or no sparse_attention_freq
+    // is no sparse layer; a config the file omits is MiniMaxM3TextConfig's default.
+    let (setting, sparse): (Option<&Value>, Vec<bool>) = match c.get(path)? {
+        None => (None, (0..count).map(|i| (3..60).contains(&i)).collect()),
         Some(setting) => {
-            let index_dim = match field(setting, "sparse_index_dim", path)? {
-                Some(v) => as_u64(v, "sparse_attention_config.sparse_index_dim")?,
-                None => bail!("config.json: sparse_attention_config names no sparse_index_dim"),
-            };
             let freq = match field(setting, "sparse_attention_freq", path)? {
                 None => Vec::new(),
                 Some(Value::Array(list)) => list
@@ -442,10 +440,24 @@ pub fn minimax_m3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
                     .collect::<PlanResult<_>>()?,
                 Some(other) => bail!("config.json: sparse_attention_config.sparse_attention_freq must be a list, got {other}"),
             };
-            (index_dim, freq)
+            (Some(setting), freq)
         }
     };
-    if index_dim == 0 && sparse.iter().any(|&s| s) {
+    let any_sparse = sparse
+        .iter()
+        .take(usize::try_from(count).unwrap_or(usize::MAX))
+        .any(|&s| s);
+    let index_dim = match setting {
+        _ if !any_sparse => 0,
+        None => 128,
+        Some(setting) => match field(setting, "sparse_index_dim", path)? {
+            Some(v) => as_u64(v, "sparse_attention_config.sparse_index_dim")?,
+            None => bail!(
+                "config.json: sparse_attention_config names sparse layers but no sparse_index_dim"
+            ),
+        },
+    };
+    if any_sparse && index_dim == 0 {
         bail!("config.json: sparse_attention_config.sparse_index_dim must be positive");
     }
     Ok((0..count)
