@@ -154,8 +154,9 @@ class ParallelLayout:
 
     def token_share(self, rank: int) -> TokenShare:
         """Which of a request's tokens rank ``rank`` holds: its CP share (``cp_size``), its
-        DCP share (``dcp_size``: DCP rank ``tp_rank % dcp_size``, dealt by ``cp_split`` like CP;
-        vLLM's DCP interleaves), or every token. ``token_slots(..., layout=, rank=)`` builds its slot map from it.
+        DCP share (``dcp_size``: DCP rank ``tp_rank % dcp_size``, dealt by ``cp_split`` like
+        CP; vLLM's DCP interleaves), or every token. ``token_slots(..., layout=, rank=)``
+        builds its slot map from it.
 
         :param rank: A rank of this side, ``0 .. world_size``; others are refused.
         """

@@ -23,8 +23,8 @@ def cost_lines(cost: TransferCost) -> list[str]:
     """The request, its totals, then each group of alike rank pairs."""
     held = f", {cost.decode_prefix:,} held by the decode side" if cost.decode_prefix else ""
     lines = [
-        f"a {cost.tokens:,}-token request to decode DP group {cost.decode_dp_group}{held}: {cost.moved_tokens:,} "
-        f"tokens move by {cost.by} (scattered pages)",
+        f"a {cost.tokens:,}-token request to decode DP group {cost.decode_dp_group}{held}: "
+        f"{cost.moved_tokens:,} tokens move by {cost.by} (scattered pages)",
         f"  {len(cost.pairs)} rank pairs, {cost.descriptors:,} descriptors, "
         f"{cost.bytes / 2**30:.3f} GiB ({cost.bytes:,} B), largest fanout {cost.largest_fanout}",
         f"  cost model: {seconds_text(cost.seconds)} (the busiest rank, its pairs in turn)",
