@@ -113,15 +113,17 @@ pub fn smollm3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 /// Hunyuan dense and `MoE` V1 (transformers `HunYuanDenseV1Config`, `HunYuanMoEV1Config`; the
 /// remote-code `HunYuanConfig`), through vLLM's Transformers backend: KV heads default to the
 /// query heads, the head size is `head_dim` or `hidden_size / heads`, and an
-/// `attention_head_dim` must agree with it. Cross-layer attention (`use_cla`) is refused: vLLM
-/// serves it through remote code pdplan has not read.
+/// `attention_head_dim` must agree with it. Cross-layer attention (`use_cla`) is refused: no
+/// runtime serves it (the Transformers classes have none; SGLang's `HunYuanModel.forward`
+/// hands its cross layers no KV).
 pub fn hunyuan(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     if c.bool("use_cla")?.unwrap_or(false) {
         let factor = c.u64("cla_share_factor")?.unwrap_or(1);
         bail!(
             "config.json: use_cla is true (cross-layer attention, cla_share_factor {factor}): \
-             pdplan does not read Hunyuan's cross-layer KV sharing; describe the layers with \
-             ModelShape(layer_kinds=...)"
+             no runtime serves it (vLLM 0.32 runs Hunyuan through its Transformers backend, \
+             whose HunYuan classes have no cross-layer attention; SGLang's hunyuan.py passes \
+             its cross layers no KV); describe the layers with ModelShape(layer_kinds=...)"
         );
     }
     let _ = c.u64("cla_share_factor")?; // read with use_cla only
