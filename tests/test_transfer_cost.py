@@ -207,6 +207,7 @@ def test_the_time_is_the_busiest_rank_the_cheaper_way() -> None:
         (10, -1, "decode_prefix must be an int of at least 0"),
         (True, 0, "tokens must be an int"),
         (10.0, 0, "tokens must be an int"),
+        (10**15, 0, "MAX_TOKENS"),
     ],
 )
 def test_a_request_that_is_no_request_is_refused(tokens: Any, prefix: Any, says: str) -> None:

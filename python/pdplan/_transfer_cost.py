@@ -22,6 +22,7 @@ from pdplan._layouts import MODEL_PRESETS, ModelShape, even_layer_partition, mod
 from pdplan._planner import PDTransferPlanner
 from pdplan._slot_counts import SlotCounter
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
+from pdplan.limits import MAX_TOKENS
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -312,6 +313,11 @@ class Pairing:
                 raise UnsupportedPDLayoutError(
                     f"{name} must be an int of at least {least}, got {value!r}"
                 )
+        if tokens > MAX_TOKENS:
+            raise UnsupportedPDLayoutError(
+                f"tokens={tokens} is above the limit of {MAX_TOKENS} tokens a request "
+                "(pdplan.limits.MAX_TOKENS)"
+            )
         if decode_prefix > tokens:
             raise UnsupportedPDLayoutError(
                 f"decode_prefix ({decode_prefix}) cannot exceed the request's tokens ({tokens})"
