@@ -114,7 +114,7 @@ pub fn smollm3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 /// remote-code `HunYuanConfig`), through vLLM's Transformers backend: KV heads default to the
 /// query heads, the head size is `head_dim` or `hidden_size / heads`, and an
 /// `attention_head_dim` must agree with it. Cross-layer attention (`use_cla`) is refused: no
-/// runtime serves it (the Transformers classes have none; SGLang's `HunYuanModel.forward`
+/// runtime serves it (the Transformers classes have none; `SGLang`'s `HunYuanModel.forward`
 /// hands its cross layers no KV).
 pub fn hunyuan(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     if c.bool("use_cla")?.unwrap_or(false) {
