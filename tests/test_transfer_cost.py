@@ -230,6 +230,20 @@ def test_a_pairing_refuses_what_it_cannot_plan() -> None:
         Pairing(
             "llama-3-8b", ParallelLayout("prefill", 2), ParallelLayout("decode", 1), cost_model=1e-6
         )  # type: ignore[arg-type]
+    with pytest.raises(UnsupportedPDLayoutError, match="decode_dp_group"):
+        Pairing(
+            "llama-3-8b",
+            ParallelLayout("prefill", 2),
+            ParallelLayout("decode", 1),
+            decode_dp_group="0",
+        )  # type: ignore[arg-type]
+    for prefill, decode, says in (
+        ("prefill", ParallelLayout("decode", 1), "got 'str'"),
+        (ParallelLayout("prefill", 2), None, "got 'NoneType'"),
+        (ParallelLayout("decode", 1), ParallelLayout("prefill", 2), "got 'decode'"),
+    ):
+        with pytest.raises(UnsupportedPDLayoutError, match=says):
+            Pairing("llama-3-8b", prefill, decode)  # type: ignore[arg-type]
     with pytest.raises(UnsupportedPDLayoutError, match="no such file"):
         Pairing("no/such/config.json", ParallelLayout("prefill", 2), ParallelLayout("decode", 1))
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 from pdplan import _core
 from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._layouts import MODEL_PRESETS, ModelShape, even_layer_partition, model_buffer_layouts
+from pdplan._model import ParallelLayout
 from pdplan._planner import PDTransferPlanner
 from pdplan._slot_counts import SlotCounter
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
@@ -27,7 +28,7 @@ from pdplan.limits import MAX_TOKENS
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from pdplan._model import BufferLayout, ParallelLayout, TransferFragment
+    from pdplan._model import BufferLayout, TransferFragment
 
 __all__ = ["PairCost", "Pairing", "TransferCost", "model_planner", "transfer_cost"]
 
@@ -65,6 +66,12 @@ def model_planner(
     :param kv_layout: How KV pages store tokens, ``"HND"`` or ``"NHD"``.
     :param decode_replicas: Which decode ranks of a replica group receive.
     """
+    for name, layout in (("prefill", prefill), ("decode", decode)):
+        if not isinstance(layout, ParallelLayout) or layout.role != name:
+            got = layout.role if isinstance(layout, ParallelLayout) else type(layout).__name__
+            raise UnsupportedPDLayoutError(
+                f"{name} must be the {name} side's ParallelLayout (role {name!r}), got {got!r}"
+            )
     prefill = _with_stages(prefill, shape.num_layers)
     decode = _with_stages(decode, shape.num_layers)
 
@@ -248,7 +255,11 @@ class Pairing:
             )
         self.cost_model = cost_model or CostModel()
         groups = self.planner.decode_layout.dp_size
-        if not 0 <= decode_dp_group < groups:
+        if (
+            isinstance(decode_dp_group, bool)
+            or not isinstance(decode_dp_group, int)
+            or not 0 <= decode_dp_group < groups
+        ):
             raise UnsupportedPDLayoutError(
                 f"decode_dp_group must be in 0..{groups - 1}, got {decode_dp_group}"
             )
