@@ -350,10 +350,9 @@ pub fn chatglm(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     })
 }
 
-/// `DeepSeek` V2/V3/V3.2 and Kimi K2 (vLLM `deepseek_v2.py`, MLA): one latent of
-/// `kv_lora_rank` plus `qk_rope_head_dim` values a token, and V3.2's indexer keys; the head
-/// counts and dims shape no cache (they are read and set aside).
-pub fn deepseek(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+/// MLA models' head counts and dims, which shape no cache: read (so their types are checked)
+/// and set aside.
+fn set_aside_mla_heads(c: &Config) -> PlanResult<()> {
     for key in [
         "num_key_value_heads",
         "qk_nope_head_dim",
@@ -362,6 +361,14 @@ pub fn deepseek(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     ] {
         let _ = c.u64(key)?;
     }
+    Ok(())
+}
+
+/// `DeepSeek` V2/V3/V3.2 and Kimi K2 (vLLM `deepseek_v2.py`, MLA): one latent of
+/// `kv_lora_rank` plus `qk_rope_head_dim` values a token, and V3.2's indexer keys; the head
+/// counts and dims shape no cache (they are read and set aside).
+pub fn deepseek(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
+    set_aside_mla_heads(c)?;
     let latent = mla(c, true)?;
     with_indexers(c, count, latent)
 }
@@ -420,14 +427,7 @@ fn with_indexers(c: &Config, count: u64, latent: MlaShape) -> PlanResult<Vec<Lay
 /// `GlmMoeDsaConfig`'s defaults for what the file omits (`kv_lora_rank` 512,
 /// `qk_rope_head_dim` 64, `index_head_dim` 128), layers skipping the indexer as V3.2's do.
 pub fn glm_dsa(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    for key in [
-        "num_key_value_heads",
-        "qk_nope_head_dim",
-        "v_head_dim",
-        "head_dim",
-    ] {
-        let _ = c.u64(key)?;
-    }
+    set_aside_mla_heads(c)?;
     let or = |key: &str, default: u64| -> PlanResult<u64> {
         Ok(match c.u64(key)? {
             Some(value) => value,

@@ -9,14 +9,6 @@ use crate::model::config::{as_u64, field, Config};
 use crate::model::layers::{AttentionShape, Layer};
 use serde_json::Value;
 
-/// A config class's default for a key, as the families vLLM runs through its Transformers
-/// backend need them: `absent` when the file omits the key, `null` (`None`: the query heads or
-/// `hidden_size / heads`) when it writes null.
-#[derive(Clone, Copy)]
-pub struct ClassDefault {
-    pub absent: Option<u64>,
-}
-
 /// vLLM 0.32 runs these families through its Transformers backend (`models/registry.py`
 /// `_TRANSFORMERS_SUPPORTED_MODELS`; `models/transformers/base.py`
 /// `_create_attention_instances`): every layer an `Attention` of the config's KV heads and
@@ -24,58 +16,39 @@ pub struct ClassDefault {
 /// `get_head_size`), sliding where `layer_types` says `sliding_attention`, else by the
 /// model-wide `sliding_window` (`engine/arg_utils.py`, `CacheConfig.sliding_window`). Keys the
 /// file omits take the config class's defaults.
-fn backend(
-    c: &Config,
-    count: u64,
-    kv_heads: ClassDefault,
-    head_dim: ClassDefault,
-) -> PlanResult<(AttentionShape, Vec<Layer>)> {
-    let what = "an attention layer";
-    let heads = c.require(HEADS, what)?;
-    let kv = match c.u64("num_key_value_heads")? {
-        Some(kv) => kv,
-        None if c.names_key("num_key_value_heads")? => heads,
-        None => kv_heads.absent.unwrap_or(heads),
-    };
-    let dim = match c.u64("head_dim")?.filter(|&d| d > 0) {
-        Some(dim) => dim,
-        None => match head_dim
-            .absent
-            .filter(|_| !c.names_key("head_dim").unwrap_or(true))
-        {
-            Some(dim) => dim,
-            None => heads_and_split(c, STANDARD, what)?.1,
-        },
-    };
-    let full = AttentionShape::full(kv, dim);
+fn backend(c: &Config, count: u64, omitted: Omitted) -> PlanResult<(AttentionShape, Vec<Layer>)> {
+    let (full, window) = with_defaults(c, omitted)?;
     if let Some(types) = c.layer_list("layer_types", count)? {
         return Ok((full, typed(c, count, full, types)?));
     }
-    let window = c.u64("sliding_window")?.filter(|&w| w > 0);
     Ok((full, uniform(count, Layer::Attention(full.sliding(window)))))
 }
-
-const CLASS_HEADS: ClassDefault = ClassDefault { absent: None };
 
 /// Phi-1 and Phi-2 (transformers `PhiConfig`: KV heads default to the query heads, no
 /// `head_dim`), through vLLM's Transformers backend.
 pub fn phi(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    Ok(backend(c, count, CLASS_HEADS, CLASS_HEADS)?.1)
+    Ok(backend(c, count, Omitted::default())?.1)
 }
 
 /// Seed-OSS (transformers `SeedOssConfig`: `num_key_value_heads` 8 and `head_dim` 128 when
 /// absent), through vLLM's Transformers backend.
 pub fn seed_oss(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let kv = ClassDefault { absent: Some(8) };
-    let dim = ClassDefault { absent: Some(128) };
-    Ok(backend(c, count, kv, dim)?.1)
+    let omitted = Omitted {
+        kv_heads: Some(8),
+        head_dim: Some(128),
+        ..Omitted::default()
+    };
+    Ok(backend(c, count, omitted)?.1)
 }
 
 /// `StarCoder2` (transformers `Starcoder2Config`: `num_key_value_heads` 2 when absent; a
 /// `sliding_window` applies to every layer), through vLLM's Transformers backend.
 pub fn starcoder2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let kv = ClassDefault { absent: Some(2) };
-    Ok(backend(c, count, kv, CLASS_HEADS)?.1)
+    let omitted = Omitted {
+        kv_heads: Some(2),
+        ..Omitted::default()
+    };
+    Ok(backend(c, count, omitted)?.1)
 }
 
 /// `SmolLM3` (transformers `SmolLM3Config.__post_init__`): `num_key_value_heads` 4 when absent;
@@ -83,11 +56,14 @@ pub fn starcoder2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
 /// `no_rope_layers[i] == 0` (default: every `no_rope_layer_interval`-th layer, 4) all hold.
 /// Through vLLM's Transformers backend, which slides where `layer_types` says so.
 pub fn smollm3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let kv = ClassDefault { absent: Some(4) };
+    let omitted = Omitted {
+        kv_heads: Some(4),
+        ..Omitted::default()
+    };
     if c.has("layer_types")? {
-        return Ok(backend(c, count, kv, CLASS_HEADS)?.1);
+        return Ok(backend(c, count, omitted)?.1);
     }
-    let (full, _) = backend(c, count, kv, CLASS_HEADS)?;
+    let (full, _) = backend(c, count, omitted)?;
     let interval = c.positive("no_rope_layer_interval")?.unwrap_or(4);
     let rope: Vec<bool> = match c.layer_list("no_rope_layers", count)? {
         Some(list) => list
@@ -127,7 +103,7 @@ pub fn hunyuan(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
         );
     }
     let _ = c.u64("cla_share_factor")?; // read with use_cla only
-    let (full, layers) = backend(c, count, CLASS_HEADS, CLASS_HEADS)?;
+    let (full, layers) = backend(c, count, Omitted::default())?;
     if let Some(named) = c.u64("attention_head_dim")? {
         if named != full.head_dim {
             bail!(
