@@ -63,6 +63,7 @@ def test_public_names() -> None:
         "state_specs",
         "AttentionLayer",
         "AttentionMamba2Layer",
+        "DeepseekV4Layer",
         "GatedDeltaNetLayer",
         "KdaLayer",
         "LightningAttentionLayer",

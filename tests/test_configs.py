@@ -726,7 +726,6 @@ def test_keys_a_file_omits_take_its_config_class_defaults(
     [
         ("BaiChuanForCausalLM", "0.23"),
         ("MllamaForConditionalGeneration", "0.10.2"),
-        ("DeepseekV4ForCausalLM", "compress_ratios"),
     ],
 )
 def test_architectures_no_runtime_pdplan_reads_serves_are_refused_saying_why(

@@ -39,6 +39,22 @@ def kv(heads: int, k_dim: int, v_dim: int | None = None) -> int:
     return nbytes((heads, k_dim)) + nbytes((heads, v_dim or k_dim))
 
 
+def padded_share(items: int, item_bytes: int, align: int) -> int:
+    """An item's share of a page of `items` items padded up to `align` bytes (vLLM
+    v1/kv_cache_interface.py _apply_alignment_padding)."""
+    return -(-items * item_bytes // align) * align // items
+
+
+#: DeepSeek-V4 in vLLM (models/deepseek_v4/attention.py, compressor.py,
+#: v1/attention/backends/mla/sparse_swa.py): fp8_ds_mla latents of 584 bytes (448 fp8 + 64 bf16
+#: rope values + 8 scale bytes) in 576-byte-aligned pages; the sliding latent in 64-token pages;
+#: fp32 compressor states of 2 * coff * dim a token (coff 2 at ratio 4), 4-token pages at ratio
+#: 4 and 8 at 128, kept for coff * ratio tokens; the indexer's keys 128 + 4 bytes.
+V4_LATENT = padded_share(64, 584, 576)
+V4_C4_STATES = 8 * padded_share(4, 2 * 2 * 512 * 4, 576) + 8 * padded_share(4, 2 * 2 * 128 * 4, 576)
+V4_C128_STATE = 128 * padded_share(8, 2 * 1 * 512 * 4, 576)
+
+
 def mamba2_state(
     heads: int, head_dim: int, state: int, groups: int, kernel: int, ssm: type = BF16
 ) -> int:
@@ -600,6 +616,42 @@ CASES: dict[str, Case] = {
         [("MLA", every(61), nbytes((512 + 64,)), 0)],
         "vLLM models/deepseek_v2.py DeepseekV2MLAAttention: one latent of kv_lora_rank + "
         "qk_rope_head_dim",
+    ),
+    "deepseek-v4": Case(
+        "deepseek-v4",
+        {
+            # DeepSeek-V4-Flash's cache keys on 8 layers; compress_ratios' last entry is MTP's.
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "num_hidden_layers": 8,
+            "hidden_size": 4096,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 1,
+            "head_dim": 512,
+            "qk_rope_head_dim": 64,
+            "sliding_window": 128,
+            "index_head_dim": 128,
+            "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 0, 4],
+            "torch_dtype": "bfloat16",
+        },
+        [
+            ("DeepSeek-V4 attention (window 128)", [0, 1, 7], V4_LATENT, 0),
+            (
+                "DeepSeek-V4 attention (window 128; compressed 1 entry per 4 tokens + indexer)",
+                [2, 4, 6],
+                V4_LATENT,
+                V4_C4_STATES,
+            ),
+            (
+                "DeepSeek-V4 attention (window 128; compressed 1 entry per 128 tokens)",
+                [3, 5],
+                V4_LATENT,
+                V4_C128_STATE,
+            ),
+        ],
+        "vLLM models/deepseek_v4/attention.py DeepseekV4Attention (compress_ratio = max(1, "
+        "compress_ratios[l]) below num_hidden_layers; the indexer at 4), compressor.py "
+        "CompressorStateCache, sparse_swa.py DeepseekV4SWACache",
     ),
     "glm-5": Case(
         "glm-5",

@@ -227,6 +227,7 @@ def model_shape_parts(
     tuple[int, int, int],
     tuple[str | None, str | None],
     str | None,
+    int,
 ]: ...
 def model_families() -> list[
     tuple[str, list[str], list[str], list[str], str, list[tuple[str, str]]]
@@ -234,7 +235,7 @@ def model_families() -> list[
 def model_layers(shape: ModelShape) -> tuple[ModelLayer, ...]: ...
 def model_summary(
     shape: ModelShape,
-) -> list[tuple[str, list[int], int, int, int | None, int | None]]: ...
+) -> list[tuple[str, list[int], int, int, int | None, int | None, int, int]]: ...
 def dtype_bytes(name: str) -> int: ...
 def first_kept_token(
     num_tokens: int, sliding_window: int | None = None, attention_chunk_size: int | None = None

@@ -20,6 +20,7 @@ __all__ = [
     "MODEL_PRESETS",
     "AttentionLayer",
     "AttentionMamba2Layer",
+    "DeepseekV4Layer",
     "GatedDeltaNetLayer",
     "ItemLengths",
     "KdaLayer",
@@ -254,6 +255,29 @@ class AttentionMamba2Layer:
 
 
 @dataclass(frozen=True)
+class DeepseekV4Layer:
+    """DeepSeek-V4 attention, as vLLM allocates it: a sliding latent of ``head_dim`` (64-token
+    pages); with ``compress_ratio`` 4 or 128 a compressed latent of one entry per that many
+    tokens (256-token blocks, so ``256 // compress_ratio`` entries a page) and the
+    compressor's state (a window of raw tokens); at 4 also the indexer's keys and its
+    compressor's state. Every cache is replicated across TP; each cache's buffer counts its
+    own items (a compressed cache's ``page_size`` is its entries a page)."""
+
+    kind: ClassVar[str] = "deepseek_v4"
+    """The layer kind's name, ``"deepseek_v4"``, as ``ModelShape.to_dict`` writes it."""
+    head_dim: int
+    """The latent's dim."""
+    sliding_window: int
+    """Tokens the sliding latent keeps."""
+    rope_head_dim: int = 64
+    """The latent's rope dims."""
+    compress_ratio: int = 1
+    """Tokens a compressed entry covers (1: none, 4, 128)."""
+    index_head_dim: int = 0
+    """The indexer's key dim (at ratio 4)."""
+
+
+@dataclass(frozen=True)
 class MlpLayer:
     """A layer without a cache (MLP or MoE); it still counts for pipeline stages."""
 
@@ -272,6 +296,7 @@ ModelLayer = (
     | ShortConvLayer
     | AttentionMamba2Layer
     | SharedKvLayer
+    | DeepseekV4Layer
     | MlpLayer
 )
 
@@ -339,11 +364,15 @@ class ModelShape:
         :param name: One of ``MODEL_PRESETS``.
         :param page_size: Tokens a KV cache page holds.
         """
-        return cls._from_parts(_core.model_shape_parts(preset=name, page_size=page_size), page_size)
+        return cls._from_parts(_core.model_shape_parts(preset=name, page_size=page_size))
 
     @classmethod
     def from_hf_config(
-        cls, path: str | Path, page_size: int = 16, *, family: str | None = None
+        cls,
+        path: str | os.PathLike[str],
+        page_size: int | None = None,
+        *,
+        family: str | None = None,
     ) -> ModelShape:
         """The model a local Hugging Face ``config.json`` (or a model's folder) describes,
         layer by layer, read by the reader of its family. A config of an architecture no
@@ -362,7 +391,8 @@ class ModelShape:
 
         :param path: The ``config.json`` file, or the model's folder holding it. Refusals name
             it as given; it is read to at most ``pdplan.limits.MAX_CONFIG_BYTES``.
-        :param page_size: Tokens a KV cache page holds.
+        :param page_size: Tokens a KV cache page holds; None: 16, or the size the runtime
+            fixes for the family whatever is asked (DeepSeek-V4: 256, as vLLM pages it).
         :param family: The family to read it with (a name from ``model_families()``); None:
             the one its ``architectures`` (then ``model_type``) names.
         """
@@ -379,7 +409,7 @@ class ModelShape:
             )
         except UnsupportedPDLayoutError as error:
             raise named(error, shown) from None
-        return cls._from_parts(parts, page_size)
+        return cls._from_parts(parts)
 
     @classmethod
     def _from_parts(
@@ -390,10 +420,10 @@ class ModelShape:
             tuple[int, int, int],
             tuple[str | None, str | None],
             str | None,
+            int,
         ],
-        page_size: int,
     ) -> ModelShape:
-        dtype, layers, draft, (kv, state), family = parts
+        dtype, layers, draft, (kv, state), family, page_size = parts
         draft_layers, draft_kv_heads, draft_head_dim = draft
         return cls(
             dtype=dtype,
@@ -420,8 +450,10 @@ class ModelShape:
     def summary(self) -> tuple[LayerKindSummary, ...]:
         """The model per layer kind, in order of first appearance (then its draft model)."""
         return tuple(
-            LayerKindSummary(label, tuple(layers), token, state, window, chunk)
-            for label, layers, token, state, window, chunk in _core.model_summary(self)
+            LayerKindSummary(label, tuple(layers), token, state, window, chunk, ratio, entry)
+            for label, layers, token, state, window, chunk, ratio, entry in _core.model_summary(
+                self
+            )
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -508,6 +540,19 @@ class LayerKindSummary:
     """The kind's sliding window (tokens), or None."""
     attention_chunk_size: int | None = None
     """The kind's attention chunk (tokens), or None."""
+    compress_ratio: int = 1
+    """Tokens an entry of the kind's compressed caches covers (DeepSeek-V4); 1: none."""
+    entry_bytes: int = 0
+    """Bytes one compressed entry takes in one such layer, over all TP ranks."""
+
+    def compressed_bytes(self, tokens: int) -> int:
+        """Bytes the compressed caches of one such layer keep for a ``tokens``-token request:
+        one entry per ``compress_ratio`` tokens that are all in (the rest wait in the
+        compressor's state).
+
+        :param tokens: The request's length.
+        """
+        return tokens // self.compress_ratio * self.entry_bytes if self.entry_bytes else 0
 
     def kept_tokens(self, tokens: int) -> int:
         """Tokens of a ``tokens``-token request one such layer keeps: the window, the current

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pdplan._context import token_slots
-from pdplan._core import PreparedTransfer
+from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
 
@@ -31,10 +31,22 @@ class PairRequest:
 
 
 def page_sizes(planner: PDTransferPlanner) -> tuple[int, int]:
-    """Tokens a page on each side (of the token-indexed buffers; models use one size a side)."""
-    kv = [i for i, b in enumerate(planner.prefill_buffers) if b.is_token_indexed]
-    first = kv[0] if kv else 0
-    return planner.prefill_buffers[first].page_size, planner.decode_buffers[first].page_size
+    """Tokens a page on each side, of the token-indexed buffers. One request is one page table
+    a side here; a model whose caches page at several sizes (DeepSeek-V4: a block table per
+    KV cache group, in entries of several tokens for compressed caches) is refused naming
+    them."""
+    sides = []
+    for buffers in (planner.prefill_buffers, planner.decode_buffers):
+        sizes = sorted({b.page_size for b in buffers if b.is_token_indexed})
+        if len(sizes) > 1:
+            raise UnsupportedPDLayoutError(
+                f"the token-indexed buffers page at {len(sizes)} sizes ({sizes}), so a request "
+                "has a page table per KV cache group (DeepSeek-V4's compressed caches count "
+                "entries of several tokens a page): one request of N tokens on one page table "
+                "is not that; move each group's pages with descriptors(..., buffers=group)"
+            )
+        sides.append(sizes[0] if sizes else 1)
+    return sides[0], sides[1]
 
 
 def request_pairs(

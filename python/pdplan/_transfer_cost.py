@@ -12,6 +12,7 @@ few periods of both sides' page boundaries and multiplies the middle ones (``_sl
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
@@ -21,6 +22,7 @@ from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._layouts import MODEL_PRESETS, ModelShape, even_layer_partition, model_buffer_layouts
 from pdplan._model import ParallelLayout
 from pdplan._planner import PDTransferPlanner
+from pdplan._request import page_sizes
 from pdplan._slot_counts import SlotCounter
 from pdplan._staging import CostEstimate, CostModel, StagingCounts
 from pdplan.limits import MAX_TOKENS
@@ -217,7 +219,7 @@ class Pairing:
 
     def __init__(
         self,
-        model: ModelShape | str,
+        model: ModelShape | str | os.PathLike[str],
         prefill: ParallelLayout,
         decode: ParallelLayout,
         *,
@@ -228,10 +230,10 @@ class Pairing:
         cost_model: CostModel | None = None,
         decode_dp_group: int = 0,
     ) -> None:
-        if isinstance(model, str):
+        if isinstance(model, (str, os.PathLike)):
             model = (
                 ModelShape.preset(model)
-                if model in MODEL_PRESETS
+                if isinstance(model, str) and model in MODEL_PRESETS
                 else ModelShape.from_hf_config(model)
             )
         if not isinstance(model, ModelShape):
@@ -265,12 +267,7 @@ class Pairing:
             )
         self.decode_dp_group = decode_dp_group
         prefill_buffers = self.planner.prefill_buffers
-        token_kv = [b for b in prefill_buffers if b.is_token_indexed]
-        self.page_sizes = (
-            (token_kv[0].page_size, self.planner.decode_buffers[token_kv[0].buffer_index].page_size)
-            if token_kv
-            else (1, 1)
-        )
+        self.page_sizes = page_sizes(self.planner)
         self._kv = [b.buffer_index for b in prefill_buffers if b.is_token_indexed]
         self._states: dict[tuple[int, int], StagingCounts] = {}
         self._state = [b.buffer_index for b in prefill_buffers if not b.is_token_indexed]
@@ -410,7 +407,7 @@ class Pairing:
 
 
 def transfer_cost(
-    model: ModelShape | str,
+    model: ModelShape | str | os.PathLike[str],
     prefill: ParallelLayout,
     decode: ParallelLayout,
     *,

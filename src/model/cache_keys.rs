@@ -71,6 +71,7 @@ pub const CACHE_KEYS: &[&str] = &[
     "index_topk_pattern",
     "index_skip_topk_offset",
     "sparse_attention_config",
+    "compress_ratios",
     // State sizes.
     "mamba_d_state",
     "ssm_state_size",

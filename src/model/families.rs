@@ -9,7 +9,7 @@
 use super::cache_keys::UNIVERSAL_KEYS;
 use super::config::{Config, Parts};
 use super::layers::Layer;
-use super::readers::{attention as a, defaults as d, state as s};
+use super::readers::{attention as a, deepseek_v4, defaults as d, state as s};
 use crate::error::{bail, quoted, PlanResult};
 
 impl Family {
@@ -265,6 +265,16 @@ pub const FAMILIES: &[Family] = &[
         keys: keys!["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "index_head_dim", "index_topk_freq", "index_topk_pattern", "index_skip_topk_offset"],
         source: "vLLM models/deepseek_v2.py DeepseekV2MLAAttention (Kimi K2 is DeepseekV3ForCausalLM); V3.2's indexer skipped by models/deepseek_v32/attention.py",
         read: a::deepseek,
+        ignored: &[],
+        counted_by: None,
+    },
+    Family {
+        name: "deepseek-v4",
+        architectures: &["DeepseekV4ForCausalLM"],
+        model_types: &["deepseek_v4"],
+        keys: keys!["qk_rope_head_dim", "sliding_window", "compress_ratios", "index_head_dim"],
+        source: "vLLM models/deepseek_v4/attention.py DeepseekV4Attention (sliding latent, compressed latent and compressor state by compress_ratios[l], indexer at ratio 4); its caches' pages from each layer's get_kv_cache_spec",
+        read: deepseek_v4::deepseek_v4,
         ignored: &[],
         counted_by: None,
     },
@@ -614,7 +624,6 @@ pub const FAMILIES: &[Family] = &[
 pub const REFUSED: &[(&str, &str)] = &[
     ("BaiChuanForCausalLM", "Baichuan-7B (v1): vLLM serves it only up to 0.23 (models/registry.py _PREVIOUSLY_SUPPORTED_MODELS) and SGLang registers BaichuanForCausalLM (Baichuan 13B and Baichuan 2), not this name"),
     ("MllamaForConditionalGeneration", "vLLM removed Mllama in 0.10.2 (encoder-decoder models); SGLang serves it, its image tokens ahead of the text in every layer's pool (num_images x max_num_tiles x ((image_size / patch_size)^2 + 1) tokens, 6404 an image for Llama-3.2-11B-Vision), but its PD disaggregation sends those slots with no encoder bookkeeping on the decode side (disaggregation/decode.py prepare_for_prebuilt sets no encoder_lens), so no runtime serves it disaggregated"),
-    ("DeepseekV4ForCausalLM", "DeepSeek-V4 keeps up to five caches a layer in vLLM (models/deepseek_v4/attention.py: a sliding MLA cache on every layer; where compress_ratios[i] > 1 a compressed cache of one entry per that many tokens and its compressor state; at ratio 4 an indexer key cache and its compressor state), in block sizes of their own; pdplan has no layer kind for caches of several tokens an entry yet"),
 ];
 
 /// The names, for messages.

@@ -6,12 +6,33 @@
 use serde_json::Value;
 
 use super::config::{lenient_json, Config, Parts};
+use super::deepseek_v4::COMPRESSED_BLOCK_TOKENS;
+use super::dtype::Dtype;
 use super::families::{select, Family};
 use super::key_checks::check_keys;
 use super::quantization::{self, SIDE_FILE};
 use super::shape::{check_layer_count, DraftShape, ModelShape};
 use crate::error::{bail, quoted, PlanError, PlanResult};
 use crate::limits;
+
+/// Tokens a page where the caller names none and the runtime does not fix one.
+pub const DEFAULT_PAGE_SIZE: u64 = 16;
+
+/// The page size a family's runtime fixes whatever is asked, else `DEFAULT_PAGE_SIZE`: vLLM
+/// pages `DeepSeek`-V4 at 256 tokens (`platforms/cpu.py` overrides any other; on GPUs its
+/// sparse MLA kernel takes no other block size).
+fn family_page_size(family: &Family) -> u64 {
+    if family.name == "deepseek-v4" {
+        COMPRESSED_BLOCK_TOKENS
+    } else {
+        DEFAULT_PAGE_SIZE
+    }
+}
+
+/// `DeepSeek`-V4's cache under `kv_cache_dtype="auto"`: vLLM resolves it to `fp8_ds_mla` on
+/// its default (`FlashMLA`) layout (`models/deepseek_v4/attention.py`,
+/// `_resolve_dsv4_kv_cache_dtype`), whatever the model's dtype.
+const DEEPSEEK_V4_AUTO_KV: Dtype = Dtype::Float8E4M3Fn;
 
 /// Keys a layer count goes by.
 const LAYER_COUNT: [&str; 3] = ["num_hidden_layers", "n_layer", "num_layers"];
@@ -23,25 +44,29 @@ pub fn shape_from_hf_config(
     page_size: u64,
     family: Option<&str>,
 ) -> PlanResult<ModelShape> {
-    shape_from_hf_files(text, None, page_size, family)
+    shape_from_hf_files(text, None, Some(page_size), family)
 }
 
 /// `shape_from_hf_config`, with the text of `ModelOpt`'s `hf_quant_config.json` where the
 /// model's folder holds one (read for the KV cache dtype when `config.json` has no
-/// quantization config).
+/// quantization config). `page_size` `None`: the one the runtime fixes for the family
+/// (`family_page_size`), else `DEFAULT_PAGE_SIZE`.
 pub fn shape_from_hf_files(
     text: &str,
     quant_text: Option<&str>,
-    page_size: u64,
+    page_size: Option<u64>,
     family: Option<&str>,
 ) -> PlanResult<ModelShape> {
-    limits::PAGE_SIZE.check("page_size", page_size)?;
+    if let Some(size) = page_size {
+        limits::PAGE_SIZE.check("page_size", size)?;
+    }
     let parsed = lenient_json(text)?;
     let parts = Parts::of(&parsed)?;
     let side = quant_text
         .map(|t| lenient_json(t).map_err(|e| PlanError::new(format!("{SIDE_FILE}: {e}"))))
         .transpose()?;
     let family = select(parts, family)?;
+    let page_size = page_size.unwrap_or_else(|| family_page_size(family));
     read(parts, side.as_ref(), family, page_size)
         .map_err(|e| PlanError::new(format!("{e} (read as family {})", family.name)))
 }
@@ -85,7 +110,8 @@ fn read(
         // A config's own kv_cache_dtype, else what a quantized export implies (vLLM's auto).
         kv_cache_dtype: match config.dtype_key("kv_cache_dtype")? {
             Some(named) => Some(named),
-            None => quantization::kv_cache_dtype(parts, side)?,
+            None => quantization::kv_cache_dtype(parts, side)?
+                .or_else(|| (family.name == "deepseek-v4").then_some(DEEPSEEK_V4_AUTO_KV)),
         },
         state_dtype,
         page_size,
@@ -100,7 +126,7 @@ pub fn shape_from(
     config_text: Option<&str>,
     quant_text: Option<&str>,
     preset_name: Option<&str>,
-    page_size: u64,
+    page_size: Option<u64>,
     family: Option<&str>,
 ) -> PlanResult<ModelShape> {
     if quant_text.is_some() && config_text.is_none() {
@@ -108,7 +134,7 @@ pub fn shape_from(
     }
     match (config_text, preset_name) {
         (Some(text), None) => shape_from_hf_files(text, quant_text, page_size, family),
-        (None, Some(name)) => preset(name, page_size),
+        (None, Some(name)) => preset(name, page_size.unwrap_or(DEFAULT_PAGE_SIZE)),
         _ => bail!("give exactly one of config_text and preset"),
     }
 }

@@ -4,6 +4,7 @@
 //! written from it. Adding a kind is a row here (and its two arms below), its buffers
 //! (`layers.rs`) and its reader.
 
+use super::deepseek_v4::DeepseekV4Shape;
 use super::layers::{
     AttentionShape, GatedDeltaNetShape, KdaShape, Layer, LightningShape, Mamba1Shape, Mamba2Shape,
     MlaShape, ShortConvShape,
@@ -180,6 +181,23 @@ pub const LAYER_KINDS: &[LayerKind] = &[
         fields: &[int("source_layer", "the layer whose KV it reads")],
     },
     LayerKind {
+        kind: "deepseek_v4",
+        class: "DeepseekV4Layer",
+        keeps: "a sliding latent; with `compress_ratio` 4 or 128 a latent per that many tokens \
+                and the compressor's state; at 4 the indexer's keys and its compressor's state",
+        fields: &[
+            int("head_dim", "the latent's dim"),
+            int("sliding_window", "tokens the sliding latent keeps"),
+            int_or("rope_head_dim", 64, "the latent's rope dims"),
+            int_or(
+                "compress_ratio",
+                1,
+                "tokens a compressed entry covers (1: none, 4, 128)",
+            ),
+            int_or("index_head_dim", 0, "the indexer's key dim (at ratio 4)"),
+        ],
+    },
+    LayerKind {
         kind: "mlp",
         class: "MlpLayer",
         keeps: "nothing (an MLP or MoE block; it still counts for pipeline stages)",
@@ -267,7 +285,8 @@ impl Layer {
             Self::ShortConv(_) => 7,
             Self::AttentionMamba2(..) => 8,
             Self::SharedKv { .. } => 9,
-            Self::Mlp => 10,
+            Self::Mlp => 11,
+            Self::DeepseekV4(_) => 10,
         };
         &LAYER_KINDS[row]
     }
@@ -313,6 +332,13 @@ impl Layer {
             ],
             Self::SharedKv { source_layer } => vec![Int(source_layer)],
             Self::Mlp => Vec::new(),
+            Self::DeepseekV4(d) => vec![
+                Int(d.head_dim),
+                Int(d.sliding_window),
+                Int(d.rope_head_dim),
+                Int(d.compress_ratio),
+                Int(d.index_head_dim),
+            ],
         }
     }
 
@@ -383,6 +409,13 @@ impl Layer {
             "shared_kv" => Self::SharedKv {
                 source_layer: v.int()?,
             },
+            "deepseek_v4" => Self::DeepseekV4(DeepseekV4Shape {
+                head_dim: v.int()?,
+                sliding_window: v.int()?,
+                rope_head_dim: v.int()?,
+                compress_ratio: v.int()?,
+                index_head_dim: v.int()?,
+            }),
             "mlp" => Self::Mlp,
             other => bail!("the layer-kind schema has no reader for {other:?} (a bug in pdplan)"),
         })
@@ -445,6 +478,13 @@ mod tests {
             }),
             Layer::AttentionMamba2(attention, mamba),
             Layer::SharedKv { source_layer: 3 },
+            Layer::DeepseekV4(DeepseekV4Shape {
+                head_dim: 512,
+                rope_head_dim: 64,
+                sliding_window: 128,
+                compress_ratio: 4,
+                index_head_dim: 128,
+            }),
             Layer::Mlp,
         ]
     }

@@ -19,11 +19,13 @@
 //! - short conv (LFM2): the conv state `[channels, conv_kernel - 1]`.
 //! - attention + Mamba2 in one layer (Falcon-H1, Zamba2's hybrid layers): the attention buffers,
 //!   then the Mamba2 ones.
+//! - `DeepSeek`-V4 attention: up to five caches of their own page sizes (`deepseek_v4.rs`).
 //! - MLP only, and attention that reuses an earlier layer's KV (Gemma 3n and 4): none.
 //!
 //! States use the state dtype; conv states the model's dtype (vLLM's `mamba_ssm_cache_dtype`
 //! covers the SSM state only).
 
+use super::deepseek_v4::DeepseekV4Shape;
 use super::dtype::Dtype;
 use crate::error::{bail, PlanError, PlanResult};
 use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
@@ -144,6 +146,8 @@ pub enum Layer {
     },
     /// A layer without a cache (an MLP or `MoE` block).
     Mlp,
+    /// `DeepSeek`-V4's attention: a sliding latent, compressed latents, compressor states.
+    DeepseekV4(DeepseekV4Shape),
 }
 
 impl Layer {
@@ -169,6 +173,7 @@ impl Layer {
                 format!("attention reusing layer {source_layer}'s KV (no cache)")
             }
             Self::Mlp => "MLP only (no cache)".to_owned(),
+            Self::DeepseekV4(d) => d.label(),
         }
     }
 
@@ -187,6 +192,7 @@ impl Layer {
                 attention(a, cache, KV_KINDS, out)?;
                 mamba2(m, cache, out)
             }
+            Self::DeepseekV4(d) => d.buffers(cache.kv, cache.page_size, out),
             Self::SharedKv { .. } | Self::Mlp => Ok(()),
         }
     }

@@ -4,6 +4,7 @@
 mod buffers;
 mod cache_keys;
 mod config;
+mod deepseek_v4;
 mod dtype;
 mod families;
 mod hf_config;
@@ -18,6 +19,7 @@ mod summary;
 
 pub use buffers::{model_buffers, pair_buffers};
 pub use cache_keys::CACHE_KEYS;
+pub use deepseek_v4::DeepseekV4Shape;
 pub use dtype::{dtype_bytes, Dtype};
 pub use families::{Family, FAMILIES};
 pub use hf_config::{preset, shape_from, shape_from_hf_config, shape_from_hf_files, PRESET_NAMES};

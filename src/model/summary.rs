@@ -1,6 +1,7 @@
 //! A model read back per layer kind: which layers have each kind, and what each keeps, so a user
 //! sees at a glance that a config was read right.
 
+use super::deepseek_v4::{DeepseekV4Shape, Role};
 use super::layers::{attention, AttentionShape, Cache, Layer};
 use super::shape::{KvLayout, ModelShape};
 use crate::error::PlanResult;
@@ -19,6 +20,10 @@ pub struct KindSummary {
     pub state_bytes: u64,
     pub sliding_window: Option<u64>,
     pub attention_chunk: Option<u64>,
+    /// Tokens an entry of the kind's compressed caches covers (`DeepSeek`-V4); 1 without.
+    pub compress_ratio: u64,
+    /// Bytes one compressed entry takes in one such layer, its pages' padding shared out.
+    pub entry_bytes: u64,
 }
 
 /// Bytes a token and bytes of state of `buffers` as one TP rank holds them at TP 1.
@@ -49,13 +54,20 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
             summary.layers.push(index);
             continue;
         }
-        let mut buffers = Vec::new();
-        layer.buffers(&cache, &mut buffers)?;
-        let (token_bytes, state_bytes) = sizes(&buffers);
+        let (token_bytes, state_bytes, (compress_ratio, entry_bytes)) =
+            if let Layer::DeepseekV4(d) = layer {
+                deepseek_v4_sizes(d, &cache)?
+            } else {
+                let mut buffers = Vec::new();
+                layer.buffers(&cache, &mut buffers)?;
+                let (token, state) = sizes(&buffers);
+                (token, state, (1, 0))
+            };
         let (sliding_window, attention_chunk) = match layer {
             Layer::Attention(a) | Layer::AttentionMamba2(a, _) => {
                 (a.sliding_window, a.attention_chunk)
             }
+            Layer::DeepseekV4(d) => (Some(d.sliding_window), None),
             _ => (None, None),
         };
         kinds.push((
@@ -67,6 +79,8 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
                 state_bytes,
                 sliding_window,
                 attention_chunk,
+                compress_ratio,
+                entry_bytes,
             },
         ));
     }
@@ -88,7 +102,25 @@ pub fn summarize(shape: &ModelShape) -> PlanResult<Vec<KindSummary>> {
             state_bytes: 0,
             sliding_window: None,
             attention_chunk: None,
+            compress_ratio: 1,
+            entry_bytes: 0,
         });
     }
     Ok(out)
+}
+
+/// A `DeepSeek`-V4 layer's (bytes a token of its sliding latent, bytes of its compressor
+/// states a request, (ratio, bytes a compressed entry)): the states are sliding windows of
+/// raw tokens, kept whole; a compressed entry covers `ratio` tokens.
+fn deepseek_v4_sizes(d: &DeepseekV4Shape, cache: &Cache) -> PlanResult<(u64, u64, (u64, u64))> {
+    let (mut token, mut state, mut entry) = (0, 0, 0);
+    for c in d.caches(cache.kv, cache.page_size)? {
+        let share = c.page_stride / c.page_items;
+        match (c.role, c.window) {
+            (Role::CompressedLatent | Role::IndexerKeys, _) => entry += share,
+            (Role::SlidingLatent, _) => token += share,
+            (_, window) => state += share * window.unwrap_or(1),
+        }
+    }
+    Ok((token, state, (d.compress_ratio, entry)))
 }

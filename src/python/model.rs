@@ -164,6 +164,7 @@ type ShapeParts<'py> = (
     (u64, u64, u64),
     (Option<&'static str>, Option<&'static str>),
     Option<&'static str>,
+    u64,
 );
 
 /// A config's or a preset's shape, as the parts `ModelShape` is built of: its dtype, its
@@ -180,7 +181,10 @@ fn model_shape_parts<'py>(
     quant_config_text: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<ShapeParts<'py>> {
     let shape = || -> Converted<model::ModelShape> {
-        let page_size = page_size.map_or(Ok(16), |v| to_u64(v, "page_size"))?;
+        let page_size = page_size
+            .filter(|v| !v.is_none())
+            .map(|v| to_u64(v, "page_size"))
+            .transpose()?;
         let config = config_text
             .map(|v| string_arg(v, "config_text"))
             .transpose()?;
@@ -208,6 +212,7 @@ fn model_shape_parts<'py>(
             shape.state_dtype.map(model::Dtype::as_str),
         ),
         shape.family,
+        shape.page_size,
     ))
 }
 
@@ -248,8 +253,17 @@ fn model_layers<'py>(py: Python<'py>, shape: &Bound<'py, PyAny>) -> PyResult<Bou
 }
 
 /// One row per layer kind: (label, layers, bytes a token, bytes of state a request, window,
-/// attention chunk).
-type SummaryRow = (String, Vec<u64>, u64, u64, Option<u64>, Option<u64>);
+/// attention chunk, compress ratio, bytes a compressed entry).
+type SummaryRow = (
+    String,
+    Vec<u64>,
+    u64,
+    u64,
+    Option<u64>,
+    Option<u64>,
+    u64,
+    u64,
+);
 
 /// The shape per layer kind, in order of first appearance (then the draft model).
 #[pyfunction]
@@ -266,6 +280,8 @@ fn model_summary(shape: &Bound<'_, PyAny>) -> PyResult<Vec<SummaryRow>> {
                 k.state_bytes,
                 k.sliding_window,
                 k.attention_chunk,
+                k.compress_ratio,
+                k.entry_bytes,
             )
         })
         .collect())

@@ -194,7 +194,11 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
         help="the model's dtype: bfloat16 (default with the shape options), float16, float32; "
         "with --model or --config it replaces the config's",
     )
-    model.add_argument("--page-size", type=_positive, default=16, help="tokens a page (16)")
+    model.add_argument(
+        "--page-size",
+        type=_positive,
+        help="tokens a page (16, or what the runtime fixes for the model: DeepSeek-V4 256)",
+    )
     model.add_argument(
         "--kv-cache-dtype",
         help="the KV cache's element type (default: the model's): fp8, float8_e5m2, nvfp4, ...",

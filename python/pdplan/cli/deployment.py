@@ -16,6 +16,9 @@ from pdplan._planner import PDTransferPlanner
 from pdplan._transfer_cost import model_planner
 from pdplan.cli.arguments import UserError
 
+#: Tokens a page when neither the command nor the model names one.
+DEFAULT_PAGE_SIZE = 16
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -102,7 +105,7 @@ class Deployment:
 HUB_NAME = re.compile(r"[\w.-]+/[\w.-]+")
 
 
-def read_config(given: str, page_size: int, family: str | None) -> ModelShape:
+def read_config(given: str, page_size: int | None, family: str | None) -> ModelShape:
     """The model the config at `given` (a file or a model's folder) describes. Its refusals
     name the file as given (``ModelShape.from_hf_config``'s); the command adds what only a
     user of the command needs: that a Hub name is not fetched, and the flag for ``family=``."""
@@ -132,14 +135,16 @@ def shape_of(args: argparse.Namespace) -> ModelShape:
     if args.family is not None and not (args.config or args.model not in (None, *MODEL_PRESETS)):
         raise UserError("--family chooses the reader of a config.json; give one with --config")
     if args.model in MODEL_PRESETS:
-        shape = ModelShape.preset(args.model, page_size=args.page_size)
+        shape = ModelShape.preset(args.model, page_size=args.page_size or DEFAULT_PAGE_SIZE)
     elif args.model or args.config:
         shape = read_config(args.model or args.config, args.page_size, args.family)
     elif any(x is None for x in explicit):
         raise UserError("--layers, --kv-heads and --head-dim go together")
     else:
         dtype = args.dtype or "bfloat16"
-        shape = ModelShape(args.layers, args.kv_heads, args.head_dim, dtype, args.page_size)
+        shape = ModelShape(
+            args.layers, args.kv_heads, args.head_dim, dtype, args.page_size or DEFAULT_PAGE_SIZE
+        )
     # The config's dtypes stand unless the command names others.
     return replace(
         shape,

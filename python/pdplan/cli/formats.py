@@ -56,14 +56,17 @@ def model_lines(
         keeps = []
         if kind.token_bytes:
             keeps.append(f"{kind.token_bytes:,} B a token")
+        if kind.entry_bytes:
+            keeps.append(f"{kind.entry_bytes:,} B an entry of {kind.compress_ratio} tokens")
         if kind.state_bytes:
             keeps.append(f"{kind.state_bytes:,} B of state a request")
         what = "; ".join(keeps) or "no cache"
         lines.append(
             f"  {len(kind.layers):>4} x {kind.label}: {what}; layers {_layer_ranges(kind)}"
         )
-        whole += kind.token_bytes * len(kind.layers) * tokens
-        windowed += kind.token_bytes * len(kind.layers) * kind.kept_tokens(tokens)
+        compressed = kind.compressed_bytes(tokens) * len(kind.layers)
+        whole += kind.token_bytes * len(kind.layers) * tokens + compressed
+        windowed += kind.token_bytes * len(kind.layers) * kind.kept_tokens(tokens) + compressed
         if kind.sliding_window is not None:
             selections.add("sliding windows")
         if kind.attention_chunk_size is not None:
@@ -207,11 +210,17 @@ def print_table(
         dcp = f" (DCP {layout.dcp_size})" if layout.dcp_size > 1 else ""
         return f"{layout.dp_size} DP{stages}{cp} x TP {layout.tp_size_per_dp}{dcp}"
 
-    pages = page_sizes(planner)
-    if pages[0] == pages[1]:
-        page_text = f"{pages[0]}-token pages"
+    try:
+        pages = page_sizes(planner)
+    except UnsupportedPDLayoutError:
+        several = sorted({b.page_size for b in planner.prefill_buffers})
+        page_text = f"pages of {', '.join(map(str, several))} items (a page table a cache group)"
     else:
-        page_text = f"{pages[0]}-token prefill pages, {pages[1]}-token decode pages (token maps)"
+        page_text = (
+            f"{pages[0]}-token pages"
+            if pages[0] == pages[1]
+            else f"{pages[0]}-token prefill pages, {pages[1]}-token decode pages (token maps)"
+        )
     for line in model_lines(shape, name):
         print(line)
     print(
@@ -259,6 +268,10 @@ def request_lines(
     planner: PDTransferPlanner, model: CostModel, chunk_bytes: int | None = None
 ) -> list[str]:
     """The request line, then each group of alike rank pairs with the cost model's choice."""
+    try:
+        page_sizes(planner)
+    except UnsupportedPDLayoutError as refused:
+        return [f"a {REQUEST_TOKENS // 1024}k-token request: not estimated here: {refused}"]
     pairs = list(request_pairs(planner, REQUEST_TOKENS, model, chunk_bytes))
     total = sum(p.descriptors for p in pairs)
     total_bytes = sum(p.bytes for p in pairs)

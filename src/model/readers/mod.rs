@@ -3,6 +3,7 @@
 //! layer's heads, a latent, a Mamba2 mixer, a layer-kind list.
 
 pub mod attention;
+pub mod deepseek_v4;
 pub mod defaults;
 pub mod state;
 
