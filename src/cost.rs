@@ -72,7 +72,8 @@ impl CostModel {
         })
     }
 
-    fn wire_s(&self, descriptors: u64, bytes: u64) -> f64 {
+    /// The wire's roofline: the longer of the descriptors' cost and the bytes' time.
+    pub fn wire_s(&self, descriptors: u64, bytes: u64) -> f64 {
         (real(descriptors) * self.per_descriptor_s).max(real(bytes) / self.network_bytes_per_s)
     }
 

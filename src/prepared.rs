@@ -9,6 +9,8 @@ pub use crate::descriptors::Buffers;
 use crate::descriptors::{self, place_all, validate_all, Descriptors, FlatPlan, Placed};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::layout::BufferKind;
+use crate::slices::TokenSlice;
 use crate::staging::{Declared, StagingCounts, StagingPlan};
 use crate::token_descriptors::{
     place_tokens, plan_tokens_of, untokenized, PlannedTokens, TokenPlaced,
@@ -55,6 +57,15 @@ pub struct PreppedLists {
     pub dst: Vec<[u64; 5]>,
 }
 
+/// What a slice needs of one buffer beyond its fragments: its model layer (a layer group
+/// selects by it) and its page size (fragments of page plans carry none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BufferFacts {
+    pub buffer_index: u64,
+    pub layer: Option<u64>,
+    pub page_size: u64,
+}
+
 #[derive(Debug, Clone)]
 pub struct Prepared {
     fragments: Arc<[Fragment]>,
@@ -65,6 +76,8 @@ pub struct Prepared {
     tokens: Vec<Option<TokenPlaced>>,
     /// Each side's buffers as declared, for host copies through a staging plan.
     memory: (Declared, Declared),
+    /// Each buffer's layer and page size, where the caller named them (`with_buffers`).
+    facts: Option<Arc<[BufferFacts]>>,
 }
 
 impl Prepared {
@@ -101,7 +114,44 @@ impl Prepared {
             placed,
             tokens,
             memory: (src.declared(), dst.declared()),
+            facts: None,
         })
+    }
+
+    /// The same transfer, knowing each buffer's layer and page size, so that requests may
+    /// select buffers by layer group and slice page plans by tokens.
+    #[must_use]
+    pub fn with_buffers(mut self, facts: Vec<BufferFacts>) -> Self {
+        self.facts = Some(facts.into());
+        self
+    }
+
+    fn facts_of(&self, buffer_index: u64) -> Option<&BufferFacts> {
+        self.facts
+            .as_deref()?
+            .iter()
+            .find(|f| f.buffer_index == buffer_index)
+    }
+
+    /// The buffers of `within` whose model layer is one of `layers`.
+    pub fn select_layers(&self, layers: &[u64], within: &Selection) -> PlanResult<Selection> {
+        let Some(known) = self.facts.as_deref() else {
+            bail!(
+                "layers= selects buffers by model layer, and this transfer knows none: prepare \
+                 it with buffer_layouts= (the prefill side's BufferLayouts; from_layouts knows \
+                 them) or select with buffers="
+            );
+        };
+        let mut chosen: Vec<u64> = known
+            .iter()
+            .filter(|f| {
+                within.contains(f.buffer_index) && f.layer.is_some_and(|l| layers.contains(&l))
+            })
+            .map(|f| f.buffer_index)
+            .collect();
+        chosen.sort_unstable();
+        chosen.dedup();
+        Ok(Selection::Indices(chosen))
     }
 
     /// One request's staging plan from its page pairs: the coalesced `descriptors` regrouped
@@ -178,18 +228,21 @@ impl Prepared {
         selection: &Selection,
         coalesce: bool,
     ) -> PlanResult<Descriptors> {
+        let whole = TokenSlice::default();
         Ok(self
-            .plan_token_descriptors(src_slots, dst_slots, selection, coalesce)?
+            .plan_token_descriptors(src_slots, dst_slots, selection, coalesce, &whole)?
             .write())
     }
 
-    /// `token_descriptors` checked and planned, not yet written (`PlannedTokens::write`).
+    /// `token_descriptors` of one slice of the request, checked and planned, not yet written
+    /// (`PlannedTokens::write`).
     pub fn plan_token_descriptors(
         &self,
         src_slots: &[i64],
         dst_slots: &[i64],
         selection: &Selection,
         coalesce: bool,
+        slice: &TokenSlice,
     ) -> PlanResult<PlannedTokens<'_>> {
         let any_tokenized = self.tokens.iter().any(Option::is_some);
         let mut chosen = Vec::with_capacity(self.tokens.len());
@@ -201,7 +254,7 @@ impl Prepared {
                 return untokenized(position, &f, any_tokenized);
             }
         }
-        plan_tokens_of(chosen, src_slots, dst_slots, coalesce)
+        plan_tokens_of(chosen, src_slots, dst_slots, coalesce, slice)
     }
 
     pub fn fragments(&self) -> &[Fragment] {
@@ -252,6 +305,71 @@ impl Prepared {
         }
         let chosen: Vec<&Placed> = self.selected(selection).map(|(_, p)| p).collect();
         descriptors::build_placed(&chosen, src_pages, dst_pages, coalesce)
+    }
+
+    /// One slice of a request's descriptors by pages (`slices` module): each selected
+    /// fragment over the page pairs whose last token becomes final in the slice (state in the
+    /// slice that ends the prompt), fragments in order. The whole request is `descriptors`.
+    pub fn slice_descriptors(
+        &self,
+        src_pages: &[u64],
+        dst_pages: &[u64],
+        selection: &Selection,
+        coalesce: bool,
+        slice: &TokenSlice,
+    ) -> PlanResult<Descriptors> {
+        if slice.is_whole() {
+            return self.descriptors(src_pages, dst_pages, selection, coalesce);
+        }
+        let pairs = src_pages.len().min(dst_pages.len());
+        // Consecutive fragments that move the same pages go together, so that they coalesce.
+        let mut runs: Vec<((usize, usize), Vec<&Placed>)> = Vec::new();
+        for (position, placed) in self.selected(selection) {
+            let f = self.fragments.get(position).copied().unwrap_or_default();
+            if f.page_count.is_some() || f.src_page_size != f.dst_page_size {
+                bail!(
+                    "fragment {position} (buffer_index={}) limits itself to page_count pages or \
+                     pairs pages of different sizes, which slices by pages do not split; move \
+                     its slices by slot maps (token_descriptors)",
+                    f.buffer_index
+                );
+            }
+            let (first, stop) = if f.buffer_kind != BufferKind::MambaState {
+                let at = |t: u64| usize::try_from(t).map_or(pairs, |t| t.min(pairs));
+                // Page plans' fragments carry no page size: the buffer's, where known.
+                let page_size = match (f.src_page_size, self.facts_of(f.buffer_index)) {
+                    (0, Some(facts)) => facts.page_size,
+                    (size, _) => size,
+                };
+                let (first, stop) = slice.page_range(
+                    pairs as u64,
+                    page_size,
+                    f.sliding_window,
+                    f.attention_chunk_size,
+                )?;
+                (at(first), at(stop))
+            } else if slice.ends_prompt() {
+                (0, pairs)
+            } else {
+                (0, 0)
+            };
+            match runs.last_mut() {
+                Some((moved, list)) if *moved == (first, stop) => list.push(placed),
+                _ => runs.push(((first, stop), vec![placed])),
+            }
+        }
+        let mut out = Descriptors::default();
+        for ((first, stop), list) in runs {
+            if first >= stop {
+                continue;
+            }
+            let (src, dst) = (&src_pages[first..stop], &dst_pages[first..stop]);
+            let part = descriptors::build_placed(&list, src, dst, coalesce)?;
+            out.src_addrs.extend(part.src_addrs);
+            out.dst_addrs.extend(part.dst_addrs);
+            out.lengths.extend(part.lengths);
+        }
+        Ok(out)
     }
 
     /// The lists to prepare once per peer: every fragment row over `src_capacity` and

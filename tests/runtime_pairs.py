@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -441,12 +442,15 @@ PAIRS: dict[str, Callable[[Mover], None]] = {
 }
 
 
-def main() -> None:
+def main(cases: Mapping[str, Callable[[Mover], None]] | None = None) -> None:
+    """Runs `cases` (these pairs by default) as the command line names them, printing an ok
+    line a case, and leaves with the verdict as its exit code."""
+    cases = PAIRS if cases is None else cases
     chosen, engine = sys.argv[1], sys.argv[2]
     try:
-        for name in PAIRS if chosen == "all" else [chosen]:
+        for name in cases if chosen == "all" else [chosen]:
             mover = Mover(engine)
-            PAIRS[name](mover)
+            cases[name](mover)
             print(f"ok {name} through {engine}: {mover.moved} bytes", flush=True)
         code = 0
     except BaseException:  # the verdict, whatever went wrong
@@ -455,6 +459,21 @@ def main() -> None:
         code = 1
     sys.stderr.flush()
     os._exit(code)
+
+
+def child_verdicts(script: str, engine: str) -> tuple[int, list[str], str]:
+    """Runs every case of `script` (a file beside this one) through `engine` in one child
+    process: its exit code, the cases that passed, and what it printed."""
+    path = Path(__file__).resolve().parent / script
+    done = subprocess.run(
+        [sys.executable, str(path), "all", engine],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    passed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("ok ")]
+    return done.returncode, passed, done.stdout + done.stderr
 
 
 if __name__ == "__main__":

@@ -70,6 +70,8 @@ def test_public_names() -> None:
         "ShortConvLayer",
         "SharedKvLayer",
         "LayerKindSummary",
+        "LayerGroups",
+        "layer_groups",
         "LostRange",
         "Mamba1Layer",
         "Mamba2Layer",

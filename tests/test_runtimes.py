@@ -5,16 +5,13 @@ against hand-written layouts and against real bytes moved between them."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 from runtime_caches import guarded, sglang_mha, sglang_mla, vllm_kv, vllm_mla
-from runtime_pairs import PAIRS, Mover
+from runtime_pairs import PAIRS, Mover, child_verdicts
 
 import pdplan
 from pdplan import (
@@ -294,16 +291,8 @@ def test_a_missing_descriptor_is_caught_by_the_element_comparison(name: str) -> 
 
 def through(engine: str) -> None:
     """Every pair in one child process (fresh engines a pair), each reporting its verdict."""
-    script = Path(__file__).resolve().parent / "runtime_pairs.py"
-    done = subprocess.run(
-        [sys.executable, str(script), "all", engine],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    passed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("ok ")]
-    assert done.returncode == 0 and passed == list(PAIRS), done.stdout + done.stderr
+    code, passed, printed = child_verdicts("runtime_pairs.py", engine)
+    assert code == 0 and passed == list(PAIRS), printed
 
 
 @pytest.mark.mooncake

@@ -24,6 +24,7 @@ from pdplan._core import (
 )
 from pdplan._descriptors import TransferDescriptors, transfer_descriptors
 from pdplan._exchange import LAYOUT_VERSION_FRAME, PeerLayout, decode_layout, encode_layout
+from pdplan._layer_groups import LayerGroups, layer_groups
 from pdplan._layouts import (
     CACHE_KEYS,
     MODEL_PRESETS,
@@ -82,6 +83,7 @@ __all__ = [
     "GatedDeltaNetLayer",
     "ItemLengths",
     "KdaLayer",
+    "LayerGroups",
     "LayerKindSummary",
     "LightningAttentionLayer",
     "LostRange",
@@ -119,6 +121,7 @@ __all__ = [
     "encode_layout",
     "encode_transfer_fragments",
     "even_layer_partition",
+    "layer_groups",
     "limits",
     "model_buffer_layouts",
     "model_families",

@@ -74,6 +74,7 @@ __all__ = [
     "fragment_slots_checked",
     "frame_cache_info",
     "is_token_indexed",
+    "layer_groups",
     "model_buffers",
     "model_families",
     "model_layers",
@@ -369,6 +370,7 @@ class PreparedTransfer:
         *,
         src_limits: _Ints | None = None,
         dst_limits: _Ints | None = None,
+        buffer_layouts: Iterable[BufferLayout] | None = None,
     ) -> PreparedTransfer:
         """
         :param fragments: One rank pair's fragments.
@@ -378,6 +380,9 @@ class PreparedTransfer:
         :param src_limits: How many bytes from each source base may be touched, indexed by
             ``buffer_index``; None: no limit (only 64-bit overflow is refused).
         :param dst_limits: The same for the destination buffers.
+        :param buffer_layouts: The prefill side's ``BufferLayout`` s: each buffer's model
+            layer (what ``layers=`` selects a slice's layer group by) and page size (what a
+            page plan's slices count tokens by); None: none known.
         """
     @staticmethod
     def from_frames(
@@ -390,6 +395,7 @@ class PreparedTransfer:
         dst_limits: _Ints | None = None,
         max_payload_bytes: int | None = None,
         max_fragments: int | None = None,
+        buffer_layouts: Iterable[BufferLayout] | None = None,
     ) -> PreparedTransfer:
         """Prepared straight from a peer's wire frames, read as strictly as
         ``decode_transfer_fragments`` reads them: never makes fragment objects, and frames
@@ -406,6 +412,9 @@ class PreparedTransfer:
         :param max_payload_bytes: The longest payload accepted, as in
             ``decode_transfer_fragments``.
         :param max_fragments: The most fragments accepted, as in ``decode_transfer_fragments``.
+        :param buffer_layouts: The prefill side's ``BufferLayout`` s: each buffer's model
+            layer (what ``layers=`` selects a slice's layer group by) and page size (what a
+            page plan's slices count tokens by); None: none known.
         """
     @staticmethod
     def from_layouts(
@@ -422,7 +431,7 @@ class PreparedTransfer:
     ) -> PreparedTransfer:
         """Prepared straight from a planner both sides built from exchanged layouts: the
         fragments ``prefill_rank`` sends ``decode_rank``, planned here, never made into objects
-        nor framed.
+        nor framed. It knows the planner's buffers (``buffer_layouts``), for slices.
 
         :param planner: The ``PDTransferPlanner``.
         :param decode_rank: The decode rank that receives.
@@ -445,10 +454,20 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         coalesce: bool = True,
+        layers: _Ints | None = None,
+        tokens: range | None = None,
+        final_length: int | None = None,
+        decode_prefix: int | None = None,
     ) -> TransferDescriptors:
         """One request's descriptors, equal to ``transfer_descriptors`` over the fragments whose
         ``buffer_index`` is in ``buffers``, in fragment order; bounds against the limits are
         checked per request.
+
+        A slice of the request (``layers``, ``tokens``, ``final_length``, ``decode_prefix``;
+        the streaming guide) moves each page in the slice where its last token becomes final
+        (a partial last page only once ``final_length`` is reached), pages wholly below the
+        prefix (whole pages here) or before a window's kept tokens never, and state in the
+        slice ending at ``final_length``.
 
         :param src_pages: The request's source pages, one per page pair: a 1-D integer
             array (any integer dtype) or an int sequence.
@@ -457,6 +476,12 @@ class PreparedTransfer:
             ``buffer_index`` values); None: all.
         :param coalesce: Merge neighbours that continue each other on both sides, as
             ``transfer_descriptors`` does.
+        :param layers: A slice's layer group: only buffers of these model layers (within
+            ``buffers``); needs ``buffer_layouts``.
+        :param tokens: A slice's tokens, ``range(start, stop)``: those newly final. None: all.
+        :param final_length: The request's length once known: windows and chunks keep their
+            tokens of it, and state moves in the slice ending at it. None: not known yet.
+        :param decode_prefix: Tokens the decode side holds already: they never move.
         """
 
     def token_descriptors(
@@ -466,10 +491,19 @@ class PreparedTransfer:
         *,
         buffers: range | _Ints | None = None,
         coalesce: bool = True,
+        layers: _Ints | None = None,
+        tokens: range | None = None,
+        final_length: int | None = None,
+        decode_prefix: int | None = None,
     ) -> TransferDescriptors:
         """One request's descriptors from its slot maps: each token moves where both maps hold
         it. The selected fragments need token geometry (``PDTransferPlanner(...,
         token_maps=True)``); one without it is refused.
+
+        A slice of the request moves its tokens ``[max(start, decode_prefix, kept), stop)``,
+        ``kept`` being the first token a window or chunk keeps of ``final_length`` (of
+        ``stop`` while it is unknown: tokens a longer prompt pushes out are then moved for
+        nothing).
 
         :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
             that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
@@ -477,6 +511,12 @@ class PreparedTransfer:
         :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
             ``buffer_index`` values); None: all.
         :param coalesce: Merge neighbours that continue each other on both sides.
+        :param layers: A slice's layer group: only buffers of these model layers (within
+            ``buffers``); needs ``buffer_layouts``.
+        :param tokens: A slice's tokens, ``range(start, stop)``: those newly final. None: all.
+        :param final_length: The request's length once known: windows and chunks keep their
+            tokens of it, and state moves in the slice ending at it. None: not known yet.
+        :param decode_prefix: Tokens the decode side holds already: they never move.
         """
 
     def staging_plan(
@@ -698,6 +738,12 @@ class StagingPlan:
             ``staging_bytes``, as ``pack`` filled it, overlapping no cache.
         """
 
+def layer_groups(
+    loads: list[tuple[int, int]],
+    layer_seconds: float,
+    per_transfer_s: float,
+    figures: tuple[float, float, float, float, float],
+) -> tuple[list[tuple[int, int]], float, float]: ...
 def estimate_staging(
     counts: tuple[int, int, int, int, int],
     per_descriptor_s: float,

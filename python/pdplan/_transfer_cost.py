@@ -19,6 +19,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pdplan import _core
 from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
+from pdplan._layer_groups import (
+    DEFAULT_LAYER_SECONDS_PER_TOKEN,
+    DEFAULT_PER_TRANSFER_S,
+    LayerGroups,
+    layer_groups,
+)
 from pdplan._layouts import MODEL_PRESETS, ModelShape, even_layer_partition, model_buffer_layouts
 from pdplan._model import ParallelLayout
 from pdplan._planner import PDTransferPlanner
@@ -242,6 +248,10 @@ class Pairing:
                 f"{type(model).__name__}"
             )
         self.model = model
+        # What a one-layer pairing of the same deployment is built with (`layer_groups`).
+        self._deployment = (
+            prefill, decode, prefill_page_size, decode_page_size, kv_layout, decode_replicas
+        )  # fmt: skip
         self.planner = model_planner(
             model,
             prefill,
@@ -345,6 +355,65 @@ class Pairing:
             tokens, decode_prefix, tokens - first * page_size, "pages", tuple(pairs),
             self.decode_dp_group,
         )  # fmt: skip
+
+    def layer_groups(
+        self,
+        tokens: int,
+        *,
+        decode_prefix: int = 0,
+        layer_seconds: float | None = None,
+        per_transfer_s: float = DEFAULT_PER_TRANSFER_S,
+    ) -> LayerGroups:
+        """The layer groups to stream one request in while prefill runs (``layer_groups``):
+        each layer's load is its busiest rank pair's descriptors and bytes for this request.
+
+        :param tokens: The request's length.
+        :param decode_prefix: Tokens the decode side holds already.
+        :param layer_seconds: Seconds prefill takes a layer for this request, as the runtime
+            measures it; None: ``tokens * DEFAULT_LAYER_SECONDS_PER_TOKEN``.
+        :param per_transfer_s: Seconds a transfer costs however small.
+        """
+        seconds = (
+            tokens * DEFAULT_LAYER_SECONDS_PER_TOKEN if layer_seconds is None else layer_seconds
+        )
+        return layer_groups(
+            self._layer_loads(tokens, decode_prefix),
+            layer_seconds=seconds,
+            cost_model=self.cost_model,
+            per_transfer_s=per_transfer_s,
+        )
+
+    def _layer_loads(self, tokens: int, decode_prefix: int) -> list[tuple[int, int]]:
+        """Each model layer's load on its busiest rank pair. A layer's load is its kind's, so
+        each kind is costed once, as a one-layer model of the same deployment."""
+        prefill, decode, prefill_page_size, decode_page_size, kv_layout, replicas = self._deployment
+        if prefill.pp_size > 1 or decode.pp_size > 1:
+            raise UnsupportedPDLayoutError(
+                "layer groups are chosen without pipeline stages: a stage streams its own "
+                "layers; cost a pairing of one stage's TP layout instead"
+            )
+        m = self.model
+        loads: dict[object, tuple[int, int]] = {}
+        out = []
+        for layer in m.model_layers:
+            if layer not in loads:
+                one = ModelShape(
+                    layer_kinds=(layer,), dtype=m.dtype, page_size=m.page_size,
+                    kv_cache_dtype=m.kv_cache_dtype, state_dtype=m.state_dtype,
+                )  # fmt: skip
+                if not one.summary()[0].token_bytes and not one.summary()[0].state_bytes:
+                    loads[layer] = (0, 0)
+                else:
+                    cost = Pairing(
+                        one, prefill, decode, prefill_page_size=prefill_page_size,
+                        decode_page_size=decode_page_size, kv_layout=kv_layout,
+                        decode_replicas=replicas, cost_model=self.cost_model,
+                        decode_dp_group=self.decode_dp_group,
+                    ).cost(tokens, decode_prefix=decode_prefix)  # fmt: skip
+                    busiest = max(cost.pairs, key=lambda p: (p.seconds, p.bytes))
+                    loads[layer] = (busiest.descriptors, busiest.bytes)
+            out.append(loads[layer])
+        return out
 
     def _pair(self, decode_rank: int, prefill_rank: int, parts: list[StagingCounts]) -> PairCost:
         estimate = CostEstimate.total([self.cost_model.estimate_counts(c) for c in parts])

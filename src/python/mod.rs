@@ -394,6 +394,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<staging::PyStagingPlan>()?;
     m.add_function(wrap_pyfunction!(staging::estimate_staging, m)?)?;
     m.add_function(wrap_pyfunction!(staging::check_cost_model, m)?)?;
+    m.add_function(wrap_pyfunction!(staging::layer_groups, m)?)?;
     m.add_function(wrap_pyfunction!(staging::scaled_counts, m)?)?;
     m.add_function(wrap_pyfunction!(prepared::frame_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(encode_cache_info, m)?)?;

@@ -15,6 +15,7 @@ use crate::fragment::Fragment;
 use crate::layout::{BufferLayout, ParallelLayout, Role};
 use crate::layout_frame;
 use crate::planner::{PlanOptions, Planner};
+use crate::prepared::BufferFacts;
 use crate::routing::DecodeReplicas;
 use crate::verify;
 
@@ -110,6 +111,19 @@ impl PyPlanner {
                      source_ranks)"
                 )))
             })
+    }
+
+    /// Each prefill buffer's index, layer and page size: what a prepared transfer selects a
+    /// layer group and slices pages by.
+    pub(super) fn buffer_facts(&self) -> Vec<BufferFacts> {
+        self.inner
+            .buffer_pairs()
+            .map(|(prefill, _)| BufferFacts {
+                buffer_index: prefill.buffer_index,
+                layer: prefill.layer,
+                page_size: prefill.page_size,
+            })
+            .collect()
     }
 
     /// What a request names, as every per-rank method takes it: the decode rank, a router's

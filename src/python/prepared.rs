@@ -20,7 +20,9 @@ use super::{frame_limits, to_py_err};
 use crate::descriptors::Descriptors;
 use crate::error::PlanError;
 use crate::frame_cache;
-use crate::prepared::{Prepared, Selection};
+use crate::limits;
+use crate::prepared::{BufferFacts, Prepared, Selection};
+use crate::slices::TokenSlice;
 use crate::staging::StagingCounts;
 
 /// (local, remote) arrays.
@@ -86,6 +88,81 @@ fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
     buffer_column(buffers, "buffers").map(Selection::Indices)
 }
 
+/// A slice of a request: `tokens` (a `range` of step 1, or None), the final length and the
+/// decode side's prefix (`slices` module).
+fn token_slice(
+    tokens: Option<&Bound<'_, PyAny>>,
+    final_length: Option<&Bound<'_, PyAny>>,
+    decode_prefix: Option<&Bound<'_, PyAny>>,
+) -> Converted<TokenSlice> {
+    let tokens = match tokens.filter(|t| !t.is_none()) {
+        None => None,
+        Some(given) => {
+            let Ok(range) = given.cast::<PyRange>() else {
+                return Err(PlanError::new(
+                    "tokens must be a range(start, stop) of the request's newly final tokens"
+                        .to_owned(),
+                ));
+            };
+            let field = |name: &str| -> Converted<u64> {
+                let value = range.getattr(name).map_err(|_| {
+                    PlanError::new(format!("tokens: the range's {name} is not readable"))
+                })?;
+                to_u64(&value, &format!("tokens' {name}"))
+            };
+            if field("step")? != 1 {
+                return Err(PlanError::new(
+                    "tokens must be a range of step 1: a slice is consecutive tokens".to_owned(),
+                ));
+            }
+            Some((field("start")?, field("stop")?))
+        }
+    };
+    let final_length = optional_u64(final_length, "final_length")?;
+    let decode_prefix = optional_u64(decode_prefix, "decode_prefix")?.unwrap_or(0);
+    for (name, value) in [
+        ("final_length", final_length),
+        ("decode_prefix", Some(decode_prefix)),
+    ] {
+        if let Some(value) = value {
+            limits::TOKENS.check(name, value)?;
+        }
+    }
+    Ok(TokenSlice {
+        tokens,
+        final_length,
+        decode_prefix,
+    })
+}
+
+/// `prepared` knowing its buffers' layers and page sizes where `buffer_layouts` gives them.
+fn with_buffers(
+    prepared: Prepared,
+    buffer_layouts: Option<&Bound<'_, PyAny>>,
+) -> Converted<Prepared> {
+    Ok(match buffer_layouts.filter(|l| !l.is_none()) {
+        Some(layouts) => prepared.with_buffers(buffer_facts(layouts)?),
+        None => prepared,
+    })
+}
+
+/// Each buffer's index, layer and page size, from a sequence of `BufferLayout`s.
+fn buffer_facts(layouts: &Bound<'_, PyAny>) -> Converted<Vec<BufferFacts>> {
+    let bad = || PlanError::new("buffer_layouts must be a sequence of BufferLayouts".to_owned());
+    let mut out = Vec::new();
+    for item in layouts.try_iter().map_err(|_| bad())? {
+        let item = item.map_err(|_| bad())?;
+        limits::LAYOUT_BUFFERS.check("buffer_layouts", out.len() as u64 + 1)?;
+        let field = |name: &str| item.getattr(name).map_err(|_| bad());
+        out.push(BufferFacts {
+            buffer_index: to_u64(&field("buffer_index")?, "buffer_layouts[i].buffer_index")?,
+            layer: optional_u64(Some(&field("layer")?), "buffer_layouts[i].layer")?,
+            page_size: to_u64(&field("page_size")?, "buffer_layouts[i].page_size")?,
+        });
+    }
+    Ok(out)
+}
+
 fn strided(py: Python<'_>, rows: Vec<[u64; 5]>) -> PyResult<Bound<'_, PyArray2<u64>>> {
     let n = rows.len();
     rows.into_iter()
@@ -98,7 +175,7 @@ fn strided(py: Python<'_>, rows: Vec<[u64; 5]>) -> PyResult<Bound<'_, PyArray2<u
 #[pymethods]
 impl PyPrepared {
     #[new]
-    #[pyo3(signature = (fragments, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None))]
+    #[pyo3(signature = (fragments, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, buffer_layouts=None))]
     fn new(
         py: Python<'_>,
         fragments: &Bound<'_, PyAny>,
@@ -106,13 +183,15 @@ impl PyPrepared {
         dst_base_ptrs: &Bound<'_, PyAny>,
         src_limits: Option<&Bound<'_, PyAny>>,
         dst_limits: Option<&Bound<'_, PyAny>>,
+        buffer_layouts: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let types = model_types(py)?;
         let convert = || -> Converted<_> {
             let fragments = fragments_of(fragments, "fragments", types)?;
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
-            Prepared::new(fragments.into(), &src, &dst).map(Arc::new)
+            let prepared = Prepared::new(fragments.into(), &src, &dst)?;
+            with_buffers(prepared, buffer_layouts).map(Arc::new)
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
@@ -120,7 +199,7 @@ impl PyPrepared {
     /// Prepared straight from a peer's wire frames: never makes fragment objects, and frames
     /// byte-equal to ones seen before reuse their parsed fragments (a bounded cache).
     #[staticmethod]
-    #[pyo3(signature = (version_frame, payload_frame, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, max_payload_bytes=None, max_fragments=None))]
+    #[pyo3(signature = (version_frame, payload_frame, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, max_payload_bytes=None, max_fragments=None, buffer_layouts=None))]
     #[allow(clippy::too_many_arguments)]
     fn from_frames(
         py: Python<'_>,
@@ -132,7 +211,13 @@ impl PyPrepared {
         dst_limits: Option<&Bound<'_, PyAny>>,
         max_payload_bytes: Option<&Bound<'_, PyAny>>,
         max_fragments: Option<&Bound<'_, PyAny>>,
+        buffer_layouts: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
+        let facts = buffer_layouts
+            .filter(|l| !l.is_none())
+            .map(buffer_facts)
+            .transpose()
+            .map_err(to_py_err)?;
         let convert = || -> Converted<_> {
             let limits = frame_limits(max_payload_bytes, max_fragments)?;
             let version = frame(version_frame, "version_frame")?;
@@ -143,7 +228,12 @@ impl PyPrepared {
             // Bytes are immutable and the caller holds them: large new frames parse without
             // the GIL; a small or known frame costs less than releasing it.
             let payload_len = payload.map_or(0, <[u8]>::len) as u64;
-            detach_above_size(py, payload_len, DETACH_PAYLOAD_FROM, prepare)
+            let prepared = detach_above_size(py, payload_len, DETACH_PAYLOAD_FROM, prepare)?;
+            // A cached transfer is shared: one knowing its buffers is a copy of its own.
+            Ok(match facts {
+                Some(facts) => Arc::new(Prepared::clone(&prepared).with_buffers(facts)),
+                None => prepared,
+            })
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
@@ -185,18 +275,22 @@ impl PyPrepared {
             prefill_dp_group,
             num_tokens,
         )?;
+        let facts = core.get().buffer_facts();
         let convert = || -> Converted<_> {
             let src = buffers(src_base_ptrs, src_limits, "src")?;
             let dst = buffers(dst_base_ptrs, dst_limits, "dst")?;
-            // The planner's fragments are valid by construction.
-            Prepared::from_valid(fragments.into(), &src, &dst).map(Arc::new)
+            // The planner's fragments are valid by construction; it knows the buffers.
+            Prepared::from_valid(fragments.into(), &src, &dst)
+                .map(|p| Arc::new(p.with_buffers(facts)))
         };
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
 
     /// One request's descriptors, equal to `transfer_descriptors` over the fragments whose
-    /// `buffer_index` is in `buffers` (None: all), in fragment order.
-    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, coalesce=true))]
+    /// `buffer_index` is in `buffers` (None: all), in fragment order; of one slice of it with
+    /// `layers`, `tokens`, `final_length` or `decode_prefix` (`slices` module).
+    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
+    #[allow(clippy::too_many_arguments)]
     fn descriptors<'py>(
         &self,
         py: Python<'py>,
@@ -204,23 +298,33 @@ impl PyPrepared {
         dst_pages: &Bound<'py, PyAny>,
         buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
+        layers: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+        final_length: Option<&Bound<'py, PyAny>>,
+        decode_prefix: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let convert = || -> Converted<_> {
             Ok((
                 u64_column(src_pages, "src_pages")?,
                 u64_column(dst_pages, "dst_pages")?,
-                selection(buffers)?,
+                self.chosen(buffers, layers)?,
+                token_slice(tokens, final_length, decode_prefix)?,
             ))
         };
-        let (src, dst, chosen) = convert().map_err(to_py_err)?;
-        let request = || self.inner.descriptors(&src, &dst, &chosen, coalesce);
+        let (src, dst, chosen, slice) = convert().map_err(to_py_err)?;
+        let request = || {
+            self.inner
+                .slice_descriptors(&src, &dst, &chosen, coalesce, &slice)
+        };
         let made = detach_above(py, self.inner.descriptor_count(src.len(), &chosen), request);
         descriptors_object(py, made.map_err(to_py_err)?)
     }
 
     /// One request's descriptors from its slot maps: entry `t` of each is token `t`'s slot on
-    /// that rank (`page * page_size + position`) or -1; a token moves where both are set.
-    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, coalesce=true))]
+    /// that rank (`page * page_size + position`) or -1; a token moves where both are set. Of
+    /// one slice of it with `layers`, `tokens`, `final_length` or `decode_prefix`.
+    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
+    #[allow(clippy::too_many_arguments)]
     fn token_descriptors<'py>(
         &self,
         py: Python<'py>,
@@ -228,8 +332,19 @@ impl PyPrepared {
         dst_slots: &Bound<'py, PyAny>,
         buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
+        layers: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+        final_length: Option<&Bound<'py, PyAny>>,
+        decode_prefix: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let made = self.direct_from_slots(py, (src_slots, dst_slots), buffers, coalesce)?;
+        let convert = || -> Converted<_> {
+            Ok((
+                self.chosen(buffers, layers)?,
+                token_slice(tokens, final_length, decode_prefix)?,
+            ))
+        };
+        let (chosen, slice) = convert().map_err(to_py_err)?;
+        let made = self.direct_from_slots(py, (src_slots, dst_slots), &chosen, coalesce, &slice)?;
         descriptors_object(py, made)
     }
 
@@ -270,7 +385,9 @@ impl PyPrepared {
         chunk_bytes: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyStagingPlan> {
         let chunk = optional_u64(chunk_bytes, "chunk_bytes").map_err(to_py_err)?;
-        let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
+        let chosen = selection(buffers).map_err(to_py_err)?;
+        let whole = TokenSlice::default();
+        let direct = self.direct_from_slots(py, (src_slots, dst_slots), &chosen, true, &whole)?;
         let stage = || self.inner.stage(&direct, chunk);
         let made = detach_above(py, direct.len() as u64, stage);
         made.map(PyStagingPlan::from).map_err(to_py_err)
@@ -327,7 +444,9 @@ impl PyPrepared {
         chunk_bytes: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let chunk = optional_u64(chunk_bytes, "chunk_bytes").map_err(to_py_err)?;
-        let direct = self.direct_from_slots(py, (src_slots, dst_slots), buffers, true)?;
+        let chosen = selection(buffers).map_err(to_py_err)?;
+        let whole = TokenSlice::default();
+        let direct = self.direct_from_slots(py, (src_slots, dst_slots), &chosen, true, &whole)?;
         let count = || StagingCounts::of(&direct, chunk);
         let made = detach_above(py, direct.len() as u64, count);
         counts_object(py, made.map_err(to_py_err)?)
@@ -398,16 +517,32 @@ impl PyPrepared {
 }
 
 impl PyPrepared {
-    /// A request's direct descriptors from its slot maps. Short int64 maps are read in place
+    /// The buffers a request selects: `buffers`, narrowed to the model layers `layers` names.
+    fn chosen(
+        &self,
+        buffers: Option<&Bound<'_, PyAny>>,
+        layers: Option<&Bound<'_, PyAny>>,
+    ) -> Converted<Selection> {
+        let within = selection(buffers)?;
+        match layers.filter(|l| !l.is_none()) {
+            None => Ok(within),
+            Some(layers) => {
+                let layers = u64_column(layers, "layers")?;
+                self.inner.select_layers(&layers, &within)
+            }
+        }
+    }
+
+    /// A slice's direct descriptors from its slot maps. Short int64 maps are read in place
     /// with the GIL held; others are copied, then read without it.
     fn direct_from_slots<'py>(
         &self,
         py: Python<'py>,
         (src_slots, dst_slots): (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
-        buffers: Option<&Bound<'py, PyAny>>,
+        chosen: &Selection,
         coalesce: bool,
+        slice: &TokenSlice,
     ) -> PyResult<Descriptors> {
-        let chosen = selection(buffers).map_err(to_py_err)?;
         let in_place = |slots: &Bound<'py, PyAny>| {
             let array = slots.cast::<PyArray1<i64>>().ok()?.try_readonly().ok()?;
             let short = array.as_slice().ok()?.len() <= READ_IN_PLACE_UP_TO;
@@ -421,7 +556,7 @@ impl PyPrepared {
         if let (Some(src), Some(dst)) = slices {
             let planned = self
                 .inner
-                .plan_token_descriptors(src, dst, &chosen, coalesce)
+                .plan_token_descriptors(src, dst, chosen, coalesce, slice)
                 .map_err(to_py_err)?;
             return Ok(detach_above(py, planned.total(), || planned.write()));
         }
@@ -432,7 +567,11 @@ impl PyPrepared {
             ))
         };
         let (src, dst) = convert().map_err(to_py_err)?;
-        let request = || self.inner.token_descriptors(&src, &dst, &chosen, coalesce);
+        let request = || {
+            self.inner
+                .plan_token_descriptors(&src, &dst, chosen, coalesce, slice)
+                .map(crate::token_descriptors::PlannedTokens::write)
+        };
         let made = detach_above(
             py,
             src.len() as u64 * self.inner.fragments().len() as u64,

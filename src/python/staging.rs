@@ -12,6 +12,7 @@ use super::to_py_err;
 use crate::cost::CostModel;
 use crate::error::PlanError;
 use crate::host_copy;
+use crate::layer_groups::{choose, LayerLoad};
 use crate::staging::{StagingCounts, StagingPlan};
 
 /// One request staged: gather into a staging buffer, one transfer (or chunks), scatter out.
@@ -223,4 +224,37 @@ pub fn check_cost_model(
     )
     .map(drop)
     .map_err(to_py_err)
+}
+
+/// The groups chosen, and the seconds from prefill's end to the last byte, streamed and whole.
+type Chosen = (Vec<(u64, u64)>, f64, f64);
+
+/// Layer groups for streaming (`layer_groups::choose`): `loads` one `(descriptors, bytes)` a
+/// layer; the cost model's five figures as `CostModel._figures` gives them. Returns the
+/// `[start, stop)` groups and the seconds from prefill's end to the last byte, streamed and
+/// whole.
+#[pyfunction]
+#[pyo3(signature = (loads, layer_seconds, per_transfer_s, figures))]
+pub fn layer_groups(
+    py: Python<'_>,
+    loads: Vec<(u64, u64)>,
+    layer_seconds: f64,
+    per_transfer_s: f64,
+    figures: (f64, f64, f64, f64, f64),
+) -> PyResult<Chosen> {
+    let (per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s) =
+        figures;
+    let model = CostModel::new(
+        (per_descriptor_s, network_bytes_per_s),
+        (copy_bytes_per_s, per_copy_s, per_segment_s),
+    )
+    .map_err(to_py_err)?;
+    let loads: Vec<LayerLoad> = loads
+        .into_iter()
+        .map(|(descriptors, bytes)| LayerLoad { descriptors, bytes })
+        .collect();
+    let chosen = py
+        .detach(|| choose(&loads, layer_seconds, per_transfer_s, &model))
+        .map_err(to_py_err)?;
+    Ok((chosen.groups, chosen.tail_s, chosen.whole_tail_s))
 }

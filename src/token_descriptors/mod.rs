@@ -4,8 +4,9 @@
 //! A slot map gives, for each token of the request in order, its slot on one rank
 //! (`page * page_size + position in page`) or -1 where that rank holds no slot for it. Token
 //! `t` moves iff both its slots are >= 0 and, for a fragment with a sliding window `w` of a
-//! request of `n` tokens, `t >= n - w` (with an attention chunk `c`, `t >= (n / c) * c`). The
-//! tokens that move split into *segments*: runs of
+//! request of `n` tokens, `t >= n - w` (with an attention chunk `c`, `t >= (n / c) * c`); a
+//! slice of the request (`slices` module) moves only its tokens of those. The tokens that move
+//! split into *segments*: runs of
 //! consecutive tokens whose slots both advance by one inside one page on each side.
 //!
 //! Order: fragments as given, then segments in token order, then a fragment's runs (a unit,
@@ -19,6 +20,7 @@ use std::mem::MaybeUninit;
 use crate::descriptors::{check_descriptor_count, split_in_half, Buffers, Descriptors, Placement};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::slices::TokenSlice;
 use crate::token_scan::{check_slot_lengths, check_slot_values, segments, Segment, Segments};
 
 /// One side of a placed token fragment.
@@ -333,12 +335,15 @@ impl<'a> Emitter<'a> {
 /// Below this many descriptors one thread writes them; above it, two.
 const PARALLEL_FROM: u64 = 1 << 16;
 
-/// Page sizes on each side and the first token moved: what a request's segments depend on.
-type SegmentsKey = ((u64, u64), usize);
+/// Page sizes on each side and the tokens moved: what a request's segments depend on.
+type SegmentsKey = ((u64, u64), (usize, usize));
+
+/// A template's shape and the tokens it moves, with the template.
+type Keyed = ((Shape, (usize, usize)), Template);
 
 /// One request's templates, which template each fragment uses, and the descriptor counts.
 struct Request {
-    templates: Vec<((Shape, usize), Template)>,
+    templates: Vec<Keyed>,
     which: Vec<usize>,
     counts: Vec<u64>,
     total: u64,
@@ -353,11 +358,12 @@ impl Request {
         placed: &[P],
         (src_slots, dst_slots): (&[i64], &[i64]),
         coalesce: bool,
+        slice: &TokenSlice,
     ) -> PlanResult<Self> {
-        // Segments per pair of page sizes and first token (windows start late), templates per
-        // shape and first token (one of each in most plans).
+        // Segments per pair of page sizes and tokens moved (windows start late, slices end
+        // early), templates per shape and tokens moved (one of each in most plans).
         let mut by_sizes: Vec<(SegmentsKey, Segments)> = Vec::new();
-        let mut templates: Vec<((Shape, usize), Template)> = Vec::new();
+        let mut templates: Vec<Keyed> = Vec::new();
         let mut which = Vec::with_capacity(placed.len());
         let mut counts = Vec::with_capacity(placed.len());
         let mut total: u64 = 0;
@@ -369,14 +375,16 @@ impl Request {
                     p.position
                 );
             }
-            // A window keeps the request's last tokens, a chunk its current chunk.
-            let n = src_slots.len() as u64;
-            let first = usize::try_from(crate::layout::first_kept_token(n, p.window, p.chunk))
-                .map_or(src_slots.len(), |f| f.min(src_slots.len()));
-            let key = (p.page_sizes, first);
+            // A window keeps the request's last tokens, a chunk its current chunk; a slice
+            // its newly final tokens past the decode side's prefix.
+            let n = src_slots.len();
+            let (first, stop) = slice.token_range(n as u64, p.window, p.chunk)?;
+            let index = |t: u64| usize::try_from(t).map_or(n, |t| t.min(n));
+            let (first, stop) = (index(first), index(stop));
+            let key = (p.page_sizes, (first, stop));
             let found = by_sizes.iter().position(|(k, _)| *k == key);
             let at = found.unwrap_or_else(|| {
-                let (src, dst) = (&src_slots[first..], &dst_slots[first..]);
+                let (src, dst) = (&src_slots[first..stop], &dst_slots[first..stop]);
                 by_sizes.push((key, segments(src, dst, p.page_sizes)));
                 by_sizes.len() - 1
             });
@@ -386,7 +394,7 @@ impl Request {
                 p.src.placement.check("src", who, segs.largest_src_page)?;
                 p.dst.placement.check("dst", who, segs.largest_dst_page)?;
             }
-            let shape = (p.shape(), first);
+            let shape = (p.shape(), (first, stop));
             let known = templates.iter().position(|(s, _)| *s == shape);
             let template = if let Some(template) = known {
                 template
@@ -407,7 +415,8 @@ impl Request {
             which.push(template);
             counts.push(count);
         }
-        let values_cleared = by_sizes.iter().any(|((_, first), _)| *first == 0)
+        let whole = |(first, stop): (usize, usize)| first == 0 && stop == src_slots.len();
+        let values_cleared = by_sizes.iter().any(|((_, moved), _)| whole(*moved))
             && by_sizes.iter().all(|(_, segments)| !segments.suspicious);
         Ok(Self {
             templates,
@@ -447,20 +456,28 @@ pub fn plan_tokens<'a, P: Borrow<TokenPlaced>>(
     coalesce: bool,
 ) -> PlanResult<PlannedTokens<'a>> {
     let placed = placed.iter().map(Borrow::borrow).collect();
-    plan_tokens_of(placed, src_slots, dst_slots, coalesce)
+    plan_tokens_of(
+        placed,
+        src_slots,
+        dst_slots,
+        coalesce,
+        &TokenSlice::default(),
+    )
 }
 
-/// `plan_tokens` over fragments already chosen by reference.
+/// `plan_tokens` over fragments already chosen by reference, for one slice of the request
+/// (`slices` module; the default is the whole request).
 pub fn plan_tokens_of<'a>(
     placed: Vec<&'a TokenPlaced>,
     src_slots: &[i64],
     dst_slots: &[i64],
     coalesce: bool,
+    slice: &TokenSlice,
 ) -> PlanResult<PlannedTokens<'a>> {
     check_slot_lengths(src_slots, dst_slots)?;
     // Segments treat every negative slot as lacking, and note any below -1 as they scan; the
     // values are checked (and a bad one named) only when the scan did not clear them all.
-    let request = Request::of(&placed, (src_slots, dst_slots), coalesce)
+    let request = Request::of(&placed, (src_slots, dst_slots), coalesce, slice)
         .map_err(|e| check_slot_values(src_slots, dst_slots).err().unwrap_or(e))?;
     if !request.values_cleared {
         check_slot_values(src_slots, dst_slots)?;
