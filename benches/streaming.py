@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from transfer_cost import best_of
 
 from pdplan import Pairing, ParallelLayout, PreparedTransfer
 
 import provenance
-from transfer_cost import best_of
 
 TOKENS = 32768
 PAGE = 16
