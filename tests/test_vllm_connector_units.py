@@ -92,3 +92,69 @@ def test_block_ids_must_be_lists_of_non_negative_ints(blocks: object, message: s
     assert block_groups([[5], [7, 8]]) == ((5,), (7, 8))
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         block_groups(blocks)
+
+
+def test_a_peer_s_progress_reply_is_read_strictly() -> None:
+    from pdplan.connectors._progress import notices_of
+
+    good = {"s": ["req-1", [[3, 4]], 64, 150]}
+    notice = notices_of([json.dumps(good).encode()])["s"]
+    assert (notice.request_id, notice.blocks, notice.final_tokens) == ("req-1", ((3, 4),), 64)
+    assert notices_of([b"{}"]) == {}
+    for reply, message in [
+        ([b"{"], "does not parse"),
+        ([b"[]"], "one object of streams"),
+        ([b"{}", b"{}"], "not one JSON object"),
+        ([b"x" * (5 << 20)], "not one JSON object"),
+        ([json.dumps({"s": ["r", [[1]], 9]}).encode()], "request, blocks, tokens, length"),
+        ([json.dumps({"s": ["r", [[1]], 9, 8]}).encode()], "0 <= final <= length"),
+        ([json.dumps({"s": ["r", [[-1]], 1, 8]}).encode()], "non-negative"),
+        ([json.dumps({"s": ["r", [[1]], True, 8]}).encode()], "0 <= final <= length"),
+    ]:
+        with pytest.raises(UnsupportedPDLayoutError, match=message):
+            notices_of(reply)
+
+
+def test_a_streaming_prefill_request_s_progress_follows_its_chunks() -> None:
+    """The scheduler side's progress: blocks as vLLM hands them out chunk by chunk (new
+    requests' whole lists, cached requests' additions), final tokens after each step."""
+    from pdplan.connectors._progress import StreamTracker
+
+    side = StreamTracker()
+    side.add("r", "s", ([7, 8],), 150)
+    first = types.SimpleNamespace(
+        num_scheduled_tokens={"r": 64},
+        scheduled_new_reqs=[types.SimpleNamespace(req_id="r", block_ids=([7, 8],),
+                                                  num_computed_tokens=0)],
+        scheduled_cached_reqs=None,
+    )  # fmt: skip
+    progress = side.step(first)["s"]
+    assert (progress.request_id, progress.blocks, progress.final_tokens) == ("r", ((7, 8),), 64)
+    assert progress.final_length == 150
+    cached = types.SimpleNamespace(
+        req_ids=["r"], resumed_req_ids=set(), new_block_ids=[([9, 10, 11],)],
+        num_computed_tokens=[128],
+    )  # fmt: skip
+    last = types.SimpleNamespace(
+        num_scheduled_tokens={"r": 64}, scheduled_new_reqs=[], scheduled_cached_reqs=cached
+    )
+    progress = side.step(last)["s"]
+    # Capped at the prompt: the step's 64 tokens past 128 end at 150.
+    assert (progress.blocks, progress.final_tokens) == (((7, 8, 9, 10, 11),), 150)
+    # A request not scheduled this step makes no progress.
+    idle = types.SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
+                                 scheduled_cached_reqs=None)  # fmt: skip
+    assert side.step(idle) == {}
+
+
+def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
+    from pdplan.connectors._transfer_params import stream_of, streamed_remote_of
+
+    params = {"stream_id": "s-1", "remote_engine_id": "e", "remote_host": "h",
+              "remote_port": 5600, "tp_size": 2}  # fmt: skip
+    assert stream_of(params) == "s-1" and stream_of({}) is None
+    assert streamed_remote_of(params).request_id == "s-1"
+    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be a string"):
+        stream_of({"stream_id": ""})
+    with pytest.raises(UnsupportedPDLayoutError, match="remote_port"):
+        streamed_remote_of({**params, "remote_port": 0})

@@ -5,7 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import LENGTHS, MAX_TOKENS, Instance, llm_args, prompts_of, write_model
+from harness import (
+    LENGTHS,
+    MAX_TOKENS,
+    Instance,
+    llm_args,
+    prompts_of,
+    streamed_prompts,
+    write_model,
+)
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +32,7 @@ def reference(model: Path, logs: Path) -> dict[tuple[int, ...], list[int]]:
     one = Instance(llm_args(model), logs / "reference.log")
     try:
         prompts = prompts_of(LENGTHS) + prompts_of(tuple(range(8, 120, 11)), salt=5)
+        prompts += streamed_prompts()
         greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
         outputs = one.generate(prompts, [greedy] * len(prompts))
     finally:

@@ -34,6 +34,20 @@ def prompts_of(lengths: tuple[int, ...], salt: int = 0) -> list[list[int]]:
     return [[(37 * i + 11 * j + salt) % 500 + 1 for j in range(n)] for i, n in enumerate(lengths)]
 
 
+#: Prompts a 64-token prefill chunk splits into several chunks.
+STREAMED_LENGTHS = (150, 261, 333)
+#: Blocks the prefix-hit prompt shares with a prompt the decode side ran itself.
+SHARED_BLOCKS = 3
+
+
+def streamed_prompts() -> list[list[int]]:
+    """The streamed prompts, then a prompt sharing its first blocks with the first of them
+    (the decode side's prefix hit when it ran that one), then that first prompt's prefix."""
+    prompts = prompts_of(STREAMED_LENGTHS, salt=9)
+    shared = prompts[0][: SHARED_BLOCKS * 32]
+    return [*prompts, shared + prompts_of((170,), salt=13)[0], shared]
+
+
 def write_model(
     folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, kv_heads: int = 2
 ) -> Path:
@@ -83,6 +97,43 @@ def llm_args(model: Path, *, tp: int = 1, connector: dict[str, Any] | None = Non
     if connector is not None:
         args["kv_transfer_config"] = connector
     return args
+
+
+def streamed_params(
+    prompts: list[list[int]], port: int, max_tokens: int, tag: str = "s"
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The prefill and the decode side's parameters of requests that stream: the proxy gives
+    both one stream id, and the decode side where the prefill side listens."""
+    prefill, decode = [], []
+    for i in range(len(prompts)):
+        stream = f"{tag}-{i}"
+        prefill.append(
+            {
+                "max_tokens": 1,
+                "temperature": 0.0,
+                "extra_args": {
+                    "kv_transfer_params": {"do_remote_decode": True, "stream_id": stream}
+                },
+            }
+        )
+        decode.append(
+            {
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "extra_args": {
+                    "kv_transfer_params": {
+                        "do_remote_prefill": True,
+                        "stream_id": stream,
+                        "remote_engine_id": "streaming-prefill",
+                        "remote_host": "127.0.0.1",
+                        "remote_port": port,
+                        "tp_size": 1,
+                    }
+                },
+            }
+        )
+    return prefill, decode  # fmt: skip
 
 
 def pdplan_connector(role: str, port: int, engine: str = "nixl", **extra: Any) -> dict[str, Any]:

@@ -61,6 +61,29 @@ def remote_of(params: Mapping[str, Any]) -> Remote:
     )
 
 
+#: What a streamed request names instead of the prefill side's request and blocks: a stream
+#: id the proxy gives both requests (the decode side learns the rest from progress notices).
+STREAM_KEY = "stream_id"
+
+
+def stream_of(params: Mapping[str, Any]) -> str | None:
+    """The stream id of a request that streams (its ``kv_transfer_params`` name one), else
+    None."""
+    return _text(params, STREAM_KEY) if params.get(STREAM_KEY) is not None else None
+
+
+def streamed_remote_of(params: Mapping[str, Any]) -> Remote:
+    """The prefill instance a streamed decode request reads from; its request id is the
+    stream's until the first progress notice names the prefill side's own."""
+    return Remote(
+        engine_id=_text(params, "remote_engine_id"),
+        request_id=_text(params, STREAM_KEY),
+        host=_text(params, "remote_host"),
+        port=_int(params, "remote_port", 1, 65535, None),
+        tp_size=_int(params, "tp_size", 1, MAX_WORLD_SIZE, 1),
+    )
+
+
 def block_groups(block_ids: Any, key: str = "remote_block_ids") -> tuple[tuple[int, ...], ...]:
     """Block ids per KV cache group, whether given as one list or one per group."""
     if not isinstance(block_ids, (list, tuple)):

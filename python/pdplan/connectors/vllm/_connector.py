@@ -89,6 +89,8 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             return
         if self._prefill is not None and meta.leases:
             self._prefill.lease(meta.leases)
+        if self._prefill is not None and meta.progress:
+            self._prefill.expect(meta.progress)
         if self._decode is not None and meta.receives:
             self._decode.start(meta.receives)
 
@@ -100,7 +102,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return None
 
     def wait_for_save(self) -> None:
-        return None
+        # The step's forward pass is done: its streams' tokens are final in the cache.
+        if self._prefill is not None:
+            self._prefill.publish()
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         sending: set[str] = set()
@@ -148,7 +152,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._side().after_alloc(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> StepMetadata:
-        return self._side().step()
+        return self._side().step(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
         self._side().freed(set(getattr(connector_output, "finished_sending", None) or ()))

@@ -24,6 +24,7 @@ from pdplan.connectors._transfer_params import Remote
 from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer, first_peer, rank_info
+from pdplan.connectors.vllm._streams import Following, progress, slice_reads
 from pdplan.runtimes import vllm as vllm_adapter
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
@@ -71,6 +72,7 @@ class DecodeRank:
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()
         self._failed: set[str] = set()
+        self._following: dict[str, Following] = {}
 
     # -- the handshake ------------------------------------------------------------------
 
@@ -137,6 +139,9 @@ class DecodeRank:
                 logger.error("pdplan: request %s cannot be read: %s", receive.request_id,
                              receive.refused)  # fmt: skip
                 self._fail(receive)
+                continue
+            if receive.stream is not None:
+                self._follow(receive)
                 continue
             try:
                 peer = self._peer(receive.remote)
@@ -231,8 +236,96 @@ class DecodeRank:
         if receive.local_blocks:
             self._finished.add(receive.request_id)
 
+    def _follow(self, receive: Receive) -> None:
+        """Starts following a streamed request: its reads start as its prefill's progress
+        notices come (``_advance``)."""
+        assert receive.remote is not None and receive.stream is not None
+        try:
+            peer = self._peer(receive.remote)
+            sources = self._sources(peer, receive)
+        except Exception:  # a connector fault fails the request, never the engine
+            logger.exception("pdplan: request %s cannot stream", receive.request_id)
+            self._fail(receive)
+            return
+        if sources is None:
+            self._fail(receive)
+            return
+        deadline = time.monotonic() + self._transfer_timeout
+        self._following[receive.request_id] = Following(receive, peer, sources, 0, deadline)
+        logger.info("pdplan: request %s streams from %s:%d (decode prefix %d of %d tokens)",
+                    receive.request_id, peer.host, peer.port, receive.stream.decode_prefix,
+                    receive.stream.final_length)  # fmt: skip
+
+    def _advance(self) -> None:
+        """Reads what each followed stream's prefill made final since its last slice (one
+        progress request a source rank for all streams); a stream whose last slice landed is
+        done."""
+        idle = [f for f in self._following.values() if not f.handles]
+        try:
+            notices = progress(idle, self._handshake_timeout) if idle else {}
+        except Exception:  # a peer's fault leaves the streams to their deadlines
+            logger.exception("pdplan: a progress request failed")
+            notices = {}
+        for request_id, following in list(self._following.items()):
+            notice = notices.get(following.stream.stream_id)
+            try:
+                finished = self._advance_one(following, notice)
+            except Exception:  # a connector fault fails the request, never the engine
+                logger.exception("pdplan: request %s failed while streaming", request_id)
+                finished, failed = True, True
+            else:
+                failed = finished is None
+            if finished is not False:
+                del self._following[request_id]
+                if failed or following.prefill_request is None:
+                    self._fail(following.receive)
+                else:
+                    done = following.finished_receive()
+                    self._done(done)
+                    self._notify(following.peer, done)
+        self._flush()
+
+    def _advance_one(self, following: Following, notice: Any) -> bool | None:
+        """True when the stream is done, None when it failed, else False."""
+        states = [self._engine.state(h) for h in following.handles]
+        if "ERR" in states:
+            return None
+        following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
+        final = following.stream.final_length
+        late = time.monotonic() > following.deadline
+        if following.handles:
+            return None if late else False
+        if following.read_to >= final:
+            return True
+        if notice is None or notice.final_tokens <= following.read_to:
+            return None if late else False
+        if notice.final_length != final:
+            raise UnsupportedPDLayoutError(
+                f"the prefill side streams {notice.final_length} tokens for {final} here"
+            )
+        following.prefill_request = notice.request_id
+        own = self._cache.cache
+        reads = slice_reads(
+            following, notice,
+            lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
+            self._rules.pages, self._cache.groups,
+        )  # fmt: skip
+        for rank, (local, remote, lengths) in reads:
+            if len(lengths):
+                engine = following.peer.ranks[rank].engine
+                following.handles.append(self._engine.read(engine, local, remote, lengths))
+        if notice.final_tokens < final:
+            logger.info("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",
+                        following.receive.request_id, following.read_to, notice.final_tokens,
+                        final)  # fmt: skip
+        following.read_to = notice.final_tokens
+        following.deadline = time.monotonic() + self._transfer_timeout
+        return not following.handles and following.read_to >= final
+
     def poll(self) -> None:
         """Completes the requests whose reads are done, failed or timed out."""
+        if self._following:
+            self._advance()
         now = time.monotonic()
         waiting = []
         for pull in self._pulls:

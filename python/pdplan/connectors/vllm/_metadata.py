@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pdplan.connectors._progress import Progress
 from pdplan.connectors._transfer_params import Remote
 
 try:  # vLLM's base class, so vLLM's runner accepts the object
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 except ImportError:  # pragma: no cover - the connector module refuses a missing vLLM first
     KVConnectorMetadata = object
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A decode request that streams: the stream's id, the tokens the decode side holds
+    already (its prefix hit) and the prompt's length."""
+
+    stream_id: str
+    decode_prefix: int
+    final_length: int
 
 
 @dataclass(frozen=True)
@@ -25,12 +36,16 @@ class Receive:
     remote_blocks: tuple[tuple[int, ...], ...]
     remote: Remote | None
     refused: str = ""
+    stream: Stream | None = None
 
 
 @dataclass
 class StepMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """One step's work: requests to pull (decode), requests whose blocks wait for their
-    readers until a deadline (prefill: ``time.time()`` seconds)."""
+    readers until a deadline (prefill: ``time.time()`` seconds), and streams' progress
+    (prefill)."""
 
     receives: list[Receive] = field(default_factory=list)
     leases: dict[str, float] = field(default_factory=dict)
+    progress: dict[str, Progress] = field(default_factory=dict)
+    """Streams (by stream id) whose tokens this step's forward pass makes final."""

@@ -14,6 +14,7 @@ from pdplan._exchange import decode_layout, encode_layout
 from pdplan._model import ParallelLayout
 from pdplan.connectors._engines import TransferEngine
 from pdplan.connectors._identity import check_identity
+from pdplan.connectors._progress import Progress, encode_progress
 from pdplan.connectors._side_channel import SideChannelServer
 from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
@@ -26,6 +27,8 @@ logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 MAX_EARLY_NOTICES = 65536
 #: Requests one "done" message may name (the decode side sends at most this many).
 MAX_NOTICES_A_MESSAGE = 1024
+#: Streams whose progress a rank keeps (the oldest are dropped past this).
+MAX_STREAMS = 4096
 
 
 class PrefillRank:
@@ -53,6 +56,9 @@ class PrefillRank:
         self._lock = threading.Lock()
         self._notices: OrderedDict[str, list[int]] = OrderedDict()  # id -> [heard, expected]
         self._leases: dict[str, float] = {}
+        # Streams' progress: what this step's forward pass makes final, then what is final.
+        self._expected: dict[str, Progress] = {}
+        self._progress: OrderedDict[str, Progress] = OrderedDict()
         self._server = SideChannelServer(host, port + tp_rank, self._answer)
 
     def _answer(self, frames: list[bytes]) -> list[bytes]:
@@ -61,7 +67,42 @@ class PrefillRank:
         if frames[:1] == [b"done"] and len(frames) == 2:
             self._done(frames[1])
             return []
-        raise UnsupportedPDLayoutError("expected a hello or a done request")
+        if frames[:1] == [b"progress"] and len(frames) == 2:
+            return self._streams(frames[1])
+        raise UnsupportedPDLayoutError("expected a hello, a done or a progress request")
+
+    def _streams(self, payload: bytes) -> list[bytes]:
+        """Streams' progress on this rank, for stream ids a line each: one JSON object by
+        stream id of ``[request id, blocks per group, final tokens, length]``, naming only
+        the streams this rank has run."""
+        names = payload.split(b"\n")
+        if len(names) > MAX_NOTICES_A_MESSAGE:
+            raise UnsupportedPDLayoutError(
+                f"a progress request names {len(names)} streams, more than {MAX_NOTICES_A_MESSAGE}"
+            )
+        with self._lock:
+            known = {
+                stream_id: self._progress[stream_id]
+                for stream_id in (n[:256].decode(errors="replace") for n in names)
+                if stream_id in self._progress
+            }
+        return [encode_progress(known)]
+
+    def expect(self, progress: dict[str, Progress]) -> None:
+        """What this step's forward pass will make final (published once it is done)."""
+        self._expected = dict(progress)
+
+    def publish(self) -> None:
+        """The step's forward pass is done: its streams' tokens are final here."""
+        if not self._expected:
+            return
+        with self._lock:
+            for stream_id, progress in self._expected.items():
+                self._progress[stream_id] = progress
+                self._progress.move_to_end(stream_id)
+            while len(self._progress) > MAX_STREAMS:
+                self._progress.popitem(last=False)
+        self._expected = {}
 
     def _hello(self, identity: bytes, version: bytes, payload: bytes) -> list[bytes]:
         check_identity(self._cache.identity, identity, "decode")
@@ -132,6 +173,9 @@ class PrefillRank:
             for request_id in done:
                 del self._leases[request_id]
                 self._notices.pop(request_id, None)
+            if done:
+                for stream_id in [k for k, p in self._progress.items() if p.request_id in done]:
+                    del self._progress[stream_id]
         return done
 
     def close(self) -> None:

@@ -9,9 +9,16 @@ import time
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
+from pdplan.connectors._progress import StreamTracker
 from pdplan.connectors._settings import Settings
-from pdplan.connectors._transfer_params import REMOTE_KEYS, block_groups, remote_of
-from pdplan.connectors.vllm._metadata import Receive, StepMetadata
+from pdplan.connectors._transfer_params import (
+    REMOTE_KEYS,
+    block_groups,
+    remote_of,
+    stream_of,
+    streamed_remote_of,
+)
+from pdplan.connectors.vllm._metadata import Receive, StepMetadata, Stream
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
@@ -26,25 +33,39 @@ class SchedulerSide:
         self._receives: list[Receive] = []
         self._leases: dict[str, float] = {}
         self._held: set[str] = set()
+        self._streams = StreamTracker()
+        # Decode requests that stream: the tokens their local prefix hit covers.
+        self._hits: dict[str, int] = {}
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill"):
             try:
-                remote_of(params)
-                block_groups(params.get("remote_block_ids"))
+                if stream_of(params) is not None:
+                    streamed_remote_of(params)
+                else:
+                    remote_of(params)
+                    block_groups(params.get("remote_block_ids"))
             except UnsupportedPDLayoutError as error:
                 logger.error("pdplan: request %s is computed here: %s", request.request_id, error)
                 params["do_remote_prefill"] = False
                 return 0, False
             count = len(request.prompt_token_ids or ()) - num_computed_tokens
             if count > 0:
+                if params.get("stream_id") is not None:
+                    self._hits[request.request_id] = num_computed_tokens
                 return count, True
         return 0, False
 
     def after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         params = request.kv_transfer_params
+        if params and params.get("do_remote_decode") and params.get("stream_id") is not None:
+            self._stream_prefill(request, blocks)
+            return
         if not params or not params.get("do_remote_prefill"):
+            return
+        if params.get("stream_id") is not None:
+            self._stream_decode(request, blocks, num_external_tokens)
             return
         params["do_remote_prefill"] = False
         if not any(key in params for key in REMOTE_KEYS) and num_external_tokens == 0:
@@ -69,8 +90,37 @@ class SchedulerSide:
             wanted = tuple(tuple(r[hit : hit + len(g)]) for r, g, hit in zip(groups, local, hits))
         self._receives.append(Receive(request.request_id, local, wanted, remote))
 
+    def _stream_prefill(self, request: Any, blocks: Any) -> None:
+        """A prefill request whose decode side reads it while it runs: its progress goes to
+        the workers each step (``step``)."""
+        try:
+            stream_id = stream_of(request.kv_transfer_params)
+        except UnsupportedPDLayoutError as error:
+            logger.error("pdplan: request %s does not stream: %s", request.request_id, error)
+            return
+        assert stream_id is not None  # after_alloc checked the key
+        length = len(request.prompt_token_ids or ())
+        self._streams.add(request.request_id, stream_id, blocks.get_block_ids(), length)
+
+    def _stream_decode(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        """A decode request that reads a prefill request while it runs: every block it has
+        (its prefix hit included: slices skip those tokens), the stream to follow."""
+        params = request.kv_transfer_params
+        params["do_remote_prefill"] = False
+        local = tuple(tuple(g) for g in blocks.get_block_ids()) if num_external_tokens else ()
+        try:
+            remote = streamed_remote_of(params)
+        except UnsupportedPDLayoutError as error:
+            self._receives.append(Receive(request.request_id, local, (), None, str(error)))
+            return
+        length = len(request.prompt_token_ids or ())
+        hit = self._hits.pop(request.request_id, 0)
+        stream = Stream(remote.request_id, hit, length)
+        self._receives.append(Receive(request.request_id, local, (), remote, stream=stream))
+
     def finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         params = request.kv_transfer_params
+        self._streams.drop(request.request_id)
         if not params:
             return False, None
         if params.get("do_remote_prefill"):
@@ -105,8 +155,8 @@ class SchedulerSide:
             "remote_num_tokens": int(request.num_computed_tokens),
         }
 
-    def step(self) -> StepMetadata:
-        meta = StepMetadata(self._receives, self._leases)
+    def step(self, scheduler_output: Any = None) -> StepMetadata:
+        meta = StepMetadata(self._receives, self._leases, self._streams.step(scheduler_output))
         self._receives, self._leases = [], {}
         return meta
 

@@ -1,0 +1,103 @@
+"""A decode rank following streams: a request whose prefill still runs is read slice by slice,
+the tokens each prefill step makes final, as the prefill ranks' progress notices say (pull with
+progress notices: the decode side's blocks are allocated when its request arrives, the prefill
+side's as its chunks are scheduled, so the decode side asks and reads). Slices are pdplan's
+(``descriptors(..., tokens=, final_length=, decode_prefix=)``): each byte once, once final."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan.connectors._progress import MAX_STREAMS_ASKED, Progress, notices_of
+from pdplan.connectors._side_channel import ask
+from pdplan.connectors.vllm._metadata import Receive
+from pdplan.connectors.vllm._peers import Peer
+
+
+@dataclass
+class Following:
+    """One streamed request this rank reads: how far its reads have gone, and those in
+    flight."""
+
+    receive: Receive
+    peer: Peer
+    sources: list[int]
+    read_to: int
+    deadline: float
+    prefill_request: str | None = None
+    handles: list[Any] = field(default_factory=list)
+
+    @property
+    def stream(self) -> Any:
+        assert self.receive.stream is not None
+        return self.receive.stream
+
+    def finished_receive(self) -> Receive:
+        """The request, naming the prefill side's own request id (its "done" notice)."""
+        remote = self.receive.remote
+        assert remote is not None and self.prefill_request is not None
+        return replace(self.receive, remote=replace(remote, request_id=self.prefill_request))
+
+
+def progress(followings: list[Following], timeout: float) -> dict[str, Progress]:
+    """Each stream's progress on every source rank it reads, one request a rank for all of
+    them: the least of its ranks' (a token is final once every rank holding its bytes has run
+    it). A stream some rank has not run yet is left out."""
+    asked: dict[tuple[str, int], list[Following]] = {}
+    for following in followings:
+        peer = following.peer
+        for rank in following.sources:
+            asked.setdefault((peer.host, peer.port + rank), []).append(following)
+    least: dict[str, Progress] = {}
+    missing: set[str] = set()
+    for (host, port), group in asked.items():
+        for start in range(0, len(group), MAX_STREAMS_ASKED):
+            part = group[start : start + MAX_STREAMS_ASKED]
+            names = "\n".join(f.stream.stream_id for f in part).encode()
+            found = notices_of(ask(host, port, [b"progress", names], timeout))
+            for following in part:
+                stream_id = following.stream.stream_id
+                notice = found.get(stream_id)
+                if notice is None:
+                    missing.add(stream_id)
+                elif stream_id not in least or notice.final_tokens < least[stream_id].final_tokens:
+                    least[stream_id] = notice
+    return {k: v for k, v in least.items() if k not in missing}
+
+
+def slice_reads(
+    following: Following,
+    notice: Progress,
+    prepared_of: Any,
+    pages_of: Any,
+    groups: tuple[tuple[int, ...], ...],
+) -> list[tuple[int, tuple[Any, Any, Any]]]:
+    """Each source rank's reads of the tokens final since the last slice: (rank, (local,
+    remote, lengths))."""
+    stream = following.stream
+    receive = following.receive
+    if len(notice.blocks) != len(receive.local_blocks):
+        raise UnsupportedPDLayoutError(
+            f"request {receive.request_id}: the prefill side streams {len(notice.blocks)} KV "
+            f"cache groups for {len(receive.local_blocks)} here"
+        )
+    tokens = range(following.read_to, notice.final_tokens)
+    reads = []
+    for rank in following.sources:
+        prepared = prepared_of(rank)
+        local, remote, lengths = [], [], []
+        for group, (theirs, ours) in enumerate(zip(notice.blocks, receive.local_blocks)):
+            part = prepared.descriptors(
+                pages_of(theirs), pages_of(ours), buffers=groups[group], tokens=tokens,
+                final_length=stream.final_length, decode_prefix=stream.decode_prefix,
+            )  # fmt: skip
+            local.append(part.dst_addrs)
+            remote.append(part.src_addrs)
+            lengths.append(part.lengths)
+        columns = (np.concatenate(local), np.concatenate(remote), np.concatenate(lengths))
+        reads.append((rank, columns))
+    return reads

@@ -1,0 +1,109 @@
+"""Streaming in real vLLM instances: the decode side reads a request slice by slice while its
+prefill runs in 64-token chunks (pdplan's slices: the tokens each prefill step makes final),
+and decodes token for token what one instance decodes; a decode-side prefix hit is not read.
+The oracle is vLLM itself: one instance, no connector, the same prompts.
+
+Run by scripts/test_vllm.sh (CI), which installs vLLM."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import (
+    MAX_TOKENS,
+    STREAMED_LENGTHS,
+    Instance,
+    llm_args,
+    pdplan_connector,
+    streamed_params,
+    streamed_prompts,
+    write_model,
+)
+from test_vllm_connector import RECOMPUTED, assert_no_leak, closing  # noqa: F401
+
+pytestmark = pytest.mark.vllm
+
+#: Prefill chunks: a 333-token prompt runs in six steps.
+CHUNK = 64
+#: What the decode side logs for a slice read while its prefill still ran.
+EARLY = "read while its prefill runs"
+
+
+def streaming_pair(model: Path, logs: Path, name: str, port: int, prefix_caching: bool = False,
+                   prefill_model: Path | None = None) -> tuple[Instance, Instance]:  # fmt: skip
+    prefill_args = llm_args(prefill_model or model, connector=pdplan_connector("kv_producer", port))
+    prefill_args["max_num_batched_tokens"] = CHUNK
+    prefill = Instance(prefill_args, logs / f"{name}-prefill.log")
+    decode_args = llm_args(model, connector=pdplan_connector("kv_consumer", port + 10))
+    decode_args["enable_prefix_caching"] = prefix_caching
+    try:
+        decode = Instance(decode_args, logs / f"{name}-decode.log")
+    except BaseException:
+        prefill.close()
+        raise
+    return prefill, decode
+
+
+def both(prefill: Instance, decode: Instance, prompts: list[list[int]],
+         params: tuple[list[Any], list[Any]]) -> list[dict[str, Any]]:  # fmt: skip
+    """Sends the prefill and the decode requests at once (a streaming proxy's way)."""
+    prefilled: list[Any] = []
+    thread = threading.Thread(target=lambda: prefilled.extend(prefill.generate(prompts, params[0])))
+    thread.start()
+    try:
+        return decode.generate(prompts, params[1])
+    finally:
+        thread.join(timeout=300)
+
+
+def test_a_streamed_request_decodes_what_one_instance_decodes(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],  # noqa: F811
+) -> None:  # fmt: skip
+    prefill, decode = streaming_pair(model, logs, "streamed", 6200)
+    closing += [prefill, decode]
+    prompts = streamed_prompts()[: len(STREAMED_LENGTHS)]
+    decoded = both(prefill, decode, prompts, streamed_params(prompts, 6200, MAX_TOKENS))
+    assert [d["tokens"] for d in decoded] == [reference[tuple(p)] for p in prompts]
+    log = decode.tail(2000)
+    assert RECOMPUTED not in log, log
+    assert EARLY in log, "no slice was read while its prefill ran"
+    assert_no_leak(prefill, decode)
+
+
+def test_a_decode_side_prefix_hit_is_not_read(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],  # noqa: F811
+) -> None:  # fmt: skip
+    prefill, decode = streaming_pair(model, logs, "prefix", 6300, prefix_caching=True)
+    closing += [prefill, decode]
+    *_, hit, shared = streamed_prompts()
+    # The decode side runs the shared prefix itself: its blocks are cached there.
+    decode.generate([shared], [{"max_tokens": 1, "temperature": 0.0}])
+    decoded = both(prefill, decode, [hit], streamed_params([hit], 6300, MAX_TOKENS, "hit"))
+    assert decoded[0]["tokens"] == reference[tuple(hit)]
+    log = decode.tail(2000)
+    assert RECOMPUTED not in log, log
+    assert "decode prefix 96" in log, "the prefix hit was not skipped"
+
+
+def test_a_streamed_kv_from_other_weights_changes_what_decode_decodes(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance], tmp_path: Path,  # noqa: F811
+) -> None:  # fmt: skip
+    """The control: the prefill side runs the same model with other random weights, so every
+    streamed slice is another model's KV; decoding it must not give the reference tokens (the
+    KV is read, not recomputed)."""
+    # Named as the model is: the identity check compares names and shapes, not weights.
+    other = write_model(tmp_path / "other-weights" / model.name, seed=1)
+    prefill, decode = streaming_pair(model, logs, "control", 6400, prefill_model=other)
+    closing += [prefill, decode]
+    prompts = streamed_prompts()[: len(STREAMED_LENGTHS)]
+    decoded = both(prefill, decode, prompts, streamed_params(prompts, 6400, MAX_TOKENS, "c"))
+    differing = [d["tokens"] != reference[tuple(p)] for p, d in zip(prompts, decoded)]
+    assert all(differing), differing
+    log = decode.tail(2000)
+    assert EARLY in log and RECOMPUTED not in log, log
