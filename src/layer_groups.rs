@@ -65,6 +65,9 @@ pub fn choose(
              got {count}"
         );
     }
+    if !(real(count) * layer_s).is_finite() {
+        bail!("layer_seconds={layer_s} over {count} layers is not a finite time");
+    }
     let n = loads.len();
     // Prefix sums of descriptors and bytes.
     let mut descriptors = vec![0u64; n + 1];

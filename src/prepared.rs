@@ -321,6 +321,8 @@ impl Prepared {
         if slice.is_whole() {
             return self.descriptors(src_pages, dst_pages, selection, coalesce);
         }
+        // A prefill still running holds fewer pages than the decode side it streams to: pages
+        // pair from the first, and a slice past the shorter table is refused (`page_range`).
         let pairs = src_pages.len().min(dst_pages.len());
         // Consecutive fragments that move the same pages go together, so that they coalesce.
         let mut runs: Vec<((usize, usize), Vec<&Placed>)> = Vec::new();

@@ -9,13 +9,13 @@
 //! longer prompt pushes out of the window or the chunk are then moved for nothing).
 //!
 //! - By slot maps, a token-indexed buffer moves tokens `[max(start, prefix, kept), stop)`.
-//! - By pages, page `i` of `page_size` tokens moves in the slice where its last token becomes
-//!   final: the slice holding token `min((i + 1) * page_size, final_length) - 1`, and while the
-//!   final length is unknown only once the page is full, so a partial last page waits for the
-//!   slice that names the final length. Pages wholly below the prefix, or wholly before the
+//! - By pages, a full page moves in the slice holding its last token, and the partial last page
+//!   in the slice that ends the prompt. Pages wholly below the prefix, or wholly before the
 //!   kept tokens, never move. A prefix must be whole pages there.
-//! - State (not indexed by token) moves once, in the slice that ends the prompt: the one whose
-//!   `stop` is the final length.
+//! - State (not indexed by token) moves once, in the slice that ends the prompt.
+//!
+//! A request's slices are a partition of its tokens of which exactly one ends the prompt: its
+//! `stop` is the `final_length` it names (an empty `range(n, n)` will do).
 
 use crate::error::{bail, PlanResult};
 use crate::layout::first_kept_token;
@@ -87,7 +87,8 @@ impl TokenSlice {
     }
 
     /// The page pairs `[first, stop)` of a request's `pairs` pages of `page_size` tokens a
-    /// token-indexed buffer with `window` or `chunk` moves.
+    /// token-indexed buffer with `window` or `chunk` moves: the full pages whose last token is
+    /// in the slice, and the partial last page in the slice that ends the prompt.
     pub fn page_range(
         &self,
         pairs: u64,
@@ -103,7 +104,7 @@ impl TokenSlice {
             );
         }
         let given = pairs.saturating_mul(page_size);
-        let (start, stop, length) = self.bounds(given)?;
+        let (start, stop, _) = self.bounds(given)?;
         if self.decode_prefix % page_size != 0 {
             bail!(
                 "decode_prefix={} is not a whole number of {page_size}-token pages, so pages \
@@ -112,21 +113,24 @@ impl TokenSlice {
                 self.decode_prefix
             );
         }
-        // Page i's last token is final at `min((i + 1) * page_size, length) - 1`; while the
-        // length is unknown only a full page is final.
-        let known = self.final_length.is_some();
-        let ends_by = |limit: u64| {
-            // Pages whose last token falls before `limit`.
-            if known && limit >= length {
-                length.div_ceil(page_size)
-            } else {
-                limit / page_size
-            }
+        // A full page moves in the slice holding its last token; the partial last page, once
+        // the prompt's length is known, in the slice that ends the prompt.
+        let partial = match self.final_length {
+            Some(length) if stop == length && length % page_size != 0 => 1,
+            _ => 0,
         };
-        let first = ends_by(start)
+        // Pages wholly before the tokens a window or chunk keeps never move: kept of the
+        // final length, or of the tokens so far while it is unknown (pages a longer prompt
+        // pushes out are then moved for nothing), or none for the request as given.
+        let kept = match (self.final_length, self.tokens) {
+            (Some(length), _) => first_kept_token(length, window, chunk),
+            (None, Some(_)) => first_kept_token(stop, window, chunk),
+            (None, None) => 0,
+        };
+        let first = (start / page_size)
             .max(self.decode_prefix / page_size)
-            .max(first_kept_token(length, window, chunk) / page_size);
-        let stop_page = ends_by(stop).min(pairs);
+            .max(kept / page_size);
+        let stop_page = (stop / page_size + partial).min(pairs);
         Ok((first.min(stop_page), stop_page))
     }
 }
@@ -189,8 +193,10 @@ mod tests {
         assert_eq!(pages(slice(0, 20, Some(50), 0)), (0, 1));
         assert_eq!(pages(slice(20, 49, Some(50), 0)), (1, 3));
         assert_eq!(pages(slice(49, 50, Some(50), 0)), (3, 4));
-        // Unknown length: the partial page waits.
+        // Unknown length: the partial page waits, for the slice that ends the prompt, even an
+        // empty one.
         assert_eq!(pages(slice(20, 50, None, 0)), (1, 3));
+        assert_eq!(pages(slice(50, 50, Some(50), 0)), (3, 4));
         assert_eq!(pages(slice(0, 50, Some(50), 32)), (2, 4));
         assert!(slice(0, 50, Some(50), 8)
             .page_range(4, 16, None, None)

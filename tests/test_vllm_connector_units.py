@@ -145,6 +145,7 @@ def test_a_streaming_prefill_request_s_progress_follows_its_chunks() -> None:
     idle = types.SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
                                  scheduled_cached_reqs=None)  # fmt: skip
     assert side.step(idle) == {}
+    assert side.drop("r") and not side.drop("r")
 
 
 def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
@@ -156,5 +157,7 @@ def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
     assert streamed_remote_of(params).request_id == "s-1"
     with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be a string"):
         stream_of({"stream_id": ""})
+    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be one line"):
+        stream_of({"stream_id": "a\nb"})
     with pytest.raises(UnsupportedPDLayoutError, match="remote_port"):
         streamed_remote_of({**params, "remote_port": 0})

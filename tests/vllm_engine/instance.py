@@ -49,15 +49,18 @@ def corrupt_kv(llm: Any) -> None:
 
 
 def generate_aborting(
-    llm: Any, prompts: list[list[int]], params: list[dict[str, Any]], abort: list[int]
-) -> dict[int, list[int]]:
-    """Adds every request at once, aborts those of ``abort`` before any step, and steps until
-    the rest finish: their tokens by index."""
+    llm: Any, prompts: list[list[int]], params: list[dict[str, Any]], abort: list[int],
+    after_steps: int = 0,
+) -> dict[int, list[int]]:  # fmt: skip
+    """Adds every request at once, aborts those of ``abort`` after ``after_steps`` steps (0:
+    before any), and steps until the rest finish: their tokens by index."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
     for i, (ids, p) in enumerate(zip(prompts, params)):
         engine.add_request(str(i), {"prompt_token_ids": ids}, SamplingParams(**p))
+    for _ in range(after_steps):
+        engine.step()
     engine.abort_request([str(i) for i in abort])
     done: dict[int, list[int]] = {}
     while engine.has_unfinished_requests():
@@ -87,7 +90,8 @@ def main() -> None:
                 for o in outputs
             ])  # fmt: skip
         elif command == "generate_aborting":
-            conn.send(generate_aborting(llm, args["prompts"], args["params"], args["abort"]))
+            conn.send(generate_aborting(llm, args["prompts"], args["params"], args["abort"],
+                                        args.get("after_steps", 0)))  # fmt: skip
         elif command == "free_blocks":
             conn.send(free_blocks(llm))
         elif command == "step_until":

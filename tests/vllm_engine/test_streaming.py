@@ -33,8 +33,10 @@ EARLY = "read while its prefill runs"
 
 
 def streaming_pair(model: Path, logs: Path, name: str, port: int, prefix_caching: bool = False,
-                   prefill_model: Path | None = None) -> tuple[Instance, Instance]:  # fmt: skip
-    prefill_args = llm_args(prefill_model or model, connector=pdplan_connector("kv_producer", port))
+                   prefill_model: Path | None = None,
+                   **extra: Any) -> tuple[Instance, Instance]:  # fmt: skip
+    connector = pdplan_connector("kv_producer", port, **extra)
+    prefill_args = llm_args(prefill_model or model, connector=connector)
     prefill_args["max_num_batched_tokens"] = CHUNK
     prefill = Instance(prefill_args, logs / f"{name}-prefill.log")
     decode_args = llm_args(model, connector=pdplan_connector("kv_consumer", port + 10))
@@ -107,3 +109,28 @@ def test_a_streamed_kv_from_other_weights_changes_what_decode_decodes(
     assert all(differing), differing
     log = decode.tail(2000)
     assert EARLY in log and RECOMPUTED not in log, log
+
+
+def test_decode_requests_aborted_while_they_stream_leak_no_block(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],  # noqa: F811
+) -> None:  # fmt: skip
+    """The decode side aborts two of three streamed requests a few steps in, while their
+    prefill runs: their reads stop and their blocks are released once those in flight land,
+    the third decodes as one instance does, and both sides end with every block free (the
+    prefill side hears "done" or its 5 s lease ends)."""
+    prefill, decode = streaming_pair(model, logs, "aborted", 6500, kv_lease_seconds=5)
+    closing += [prefill, decode]
+    prompts = streamed_prompts()[: len(STREAMED_LENGTHS)]
+    first, then = streamed_params(prompts, 6500, MAX_TOKENS, "a")
+    thread = threading.Thread(target=lambda: prefill.generate(prompts, first))
+    thread.start()
+    try:
+        done = decode.call("generate_aborting", {
+            "prompts": prompts, "params": then, "abort": [0, 2], "after_steps": 3,
+        })  # fmt: skip
+    finally:
+        thread.join(timeout=300)
+    assert sorted(done) == [1]
+    assert done[1] == reference[tuple(prompts[1])]
+    assert_no_leak(prefill, decode)

@@ -69,15 +69,22 @@ STREAM_KEY = "stream_id"
 def stream_of(params: Mapping[str, Any]) -> str | None:
     """The stream id of a request that streams (its ``kv_transfer_params`` name one), else
     None."""
-    return _text(params, STREAM_KEY) if params.get(STREAM_KEY) is not None else None
+    if params.get(STREAM_KEY) is None:
+        return None
+    stream_id = _text(params, STREAM_KEY)
+    if "\n" in stream_id:
+        raise UnsupportedPDLayoutError(f"kv_transfer_params {STREAM_KEY} must be one line")
+    return stream_id
 
 
 def streamed_remote_of(params: Mapping[str, Any]) -> Remote:
     """The prefill instance a streamed decode request reads from; its request id is the
     stream's until the first progress notice names the prefill side's own."""
+    stream_id = stream_of(params)
+    assert stream_id is not None  # a streamed request names one
     return Remote(
         engine_id=_text(params, "remote_engine_id"),
-        request_id=_text(params, STREAM_KEY),
+        request_id=stream_id,
         host=_text(params, "remote_host"),
         port=_int(params, "remote_port", 1, 65535, None),
         tp_size=_int(params, "tp_size", 1, MAX_WORLD_SIZE, 1),

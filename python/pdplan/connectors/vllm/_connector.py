@@ -91,6 +91,8 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._prefill.lease(meta.leases)
         if self._prefill is not None and meta.progress:
             self._prefill.expect(meta.progress)
+        if self._decode is not None and meta.cancelled:
+            self._decode.cancel(meta.cancelled)
         if self._decode is not None and meta.receives:
             self._decode.start(meta.receives)
 
@@ -102,7 +104,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return None
 
     def wait_for_save(self) -> None:
-        # The step's forward pass is done: its streams' tokens are final in the cache.
+        # The step's forward pass is done: its streams' tokens are final in the cache (the
+        # CPU backend computes synchronously; a device cache, which the connector refuses,
+        # would need the step's event first).
         if self._prefill is not None:
             self._prefill.publish()
 
@@ -116,6 +120,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._decode.poll()
             recving, failed, blocks = self._decode.take_finished()
             self._load_errors |= blocks
+            sending |= self._decode.take_released()
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving, failed_recving=failed
         )
@@ -155,7 +160,10 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._side().step(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
-        self._side().freed(set(getattr(connector_output, "finished_sending", None) or ()))
+        self._side().freed(
+            set(getattr(connector_output, "finished_sending", None) or ()),
+            set(getattr(connector_output, "finished_recving", None) or ()),
+        )
 
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         return self._side().finished(request, block_ids)

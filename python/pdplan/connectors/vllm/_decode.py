@@ -32,6 +32,8 @@ logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 #: How long an instance none of whose ranks answered is taken as gone before it is asked
 #: again (each ask waits the handshake timeout).
 RETRY_SILENT_SECONDS = 30.0
+#: How long a prefill rank that did not answer a progress request is not asked again.
+RETRY_QUIET_SECONDS = 5.0
 #: Ranks asked for a first handshake at most, when the first ones do not answer.
 MAX_FIRST_TRIES = 8
 #: Requests one "done" message names at most (a prefill rank reads at most this many).
@@ -73,6 +75,9 @@ class DecodeRank:
         self._finished: set[str] = set()
         self._failed: set[str] = set()
         self._following: dict[str, Following] = {}
+        self._released: set[str] = set()
+        # Prefill ranks that did not answer a progress request, since when (skipped a while).
+        self._quiet: dict[tuple[str, int], float] = {}
 
     # -- the handshake ------------------------------------------------------------------
 
@@ -256,34 +261,69 @@ class DecodeRank:
                     receive.request_id, peer.host, peer.port, receive.stream.decode_prefix,
                     receive.stream.final_length)  # fmt: skip
 
+    def cancel(self, request_ids: list[str]) -> None:
+        """Streamed requests that ended (aborted): their reads stop, their blocks are released
+        once those in flight land (``take_released``)."""
+        for request_id in request_ids:
+            following = self._following.get(request_id)
+            if following is None:
+                self._released.add(request_id)
+            else:
+                following.cancelled = True
+
+    def take_released(self) -> set[str]:
+        """Cancelled streamed requests whose reads have all landed."""
+        released, self._released = self._released, set()
+        return released
+
     def _advance(self) -> None:
         """Reads what each followed stream's prefill made final since its last slice (one
         progress request a source rank for all streams); a stream whose last slice landed is
         done."""
-        idle = [f for f in self._following.values() if not f.handles]
-        try:
-            notices = progress(idle, self._handshake_timeout) if idle else {}
-        except Exception:  # a peer's fault leaves the streams to their deadlines
-            logger.exception("pdplan: a progress request failed")
-            notices = {}
+        now = time.monotonic()
+        self._quiet = {k: t for k, t in self._quiet.items() if now - t < RETRY_QUIET_SECONDS}
+        idle = [f for f in self._following.values() if not f.handles and not f.cancelled]
+        notices: dict[str, Any] = {}
+        if idle:
+            notices, failed = progress(idle, self._handshake_timeout, set(self._quiet))
+            self._quiet.update(dict.fromkeys(failed, now))
         for request_id, following in list(self._following.items()):
+            if following.cancelled:
+                if not self._landed(following):
+                    continue
+                del self._following[request_id]
+                self._released.add(request_id)
+                self._tell_prefill(following)
+                continue
             notice = notices.get(following.stream.stream_id)
             try:
                 finished = self._advance_one(following, notice)
             except Exception:  # a connector fault fails the request, never the engine
                 logger.exception("pdplan: request %s failed while streaming", request_id)
-                finished, failed = True, True
+                finished, failed_one = True, True
             else:
-                failed = finished is None
+                failed_one = finished is None
             if finished is not False:
                 del self._following[request_id]
-                if failed or following.prefill_request is None:
+                if failed_one or following.prefill_request is None:
                     self._fail(following.receive)
+                    self._tell_prefill(following)
                 else:
                     done = following.finished_receive()
                     self._done(done)
                     self._notify(following.peer, done)
         self._flush()
+
+    def _landed(self, following: Following) -> bool:
+        """Whether a stream's reads in flight have all ended (landed or failed)."""
+        states = [self._engine.state(h) for h in following.handles]
+        following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
+        return not following.handles
+
+    def _tell_prefill(self, following: Following) -> None:
+        """A stream that ends early: its prefill ranks may free the request, where known."""
+        if following.prefill_request is not None:
+            self._notify(following.peer, following.finished_receive())
 
     def _advance_one(self, following: Following, notice: Any) -> bool | None:
         """True when the stream is done, None when it failed, else False."""
@@ -292,6 +332,8 @@ class DecodeRank:
             return None
         following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
         final = following.stream.final_length
+        if notice is not None:  # the prefill side runs it: waiting is not stalling
+            following.deadline = time.monotonic() + self._transfer_timeout
         late = time.monotonic() > following.deadline
         if following.handles:
             return None if late else False

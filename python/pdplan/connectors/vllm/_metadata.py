@@ -49,3 +49,6 @@ class StepMetadata(KVConnectorMetadata):  # type: ignore[misc]
     leases: dict[str, float] = field(default_factory=dict)
     progress: dict[str, Progress] = field(default_factory=dict)
     """Streams (by stream id) whose tokens this step's forward pass makes final."""
+    cancelled: list[str] = field(default_factory=list)
+    """Streamed decode requests that ended before their last slice landed (aborted): their
+    reads stop, and their blocks are released once the reads in flight land."""

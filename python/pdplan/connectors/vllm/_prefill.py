@@ -83,7 +83,7 @@ class PrefillRank:
         with self._lock:
             known = {
                 stream_id: self._progress[stream_id]
-                for stream_id in (n[:256].decode(errors="replace") for n in names)
+                for stream_id in (n.decode(errors="replace")[:256] for n in names)
                 if stream_id in self._progress
             }
         return [encode_progress(known)]

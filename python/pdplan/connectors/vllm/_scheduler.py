@@ -34,8 +34,11 @@ class SchedulerSide:
         self._leases: dict[str, float] = {}
         self._held: set[str] = set()
         self._streams = StreamTracker()
-        # Decode requests that stream: the tokens their local prefix hit covers.
+        # Decode requests that stream: the tokens their local prefix hit covers, those being
+        # read, and those that ended before their last slice landed.
         self._hits: dict[str, int] = {}
+        self._following: set[str] = set()
+        self._cancelled: list[str] = []
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
@@ -117,10 +120,20 @@ class SchedulerSide:
         hit = self._hits.pop(request.request_id, 0)
         stream = Stream(remote.request_id, hit, length)
         self._receives.append(Receive(request.request_id, local, (), remote, stream=stream))
+        if local:
+            self._following.add(request.request_id)
 
     def finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         params = request.kv_transfer_params
-        self._streams.drop(request.request_id)
+        streamed = self._streams.drop(request.request_id)
+        self._hits.pop(request.request_id, None)
+        if request.request_id in self._following:
+            # Ended while its slices are read (aborted): the workers stop, and release its
+            # blocks once the reads in flight have landed.
+            self._following.discard(request.request_id)
+            self._cancelled.append(request.request_id)
+            self._held.add(request.request_id)
+            return True, None
         if not params:
             return False, None
         if params.get("do_remote_prefill"):
@@ -136,13 +149,18 @@ class SchedulerSide:
         from vllm.v1.request import RequestStatus
 
         groups = block_groups(block_ids, "block_ids")
-        if request.status not in (
+        completed = request.status in (
             RequestStatus.FINISHED_LENGTH_CAPPED,
             RequestStatus.FINISHED_STOPPED,
-        ) or not any(groups):
+        )
+        if not any(groups) or not (completed or streamed):
             return False, None
+        # Held until every reader is done or the lease ends; a streamed request even when it
+        # did not complete: its blocks were advertised while it ran.
         self._leases[request.request_id] = time.time() + self.settings.kv_lease_seconds
         self._held.add(request.request_id)
+        if not completed:
+            return True, None
         return True, {
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -156,12 +174,14 @@ class SchedulerSide:
         }
 
     def step(self, scheduler_output: Any = None) -> StepMetadata:
-        meta = StepMetadata(self._receives, self._leases, self._streams.step(scheduler_output))
-        self._receives, self._leases = [], {}
+        progress = self._streams.step(scheduler_output)
+        meta = StepMetadata(self._receives, self._leases, progress, self._cancelled)
+        self._receives, self._leases, self._cancelled = [], {}, []
         return meta
 
-    def freed(self, request_ids: set[str]) -> None:
+    def freed(self, request_ids: set[str], received: set[str] | None = None) -> None:
         self._held -= request_ids
+        self._following -= received or set()
 
     @property
     def holding(self) -> bool:

@@ -30,6 +30,8 @@ class Following:
     deadline: float
     prefill_request: str | None = None
     handles: list[Any] = field(default_factory=list)
+    #: Its request ended (aborted): no more reads; released once those in flight land.
+    cancelled: bool = False
 
     @property
     def stream(self) -> Any:
@@ -43,10 +45,14 @@ class Following:
         return replace(self.receive, remote=replace(remote, request_id=self.prefill_request))
 
 
-def progress(followings: list[Following], timeout: float) -> dict[str, Progress]:
+def progress(
+    followings: list[Following], timeout: float, skip: set[tuple[str, int]]
+) -> tuple[dict[str, Progress], set[tuple[str, int]]]:
     """Each stream's progress on every source rank it reads, one request a rank for all of
-    them: the least of its ranks' (a token is final once every rank holding its bytes has run
-    it). A stream some rank has not run yet is left out."""
+    them (in batches a reply can hold): the least of its ranks' (a token is final once every
+    rank holding its bytes has run it). A stream some rank has not run yet, or whose rank did
+    not answer, is left out; so are ranks in ``skip``. Returns the ranks that did not answer
+    too (``(host, port)``)."""
     asked: dict[tuple[str, int], list[Following]] = {}
     for following in followings:
         peer = following.peer
@@ -54,11 +60,20 @@ def progress(followings: list[Following], timeout: float) -> dict[str, Progress]
             asked.setdefault((peer.host, peer.port + rank), []).append(following)
     least: dict[str, Progress] = {}
     missing: set[str] = set()
+    failed: set[tuple[str, int]] = set()
     for (host, port), group in asked.items():
+        if (host, port) in skip:
+            missing.update(f.stream.stream_id for f in group)
+            continue
         for start in range(0, len(group), MAX_STREAMS_ASKED):
             part = group[start : start + MAX_STREAMS_ASKED]
             names = "\n".join(f.stream.stream_id for f in part).encode()
-            found = notices_of(ask(host, port, [b"progress", names], timeout))
+            try:
+                found = notices_of(ask(host, port, [b"progress", names], timeout))
+            except UnsupportedPDLayoutError:  # PeerGone too: only this rank's streams wait
+                failed.add((host, port))
+                missing.update(f.stream.stream_id for f in group)
+                break
             for following in part:
                 stream_id = following.stream.stream_id
                 notice = found.get(stream_id)
@@ -66,7 +81,7 @@ def progress(followings: list[Following], timeout: float) -> dict[str, Progress]
                     missing.add(stream_id)
                 elif stream_id not in least or notice.final_tokens < least[stream_id].final_tokens:
                     least[stream_id] = notice
-    return {k: v for k, v in least.items() if k not in missing}
+    return {k: v for k, v in least.items() if k not in missing}, failed
 
 
 def slice_reads(
