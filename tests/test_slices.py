@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,14 +24,17 @@ from hypothesis import strategies as st
 from pdplan import (
     AttentionLayer,
     BufferKind,
+    CostModel,
     Mamba2Layer,
     MlaLayer,
     ModelShape,
+    Pairing,
     ParallelLayout,
     PDTransferPlanner,
     PreparedTransfer,
     TransferDescriptors,
     UnsupportedPDLayoutError,
+    layer_groups,
     model_buffer_layouts,
     token_slots,
 )
@@ -314,3 +318,68 @@ def test_slices_through_mooncake(mooncake_engine: None) -> None:
 @pytest.mark.nixl
 def test_slices_through_nixl(nixl_engine: None) -> None:
     slices_through("nixl")
+
+
+def landing(groups: list[tuple[int, int]], loads: list[tuple[int, int]], model: CostModel,
+            layer_s: float, per_transfer_s: float) -> float:  # fmt: skip
+    """The last byte's landing, simulated step by step: prefill runs each group's layers, then
+    stalls for its posting; the link takes groups in turn, each when prefill has posted it."""
+    clock = link = 0.0
+    for start, stop in groups:
+        clock += (stop - start) * layer_s + per_transfer_s
+        descriptors = sum(d for d, _ in loads[start:stop])
+        nbytes = sum(b for _, b in loads[start:stop])
+        wire = max(descriptors * model.per_descriptor_s, nbytes / model.network_bytes_per_s)
+        link = max(clock, link) + wire
+    return link
+
+
+def partitions(n: int) -> Iterator[list[tuple[int, int]]]:
+    """Every split of n layers into consecutive groups."""
+    for cuts in itertools.product([False, True], repeat=n - 1):
+        bounds = [0, *[i + 1 for i, cut in enumerate(cuts) if cut], n]
+        yield list(itertools.pairwise(bounds))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 400), st.integers(0, 4_000_000)), min_size=1, max_size=8),
+    st.floats(0, 5e-3),
+    st.floats(0, 1e-3),
+)
+def test_layer_groups_land_the_last_byte_as_early_as_any_partition(
+    loads: list[tuple[int, int]], layer_s: float, per_transfer_s: float
+) -> None:
+    # Brute force: every partition of up to 8 layers, simulated by hand.
+    model = CostModel()
+    chosen = layer_groups(loads, layer_seconds=layer_s, per_transfer_s=per_transfer_s)
+    groups = [(g.start, g.stop) for g in chosen.groups]
+    assert [a for a, _ in groups] == [0, *[b for _, b in groups[:-1]]] and groups[-1][1] == len(
+        loads
+    )
+    best = min(landing(p, loads, model, layer_s, per_transfer_s) for p in partitions(len(loads)))
+    got = landing(groups, loads, model, layer_s, per_transfer_s)
+    assert got <= best * (1 + 1e-9) + 1e-15
+    compute = len(loads) * layer_s
+    assert chosen.tail_s == pytest.approx(got - compute, rel=1e-9, abs=1e-12)
+    whole = landing([(0, len(loads))], loads, model, layer_s, per_transfer_s) - compute
+    assert chosen.whole_tail_s == pytest.approx(whole, rel=1e-9, abs=1e-12)
+
+
+def test_layer_groups_refuse_what_is_no_load_or_time() -> None:
+    for loads, seconds, refusal in [
+        (5, 1e-3, "sequence of"),
+        ("ab", 1e-3, "sequence of"),
+        ([(1, 2, 3)], 1e-3, "one \\(descriptors, bytes\\) pair"),
+        ([(1, -2)], 1e-3, "one \\(descriptors, bytes\\) pair"),
+        ([], 1e-3, "1 to 1024 layers"),
+        ([(1, 2)] * 1025, 1e-3, "1 to 1024 layers"),
+        ([(1, 2)], float("nan"), "finite"),
+        ([(1, 2)], "x", "must be a number"),
+    ]:
+        with pytest.raises(UnsupportedPDLayoutError, match=refusal):
+            layer_groups(loads, layer_seconds=seconds)  # type: ignore[arg-type]
+    pairing = Pairing("llama-3-8b", ParallelLayout("prefill", 2), ParallelLayout("decode", 1))
+    for tokens in ("256", 0, True):
+        with pytest.raises(UnsupportedPDLayoutError, match="tokens must be an int"):
+            pairing.layer_groups(tokens)  # type: ignore[arg-type]

@@ -62,6 +62,10 @@ def layer_groups(
         raise UnsupportedPDLayoutError(
             f"cost_model must be a CostModel, got {type(model).__name__}"
         )
+    if isinstance(loads, (str, bytes)) or not isinstance(loads, Sequence):
+        raise UnsupportedPDLayoutError(
+            f"loads must be a sequence of (descriptors, bytes) pairs, got {type(loads).__name__}"
+        )
     rows = []
     for row in loads:
         if (

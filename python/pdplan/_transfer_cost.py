@@ -107,6 +107,24 @@ def model_planner(
     )
 
 
+def _check_request(tokens: int, decode_prefix: int) -> None:
+    """A request's length and decode-side prefix, refused by name where they cannot be one."""
+    for name, value, least in (("tokens", tokens, 1), ("decode_prefix", decode_prefix, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise UnsupportedPDLayoutError(
+                f"{name} must be an int of at least {least}, got {value!r}"
+            )
+    if tokens > MAX_TOKENS:
+        raise UnsupportedPDLayoutError(
+            f"tokens={tokens} is above the limit of {MAX_TOKENS} tokens a request "
+            "(pdplan.limits.MAX_TOKENS)"
+        )
+    if decode_prefix > tokens:
+        raise UnsupportedPDLayoutError(
+            f"decode_prefix ({decode_prefix}) cannot exceed the request's tokens ({tokens})"
+        )
+
+
 @dataclass(frozen=True)
 class PairCost:
     """One (decode rank, prefill rank) pair's share of a request."""
@@ -326,20 +344,7 @@ class Pairing:
             most ``tokens``. By pages, moving starts at the page the hit ends in; by slot maps,
             at the token. State layers always move (their state is the prompt's end).
         """
-        for name, value, least in (("tokens", tokens, 1), ("decode_prefix", decode_prefix, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise UnsupportedPDLayoutError(
-                    f"{name} must be an int of at least {least}, got {value!r}"
-                )
-        if tokens > MAX_TOKENS:
-            raise UnsupportedPDLayoutError(
-                f"tokens={tokens} is above the limit of {MAX_TOKENS} tokens a request "
-                "(pdplan.limits.MAX_TOKENS)"
-            )
-        if decode_prefix > tokens:
-            raise UnsupportedPDLayoutError(
-                f"decode_prefix ({decode_prefix}) cannot exceed the request's tokens ({tokens})"
-            )
+        _check_request(tokens, decode_prefix)
         if self.planner.token_maps:
             return self._by_slots(tokens, decode_prefix)
         page_size = self.page_sizes[0]
@@ -373,11 +378,13 @@ class Pairing:
             measures it; None: ``tokens * DEFAULT_LAYER_SECONDS_PER_TOKEN``.
         :param per_transfer_s: Seconds a transfer costs however small.
         """
+        _check_request(tokens, decode_prefix)
+        loads = self._layer_loads(tokens, decode_prefix)
         seconds = (
             tokens * DEFAULT_LAYER_SECONDS_PER_TOKEN if layer_seconds is None else layer_seconds
         )
         return layer_groups(
-            self._layer_loads(tokens, decode_prefix),
+            loads,
             layer_seconds=seconds,
             cost_model=self.cost_model,
             per_transfer_s=per_transfer_s,
