@@ -5,8 +5,9 @@ descriptors beside the whole request's, and the layer groups the cost model choo
 
 A Llama-3-70B request of 32k tokens, TP 8 -> 2 (decode rank 0 reads four prefill ranks),
 16-token pages, contiguous page runs (a fresh allocator's) and scattered ones (every other
-page, backwards: nothing coalesces). Slices are the groups ``Pairing.layer_groups`` chooses;
-their descriptors together equal the whole request's (checked here). Writes
+page, backwards: nothing coalesces, no stride compresses). Slices are the groups
+``Pairing.layer_groups`` chooses, or ten of 8 layers, as flat descriptors and as strided
+lists; their descriptors together equal the whole request's (checked here). Writes
 benches/results/streaming.md.
 """
 
@@ -44,41 +45,48 @@ def slices_table(repeat: int) -> list[str]:
         f"0 and its {len(planner.transfer_fragments(0))} prefill ranks. Groups: the "
         f"{len(chosen)} `Pairing.layer_groups({TOKENS})` chooses "
         f"({', '.join(f'{g.start}-{g.stop - 1}' for g in chosen)}), or ten of 8 layers. "
-        f"Best of {repeat} runs.",
+        "Flat: `descriptors(...)`; strided: `strided_descriptors(...)` (NIXL 1.5's N x 5 "
+        f"lists). Best of {repeat} runs.",
         "",
-        "| groups | pages | whole request, a prefill rank | slice (layer group, prefill rank): "
-        "slowest | all slices of a prefill rank | all / whole | most descriptors a slice |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| groups | pages | form | whole request, a prefill rank | slice (layer group, prefill "
+        "rank): slowest | all slices of a prefill rank | all / whole | most entries a slice |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for (label, groups), (name, (src, dst)) in (
-        (g, t) for g in (("chosen", chosen), ("ten of 8", tenths)) for t in tables.items()
-    ):
+    forms = {
+        "flat": lambda p, s, d, **k: p.descriptors(s, d, **k),
+        "strided": lambda p, s, d, **k: p.strided_descriptors(s, d, **k),
+    }
+    for (label, groups), (name, (src, dst)), (form, build) in (
+        (g, t, f) for g in (("chosen", chosen), ("ten of 8", tenths)) for t in tables.items()
+        for f in forms.items()
+    ):  # fmt: skip
         whole_s = slowest = together_s = 0.0
         most = 0
         for source in planner.transfer_fragments(0):
             prepared = PreparedTransfer.from_layouts(
                 planner, 0, source, bases, bases, src_limits=limits, dst_limits=dst_limits
             )
-            whole = prepared.descriptors(src, dst)
-            parts = [prepared.descriptors(src, dst, layers=g) for g in groups]
+            whole = build(prepared, src, dst)
+            parts = [build(prepared, src, dst, layers=g) for g in groups]
             if (
                 sum(p.num_descriptors for p in parts) != whole.num_descriptors
                 or sum(p.total_bytes for p in parts) != whole.total_bytes
             ):
                 raise SystemExit(f"{name}: the slices do not add up to the whole request")
-            most = max(most, *(p.num_descriptors for p in parts))
+            size = (lambda p: p.num_entries) if form == "strided" else (lambda p: p.num_descriptors)
+            most = max(most, *(size(p) for p in parts))
             whole_s = max(
                 whole_s,
-                best_of(repeat, lambda p=prepared, s=src, d=dst: p.descriptors(s, d)),
+                best_of(repeat, lambda p=prepared, s=src, d=dst, b=build: b(p, s, d)),
             )
             times = [
-                best_of(repeat, lambda p=prepared, g=g, s=src, d=dst: p.descriptors(s, d, layers=g))
+                best_of(repeat, lambda p=prepared, g=g, s=src, d=dst, b=build: b(p, s, d, layers=g))
                 for g in groups
             ]
             slowest = max(slowest, *times)
             together_s = max(together_s, sum(times))
         lines.append(
-            f"| {label} | {name} | {whole_s * 1e6:,.1f} µs | {slowest * 1e6:,.1f} µs | "
+            f"| {label} | {name} | {form} | {whole_s * 1e6:,.1f} µs | {slowest * 1e6:,.1f} µs | "
             f"{together_s * 1e6:,.1f} µs | {together_s / whole_s:.2f}x | {most:,} |"
         )
     return lines

@@ -3,10 +3,11 @@
 //! range, its buffers) and gets descriptors back, or indices into descriptor lists a transfer
 //! engine prepared once (NIXL's prepped lists).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 pub use crate::descriptors::Buffers;
-use crate::descriptors::{self, place_all, validate_all, Descriptors, FlatPlan, Placed};
+use crate::descriptors::{self, place_all, validate_all, Descriptors, FlatPlan, Placed, Strided};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::layout::BufferKind;
@@ -26,14 +27,22 @@ pub enum Selection {
         stop: i64,
         step: i64,
     },
+    /// Sorted, without repeats (`Selection::indices`).
     Indices(Vec<u64>),
 }
 
 impl Selection {
+    /// The buffers `list` names, in any order, repeats allowed.
+    pub fn indices(mut list: Vec<u64>) -> Self {
+        list.sort_unstable();
+        list.dedup();
+        Self::Indices(list)
+    }
+
     pub fn contains(&self, buffer_index: u64) -> bool {
         match self {
             Self::All => true,
-            Self::Indices(list) => list.contains(&buffer_index),
+            Self::Indices(list) => list.binary_search(&buffer_index).is_ok(),
             &Self::Range { start, stop, step } => {
                 let index = i128::from(buffer_index);
                 let (first, end, stride) = (i128::from(start), i128::from(stop), i128::from(step));
@@ -142,16 +151,17 @@ impl Prepared {
                  them) or select with buffers="
             );
         };
-        let mut chosen: Vec<u64> = known
+        let mut layers = layers.to_vec();
+        layers.sort_unstable();
+        let chosen: Vec<u64> = known
             .iter()
             .filter(|f| {
-                within.contains(f.buffer_index) && f.layer.is_some_and(|l| layers.contains(&l))
+                within.contains(f.buffer_index)
+                    && f.layer.is_some_and(|l| layers.binary_search(&l).is_ok())
             })
             .map(|f| f.buffer_index)
             .collect();
-        chosen.sort_unstable();
-        chosen.dedup();
-        Ok(Selection::Indices(chosen))
+        Ok(Selection::indices(chosen))
     }
 
     /// One request's staging plan from its page pairs: the coalesced `descriptors` regrouped
@@ -257,6 +267,18 @@ impl Prepared {
         plan_tokens_of(chosen, src_slots, dst_slots, coalesce, slice)
     }
 
+    /// `token_descriptors` of one slice as strided entries (`Strided`).
+    pub fn token_strided_descriptors(
+        &self,
+        src_slots: &[i64],
+        dst_slots: &[i64],
+        selection: &Selection,
+        slice: &TokenSlice,
+    ) -> PlanResult<Strided> {
+        let planned = self.plan_token_descriptors(src_slots, dst_slots, selection, true, slice)?;
+        Ok(planned.write_strided())
+    }
+
     pub fn fragments(&self) -> &[Fragment] {
         &self.fragments
     }
@@ -321,11 +343,52 @@ impl Prepared {
         if slice.is_whole() {
             return self.descriptors(src_pages, dst_pages, selection, coalesce);
         }
+        let mut out = Descriptors::default();
+        for (pairs, list) in self.slice_parts(src_pages.len(), dst_pages.len(), selection, slice)? {
+            let (src, dst) = (&src_pages[pairs.clone()], &dst_pages[pairs]);
+            let part = descriptors::build_placed(&list, src, dst, coalesce)?;
+            out.src_addrs.extend(part.src_addrs);
+            out.dst_addrs.extend(part.dst_addrs);
+            out.lengths.extend(part.lengths);
+        }
+        Ok(out)
+    }
+
+    /// `slice_descriptors` as strided entries (`Strided`): the same blocks, runs of pages
+    /// whose ids step evenly on both sides written as one entry a fragment row.
+    pub fn strided_descriptors(
+        &self,
+        src_pages: &[u64],
+        dst_pages: &[u64],
+        selection: &Selection,
+        slice: &TokenSlice,
+    ) -> PlanResult<Strided> {
+        if slice.is_whole() {
+            let chosen: Vec<&Placed> = self.selected(selection).map(|(_, p)| p).collect();
+            return descriptors::build_placed_strided(&chosen, src_pages, dst_pages);
+        }
+        let mut out = Strided::default();
+        for (pairs, list) in self.slice_parts(src_pages.len(), dst_pages.len(), selection, slice)? {
+            let (src, dst) = (&src_pages[pairs.clone()], &dst_pages[pairs]);
+            out.append(descriptors::build_placed_strided(&list, src, dst)?);
+        }
+        Ok(out)
+    }
+
+    /// The selected fragments of one slice, each with the page pairs it moves; consecutive
+    /// fragments that move the same pairs go together, so that they coalesce. Empty ranges
+    /// are left out.
+    fn slice_parts<'a>(
+        &'a self,
+        src_pairs: usize,
+        dst_pairs: usize,
+        selection: &'a Selection,
+        slice: &TokenSlice,
+    ) -> PlanResult<Vec<(Range<usize>, Vec<&'a Placed>)>> {
         // A prefill still running holds fewer pages than the decode side it streams to: pages
         // pair from the first, and a slice past the shorter table is refused (`page_range`).
-        let pairs = src_pages.len().min(dst_pages.len());
-        // Consecutive fragments that move the same pages go together, so that they coalesce.
-        let mut runs: Vec<((usize, usize), Vec<&Placed>)> = Vec::new();
+        let pairs = src_pairs.min(dst_pairs);
+        let mut runs: Vec<(Range<usize>, Vec<&Placed>)> = Vec::new();
         for (position, placed) in self.selected(selection) {
             let f = self.fragments.get(position).copied().unwrap_or_default();
             if f.page_count.is_some() || f.src_page_size != f.dst_page_size {
@@ -336,7 +399,7 @@ impl Prepared {
                     f.buffer_index
                 );
             }
-            let (first, stop) = if f.buffer_kind != BufferKind::MambaState {
+            let moved = if f.buffer_kind != BufferKind::MambaState {
                 let at = |t: u64| usize::try_from(t).map_or(pairs, |t| t.min(pairs));
                 // Page plans' fragments carry no page size: the buffer's, where known.
                 let page_size = match (f.src_page_size, self.facts_of(f.buffer_index)) {
@@ -349,29 +412,19 @@ impl Prepared {
                     f.sliding_window,
                     f.attention_chunk_size,
                 )?;
-                (at(first), at(stop))
+                at(first)..at(stop)
             } else if slice.ends_prompt() {
-                (0, pairs)
+                0..pairs
             } else {
-                (0, 0)
+                0..0
             };
             match runs.last_mut() {
-                Some((moved, list)) if *moved == (first, stop) => list.push(placed),
-                _ => runs.push(((first, stop), vec![placed])),
+                Some((same, list)) if *same == moved => list.push(placed),
+                _ => runs.push((moved, vec![placed])),
             }
         }
-        let mut out = Descriptors::default();
-        for ((first, stop), list) in runs {
-            if first >= stop {
-                continue;
-            }
-            let (src, dst) = (&src_pages[first..stop], &dst_pages[first..stop]);
-            let part = descriptors::build_placed(&list, src, dst, coalesce)?;
-            out.src_addrs.extend(part.src_addrs);
-            out.dst_addrs.extend(part.dst_addrs);
-            out.lengths.extend(part.lengths);
-        }
-        Ok(out)
+        runs.retain(|(moved, _)| !moved.is_empty());
+        Ok(runs)
     }
 
     /// The lists to prepare once per peer: every fragment row over `src_capacity` and
@@ -506,7 +559,7 @@ mod tests {
         let some = p.descriptors(&[3], &[4], &range, false).unwrap();
         assert_eq!(some.src_addrs, vec![all.src_addrs[0], all.src_addrs[3]]);
         let listed = p
-            .descriptors(&[3], &[4], &Selection::Indices(vec![1]), false)
+            .descriptors(&[3], &[4], &Selection::indices(vec![1]), false)
             .unwrap();
         assert_eq!(listed.src_addrs, all.src_addrs[1..3].to_vec());
     }

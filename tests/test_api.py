@@ -102,6 +102,7 @@ def test_public_names() -> None:
         "ModelShape",
         "buffer_layouts_from_item_lengths",
         "model_buffer_layouts",
+        "StridedDescriptors",
         "TransferDescriptors",
         "transfer_descriptors",
         "token_owners",

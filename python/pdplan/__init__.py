@@ -22,7 +22,7 @@ from pdplan._core import (
     decode_transfer_fragments,
     encode_transfer_fragments,
 )
-from pdplan._descriptors import TransferDescriptors, transfer_descriptors
+from pdplan._descriptors import StridedDescriptors, TransferDescriptors, transfer_descriptors
 from pdplan._exchange import LAYOUT_VERSION_FRAME, PeerLayout, decode_layout, encode_layout
 from pdplan._layer_groups import LayerGroups, layer_groups
 from pdplan._layouts import (
@@ -108,6 +108,7 @@ __all__ = [
     "StagingCounts",
     "StagingPlan",
     "StateSpec",
+    "StridedDescriptors",
     "TokenShare",
     "TransferCost",
     "TransferDescriptors",

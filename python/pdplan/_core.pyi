@@ -6,7 +6,7 @@ from typing import Literal, final
 import numpy as np
 import numpy.typing as npt
 
-from pdplan._descriptors import TransferDescriptors
+from pdplan._descriptors import StridedDescriptors, TransferDescriptors
 from pdplan._layouts import ItemLengths, ModelLayer, ModelShape
 from pdplan._model import (
     BufferLayout,
@@ -484,6 +484,48 @@ class PreparedTransfer:
         :param decode_prefix: Tokens the decode side holds already: they never move.
         """
 
+    def strided_descriptors(
+        self,
+        src_pages: _Ints,
+        dst_pages: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        layers: _Ints | None = None,
+        tokens: range | None = None,
+        final_length: int | None = None,
+        decode_prefix: int | None = None,
+    ) -> StridedDescriptors:
+        """``descriptors(...)`` as NIXL 1.5's strided lists: page runs a row a fragment row.
+
+        :param src_pages: As in ``descriptors``.
+        :param dst_pages: As in ``descriptors``.
+        :param buffers: As in ``descriptors``.
+        :param layers: As in ``descriptors``.
+        :param tokens: As in ``descriptors``.
+        :param final_length: As in ``descriptors``.
+        :param decode_prefix: As in ``descriptors``.
+        """
+    def token_strided_descriptors(
+        self,
+        src_slots: _Ints,
+        dst_slots: _Ints,
+        *,
+        buffers: range | _Ints | None = None,
+        layers: _Ints | None = None,
+        tokens: range | None = None,
+        final_length: int | None = None,
+        decode_prefix: int | None = None,
+    ) -> StridedDescriptors:
+        """``token_descriptors(...)`` as NIXL 1.5's strided lists.
+
+        :param src_slots: As in ``token_descriptors``.
+        :param dst_slots: As in ``token_descriptors``.
+        :param buffers: As in ``token_descriptors``.
+        :param layers: As in ``token_descriptors``.
+        :param tokens: As in ``token_descriptors``.
+        :param final_length: As in ``token_descriptors``.
+        :param decode_prefix: As in ``token_descriptors``.
+        """
     def token_descriptors(
         self,
         src_slots: _Ints,
@@ -530,11 +572,9 @@ class PreparedTransfer:
         """One request's staging plan from its pages: ``descriptors(src_pages, dst_pages,
         buffers=buffers)`` regrouped into gather, transfer and scatter.
 
-        :param src_pages: The request's source pages, one per page pair: a 1-D integer
-            array (any integer dtype) or an int sequence.
+        :param src_pages: As in ``descriptors``.
         :param dst_pages: The destination pages they pair with, as many.
-        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
-            ``buffer_index`` values); None: all.
+        :param buffers: As in ``descriptors``.
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
@@ -550,11 +590,9 @@ class PreparedTransfer:
         """One request's staging plan from its slot maps: ``token_descriptors(src_slots,
         dst_slots, buffers=buffers)`` regrouped into gather, transfer and scatter.
 
-        :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
-            that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
-        :param dst_slots: The destination rank's slot map; a token moves where both are set.
-        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
-            ``buffer_index`` values); None: all.
+        :param src_slots: As in ``token_descriptors``.
+        :param dst_slots: As in ``token_descriptors``.
+        :param buffers: As in ``descriptors``.
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
@@ -570,11 +608,9 @@ class PreparedTransfer:
         """What ``staging_plan`` would count, without building its columns: a
         ``StagingCounts`` (direct, wire, gather, scatter descriptors, bytes), for a cost model.
 
-        :param src_pages: The request's source pages, one per page pair: a 1-D integer
-            array (any integer dtype) or an int sequence.
+        :param src_pages: As in ``descriptors``.
         :param dst_pages: The destination pages they pair with, as many.
-        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
-            ``buffer_index`` values); None: all.
+        :param buffers: As in ``descriptors``.
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
@@ -587,8 +623,7 @@ class PreparedTransfer:
         one transfer, in constant time: what a router weighs before any page is chosen.
 
         :param pages: Pages the request moves on each side.
-        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
-            ``buffer_index`` values); None: all.
+        :param buffers: As in ``descriptors``.
         """
 
     def token_staging_counts(
@@ -601,11 +636,9 @@ class PreparedTransfer:
     ) -> StagingCounts:
         """What ``token_staging_plan`` would count, without building its columns.
 
-        :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
-            that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
-        :param dst_slots: The destination rank's slot map; a token moves where both are set.
-        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
-            ``buffer_index`` values); None: all.
+        :param src_slots: As in ``token_descriptors``.
+        :param dst_slots: As in ``token_descriptors``.
+        :param buffers: As in ``descriptors``.
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
@@ -634,13 +667,11 @@ class PreparedTransfer:
         """One request as int32 indices into ``nixl_prepped_lists(src_capacity_pages,
         dst_capacity_pages)``, for ``make_prepped_xfer``: (local, remote), in descriptor order.
 
-        :param src_pages: The request's source pages, one per page pair: a 1-D integer
-            array (any integer dtype) or an int sequence.
+        :param src_pages: As in ``descriptors``.
         :param dst_pages: The destination pages they pair with, as many.
         :param src_capacity_pages: Pages each source buffer holds, as the lists were made.
         :param dst_capacity_pages: Pages each destination buffer holds, as the lists were made.
-        :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
-            ``buffer_index`` values); None: all.
+        :param buffers: As in ``descriptors``.
         """
 
     @property

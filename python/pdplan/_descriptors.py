@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is
 
     IntColumn = npt.NDArray[np.integer] | Sequence[int]
 
-__all__ = ["TransferDescriptors", "transfer_descriptors"]
+__all__ = ["StridedDescriptors", "TransferDescriptors", "transfer_descriptors"]
 
 
 class TransferDescriptors(NamedTuple):
@@ -46,6 +46,60 @@ class TransferDescriptors(NamedTuple):
         import numpy as np
 
         return np.column_stack((self.src_addrs, self.dst_addrs, self.lengths))
+
+
+class StridedDescriptors(NamedTuple):
+    """A request's descriptors as NIXL 1.5's strided lists: two N x 5 uint64 arrays of rows
+    ``(address, length, device, stride, count)``, each row ``count`` blocks of ``length`` bytes
+    spaced ``stride`` apart (``stride == length`` for a single block), ``src`` and ``dst``
+    expanding to the same blocks in the same order; device 0 (``on_devices`` names others).
+    Pass each to ``prep_xfer_dlist(..., mem_type="DRAM")`` (for a read, the local side is
+    ``dst``), then ``make_prepped_xfer`` over ``range(num_descriptors)`` on both. ``expand()``
+    gives the flat descriptors.
+    """
+
+    src: npt.NDArray[np.uint64]
+    """Where the blocks are read: (address, length, device, stride, count) rows."""
+    dst: npt.NDArray[np.uint64]
+    """Where the blocks are written, row for row with ``src``."""
+
+    @property
+    def num_entries(self) -> int:
+        """Rows of each list."""
+        return int(self.src.shape[0])
+
+    @property
+    def num_descriptors(self) -> int:
+        """Blocks the rows stand for: the flat descriptors they expand to."""
+        return int(self.src[:, 4].sum(dtype="uint64"))
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes all the blocks move."""
+        return int((self.src[:, 1] * self.src[:, 4]).sum(dtype="uint64"))
+
+    def on_devices(self, src_device: int, dst_device: int) -> StridedDescriptors:
+        """The same lists with each side's device id (0, host memory, as built).
+
+        :param src_device: NIXL's device id of the source memory.
+        :param dst_device: NIXL's device id of the destination memory.
+        """
+        src, dst = self.src.copy(), self.dst.copy()
+        src[:, 2], dst[:, 2] = src_device, dst_device
+        return StridedDescriptors(src, dst)
+
+    def expand(self) -> TransferDescriptors:
+        """The flat (src, dst, length) descriptors, row by row, block by block."""
+        import numpy as np
+
+        counts = self.src[:, 4].astype(np.int64)
+        rows = np.repeat(np.arange(len(counts)), counts)
+        # The k-th block of its row: k = position - where the row's blocks start.
+        starts = np.repeat(np.cumsum(counts) - counts, counts)
+        k = (np.arange(int(counts.sum())) - starts).astype(np.uint64)
+        src = self.src[rows, 0] + k * self.src[rows, 3]
+        dst = self.dst[rows, 0] + k * self.dst[rows, 3]
+        return TransferDescriptors(src, dst, self.src[rows, 1].copy())
 
 
 def transfer_descriptors(

@@ -8,7 +8,7 @@ circle."""
 from __future__ import annotations
 
 from pdplan import _core, _layouts
-from pdplan._descriptors import TransferDescriptors
+from pdplan._descriptors import StridedDescriptors, TransferDescriptors
 from pdplan._model import BufferKind, BufferLayout, RankTransferPlan, TransferFragment
 from pdplan._staging import StagingCounts
 
@@ -19,6 +19,7 @@ _core.use_package_types(
         "RankTransferPlan": RankTransferPlan,
         "TransferFragment": TransferFragment,
         "TransferDescriptors": TransferDescriptors,
+        "StridedDescriptors": StridedDescriptors,
         "StagingCounts": StagingCounts,
         # Every layer kind by its class name, from the core's own schema.
         **{name: getattr(_layouts, name) for _, name, _, _ in _core.LAYER_KINDS},

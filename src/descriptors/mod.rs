@@ -17,10 +17,12 @@ use crate::limits::{self};
 mod fill;
 mod flat;
 mod placement;
+mod strided;
 
 use fill::fill_columns;
 pub(crate) use fill::split_in_half;
 pub use placement::{place, place_all};
+pub use strided::Strided;
 
 /// The one check of a call's descriptor count, before anything is allocated for it.
 pub fn check_descriptor_count(total: u64) -> PlanResult<()> {
@@ -209,9 +211,37 @@ pub fn build_placed<P: Borrow<Placed>>(
     dst_pages: &[u64],
     coalesce: bool,
 ) -> PlanResult<Descriptors> {
+    let total = check_request(placed, src_pages, dst_pages)?;
+    let jobs = jobs_of(placed, src_pages, dst_pages);
+    let mut out = Descriptors {
+        src_addrs: Vec::with_capacity(total),
+        dst_addrs: Vec::with_capacity(total),
+        lengths: Vec::with_capacity(total),
+    };
+    fill_columns(&jobs, &mut out, total);
+    if coalesce && Job::any_may_merge(&jobs) {
+        out.coalesce(&jobs);
+    }
+    Ok(out)
+}
+
+/// Checks one request's page pairs against every placed fragment (pages that pair, the
+/// largest page inside the limits, the descriptor count): the flat descriptors it makes.
+fn check_request<P: Borrow<Placed>>(
+    placed: &[P],
+    src_pages: &[u64],
+    dst_pages: &[u64],
+) -> PlanResult<usize> {
     check_paired(src_pages, dst_pages)?;
     let pairs = src_pages.len();
-    let (src_max, dst_max) = (prefix_max(src_pages), prefix_max(dst_pages));
+    // Only fragments limited to their first pages need the largest page of each prefix.
+    let limited = placed.iter().any(|p| p.borrow().page_count.is_some());
+    let (src_max, dst_max) = if limited {
+        (prefix_max(src_pages), prefix_max(dst_pages))
+    } else {
+        let largest = |pages: &[u64]| pages.iter().copied().max().into_iter().collect();
+        (largest(src_pages), largest(dst_pages))
+    };
     let mut total: u64 = 0;
     for p in placed.iter().map(Borrow::borrow) {
         p.check_pages_pair()?;
@@ -219,7 +249,8 @@ pub fn build_placed<P: Borrow<Placed>>(
         let Some(last) = pages_used(p.page_count, pairs).checked_sub(1) else {
             continue;
         };
-        let (Some(&src_page), Some(&dst_page)) = (src_max.get(last), dst_max.get(last)) else {
+        let at = if limited { last } else { 0 };
+        let (Some(&src_page), Some(&dst_page)) = (src_max.get(at), dst_max.get(at)) else {
             bail!("page index out of range");
         };
         let who = (p.position, p.buffer_index, p.run);
@@ -227,8 +258,17 @@ pub fn build_placed<P: Borrow<Placed>>(
         p.dst.check("dst", who, dst_page)?;
     }
     check_descriptor_count(total)?;
-    let total = usize::try_from(total).unwrap_or(0);
-    let jobs: Vec<Job<'_>> = placed
+    Ok(usize::try_from(total).unwrap_or(0))
+}
+
+/// One job a placed fragment, over the page pairs it uses (checked by `check_request`).
+fn jobs_of<'a, P: Borrow<Placed>>(
+    placed: &[P],
+    src_pages: &'a [u64],
+    dst_pages: &'a [u64],
+) -> Vec<Job<'a>> {
+    let pairs = src_pages.len();
+    placed
         .iter()
         .map(Borrow::borrow)
         .map(|p| {
@@ -237,7 +277,7 @@ pub fn build_placed<P: Borrow<Placed>>(
                 buffer_index: p.buffer_index,
                 src_pages: &src_pages[..used],
                 dst_pages: &dst_pages[..used],
-                // Every value was bounds-checked above, so this arithmetic cannot wrap.
+                // Every value was bounds-checked, so this arithmetic cannot wrap.
                 src_start: p.src.base + p.src.offset,
                 src_stride: p.src.stride,
                 dst_start: p.dst.base + p.dst.offset,
@@ -249,15 +289,24 @@ pub fn build_placed<P: Borrow<Placed>>(
                 len: p.run,
             }
         })
-        .collect();
-    let mut out = Descriptors {
-        src_addrs: Vec::with_capacity(total),
-        dst_addrs: Vec::with_capacity(total),
-        lengths: Vec::with_capacity(total),
-    };
-    fill_columns(&jobs, &mut out, total);
-    if coalesce && Job::any_may_merge(&jobs) {
-        out.coalesce(&jobs);
+        .collect()
+}
+
+/// A request's descriptors as strided pairs (`Strided`), from the same checks and in the same
+/// fragment order as `build_placed`, or refused as it refuses.
+pub fn build_placed_strided<P: Borrow<Placed>>(
+    placed: &[P],
+    src_pages: &[u64],
+    dst_pages: &[u64],
+) -> PlanResult<Strided> {
+    let total = check_request(placed, src_pages, dst_pages)?;
+    let runs = strided::page_runs(src_pages, dst_pages);
+    let jobs = jobs_of(placed, src_pages, dst_pages);
+    // At most a row a run of each job's (and never more than the flat descriptors).
+    let rows: usize = jobs.iter().map(|j| j.rows).sum();
+    let mut out = Strided::with_capacity(total.min(rows.saturating_mul(runs.len())));
+    for job in &jobs {
+        job.write_strided(&runs, &mut out);
     }
     Ok(out)
 }

@@ -715,6 +715,13 @@ fn array_column<T: ColumnInt>(array: &Bound<'_, PyUntypedArray>, name: &str) -> 
                     };
                     // Contiguous arrays (the common case) convert as a plain slice.
                     if let Ok(slice) = readonly.as_slice() {
+                        // A pass without error bookkeeping first (it vectorises); the error
+                        // names the first misfit only when there is one.
+                        let fitted: Option<Vec<T>> =
+                            slice.iter().map(|&v| T::try_from(i128::from(v)).ok()).collect();
+                        if let Some(values) = fitted {
+                            return Ok(values);
+                        }
                         return slice.iter().enumerate().map(convert).collect();
                     }
                     return readonly.as_array().iter().enumerate().map(convert).collect();
@@ -733,6 +740,16 @@ fn array_column<T: ColumnInt>(array: &Bound<'_, PyUntypedArray>, name: &str) -> 
 /// Non-negative integers of a request: page indices (a sequence is read to `MAX_TOKENS`
 /// entries: a request has no more pages than tokens).
 pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
+    // Page tables mostly come as int64 (numpy's default): one check and one copy.
+    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
+        if let Ok(readonly) = array.try_readonly() {
+            if let Ok(slice) = readonly.as_slice() {
+                if slice.iter().all(|&v| v >= 0) {
+                    return Ok(slice.iter().map(|&v| v.unsigned_abs()).collect());
+                }
+            }
+        }
+    }
     int_column(obj, name, &limits::TOKENS)
 }
 

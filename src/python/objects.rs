@@ -7,11 +7,11 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 
-use numpy::IntoPyArray;
+use numpy::{IntoPyArray, PyArrayMethods};
 
 use super::fragment_slots::SlotLayout;
 use super::package_types::package_type;
-use crate::descriptors::Descriptors;
+use crate::descriptors::{Descriptors, Strided};
 use crate::fragment::{FieldValue, Fragment, FIELDS, FIELD_COUNT};
 use crate::layout::{BufferKind, BufferLayout};
 use crate::planner::{PlanKind, RankPlan};
@@ -364,6 +364,24 @@ pub fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<
         built.lengths.into_pyarray(py),
     );
     new.bind(py).call1((cls.bind(py), columns))
+}
+
+/// Strided entries as `pdplan.StridedDescriptors`: two N x 5 uint64 arrays of
+/// `(address, length, device 0, stride, count)` rows.
+pub fn strided_object(py: Python<'_>, built: Strided) -> PyResult<Bound<'_, PyAny>> {
+    let n = built.len();
+    // Rows of five, flattened in place: each array takes its memory without a copy.
+    let src = built
+        .src
+        .into_flattened()
+        .into_pyarray(py)
+        .reshape([n, 5])?;
+    let dst = built
+        .dst
+        .into_flattened()
+        .into_pyarray(py)
+        .reshape([n, 5])?;
+    package_type(py, "StridedDescriptors")?.call1((src, dst))
 }
 
 pub fn rank_plan_object<'py>(py: Python<'py>, plan: &RankPlan) -> PyResult<Bound<'py, PyAny>> {

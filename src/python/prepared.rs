@@ -13,7 +13,7 @@ use super::convert::{
     buffer_column, buffers, fragments_of, frame, i64_column, optional_u64, to_u64, u64_column,
     Converted,
 };
-use super::objects::{descriptors_object, model_types, FragmentFactory};
+use super::objects::{descriptors_object, model_types, strided_object, FragmentFactory};
 use super::planner::PyPlanner;
 use super::staging::{counts_object, PyStagingPlan};
 use super::{frame_limits, to_py_err};
@@ -24,6 +24,7 @@ use crate::limits;
 use crate::prepared::{BufferFacts, Prepared, Selection};
 use crate::slices::TokenSlice;
 use crate::staging::StagingCounts;
+use crate::token_descriptors::PlannedTokens;
 
 /// (local, remote) arrays.
 type Pair<'py, T> = (Bound<'py, T>, Bound<'py, T>);
@@ -85,7 +86,7 @@ fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
             step: field("step")?,
         });
     }
-    buffer_column(buffers, "buffers").map(Selection::Indices)
+    buffer_column(buffers, "buffers").map(Selection::indices)
 }
 
 /// A slice of a request: `tokens` (a `range` of step 1, or None), the final length and the
@@ -303,15 +304,12 @@ impl PyPrepared {
         final_length: Option<&Bound<'py, PyAny>>,
         decode_prefix: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let convert = || -> Converted<_> {
-            Ok((
-                u64_column(src_pages, "src_pages")?,
-                u64_column(dst_pages, "dst_pages")?,
-                self.chosen(buffers, layers)?,
-                token_slice(tokens, final_length, decode_prefix)?,
-            ))
-        };
-        let (src, dst, chosen, slice) = convert().map_err(to_py_err)?;
+        let (src, dst) = (
+            u64_column(src_pages, "src_pages").map_err(to_py_err)?,
+            u64_column(dst_pages, "dst_pages").map_err(to_py_err)?,
+        );
+        let (chosen, slice) =
+            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
         let request = || {
             self.inner
                 .slice_descriptors(&src, &dst, &chosen, coalesce, &slice)
@@ -337,15 +335,61 @@ impl PyPrepared {
         final_length: Option<&Bound<'py, PyAny>>,
         decode_prefix: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let convert = || -> Converted<_> {
-            Ok((
-                self.chosen(buffers, layers)?,
-                token_slice(tokens, final_length, decode_prefix)?,
-            ))
-        };
-        let (chosen, slice) = convert().map_err(to_py_err)?;
+        let (chosen, slice) =
+            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
         let made = self.direct_from_slots(py, (src_slots, dst_slots), &chosen, coalesce, &slice)?;
         descriptors_object(py, made)
+    }
+
+    /// `descriptors(...)` as NIXL 1.5's strided lists (`StridedDescriptors`): runs of pages
+    /// whose ids step evenly on both sides, and rows of token-major pages, as one row each.
+    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn strided_descriptors<'py>(
+        &self,
+        py: Python<'py>,
+        src_pages: &Bound<'py, PyAny>,
+        dst_pages: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+        layers: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+        final_length: Option<&Bound<'py, PyAny>>,
+        decode_prefix: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (src, dst) = (
+            u64_column(src_pages, "src_pages").map_err(to_py_err)?,
+            u64_column(dst_pages, "dst_pages").map_err(to_py_err)?,
+        );
+        let (chosen, slice) =
+            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
+        let request = || self.inner.strided_descriptors(&src, &dst, &chosen, &slice);
+        // Rows cost about four flat descriptors' writing where pages scatter, and runs write
+        // a handful: held up to 2^16 descriptors' worth (under a millisecond scattered).
+        let flat = self.inner.descriptor_count(src.len(), &chosen);
+        let made = detach_above(py, flat / 4, request);
+        strided_object(py, made.map_err(to_py_err)?)
+    }
+
+    /// `token_descriptors(...)` as NIXL 1.5's strided lists (`StridedDescriptors`).
+    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn token_strided_descriptors<'py>(
+        &self,
+        py: Python<'py>,
+        src_slots: &Bound<'py, PyAny>,
+        dst_slots: &Bound<'py, PyAny>,
+        buffers: Option<&Bound<'py, PyAny>>,
+        layers: Option<&Bound<'py, PyAny>>,
+        tokens: Option<&Bound<'py, PyAny>>,
+        final_length: Option<&Bound<'py, PyAny>>,
+        decode_prefix: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (chosen, slice) =
+            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
+        let slots = (src_slots, dst_slots);
+        let write = |planned: PlannedTokens<'_>| planned.write_strided();
+        let made = self.build_from_slots(py, slots, &chosen, true, &slice, write)?;
+        strided_object(py, made)
     }
 
     /// One request's staging plan from its pages: `descriptors(src_pages, dst_pages,
@@ -517,6 +561,23 @@ impl PyPrepared {
 }
 
 impl PyPrepared {
+    /// A request's selection (`buffers`, `layers`) and slice (`tokens`, `final_length`,
+    /// `decode_prefix`).
+    fn slice_of(
+        &self,
+        buffers: Option<&Bound<'_, PyAny>>,
+        layers: Option<&Bound<'_, PyAny>>,
+        [tokens, final_length, decode_prefix]: [Option<&Bound<'_, PyAny>>; 3],
+    ) -> PyResult<(Selection, TokenSlice)> {
+        let convert = || -> Converted<_> {
+            Ok((
+                self.chosen(buffers, layers)?,
+                token_slice(tokens, final_length, decode_prefix)?,
+            ))
+        };
+        convert().map_err(to_py_err)
+    }
+
     /// The buffers a request selects: `buffers`, narrowed to the model layers `layers` names.
     fn chosen(
         &self,
@@ -538,11 +599,35 @@ impl PyPrepared {
     fn direct_from_slots<'py>(
         &self,
         py: Python<'py>,
-        (src_slots, dst_slots): (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
+        slots: (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
         chosen: &Selection,
         coalesce: bool,
         slice: &TokenSlice,
     ) -> PyResult<Descriptors> {
+        self.build_from_slots(
+            py,
+            slots,
+            chosen,
+            coalesce,
+            slice,
+            |p: PlannedTokens<'_>| p.write(),
+        )
+    }
+
+    /// A slice's descriptors from its slot maps, written by `write` (flat or strided).
+    fn build_from_slots<
+        'py,
+        T: Ungil + Send,
+        W: Ungil + Send + Sync + Fn(PlannedTokens<'_>) -> T,
+    >(
+        &self,
+        py: Python<'py>,
+        (src_slots, dst_slots): (&Bound<'py, PyAny>, &Bound<'py, PyAny>),
+        chosen: &Selection,
+        coalesce: bool,
+        slice: &TokenSlice,
+        write: W,
+    ) -> PyResult<T> {
         let in_place = |slots: &Bound<'py, PyAny>| {
             let array = slots.cast::<PyArray1<i64>>().ok()?.try_readonly().ok()?;
             let short = array.as_slice().ok()?.len() <= READ_IN_PLACE_UP_TO;
@@ -558,7 +643,7 @@ impl PyPrepared {
                 .inner
                 .plan_token_descriptors(src, dst, chosen, coalesce, slice)
                 .map_err(to_py_err)?;
-            return Ok(detach_above(py, planned.total(), || planned.write()));
+            return Ok(detach_above(py, planned.total(), || write(planned)));
         }
         let convert = || -> Converted<_> {
             Ok((
@@ -570,7 +655,7 @@ impl PyPrepared {
         let request = || {
             self.inner
                 .plan_token_descriptors(&src, &dst, chosen, coalesce, slice)
-                .map(crate::token_descriptors::PlannedTokens::write)
+                .map(write)
         };
         let made = detach_above(
             py,

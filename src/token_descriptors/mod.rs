@@ -17,7 +17,9 @@
 use std::borrow::Borrow;
 use std::mem::MaybeUninit;
 
-use crate::descriptors::{check_descriptor_count, split_in_half, Buffers, Descriptors, Placement};
+use crate::descriptors::{
+    check_descriptor_count, split_in_half, Buffers, Descriptors, Placement, Strided,
+};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::slices::TokenSlice;
@@ -498,6 +500,25 @@ impl PlannedTokens<'_> {
     /// The descriptors.
     pub fn write(self) -> Descriptors {
         write_planned(&self.placed, self.request, self.coalesce)
+    }
+
+    /// The planned descriptors as strided entries: each template compressed once, then
+    /// placed at every fragment that uses it (one fragment's entries never merge into
+    /// another's, as buffers are registered apart).
+    pub fn write_strided(self) -> Strided {
+        let templates = &self.request.templates;
+        let compressed: Vec<Strided> = templates
+            .iter()
+            .map(|(_, t)| Strided::of_columns(&t.src, &t.dst, &t.len))
+            .collect();
+        let mut out = Strided::default();
+        for (p, &at) in self.placed.iter().zip(&self.request.which) {
+            if let Some(entries) = compressed.get(at) {
+                let (src_start, dst_start) = p.starts();
+                out.append_shifted(entries, src_start, dst_start);
+            }
+        }
+        out
     }
 }
 

@@ -1,0 +1,324 @@
+//! Strided descriptors, NIXL 1.5's compressed form: `count` blocks of `length` bytes spaced
+//! `stride` apart on each side. Written straight from the fragments by runs of pages whose ids
+//! step by a constant on both sides (rows of a token-major page become one entry across a page
+//! run, or one a row), or from any flat list in order (`Strided::push`).
+
+use super::{Descriptors, Job};
+
+/// One strided entry: `count` descriptors of `length` bytes, the `k`-th from
+/// `src + k * src_stride` to `dst + k * dst_stride`. An entry of one block has strides equal
+/// to its length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub src: u64,
+    pub dst: u64,
+    pub length: u64,
+    pub src_stride: u64,
+    pub dst_stride: u64,
+    pub count: u64,
+}
+
+/// A request's descriptors as strided entries, in order, as the two N x 5 lists NIXL 1.5
+/// takes: rows `(address, length, device, stride, count)`, `src` and `dst` row for row,
+/// device 0 (the caller names devices). No entry spans two buffers (engines register buffers
+/// one by one), and an entry's blocks never overlap.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Strided {
+    pub src: Vec<[u64; 5]>,
+    pub dst: Vec<[u64; 5]>,
+}
+
+impl Strided {
+    pub fn with_capacity(rows: usize) -> Self {
+        Self {
+            src: Vec::with_capacity(rows),
+            dst: Vec::with_capacity(rows),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.src.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.src.is_empty()
+    }
+
+    /// Entry `i` (`i < len()`).
+    fn entry(&self, i: usize) -> Entry {
+        let ([src, length, _, src_stride, count], [dst, _, _, dst_stride, _]) =
+            (self.src[i], self.dst[i]);
+        Entry {
+            src,
+            dst,
+            length,
+            src_stride,
+            dst_stride,
+            count,
+        }
+    }
+
+    /// The entries, in order.
+    pub fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
+        (0..self.len()).map(|i| self.entry(i))
+    }
+
+    fn write(&mut self, i: usize, e: Entry) {
+        self.src[i] = [e.src, e.length, 0, e.src_stride, e.count];
+        self.dst[i] = [e.dst, e.length, 0, e.dst_stride, e.count];
+    }
+
+    fn append_entry(&mut self, e: Entry) {
+        self.src.push([e.src, e.length, 0, e.src_stride, e.count]);
+        self.dst.push([e.dst, e.length, 0, e.dst_stride, e.count]);
+    }
+
+    /// The flat descriptors the entries stand for.
+    pub fn blocks(&self) -> u64 {
+        self.src.iter().map(|r| r[4]).fold(0, u64::saturating_add)
+    }
+
+    /// The bytes the entries move.
+    pub fn total_bytes(&self) -> u64 {
+        self.src
+            .iter()
+            .map(|r| r[1].saturating_mul(r[4]))
+            .fold(0, u64::saturating_add)
+    }
+
+    /// Appends `count` blocks, merged into the last entry when they continue it and it is at
+    /// or after `floor` (the first entry of the current buffer): blocks that touch on both
+    /// sides become one block, and blocks that keep the last entry's spacing extend it.
+    /// Callers pass addresses of bounds-checked descriptors, so no end or step wraps.
+    pub fn push(&mut self, floor: usize, new: Entry) {
+        if new.count == 0 {
+            return;
+        }
+        // Blocks that touch on both sides are one block; one block's strides are its length.
+        let (length, count) =
+            if new.count > 1 && new.src_stride == new.length && new.dst_stride == new.length {
+                (new.length * new.count, 1)
+            } else {
+                (new.length, new.count)
+            };
+        let new = if count == 1 {
+            Entry::single(new.src, new.dst, length)
+        } else {
+            new
+        };
+        if let Some(last) = self.len().checked_sub(1).filter(|&i| i >= floor) {
+            let mut entry = self.entry(last);
+            if entry.merge(&new) {
+                self.write(last, entry);
+                return;
+            }
+        }
+        self.append_entry(new);
+    }
+
+    /// Descriptors of one buffer, in order, compressed.
+    pub fn of_columns(src: &[u64], dst: &[u64], lengths: &[u64]) -> Self {
+        let mut out = Self::default();
+        for ((&s, &d), &len) in src.iter().zip(dst).zip(lengths) {
+            out.push(0, Entry::single(s, d, len));
+        }
+        out
+    }
+
+    /// Appends `other`'s entries, never merged into this list's.
+    pub fn append(&mut self, other: Self) {
+        self.src.extend(other.src);
+        self.dst.extend(other.dst);
+    }
+
+    /// Appends `other`'s entries moved by `src_start` and `dst_start` (entries of offsets
+    /// placed at a fragment's bytes), never merged into this list's.
+    pub fn append_shifted(&mut self, other: &Self, src_start: u64, dst_start: u64) {
+        // The offsets plus the starts are descriptors bounds-checked inside 64 bits.
+        let shift = |start: u64| move |r: &[u64; 5]| [r[0] + start, r[1], r[2], r[3], r[4]];
+        self.src.extend(other.src.iter().map(shift(src_start)));
+        self.dst.extend(other.dst.iter().map(shift(dst_start)));
+    }
+
+    /// The flat descriptors, entry by entry, block by block.
+    pub fn expand(&self) -> Descriptors {
+        let total = usize::try_from(self.blocks()).unwrap_or(usize::MAX);
+        let mut out = Descriptors {
+            src_addrs: Vec::with_capacity(total),
+            dst_addrs: Vec::with_capacity(total),
+            lengths: Vec::with_capacity(total),
+        };
+        for e in self.entries() {
+            for k in 0..e.count {
+                // Each block was a bounds-checked descriptor: its address fits 64 bits.
+                out.src_addrs.push(e.src + k * e.src_stride);
+                out.dst_addrs.push(e.dst + k * e.dst_stride);
+                out.lengths.push(e.length);
+            }
+        }
+        out
+    }
+}
+
+impl Entry {
+    const fn single(src: u64, dst: u64, length: u64) -> Self {
+        Self {
+            src,
+            dst,
+            length,
+            src_stride: length,
+            dst_stride: length,
+            count: 1,
+        }
+    }
+
+    /// Takes in `new`'s blocks when they continue this entry; whether it did.
+    fn merge(&mut self, new: &Self) -> bool {
+        let (s, d, len, count) = (new.src, new.dst, new.length, new.count);
+        // A single block that the new one continues on both sides.
+        if self.count == 1
+            && count == 1
+            && self.src + self.length == s
+            && self.dst + self.length == d
+        {
+            *self = Self::single(self.src, self.dst, self.length + len);
+            return true;
+        }
+        // Blocks never overlap inside an entry (engines may not read it as overlapping).
+        let gap = len.max(1);
+        if self.length != len || s < self.src + gap || d < self.dst + gap {
+            return false;
+        }
+        let (step_s, step_d) = (s - self.src, d - self.dst);
+        // The new blocks continue this entry's spacing.
+        let spans = (
+            self.src_stride.checked_mul(self.count),
+            self.dst_stride.checked_mul(self.count),
+        );
+        let same_spacing = new.src_stride == self.src_stride && new.dst_stride == self.dst_stride;
+        if self.count > 1 && spans == (Some(step_s), Some(step_d)) && (count == 1 || same_spacing) {
+            self.count += count;
+            return true;
+        }
+        // A single block and what follows it at one spacing.
+        let spaced = new.src_stride == step_s && new.dst_stride == step_d;
+        if self.count == 1 && (count == 1 || spaced) {
+            self.src_stride = step_s;
+            self.dst_stride = step_d;
+            self.count = count + 1;
+            return true;
+        }
+        false
+    }
+}
+
+/// A run of page pairs whose ids step by `steps` on both sides (both at least 1): pairs
+/// `start..start + count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct PageRun {
+    start: usize,
+    count: usize,
+    steps: (u64, u64),
+}
+
+/// The page pairs cut into maximal runs, greedily from the first.
+pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
+    let n = src_pages.len().min(dst_pages.len());
+    let step = |i: usize| {
+        let s = src_pages[i + 1]
+            .checked_sub(src_pages[i])
+            .filter(|&s| s > 0);
+        let d = dst_pages[i + 1]
+            .checked_sub(dst_pages[i])
+            .filter(|&d| d > 0);
+        s.zip(d)
+    };
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < n {
+        let mut count = 1;
+        let mut steps = (1, 1);
+        if i + 1 < n {
+            if let Some(first) = step(i) {
+                steps = first;
+                count = 2;
+                while i + count < n && step(i + count - 1) == Some(first) {
+                    count += 1;
+                }
+            }
+        }
+        runs.push(PageRun {
+            start: i,
+            count,
+            steps,
+        });
+        i += count;
+    }
+    runs
+}
+
+impl Job<'_> {
+    /// This job's descriptors as strided entries, over `runs` of its page pairs (runs of the
+    /// request's pairs, clipped to the pairs this job uses).
+    pub(super) fn write_strided(&self, runs: &[PageRun], out: &mut Strided) {
+        let floor = out.len();
+        let used = self.src_pages.len();
+        // Rows that touch on both sides are one block a page.
+        let contiguous = self.len == self.src_row_stride && self.len == self.dst_row_stride;
+        let (rows, len) = if self.rows > 1 && contiguous {
+            (1, self.len * self.rows as u64)
+        } else {
+            (self.rows as u64, self.len)
+        };
+        let (rs, rd) = (self.src_row_stride, self.dst_row_stride);
+        for run in runs {
+            if run.start >= used {
+                break;
+            }
+            let count = run.count.min(used - run.start) as u64;
+            // Pages were checked against the limits, so every address and step fits 64 bits.
+            let s0 = self.src_start + self.src_pages[run.start] * self.src_stride;
+            let d0 = self.dst_start + self.dst_pages[run.start] * self.dst_stride;
+            let (ps, pd) = (run.steps.0 * self.src_stride, run.steps.1 * self.dst_stride);
+            if rows == 1 {
+                push_spaced(out, floor, (s0, d0, len, ps, pd, count));
+            } else if count > 1 && ps == rows * rs && pd == rows * rd {
+                // Rows of one page continue into the next page's: one progression.
+                push_spaced(out, floor, (s0, d0, len, rs, rd, rows * count));
+            } else if rows <= count {
+                for r in 0..rows {
+                    push_spaced(out, floor, (s0 + r * rs, d0 + r * rd, len, ps, pd, count));
+                }
+            } else {
+                for k in 0..count {
+                    push_spaced(out, floor, (s0 + k * ps, d0 + k * pd, len, rs, rd, rows));
+                }
+            }
+        }
+    }
+}
+
+/// `Strided::push`, but blocks closer than their length on a side (a page or row stride of 0,
+/// say) are written one by one: an entry's blocks never overlap.
+fn push_spaced(out: &mut Strided, floor: usize, (s, d, len, ss, ds, count): Spaced) {
+    if count > 1 && (ss < len.max(1) || ds < len.max(1)) {
+        for k in 0..count {
+            out.push(floor, Entry::single(s + k * ss, d + k * ds, len));
+        }
+    } else {
+        out.push(
+            floor,
+            Entry {
+                src: s,
+                dst: d,
+                length: len,
+                src_stride: ss,
+                dst_stride: ds,
+                count,
+            },
+        );
+    }
+}
+
+/// `(src, dst, length, src stride, dst stride, count)`.
+type Spaced = (u64, u64, u64, u64, u64, u64);

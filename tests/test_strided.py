@@ -1,0 +1,224 @@
+"""Strided descriptors (NIXL 1.5's N x 5 lists) against the flat descriptors of the same
+request, on random models (full attention, windows, chunks, MLA, Mamba state), TP pairs, page
+sizes that differ, head-major and token-major pages, CP, failover planners, page tables with
+runs of every step and none, and slices.
+
+The oracle is the flat path (itself held to labelled bytes in test_end_to_end.py and
+test_tokens.py): a strided list expands to exactly its bytes, each destination byte from the
+same source byte, no byte written twice; every entry's blocks lie inside one buffer and never
+overlap; and an entry is never more than the flat descriptors it stands for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_slices import LAYER_KINDS, SPAN, Case, byte_map, partition, prepared_pairs
+
+from pdplan import (
+    Mamba2Layer,
+    ModelShape,
+    Pairing,
+    ParallelLayout,
+    PDTransferPlanner,
+    PreparedTransfer,
+    StridedDescriptors,
+    UnsupportedPDLayoutError,
+    model_buffer_layouts,
+    token_slots,
+)
+
+
+def page_table(data: st.DataObject, count: int, name: str) -> np.ndarray:
+    """``count`` distinct pages: runs of step 1 and 2 (sorted picks), some runs reversed."""
+    picked = sorted(data.draw(st.sets(st.integers(0, 3 * count), min_size=count, max_size=count),
+                              label=name))  # fmt: skip
+    cuts = partition(data, count)
+    pieces = [picked[a:b][:: -1 if data.draw(st.booleans()) else 1] for a, b in cuts]
+    if data.draw(st.booleans()):
+        pieces.reverse()
+    return np.array([p for piece in pieces for p in piece], dtype=np.int64)
+
+
+def check_shape(strided: StridedDescriptors, limits: tuple[list[int], list[int]]) -> None:
+    """Both lists pair row for row; each row's blocks stay inside one buffer, apart."""
+    assert strided.src.dtype == np.uint64 and strided.src.shape == strided.dst.shape
+    assert strided.src.ndim == 2 and strided.src.shape[1] == 5
+    assert (strided.src[:, [1, 4]] == strided.dst[:, [1, 4]]).all()
+    for side, limit in ((strided.src, limits[0]), (strided.dst, limits[1])):
+        for address, length, _, stride, count in side.tolist():
+            assert count >= 1
+            if count > 1:
+                assert stride >= length, "blocks of one row overlap"
+            last_end = address + (count - 1) * stride + length
+            buffer = address // SPAN
+            assert last_end <= buffer * SPAN + limit[buffer - 1], "a row leaves its buffer"
+
+
+def equal_bytes(strided: StridedDescriptors, flat: Any) -> None:
+    expanded = strided.expand()
+    assert byte_map(expanded) == byte_map(flat)
+    assert strided.num_descriptors == expanded.num_descriptors
+    assert strided.total_bytes == flat.total_bytes
+    assert strided.num_entries <= max(flat.num_descriptors, 0) or flat.num_descriptors == 0
+
+
+def limits_of(planner: PDTransferPlanner, pages: int) -> tuple[list[int], list[int]]:
+    return (
+        [b.item_stride_bytes * pages for b in planner.prefill_buffers],
+        [b.item_stride_bytes * pages for b in planner.decode_buffers],
+    )
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from([*sorted(LAYER_KINDS), "mamba"]), min_size=1, max_size=3),
+    st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]),
+    st.sampled_from([1, 4, 8]),
+    st.sampled_from(["HND", "NHD"]),
+    st.integers(1, 40),
+    st.data(),
+)
+def test_strided_pages_expand_to_the_flat_descriptors(
+    kinds: list[str], tps: tuple[int, int], size: int, kv_layout: str, length: int,
+    data: st.DataObject,
+) -> None:  # fmt: skip
+    layers = tuple(
+        Mamba2Layer(4, 4, 4, groups=4) if k == "mamba" else LAYER_KINDS[k] for k in kinds
+    )
+    shape = ModelShape(layer_kinds=layers, dtype="bfloat16", page_size=size)
+    prefill, _ = model_buffer_layouts(shape, tps[0], tps[0], kv_layout)  # type: ignore[arg-type]
+    _, decode = model_buffer_layouts(shape, tps[1], tps[1], kv_layout)  # type: ignore[arg-type]
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", tps[0]),
+        decode_layout=ParallelLayout("decode", tps[1]),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    if tps[0] > 1 and data.draw(st.booleans(), label="a prefill rank gone"):
+        try:
+            planner = planner.without_prefill_ranks([tps[0] - 1])
+        except UnsupportedPDLayoutError:
+            pass  # only that rank held some bytes: the planner keeps them all
+    count = -(-length // size)
+    tables = (page_table(data, count, "src"), page_table(data, count, "dst"))
+    capacity = 3 * count + 1
+    limits = limits_of(planner, capacity)
+    for _, _, prepared in prepared_pairs(planner, capacity):
+        whole = prepared.strided_descriptors(*tables)
+        check_shape(whole, limits)
+        equal_bytes(whole, prepared.descriptors(*tables, coalesce=False))
+        # A slice: a layer group and the tokens final by then.
+        group = sorted(data.draw(st.sets(st.integers(0, len(kinds) - 1), min_size=1)))
+        stop = data.draw(st.integers(0, length))
+        slice_ = dict(layers=group, tokens=range(0, stop), final_length=length)
+        part = prepared.strided_descriptors(*tables, **slice_)
+        check_shape(part, limits)
+        equal_bytes(part, prepared.descriptors(*tables, **slice_))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.sampled_from(sorted(LAYER_KINDS)), min_size=1, max_size=3),
+    st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2)]),
+    st.sampled_from([(4, 4), (4, 8), (8, 4), (3, 5)]),
+    st.sampled_from([1, 2]),
+    st.integers(1, 40),
+    st.data(),
+)
+def test_strided_slot_maps_expand_to_the_flat_descriptors(
+    kinds: list[str], tps: tuple[int, int], sizes: tuple[int, int], cp: int, length: int,
+    data: st.DataObject,
+) -> None:  # fmt: skip
+    try:
+        planner = Case(tuple(kinds), tps, sizes, cp).planner()
+    except UnsupportedPDLayoutError:
+        return  # a pair the planner refuses (CP with a window it cannot deal)
+    pages = [-(-length // s) + 1 for s in sizes]
+    tables = [page_table(data, n, f"side {i}") for i, n in enumerate(pages)]
+    capacity = 3 * max(pages) + 1
+    limits = limits_of(planner, capacity)
+    prefix = data.draw(st.integers(0, length))
+    for decode_rank, prefill_rank, prepared in prepared_pairs(planner, capacity):
+        layouts = (planner.prefill_layout, planner.decode_layout)
+        src = token_slots(tables[0], sizes[0], length, layout=layouts[0], rank=prefill_rank)
+        dst = token_slots(tables[1], sizes[1], length, layout=layouts[1], rank=decode_rank)
+        whole = prepared.token_strided_descriptors(src, dst)
+        check_shape(whole, limits)
+        equal_bytes(whole, prepared.token_descriptors(src, dst, coalesce=False))
+        slice_ = dict(tokens=range(prefix // 2, length), final_length=length,
+                      decode_prefix=prefix)  # fmt: skip
+        part = prepared.token_strided_descriptors(src, dst, **slice_)
+        check_shape(part, limits)
+        equal_bytes(part, prepared.token_descriptors(src, dst, **slice_))
+
+
+def seventy_b(decode_rank: int = 0) -> tuple[Pairing, list[PreparedTransfer]]:
+    pairing = Pairing("llama-3-70b", ParallelLayout("prefill", 8), ParallelLayout("decode", 2))
+    planner = pairing.planner
+    bases = [SPAN * (i + 1) for i in range(len(planner.prefill_buffers))]
+    out = []
+    for source in planner.transfer_fragments(decode_rank):
+        out.append(PreparedTransfer.from_layouts(planner, decode_rank, source, bases, bases,
+                                                 src_limits=[SPAN] * len(bases),
+                                                 dst_limits=[SPAN] * len(bases)))  # fmt: skip
+    return pairing, out
+
+
+def test_contiguous_runs_are_one_row_a_fragment_row() -> None:
+    # Llama-3-70B, TP 8 -> 2: each prefill rank's one KV head is a slice of the decode rank's
+    # four in every HND page (80 layers, K and V: 160 fragments of one row). Pages consecutive
+    # on both sides make one row a fragment; a page table of step 3 and 2 too; backwards, none
+    # compress (a stride is unsigned) and every descriptor is its own row.
+    _, prepared = seventy_b()
+    pages = np.arange(2048)
+    for src, dst in ((pages, pages + 1), (3 * pages, 2 * pages + 7)):
+        strided = prepared[0].strided_descriptors(src, dst)
+        assert strided.num_entries == 160
+        assert strided.num_descriptors == 160 * 2048
+        group = prepared[0].strided_descriptors(src, dst, layers=range(8))
+        assert group.num_entries == 16
+    backwards = prepared[0].strided_descriptors(pages[::-1], pages[::-1], layers=[0])
+    assert backwards.num_entries == 2 * 2048
+    # Two runs: a break in the page table splits each fragment's row in two.
+    broken = np.concatenate([pages[:1000], pages[1000:] + 5000])
+    assert prepared[0].strided_descriptors(broken, broken, layers=[0]).num_entries == 4
+
+
+def test_token_major_rows_continue_across_pages() -> None:
+    # NHD pages: a head slice is a row per token; with pages consecutive on both sides the
+    # rows of one page continue into the next page's (page stride == rows x row stride), so a
+    # fragment is one row for the whole run, whatever the page count.
+    shape = ModelShape(layer_kinds=(LAYER_KINDS["full"],) * 2, dtype="bfloat16", page_size=4)
+    prefill, _ = model_buffer_layouts(shape, 2, 2, "NHD")
+    _, decode = model_buffer_layouts(shape, 1, 1, "NHD")
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    limits = limits_of(planner, 64)
+    ((_, _, prepared), *_) = prepared_pairs(planner, 64)
+    pages = np.arange(10)
+    strided = prepared.strided_descriptors(pages, pages + 3)
+    flat = prepared.descriptors(pages, pages + 3, coalesce=False)
+    check_shape(strided, limits)
+    assert flat.num_descriptors == 4 * 10 * 4  # 4 fragments x 10 pages x 4 token rows
+    assert strided.num_entries == 4
+    # Scattered pages: a row a page (its token rows), not a row a token.
+    scattered = np.array([9, 2, 5, 0])
+    assert prepared.strided_descriptors(scattered, scattered).num_entries == 4 * 4
+
+
+def test_strided_lists_refuse_what_descriptors_refuse() -> None:
+    _, prepared = seventy_b()
+    with pytest.raises(UnsupportedPDLayoutError, match="page"):
+        prepared[0].strided_descriptors([0, 1], [0])
+    with pytest.raises(UnsupportedPDLayoutError, match="limit"):
+        prepared[0].strided_descriptors([1 << 40], [0])
+    devices = prepared[0].strided_descriptors([0], [0]).on_devices(3, 5)
+    assert set(devices.src[:, 2].tolist()) == {3} and set(devices.dst[:, 2].tolist()) == {5}
