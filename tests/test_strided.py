@@ -33,14 +33,23 @@ from pdplan import (
 
 
 def page_table(data: st.DataObject, count: int, name: str) -> np.ndarray:
-    """``count`` distinct pages: runs of step 1 and 2 (sorted picks), some runs reversed."""
-    picked = sorted(data.draw(st.sets(st.integers(0, 3 * count), min_size=count, max_size=count),
-                              label=name))  # fmt: skip
-    cuts = partition(data, count)
-    pieces = [picked[a:b][:: -1 if data.draw(st.booleans()) else 1] for a, b in cuts]
-    if data.draw(st.booleans()):
-        pieces.reverse()
-    return np.array([p for piece in pieces for p in piece], dtype=np.int64)
+    """``count`` distinct pages below ``5 * count``: runs of step 1 to 3 with gaps between,
+    some runs reversed, the runs in order or shuffled."""
+    pages: list[list[int]] = []
+    cursor = data.draw(st.integers(0, 3), label=f"{name} start")
+    left = count
+    while left:
+        step = data.draw(st.integers(1, 3), label=f"{name} step")
+        length = min(left, data.draw(st.integers(1, count), label=f"{name} run"))
+        run = [cursor + step * k for k in range(length)]
+        pages.append(run[::-1] if data.draw(st.booleans()) else run)
+        cursor = max(run) + data.draw(st.integers(1, 2), label=f"{name} gap")
+        left -= length
+    if data.draw(st.booleans(), label=f"{name} shuffled"):
+        pages = data.draw(st.permutations(pages))
+    out = np.array([p for run in pages for p in run], dtype=np.int64)
+    assert len(set(out.tolist())) == count and out.max() < 5 * count
+    return out
 
 
 def check_shape(strided: StridedDescriptors, limits: tuple[list[int], list[int]]) -> None:
@@ -73,11 +82,11 @@ def limits_of(planner: PDTransferPlanner, pages: int) -> tuple[list[int], list[i
     )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.sampled_from([*sorted(LAYER_KINDS), "mamba"]), min_size=1, max_size=3),
     st.sampled_from([(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]),
-    st.sampled_from([1, 4, 8]),
+    st.sampled_from([1, 2, 4, 8]),
     st.sampled_from(["HND", "NHD"]),
     st.integers(1, 40),
     st.data(),
@@ -104,8 +113,13 @@ def test_strided_pages_expand_to_the_flat_descriptors(
         except UnsupportedPDLayoutError:
             pass  # only that rank held some bytes: the planner keeps them all
     count = -(-length // size)
-    tables = (page_table(data, count, "src"), page_table(data, count, "dst"))
-    capacity = 3 * count + 1
+    src_table = page_table(data, count, "src")
+    # Runs compress where they are runs on both sides: tables drawn apart, or one the other's.
+    pairing = data.draw(st.sampled_from(["apart", "same", "shifted"]), label="dst table")
+    dst_table = {"apart": lambda: page_table(data, count, "dst"), "same": lambda: src_table,
+                 "shifted": lambda: src_table + 3}[pairing]()  # fmt: skip
+    tables = (src_table, dst_table)
+    capacity = 5 * count + 3
     limits = limits_of(planner, capacity)
     for _, _, prepared in prepared_pairs(planner, capacity):
         whole = prepared.strided_descriptors(*tables)
@@ -139,7 +153,7 @@ def test_strided_slot_maps_expand_to_the_flat_descriptors(
         return  # a pair the planner refuses (CP with a window it cannot deal)
     pages = [-(-length // s) + 1 for s in sizes]
     tables = [page_table(data, n, f"side {i}") for i, n in enumerate(pages)]
-    capacity = 3 * max(pages) + 1
+    capacity = 5 * max(pages)
     limits = limits_of(planner, capacity)
     prefix = data.draw(st.integers(0, length))
     for decode_rank, prefill_rank, prepared in prepared_pairs(planner, capacity):
@@ -212,6 +226,14 @@ def test_token_major_rows_continue_across_pages() -> None:
     # Scattered pages: a row a page (its token rows), not a row a token.
     scattered = np.array([9, 2, 5, 0])
     assert prepared.strided_descriptors(scattered, scattered).num_entries == 4 * 4
+    # Pages a step of 2 and 3 apart: a page's rows no longer continue into the next page's,
+    # so each token row is one row across the run (the two sides' row strides differ: a
+    # prefill rank's one head against the decode rank's two).
+    for src, dst in ((np.arange(0, 16, 2), np.arange(0, 24, 3)), (np.arange(8), 2 * np.arange(8))):
+        strided = prepared.strided_descriptors(src, dst)
+        check_shape(strided, limits)
+        assert strided.num_entries == 4 * 4  # 4 fragments x 4 token rows
+        assert byte_map(strided.expand()) == byte_map(prepared.descriptors(src, dst))
 
 
 def test_strided_lists_refuse_what_descriptors_refuse() -> None:
