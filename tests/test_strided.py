@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_slices import LAYER_KINDS, SPAN, Case, byte_map, partition, prepared_pairs
+from test_slices import LAYER_KINDS, SPAN, Case, byte_map, prepared_pairs
 
 from pdplan import (
     Mamba2Layer,
