@@ -4,8 +4,10 @@ through NIXL (UCX, loopback), the same prompts both ways. The figure is the time
 prefill (its ``generate`` returning) to the decode side's first token (its ``generate`` of one
 token returning): whole, the decode request is sent then, as NixlConnector's proxy does, and the
 whole KV moves; streamed, both requests went at once and the decode side read each chunk's
-tokens as prefill made them final. Median of the rounds; short prompts run in one chunk, long
-ones in up to six. Needs vLLM (scripts/install_vllm.sh).
+tokens as prefill made them final. Median of the rounds; long prompts run in up to six chunks.
+Each prompt alone (a request's own time), and the prompts together: streamed, the batch's
+earlier requests land before its last prefill chunk ends and start decoding, so the batch's
+last first token waits behind their decode steps. Needs vLLM (scripts/install_vllm.sh).
 
     python benches/vllm_streaming.py   # writes benches/results/vllm_streaming.md
 """
@@ -83,27 +85,34 @@ def main() -> None:
             for name, lengths in (("short", LENGTHS), ("long", STREAMED_LENGTHS)):
                 prompts = prompts_of(lengths, salt=21)
                 whole(prefill, decode, prompts)  # warm both instances
-                times: dict[str, list[float]] = {"whole": [], "streamed": []}
-                for r in range(ROUNDS):
-                    times["whole"].append(whole(prefill, decode, prompts))
-                    times["streamed"].append(streamed(prefill, decode, prompts, f"{name}{r}"))
-                rows.append((name, lengths, {k: statistics.median(v) for k, v in times.items()}))
+                for batch in ("one request at a time", "all at once"):
+                    times: dict[str, list[float]] = {"whole": [], "streamed": []}
+                    for r in range(ROUNDS):
+                        groups = [[p] for p in prompts] if batch.startswith("one") else [prompts]
+                        for i, group in enumerate(groups):
+                            times["whole"].append(whole(prefill, decode, group))
+                            tag = f"{name}{batch[0]}{r}-{i}"
+                            times["streamed"].append(streamed(prefill, decode, group, tag))
+                    median = {k: statistics.median(v) for k, v in times.items()}
+                    rows.append((name, lengths, batch, median))
         finally:
             prefill.close()
             decode.close()
     lines = [
         f"PdplanConnector through NIXL, a tiny Llama (2 layers, 2 KV heads of 64) on vLLM 0.32's "
         f"CPU backend, prefill in {CHUNK}-token chunks. Time from prefill's end to the decode "
-        f"side's first token, median of {ROUNDS} rounds.",
+        f"side's first token, median of {ROUNDS} rounds: each prompt sent alone, and the "
+        "prompts sent together (one generate call each side).",
         "",
-        "| prompts | tokens | whole request after prefill | streamed while prefill runs | "
+        "| prompts | tokens | sent | whole request after prefill | streamed while prefill runs | "
         "streamed / whole |",
-        "|---|---|---:|---:|---:|",
+        "|---|---|---|---:|---:|---:|",
     ]
-    for name, lengths, median in rows:
+    for name, lengths, batch, median in rows:
         lines.append(
-            f"| {name} | {', '.join(map(str, lengths))} | {median['whole'] * 1e3:.1f} ms | "
-            f"{median['streamed'] * 1e3:.1f} ms | {median['streamed'] / median['whole']:.2f} |"
+            f"| {name} | {', '.join(map(str, lengths))} | {batch} | "
+            f"{median['whole'] * 1e3:.1f} ms | {median['streamed'] * 1e3:.1f} ms | "
+            f"{median['streamed'] / median['whole']:.2f} |"
         )
     text = "\n".join(lines)
     print(text)

@@ -49,10 +49,13 @@ def streamed_prompts() -> list[list[int]]:
 
 
 def write_model(
-    folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, kv_heads: int = 2
-) -> Path:
+    folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, kv_heads: int = 2,
+    window: int | None = None,
+) -> Path:  # fmt: skip
     """A tiny random-weight model in ``folder``: Llama with GQA (4 query heads, 2 KV heads of
-    64 dims), or Qwen3 (the same with q/k norms)."""
+    64 dims), or Qwen3 (the same with q/k norms). With ``window``, the Llama's even layers
+    attend over a sliding window of that many tokens (``layer_types``, as vLLM's Llama reads
+    them; its odd layers stay full): a hybrid cache of two KV cache groups."""
     import torch
     import transformers
 
@@ -62,6 +65,9 @@ def write_model(
         num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=64,
         max_position_embeddings=1024, torch_dtype="float32",
     )  # fmt: skip
+    if window is not None:
+        kinds = ("sliding_attention", "full_attention")
+        common.update(sliding_window=window, layer_types=[kinds[i % 2] for i in range(layers)])
     if arch == "llama":
         config: Any = transformers.LlamaConfig(**common)
         model: Any = transformers.LlamaForCausalLM(config)

@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 from harness import (
+    LENGTHS,
     MAX_TOKENS,
     STREAMED_LENGTHS,
     Instance,
     llm_args,
     pdplan_connector,
+    prompts_of,
     streamed_params,
     streamed_prompts,
     write_model,
@@ -134,3 +136,28 @@ def test_decode_requests_aborted_while_they_stream_leak_no_block(
     assert sorted(done) == [1]
     assert done[1] == reference[tuple(prompts[1])]
     assert_no_leak(prefill, decode)
+
+
+def test_a_windowed_hybrid_model_streams_what_one_instance_decodes(
+    tmp_path: Path,
+    logs: Path,
+    closing: list[Instance],  # noqa: F811
+) -> None:
+    """A Llama whose even layers slide a 48-token window and odd layers attend fully (two KV
+    cache groups, vLLM's hybrid allocator): streamed in 64-token chunks, the window group
+    moves only the blocks the final length keeps, and decode decodes what one instance does.
+    """
+    model = write_model(tmp_path / "tiny-windowed", seed=4, window=48)
+    prompts = prompts_of(STREAMED_LENGTHS + LENGTHS[:2], salt=17)
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    one = Instance(llm_args(model), logs / "windowed-reference.log")
+    closing.append(one)
+    want = [o["tokens"] for o in one.generate(prompts, [greedy] * len(prompts))]
+    one.close()
+    prefill, decode = streaming_pair(model, logs, "windowed", 6260)
+    closing += [prefill, decode]
+    decoded = both(prefill, decode, prompts, streamed_params(prompts, 6260, MAX_TOKENS, "w"))
+    assert [d["tokens"] for d in decoded] == want
+    log = decode.tail(2000)
+    assert RECOMPUTED not in log, log
+    assert EARLY in log, "no slice was read while its prefill ran"
