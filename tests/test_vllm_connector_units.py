@@ -9,6 +9,8 @@ import sys
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdplan import UnsupportedPDLayoutError
 
@@ -110,9 +112,72 @@ def test_a_peer_s_progress_reply_is_read_strictly() -> None:
         ([json.dumps({"s": ["r", [[1]], 9, 8]}).encode()], "0 <= final <= length"),
         ([json.dumps({"s": ["r", [[-1]], 1, 8]}).encode()], "non-negative"),
         ([json.dumps({"s": ["r", [[1]], True, 8]}).encode()], "0 <= final <= length"),
+        ([json.dumps({"s": ["r", [[1]], 4, 8, [3, [0]]]}).encode()], "final <= tokens"),
+        ([json.dumps({"s": ["r", [[1]], 4, 8, [9, [0]]]}).encode()], "final <= tokens"),
+        ([json.dumps({"s": ["r", [[1]], 4, 8, [6, [-1]]]}).encode()], "final <= tokens"),
+        ([json.dumps({"s": ["r", [[1]], 4, 8, [6, [True]]]}).encode()], "final <= tokens"),
+        ([json.dumps({"s": ["r", [[1]], 4, 8, [6, 0]]}).encode()], "final <= tokens"),
+        ([json.dumps({"s": ["r", [[1]], 4, 8, [6, list(range(5000))]]}).encode()], "tokens"),
     ]:
         with pytest.raises(UnsupportedPDLayoutError, match=message):
             notices_of(reply)
+
+
+def test_a_step_s_saved_layers_travel_with_its_progress() -> None:
+    from pdplan.connectors._progress import Progress, encode_progress, notices_of
+
+    running = Progress("req-1", ((3, 4),), 64, 150, ahead=(128, (1, 0)))
+    (back,) = notices_of([encode_progress({"s": running})]).values()
+    assert back.ahead == (128, (0, 1)) and back.final_tokens == 64
+    plain = Progress("req-1", ((3, 4),), 64, 150)
+    assert notices_of([encode_progress({"s": plain})])["s"] == plain
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 90), st.data())
+def test_layer_slices_read_each_layer_s_tokens_once_and_only_once_final(
+    num_layers: int, length: int, data: st.DataObject
+) -> None:
+    """A stream's notices, step by step (chunks of random sizes), each step's layers saved
+    one by one while it runs, every notice seen or missed at random, some seen twice, the
+    decode side's buffers knowing every layer or none: the slices read every (layer, token)
+    of the prompt exactly once, none before that layer's forward pass made it final."""
+    from pdplan.connectors._progress import Progress, next_slices
+
+    layers = tuple(range(num_layers))
+    known = layers if data.draw(st.booleans(), label="layers known") else None
+    reads = [[0] * length for _ in layers]
+    read_to, ahead = 0, {}
+    done = 0
+    seen_last: Progress | None = None
+
+    def see(notice: Progress) -> None:
+        nonlocal read_to, ahead
+        slices, read_to, ahead = next_slices(read_to, ahead, notice, known)
+        for chosen, start, stop in slices:
+            for layer in layers if chosen is None else chosen:
+                final = notice.final_tokens
+                if notice.ahead is not None and layer in notice.ahead[1]:
+                    final = notice.ahead[0]
+                assert stop <= final, "a slice reads tokens its layer has not made final"
+                for t in range(start, stop):
+                    reads[layer][t] += 1
+
+    while done < length:
+        end = min(length, done + data.draw(st.integers(1, 40), label="chunk"))
+        order = data.draw(st.permutations(layers), label="saved order")
+        for k in range(1, len(order)):
+            notice = Progress("r", (), done, length, ahead=(end, tuple(order[:k])))
+            if data.draw(st.booleans(), label="seen"):
+                see(notice)
+                seen_last = notice
+        done = end
+        notice = Progress("r", (), done, length)
+        if done == length or data.draw(st.booleans(), label="seen"):
+            see(notice)
+        if seen_last is not None and data.draw(st.booleans(), label="stale again"):
+            see(seen_last)
+    assert reads == [[1] * length for _ in layers]
 
 
 def test_a_streaming_prefill_request_s_progress_follows_its_chunks() -> None:

@@ -1,7 +1,8 @@
 """Streaming in real vLLM instances: the decode side reads a request slice by slice while its
-prefill runs in 64-token chunks (pdplan's slices: the tokens each prefill step makes final),
-and decodes token for token what one instance decodes; a decode-side prefix hit is not read.
-The oracle is vLLM itself: one instance, no connector, the same prompts.
+prefill runs in 64-token chunks (pdplan's slices: the tokens each prefill step makes final,
+and within a step the layers vLLM's ``save_kv_layer`` says are written), and decodes token
+for token what one instance decodes; a decode-side prefix hit is not read. The oracle is vLLM
+itself: one instance, no connector, the same prompts.
 
 Run by scripts/test_vllm.sh (CI), which installs vLLM."""
 
@@ -30,8 +31,10 @@ pytestmark = pytest.mark.vllm
 
 #: Prefill chunks: a 333-token prompt runs in six steps.
 CHUNK = 64
-#: What the decode side logs for a slice read while its prefill still ran.
+#: What the decode side logs for a slice read while its prefill still ran, and for layers
+#: read while their step still ran (its other layers not yet computed).
 EARLY = "read while its prefill runs"
+AHEAD = "read while their step runs"
 
 
 def streaming_pair(model: Path, logs: Path, name: str, port: int, prefix_caching: bool = False,
@@ -75,6 +78,9 @@ def test_a_streamed_request_decodes_what_one_instance_decodes(
     log = decode.tail(2000)
     assert RECOMPUTED not in log, log
     assert EARLY in log, "no slice was read while its prefill ran"
+    # Layers saved while a step runs are read then (the decode side asks every millisecond
+    # or so, a step runs several: some asks always fall inside one).
+    assert AHEAD in log, "no layer was read while its step ran"
     assert_no_leak(prefill, decode)
 
 

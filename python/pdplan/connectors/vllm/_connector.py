@@ -21,6 +21,7 @@ from pdplan.connectors.vllm._decode import DecodeRank
 from pdplan.connectors.vllm._metadata import StepMetadata
 from pdplan.connectors.vllm._prefill import PrefillRank
 from pdplan.connectors.vllm._scheduler import SchedulerSide
+from pdplan.runtimes import vllm as vllm_adapter
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
@@ -47,6 +48,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._decode: DecodeRank | None = None
         self._engine: TransferEngine | None = None
         self._load_errors: set[int] = set()
+        self._layer_of: dict[str, int] = {}  # vLLM layer names, by model layer
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 self._engine_id, self._settings, int(parallel.tensor_parallel_size)
@@ -83,14 +85,20 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             "producer" if self._producer else "consumer",
         )  # fmt: skip
 
+    def bind_connector_metadata(self, connector_metadata: Any) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        # Bound before the step's forward pass (vLLM starts loads after it): the streams it
+        # makes final are known to the layers it saves.
+        if self._prefill is not None and isinstance(connector_metadata, StepMetadata):
+            if connector_metadata.progress:
+                self._prefill.expect(connector_metadata.progress)
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._connector_metadata
         if not isinstance(meta, StepMetadata):
             return
         if self._prefill is not None and meta.leases:
             self._prefill.lease(meta.leases)
-        if self._prefill is not None and meta.progress:
-            self._prefill.expect(meta.progress)
         if self._decode is not None and meta.cancelled:
             self._decode.cancel(meta.cancelled)
         if self._decode is not None and meta.receives:
@@ -101,7 +109,13 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any,
                       **kwargs: Any) -> None:  # fmt: skip
-        return None
+        # The layer's cache holds the step's tokens now: streams may read them before the
+        # step's other layers are done (the CPU backend writes synchronously).
+        if self._prefill is not None:
+            layer = self._layer_of.get(layer_name)
+            if layer is None:
+                layer = self._layer_of[layer_name] = vllm_adapter.layer_index(layer_name)
+            self._prefill.saved(layer)
 
     def wait_for_save(self) -> None:
         # The step's forward pass is done: its streams' tokens are final in the cache (the

@@ -78,6 +78,12 @@ class DecodeRank:
         self._released: set[str] = set()
         # Prefill ranks that did not answer a progress request, since when (skipped a while).
         self._quiet: dict[tuple[str, int], float] = {}
+        # Every model layer of this rank's buffers, for reads of some layers ahead of the
+        # others; None where a buffer names no layer (then streams read whole steps only).
+        known = [b.layer for b in cache.cache.buffers]
+        self._layers = (
+            None if None in known else tuple(sorted({int(k) for k in known if k is not None}))
+        )
 
     # -- the handshake ------------------------------------------------------------------
 
@@ -339,28 +345,36 @@ class DecodeRank:
             return None if late else False
         if following.read_to >= final:
             return True
-        if notice is None or notice.final_tokens <= following.read_to:
+        if notice is None:
             return None if late else False
         if notice.final_length != final:
             raise UnsupportedPDLayoutError(
                 f"the prefill side streams {notice.final_length} tokens for {final} here"
             )
+        was = following.read_to
+        slices = following.slices(notice, self._layers)
+        if not slices:
+            return None if late else False
         following.prefill_request = notice.request_id
         own = self._cache.cache
         reads = slice_reads(
             following, notice,
             lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
-            self._rules.pages, self._cache.groups,
+            self._rules.pages, self._cache.groups, slices,
         )  # fmt: skip
         for rank, (local, remote, lengths) in reads:
             if len(lengths):
                 engine = following.peer.ranks[rank].engine
                 following.handles.append(self._engine.read(engine, local, remote, lengths))
-        if notice.final_tokens < final:
+        request = following.receive.request_id
+        if was < following.read_to < final:
             logger.info("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",
-                        following.receive.request_id, following.read_to, notice.final_tokens,
-                        final)  # fmt: skip
-        following.read_to = notice.final_tokens
+                        request, was, following.read_to, final)  # fmt: skip
+        for layers, start, stop in slices:
+            if layers is not None and stop > following.read_to:
+                logger.info("pdplan: request %s: layers %s, tokens %d-%d of %d read while "
+                            "their step runs", request, list(layers), start, stop,
+                            final)  # fmt: skip
         following.deadline = time.monotonic() + self._transfer_timeout
         return not following.handles and following.read_to >= final
 

@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import replace
 
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import decode_layout, encode_layout
@@ -58,6 +59,7 @@ class PrefillRank:
         self._leases: dict[str, float] = {}
         # Streams' progress: what this step's forward pass makes final, then what is final.
         self._expected: dict[str, Progress] = {}
+        self._saved: set[int] = set()  # model layers the running step has written
         self._progress: OrderedDict[str, Progress] = OrderedDict()
         self._server = SideChannelServer(host, port + tp_rank, self._answer)
 
@@ -74,23 +76,40 @@ class PrefillRank:
     def _streams(self, payload: bytes) -> list[bytes]:
         """Streams' progress on this rank, for stream ids a line each: one JSON object by
         stream id of ``[request id, blocks per group, final tokens, length]``, naming only
-        the streams this rank has run."""
+        the streams this rank has run or runs; one whose step runs, and some of whose layers
+        that step has saved, adds ``[tokens once the step is done, those layers]``."""
         names = payload.split(b"\n")
         if len(names) > MAX_NOTICES_A_MESSAGE:
             raise UnsupportedPDLayoutError(
                 f"a progress request names {len(names)} streams, more than {MAX_NOTICES_A_MESSAGE}"
             )
+        known = {}
         with self._lock:
-            known = {
-                stream_id: self._progress[stream_id]
-                for stream_id in (n.decode(errors="replace")[:256] for n in names)
-                if stream_id in self._progress
-            }
+            saved = tuple(sorted(self._saved))
+            for stream_id in (n.decode(errors="replace")[:256] for n in names):
+                done = self._progress.get(stream_id)
+                running = self._expected.get(stream_id) if saved else None
+                if running is not None:
+                    # Tokens before the step were final already (computed, or a prefix hit).
+                    final = done.final_tokens if done is not None else 0
+                    ahead = (running.final_tokens, saved)
+                    known[stream_id] = replace(running, final_tokens=final, ahead=ahead)
+                elif done is not None:
+                    known[stream_id] = done
         return [encode_progress(known)]
 
     def expect(self, progress: dict[str, Progress]) -> None:
         """What this step's forward pass will make final (published once it is done)."""
-        self._expected = dict(progress)
+        with self._lock:
+            self._expected = dict(progress)
+            self._saved = set()
+
+    def saved(self, layer: int) -> None:
+        """The step's forward pass has written model layer ``layer``'s cache: its tokens of
+        the step's streams are final there (told while the step still runs)."""
+        if self._expected:
+            with self._lock:
+                self._saved.add(layer)
 
     def publish(self) -> None:
         """The step's forward pass is done: its streams' tokens are final here."""
@@ -102,7 +121,8 @@ class PrefillRank:
                 self._progress.move_to_end(stream_id)
             while len(self._progress) > MAX_STREAMS:
                 self._progress.popitem(last=False)
-        self._expected = {}
+            self._expected = {}
+            self._saved = set()
 
     def _hello(self, identity: bytes, version: bytes, payload: bytes) -> list[bytes]:
         check_identity(self._cache.identity, identity, "decode")

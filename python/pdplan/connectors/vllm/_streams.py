@@ -12,7 +12,13 @@ from typing import Any
 import numpy as np
 
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.connectors._progress import MAX_STREAMS_ASKED, Progress, notices_of
+from pdplan.connectors._progress import (
+    MAX_STREAMS_ASKED,
+    Progress,
+    Slice,
+    next_slices,
+    notices_of,
+)
 from pdplan.connectors._side_channel import ask
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer
@@ -32,6 +38,8 @@ class Following:
     handles: list[Any] = field(default_factory=list)
     #: Its request ended (aborted): no more reads; released once those in flight land.
     cancelled: bool = False
+    #: Model layers read past ``read_to`` (their step's layers saved ahead), to which token.
+    ahead: dict[int, int] = field(default_factory=dict)
 
     @property
     def stream(self) -> Any:
@@ -43,6 +51,11 @@ class Following:
         remote = self.receive.remote
         assert remote is not None and self.prefill_request is not None
         return replace(self.receive, remote=replace(remote, request_id=self.prefill_request))
+
+    def slices(self, notice: Progress, layers: tuple[int, ...] | None) -> list[Slice]:
+        """What to read of ``notice`` (``next_slices``), the marks moved as if read."""
+        slices, self.read_to, self.ahead = next_slices(self.read_to, self.ahead, notice, layers)
+        return slices
 
 
 def progress(
@@ -90,9 +103,10 @@ def slice_reads(
     prepared_of: Any,
     pages_of: Any,
     groups: tuple[tuple[int, ...], ...],
+    slices: list[Slice],
 ) -> list[tuple[int, tuple[Any, Any, Any]]]:
-    """Each source rank's reads of the tokens final since the last slice: (rank, (local,
-    remote, lengths))."""
+    """Each source rank's reads of ``slices`` of the stream: (rank, (local, remote,
+    lengths))."""
     stream = following.stream
     receive = following.receive
     if len(notice.blocks) != len(receive.local_blocks):
@@ -100,19 +114,20 @@ def slice_reads(
             f"request {receive.request_id}: the prefill side streams {len(notice.blocks)} KV "
             f"cache groups for {len(receive.local_blocks)} here"
         )
-    tokens = range(following.read_to, notice.final_tokens)
     reads = []
     for rank in following.sources:
         prepared = prepared_of(rank)
         local, remote, lengths = [], [], []
         for group, (theirs, ours) in enumerate(zip(notice.blocks, receive.local_blocks)):
-            part = prepared.descriptors(
-                pages_of(theirs), pages_of(ours), buffers=groups[group], tokens=tokens,
-                final_length=stream.final_length, decode_prefix=stream.decode_prefix,
-            )  # fmt: skip
-            local.append(part.dst_addrs)
-            remote.append(part.src_addrs)
-            lengths.append(part.lengths)
+            for layers, start, stop in slices:
+                part = prepared.descriptors(
+                    pages_of(theirs), pages_of(ours), buffers=groups[group], layers=layers,
+                    tokens=range(start, stop), final_length=stream.final_length,
+                    decode_prefix=stream.decode_prefix,
+                )  # fmt: skip
+                local.append(part.dst_addrs)
+                remote.append(part.src_addrs)
+                lengths.append(part.lengths)
         columns = (np.concatenate(local), np.concatenate(remote), np.concatenate(lengths))
         reads.append((rank, columns))
     return reads
