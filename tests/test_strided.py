@@ -195,6 +195,10 @@ def test_contiguous_runs_are_one_row_a_fragment_row() -> None:
         assert strided.num_descriptors == 160 * 2048
         group = prepared[0].strided_descriptors(src, dst, layers=range(8))
         assert group.num_entries == 16
+        # A range of layers is read as its list would be, any step.
+        listed = prepared[0].strided_descriptors(src, dst, layers=[7, 5, 3, 1])
+        stepped = prepared[0].strided_descriptors(src, dst, layers=range(7, 0, -2))
+        assert (listed.src == stepped.src).all() and listed.num_entries == 8
     backwards = prepared[0].strided_descriptors(pages[::-1], pages[::-1], layers=[0])
     assert backwards.num_entries == 2 * 2048
     # Two runs: a break in the page table splits each fragment's row in two.
@@ -242,5 +246,7 @@ def test_strided_lists_refuse_what_descriptors_refuse() -> None:
         prepared[0].strided_descriptors([0, 1], [0])
     with pytest.raises(UnsupportedPDLayoutError, match="limit"):
         prepared[0].strided_descriptors([1 << 40], [0])
+    with pytest.raises(UnsupportedPDLayoutError, match="negative"):
+        prepared[0].strided_descriptors([0], [0], layers=range(-1, 2))
     devices = prepared[0].strided_descriptors([0], [0]).on_devices(3, 5)
     assert set(devices.src[:, 2].tolist()) == {3} and set(devices.dst[:, 2].tolist()) == {5}

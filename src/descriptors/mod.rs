@@ -232,15 +232,28 @@ fn check_request<P: Borrow<Placed>>(
     src_pages: &[u64],
     dst_pages: &[u64],
 ) -> PlanResult<usize> {
+    check_request_knowing(placed, src_pages, dst_pages, None)
+}
+
+/// `check_request`, given each side's largest page where the caller knows it (from page
+/// runs, without a pass over the pages).
+fn check_request_knowing<P: Borrow<Placed>>(
+    placed: &[P],
+    src_pages: &[u64],
+    dst_pages: &[u64],
+    largest: Option<(u64, u64)>,
+) -> PlanResult<usize> {
     check_paired(src_pages, dst_pages)?;
     let pairs = src_pages.len();
     // Only fragments limited to their first pages need the largest page of each prefix.
     let limited = placed.iter().any(|p| p.borrow().page_count.is_some());
-    let (src_max, dst_max) = if limited {
-        (prefix_max(src_pages), prefix_max(dst_pages))
-    } else {
-        let largest = |pages: &[u64]| pages.iter().copied().max().into_iter().collect();
-        (largest(src_pages), largest(dst_pages))
+    let (src_max, dst_max) = match (limited, largest) {
+        (true, _) => (prefix_max(src_pages), prefix_max(dst_pages)),
+        (false, Some((src, dst))) if pairs > 0 => (vec![src], vec![dst]),
+        (false, _) => {
+            let largest = |pages: &[u64]| pages.iter().copied().max().into_iter().collect();
+            (largest(src_pages), largest(dst_pages))
+        }
     };
     let mut total: u64 = 0;
     for p in placed.iter().map(Borrow::borrow) {
@@ -299,8 +312,10 @@ pub fn build_placed_strided<P: Borrow<Placed>>(
     src_pages: &[u64],
     dst_pages: &[u64],
 ) -> PlanResult<Strided> {
-    let total = check_request(placed, src_pages, dst_pages)?;
+    check_paired(src_pages, dst_pages)?;
     let runs = strided::page_runs(src_pages, dst_pages);
+    let largest = strided::largest_pages(&runs, src_pages, dst_pages);
+    let total = check_request_knowing(placed, src_pages, dst_pages, largest)?;
     let jobs = jobs_of(placed, src_pages, dst_pages);
     // At most a row a run of each job's (and never more than the flat descriptors).
     let rows: usize = jobs.iter().map(|j| j.rows).sum();

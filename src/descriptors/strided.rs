@@ -224,28 +224,29 @@ pub(super) struct PageRun {
 /// The page pairs cut into maximal runs, greedily from the first.
 pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
     let n = src_pages.len().min(dst_pages.len());
+    let (src, dst) = (&src_pages[..n], &dst_pages[..n]);
+    // A step of at least 1 and below 2^63 on both sides: a descending pair's wrapped
+    // difference is 2^63 or more, so it never equals one.
     let step = |i: usize| {
-        let s = src_pages[i + 1]
-            .checked_sub(src_pages[i])
-            .filter(|&s| s > 0);
-        let d = dst_pages[i + 1]
-            .checked_sub(dst_pages[i])
-            .filter(|&d| d > 0);
-        s.zip(d)
+        let (s, d) = (
+            src[i + 1].wrapping_sub(src[i]),
+            dst[i + 1].wrapping_sub(dst[i]),
+        );
+        let rising = |v: u64| (1..1 << 63).contains(&v);
+        (rising(s) && rising(d)).then_some((s, d))
     };
     let mut runs = Vec::new();
     let mut i = 0;
     while i < n {
-        let mut count = 1;
-        let mut steps = (1, 1);
-        if i + 1 < n {
-            if let Some(first) = step(i) {
-                steps = first;
-                count = 2;
-                while i + count < n && step(i + count - 1) == Some(first) {
-                    count += 1;
-                }
-            }
+        let (mut count, mut steps) = (1, (1, 1));
+        if let Some((s, d)) = (i + 1 < n).then(|| step(i)).flatten() {
+            steps = (s, d);
+            count = 2;
+            // The run's pages, pairwise, until a pair that does not keep both steps.
+            let rest = src[i + 1..].windows(2).zip(dst[i + 1..].windows(2));
+            count += rest
+                .take_while(|(a, b)| a[1].wrapping_sub(a[0]) == s && b[1].wrapping_sub(b[0]) == d)
+                .count();
         }
         runs.push(PageRun {
             start: i,
@@ -255,6 +256,17 @@ pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
         i += count;
     }
     runs
+}
+
+/// Each side's largest page, from its runs: a run's pages rise, so its largest is its last
+/// (None without pages).
+pub(super) fn largest_pages(runs: &[PageRun], src: &[u64], dst: &[u64]) -> Option<(u64, u64)> {
+    let last = |pages: &[u64], run: &PageRun| pages.get(run.start + run.count - 1).copied();
+    runs.iter()
+        .try_fold(None, |most: Option<(u64, u64)>, run| {
+            let (s, d) = (last(src, run)?, last(dst, run)?);
+            Some(Some(most.map_or((s, d), |(ms, md)| (ms.max(s), md.max(d)))))
+        })?
 }
 
 impl Job<'_> {

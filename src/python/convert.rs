@@ -744,8 +744,11 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         if let Ok(readonly) = array.try_readonly() {
             if let Ok(slice) = readonly.as_slice() {
-                if slice.iter().all(|&v| v >= 0) {
-                    return Ok(slice.iter().map(|&v| v.unsigned_abs()).collect());
+                // One OR over the values (it vectorises) finds any sign bit set.
+                if slice.iter().fold(0i64, |acc, &v| acc | v) >= 0 {
+                    // Every value is non-negative, so the cast keeps it (and vectorises).
+                    #[allow(clippy::cast_sign_loss)]
+                    return Ok(slice.iter().map(|&v| v as u64).collect());
                 }
             }
         }

@@ -89,6 +89,31 @@ fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
     buffer_column(buffers, "buffers").map(Selection::indices)
 }
 
+/// The layers a `range` names, without a Python int each (a layer group is most often one),
+/// at most a model's layers.
+fn layers_in(range: &Bound<'_, PyRange>) -> Converted<Vec<u64>> {
+    let field = |name: &str| -> Converted<i64> {
+        range
+            .getattr(name)
+            .and_then(|v| v.extract::<i64>())
+            .map_err(|_| PlanError::new(format!("layers: range {name} must fit 64 bits")))
+    };
+    let (first, end, step) = (field("start")?, field("stop")?, field("step")?);
+    let mut out = Vec::new();
+    let mut layer = first;
+    while (step > 0 && layer < end) || (step < 0 && layer > end) {
+        let Ok(value) = u64::try_from(layer) else {
+            return Err(PlanError::new(format!(
+                "layers: {layer} is negative; a layer is a model layer index"
+            )));
+        };
+        limits::LAYERS.check("layers", out.len() as u64 + 1)?;
+        out.push(value);
+        layer = layer.saturating_add(step);
+    }
+    Ok(out)
+}
+
 /// A slice of a request: `tokens` (a `range` of step 1, or None), the final length and the
 /// decode side's prefix (`slices` module).
 fn token_slice(
@@ -588,7 +613,10 @@ impl PyPrepared {
         match layers.filter(|l| !l.is_none()) {
             None => Ok(within),
             Some(layers) => {
-                let layers = u64_column(layers, "layers")?;
+                let layers = match layers.cast::<PyRange>() {
+                    Ok(range) => layers_in(range)?,
+                    Err(_) => u64_column(layers, "layers")?,
+                };
                 self.inner.select_layers(&layers, &within)
             }
         }
