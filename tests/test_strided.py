@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runtime_pairs import child_verdicts
+from strided_moves import CASES
 from test_slices import LAYER_KINDS, SPAN, Case, byte_map, prepared_pairs
 
 from pdplan import (
@@ -250,3 +252,11 @@ def test_strided_lists_refuse_what_descriptors_refuse() -> None:
         prepared[0].strided_descriptors([0], [0], layers=range(-1, 2))
     devices = prepared[0].strided_descriptors([0], [0]).on_devices(3, 5)
     assert set(devices.src[:, 2].tolist()) == {3} and set(devices.dst[:, 2].tolist()) == {5}
+
+
+@pytest.mark.nixl
+def test_strided_lists_move_byte_exact_through_nixl(nixl_engine: None) -> None:
+    """Each side's strided list prepared by NIXL 1.5 itself (``prep_xfer_dlist`` of an N x 5
+    array) and written block by block: the same bytes as the flat descriptors by memmove."""
+    code, passed, output = child_verdicts("strided_moves.py", "nixl")
+    assert code == 0 and sorted(passed) == sorted(CASES), output
