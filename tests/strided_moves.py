@@ -83,6 +83,34 @@ class StridedNixl:
         assert state == "DONE", state
 
 
+class ConnectorReads:
+    """The connector's own engines (``pdplan.connectors._engines.NixlEngine``): the decode one
+    reads strided rows from the prefill one (``read_strided``), as a decode rank does."""
+
+    def __init__(self) -> None:
+        from pdplan.connectors._engines import NixlEngine
+
+        self.prefill, self.decode = NixlEngine("engine-prefill"), NixlEngine("engine-decode")
+        self.moved = self.rows = self.blocks = 0
+
+    def register(self, prefill: list[Rank], decode: list[Rank]) -> None:
+        for engine, ranks in ((self.prefill, prefill), (self.decode, decode)):
+            engine.register([(b.ctypes.data, b.nbytes) for r in ranks for b in r.blocks])
+
+    def __call__(self, strided: StridedDescriptors) -> None:
+        if strided.num_entries == 0:
+            return
+        self.moved += strided.total_bytes
+        self.rows += strided.num_entries
+        self.blocks += strided.num_descriptors
+        handle = self.decode.read_strided(self.prefill.metadata(), strided.dst, strided.src)
+        deadline = time.monotonic() + 60
+        state = "PROC"
+        while state == "PROC" and time.monotonic() < deadline:
+            state = self.decode.state(handle)
+        assert state == "DONE", state
+
+
 def memmove(flat: Any) -> None:
     for s, d, n in zip(*(column.tolist() for column in flat)):
         ctypes.memmove(d, s, n)
@@ -158,5 +186,13 @@ CASES = {
     "slot-maps-4-into-8": lambda m: move((FULL, FULL), (2, 1), (4, 8), "NHD", True, m, 5),
 }
 
+#: The connector's engine reading, on the cases of both page layouts.
+ENGINE_CASES = {
+    "connector-" + name: CASES[name] for name in ("head-major-tp2-1", "token-major-tp1-2")
+}
+
 if __name__ == "__main__":
-    main({name: (lambda mover, case=case: case(StridedNixl())) for name, case in CASES.items()})
+    runs = {name: (lambda mover, case=case: case(StridedNixl())) for name, case in CASES.items()}
+    for name, case in ENGINE_CASES.items():
+        runs[name] = lambda mover, case=case: case(ConnectorReads())
+    main(runs)

@@ -63,3 +63,13 @@ def test_the_delay_setting_is_bounded() -> None:
     for bad in (-1, 2_000_000, 1.5, True):
         with pytest.raises(UnsupportedPDLayoutError, match="nixl_progress_delay_us"):
             Settings.of({"nixl_progress_delay_us": bad})
+
+
+def test_the_descriptor_form_is_one_of_three_and_strided_needs_nixl() -> None:
+    assert Settings.of({}).descriptors == "auto"
+    assert Settings.of({"descriptors": "flat"}).descriptors == "flat"
+    for bad in ("rows", 1, None):
+        with pytest.raises(UnsupportedPDLayoutError, match="descriptors"):
+            Settings.of({"descriptors": bad})
+    with pytest.raises(UnsupportedPDLayoutError, match="Mooncake reads flat"):
+        Settings.of({"descriptors": "strided", "engine": "mooncake"})

@@ -15,6 +15,8 @@ import numpy.typing as npt
 from pdplan._core import UnsupportedPDLayoutError
 
 Addresses = npt.NDArray[np.uint64]
+#: NIXL 1.5's strided rows: ``(address, length, device, stride, count)``, N x 5.
+Rows = npt.NDArray[np.uint64]
 
 #: Mooncake fails a batch of 4,096 descriptors or more: read in batches below that.
 MOONCAKE_BATCH = 2048
@@ -29,8 +31,14 @@ class TransferEngine(Protocol):
     def metadata(self) -> bytes:
         """What a peer needs to reach this engine."""
 
+    #: Whether the engine takes strided lists (``read_strided``).
+    takes_strided: bool
+
     def read(self, peer: bytes, local: Addresses, remote: Addresses, lengths: Addresses) -> Any:
         """Starts reading ``remote`` bytes of ``peer`` into ``local``: a handle for ``state``."""
+
+    def read_strided(self, peer: bytes, local: Rows, remote: Rows) -> Any:
+        """``read`` of strided lists, row for row, block for block: a handle for ``state``."""
 
     def state(self, handle: Any) -> str:
         """``"DONE"``, ``"PROC"`` or ``"ERR"``; a finished handle is released."""
@@ -76,7 +84,11 @@ def _paced_agent(api: Any, name: str, delay_us: int) -> Any:
 
 
 class NixlEngine:
-    """A NIXL agent with the UCX backend over host (DRAM) memory."""
+    """A NIXL agent with the UCX backend over host (DRAM) memory. Strided lists are prepared
+    per read (``prep_xfer_dlist`` of N x 5 rows on each side) and read block by block by
+    index; the prepared lists are released with the read."""
+
+    takes_strided = True
 
     def __init__(self, name: str, progress_delay_us: int = 10) -> None:
         _skip_absent_infiniband()
@@ -93,6 +105,7 @@ class NixlEngine:
         self._agent = _paced_agent(api, name, progress_delay_us)
         self._peers: dict[bytes, str] = {}
         self._lock = threading.Lock()
+        self._lists: dict[int, tuple[Any, Any]] = {}  # a strided read's prepared lists
 
     def register(self, regions: list[tuple[int, int]]) -> None:
         rows = np.array([[address, size, 0] for address, size in regions], dtype=np.uint64)
@@ -118,12 +131,29 @@ class NixlEngine:
             return None
         return handle
 
+    def read_strided(self, peer: bytes, local: Rows, remote: Rows) -> Any:
+        name = self._peer(peer)
+        mine = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "DRAM")
+        theirs = self._agent.prep_xfer_dlist(name, remote, "DRAM")
+        every = np.arange(int(local[:, 4].sum()), dtype=np.int32)
+        handle = self._agent.make_prepped_xfer("READ", mine, every, theirs, every)
+        self._lists[id(handle)] = (mine, theirs)
+        if self._agent.transfer(handle) == "ERR":
+            self._release(handle)
+            return None
+        return handle
+
+    def _release(self, handle: Any) -> None:
+        self._agent.release_xfer_handle(handle)
+        for prepared in self._lists.pop(id(handle), ()):
+            self._agent.release_dlist_handle(prepared)
+
     def state(self, handle: Any) -> str:
         if handle is None:
             return "ERR"
         state = str(self._agent.check_xfer_state(handle))
         if state in ("DONE", "ERR"):
-            self._agent.release_xfer_handle(handle)
+            self._release(handle)
         return state
 
     def close(self) -> None:
@@ -132,7 +162,10 @@ class NixlEngine:
 
 class MooncakeEngine:
     """Mooncake's transfer engine (TCP transport, P2P handshake): reads run synchronously on
-    a worker thread, so the engine step is never blocked."""
+    a worker thread, so the engine step is never blocked. It has no strided form: it reads
+    flat descriptors."""
+
+    takes_strided = False
 
     def __init__(self, host: str) -> None:
         try:
@@ -158,6 +191,9 @@ class MooncakeEngine:
 
     def read(self, peer: bytes, local: Addresses, remote: Addresses, lengths: Addresses) -> Any:
         return self._pool.submit(self._read, peer.decode(), local, remote, lengths)
+
+    def read_strided(self, peer: bytes, local: Rows, remote: Rows) -> Any:
+        raise UnsupportedPDLayoutError("Mooncake's transfer engine reads flat descriptors only")
 
     def _read(self, peer: str, local: Addresses, remote: Addresses, lengths: Addresses) -> int:
         for start in range(0, len(lengths), MOONCAKE_BATCH):

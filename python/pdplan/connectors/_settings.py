@@ -32,6 +32,10 @@ class Settings:
     nixl_progress_delay_us: int = 10
     """Microseconds NIXL's progress thread sleeps between polls. NIXL's Python agent polls
     without pause (a core busy per agent, idle or not); 0 keeps that."""
+    descriptors: str = "auto"
+    """How a decode rank hands its reads to the engine: ``"strided"`` (NIXL 1.5's N x 5
+    lists, ``strided_descriptors``), ``"flat"`` (``(src, dst, length)`` descriptors), or
+    ``"auto"``: strided where the engine takes them (NIXL), flat elsewhere (Mooncake)."""
 
     @classmethod
     def of(cls, extra: Mapping[str, Any] | None) -> Settings:
@@ -65,6 +69,14 @@ class Settings:
         for name in ("kv_lease_seconds", "handshake_timeout_seconds", "transfer_timeout_seconds"):
             if not getattr(settings, name) > 0:
                 raise UnsupportedPDLayoutError(f"{name} must be positive")
+        if settings.descriptors not in ("auto", "strided", "flat"):
+            raise UnsupportedPDLayoutError(
+                f"descriptors={settings.descriptors!r} must be 'auto', 'strided' or 'flat'"
+            )
+        if settings.descriptors == "strided" and settings.engine == "mooncake":
+            raise UnsupportedPDLayoutError(
+                "descriptors='strided' needs NIXL: Mooncake reads flat descriptors (use 'auto')"
+            )
         if not 0 <= settings.nixl_progress_delay_us <= 1_000_000:
             raise UnsupportedPDLayoutError(
                 f"nixl_progress_delay_us={settings.nixl_progress_delay_us} must be 0 to "

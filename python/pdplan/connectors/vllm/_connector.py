@@ -74,10 +74,11 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             port = self._settings.side_channel_port
             self._prefill = PrefillRank(cache, rank, size, self._engine, host, port)
         if self._consumer:
+            strided = self._settings.descriptors != "flat" and self._engine.takes_strided
             self._decode = DecodeRank(
                 cache, rank, size, self._engine,
                 self._settings.handshake_timeout_seconds,
-                self._settings.transfer_timeout_seconds,
+                self._settings.transfer_timeout_seconds, strided,
             )  # fmt: skip
         logger.info(
             "pdplan: rank %d of %d registered %d buffers (%s, %s)",

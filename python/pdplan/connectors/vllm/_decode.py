@@ -12,8 +12,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import encode_layout
 from pdplan._model import BufferLayout, ParallelLayout
@@ -24,6 +22,7 @@ from pdplan.connectors._transfer_params import Remote
 from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer, first_peer, rank_info
+from pdplan.connectors.vllm._reads import Reads
 from pdplan.connectors.vllm._streams import Following, progress, slice_reads
 from pdplan.runtimes import vllm as vllm_adapter
 
@@ -54,12 +53,13 @@ class DecodeRank:
 
     def __init__(
         self, cache: WorkerCache, tp_rank: int, tp_size: int, engine: TransferEngine,
-        handshake_timeout: float, transfer_timeout: float,
+        handshake_timeout: float, transfer_timeout: float, strided: bool = False,
     ) -> None:  # fmt: skip
         self._cache = cache
         self._rank = tp_rank
         self._layout = ParallelLayout("decode", tp_size)
         self._engine = engine
+        self._strided = strided
         self._handshake_timeout = handshake_timeout
         self._transfer_timeout = transfer_timeout
         self._frames = encode_layout(self._layout, cache.cache.buffers)
@@ -144,7 +144,7 @@ class DecodeRank:
         it serves (each read's fixed cost paid once a step, not once a request); a request
         without local blocks only notifies."""
         batch: list[tuple[Receive, Peer]] = []
-        parts: dict[tuple[str, int], tuple[Peer, list[tuple[Any, Any, Any]]]] = {}
+        parts: dict[tuple[str, int], tuple[Peer, Reads]] = {}
         for receive in receives:
             if receive.remote is None:
                 logger.error("pdplan: request %s cannot be read: %s", receive.request_id,
@@ -173,15 +173,15 @@ class DecodeRank:
                 continue
             batch.append((receive, peer))
             for rank, read in reads:
-                parts.setdefault((receive.remote.engine_id, rank), (peer, []))[1].append(read)
+                key = (receive.remote.engine_id, rank)
+                parts.setdefault(key, (peer, Reads(self._strided)))[1].extend(read)
         self._flush()
         if not batch:
             return
         handles = []
-        for (_, rank), (peer, columns) in parts.items():
-            local, remote, lengths = (np.concatenate(column) for column in zip(*columns))
-            if len(lengths):
-                handles.append(self._engine.read(peer.ranks[rank].engine, local, remote, lengths))
+        for (_, rank), (peer, gathered) in parts.items():
+            if gathered:
+                handles.append(gathered.start(self._engine, peer.ranks[rank].engine))
         self._pulls.append(Pull(batch, handles, time.monotonic() + self._transfer_timeout))
 
     def _sources(self, peer: Peer, receive: Receive) -> list[int] | None:
@@ -215,22 +215,14 @@ class DecodeRank:
 
     def _descriptors(
         self, peer: Peer, rank: int, pages: list[tuple[Any, Any, tuple[int, ...]]]
-    ) -> tuple[Any, Any, Any]:
-        """What this rank reads of source ``rank``: local, remote addresses and lengths."""
+    ) -> Reads:
+        """What this rank reads of source ``rank``, per KV cache group."""
         own = self._cache.cache
         prepared = peer.transfer(rank, own.base_ptrs, own.limits)
-        src, dst, lengths = [], [], []
+        reads = Reads(self._strided)
         for remote, local, buffers in pages:
-            part = prepared.descriptors(remote, local, buffers=buffers)
-            src.append(part.src_addrs)
-            dst.append(part.dst_addrs)
-            lengths.append(part.lengths)
-        if not lengths:
-            empty = np.zeros(0, np.uint64)
-            return empty, empty, empty
-        if len(lengths) == 1:
-            return dst[0], src[0], lengths[0]
-        return np.concatenate(dst), np.concatenate(src), np.concatenate(lengths)
+            reads.add(prepared, remote, local, buffers=buffers)
+        return reads
 
     def _fail(self, receive: Receive) -> None:
         blocks = {b for group in receive.local_blocks for b in group}
@@ -360,12 +352,12 @@ class DecodeRank:
         reads = slice_reads(
             following, notice,
             lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
-            self._rules.pages, self._cache.groups, slices,
+            self._rules.pages, self._cache.groups, slices, self._strided,
         )  # fmt: skip
-        for rank, (local, remote, lengths) in reads:
-            if len(lengths):
+        for rank, read in reads:
+            if read:
                 engine = following.peer.ranks[rank].engine
-                following.handles.append(self._engine.read(engine, local, remote, lengths))
+                following.handles.append(read.start(self._engine, engine))
         request = following.receive.request_id
         if was < following.read_to < final:
             logger.info("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
-
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan.connectors._progress import (
     MAX_STREAMS_ASKED,
@@ -22,6 +20,7 @@ from pdplan.connectors._progress import (
 from pdplan.connectors._side_channel import ask
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer
+from pdplan.connectors.vllm._reads import Reads
 
 
 @dataclass
@@ -104,9 +103,9 @@ def slice_reads(
     pages_of: Any,
     groups: tuple[tuple[int, ...], ...],
     slices: list[Slice],
-) -> list[tuple[int, tuple[Any, Any, Any]]]:
-    """Each source rank's reads of ``slices`` of the stream: (rank, (local, remote,
-    lengths))."""
+    strided: bool,
+) -> list[tuple[int, Reads]]:
+    """Each source rank's reads of ``slices`` of the stream."""
     stream = following.stream
     receive = following.receive
     if len(notice.blocks) != len(receive.local_blocks):
@@ -114,20 +113,16 @@ def slice_reads(
             f"request {receive.request_id}: the prefill side streams {len(notice.blocks)} KV "
             f"cache groups for {len(receive.local_blocks)} here"
         )
-    reads = []
+    out = []
     for rank in following.sources:
         prepared = prepared_of(rank)
-        local, remote, lengths = [], [], []
+        reads = Reads(strided)
         for group, (theirs, ours) in enumerate(zip(notice.blocks, receive.local_blocks)):
             for layers, start, stop in slices:
-                part = prepared.descriptors(
-                    pages_of(theirs), pages_of(ours), buffers=groups[group], layers=layers,
-                    tokens=range(start, stop), final_length=stream.final_length,
+                reads.add(
+                    prepared, pages_of(theirs), pages_of(ours), buffers=groups[group],
+                    layers=layers, tokens=range(start, stop), final_length=stream.final_length,
                     decode_prefix=stream.decode_prefix,
                 )  # fmt: skip
-                local.append(part.dst_addrs)
-                remote.append(part.src_addrs)
-                lengths.append(part.lengths)
-        columns = (np.concatenate(local), np.concatenate(remote), np.concatenate(lengths))
-        reads.append((rank, columns))
-    return reads
+        out.append((rank, reads))
+    return out
