@@ -37,6 +37,7 @@ def shrunk(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def specs(model_dir: str, cache_dtype: str, plain: bool) -> dict[str, dict[str, Any]]:
+    import torch
     from vllm.config import (
         CacheConfig,
         ModelConfig,
@@ -47,8 +48,6 @@ def specs(model_dir: str, cache_dtype: str, plain: bool) -> dict[str, dict[str, 
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.model_loader.utils import initialize_model
-
-    import torch
 
     # Only the layers' cache specs are read: no weight is loaded and no GEMM runs, so the
     # published config's fp8 linear layers may take vLLM's AMX kernel on a CPU without AMX
