@@ -27,22 +27,52 @@ pub enum Selection {
         stop: i64,
         step: i64,
     },
-    /// Sorted, without repeats (`Selection::indices`).
-    Indices(Vec<u64>),
+    /// Built by `Selection::indices`.
+    Indices(BufferSet),
 }
+
+/// A set of buffer indexes, asked once a fragment per request: a bit each below
+/// `BITS_BELOW` (a layout's bound on buffers), sorted beyond it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferSet {
+    bits: Vec<u64>,
+    beyond: Vec<u64>,
+}
+
+/// Buffer indexes below this are bits (a layout holds at most this many buffers).
+const BITS_BELOW: u64 = 1 << 16;
 
 impl Selection {
     /// The buffers `list` names, in any order, repeats allowed.
-    pub fn indices(mut list: Vec<u64>) -> Self {
-        list.sort_unstable();
-        list.dedup();
-        Self::Indices(list)
+    pub fn indices(list: Vec<u64>) -> Self {
+        let (small, mut beyond): (Vec<u64>, Vec<u64>) =
+            list.into_iter().partition(|&i| i < BITS_BELOW);
+        let words = small.iter().max().map_or(0, |&i| i / 64 + 1);
+        let mut bits = vec![0u64; usize::try_from(words).unwrap_or(0)];
+        for i in small {
+            // Below 2^16, so the word index fits and exists.
+            if let Some(word) = bits.get_mut(usize::try_from(i / 64).unwrap_or(usize::MAX)) {
+                *word |= 1 << (i % 64);
+            }
+        }
+        beyond.sort_unstable();
+        beyond.dedup();
+        Self::Indices(BufferSet { bits, beyond })
     }
 
     pub fn contains(&self, buffer_index: u64) -> bool {
         match self {
             Self::All => true,
-            Self::Indices(list) => list.binary_search(&buffer_index).is_ok(),
+            Self::Indices(set) => {
+                if buffer_index < BITS_BELOW {
+                    let word = usize::try_from(buffer_index / 64).unwrap_or(usize::MAX);
+                    set.bits
+                        .get(word)
+                        .is_some_and(|w| w & (1 << (buffer_index % 64)) != 0)
+                } else {
+                    set.beyond.binary_search(&buffer_index).is_ok()
+                }
+            }
             &Self::Range { start, stop, step } => {
                 let index = i128::from(buffer_index);
                 let (first, end, stride) = (i128::from(start), i128::from(stop), i128::from(step));

@@ -28,6 +28,7 @@ from pdplan import (
     PDTransferPlanner,
     PreparedTransfer,
     StridedDescriptors,
+    TransferDescriptors,
     UnsupportedPDLayoutError,
     model_buffer_layouts,
     token_slots,
@@ -260,3 +261,52 @@ def test_strided_lists_move_byte_exact_through_nixl(nixl_engine: None) -> None:
     array) and written block by block: the same bytes as the flat descriptors by memmove."""
     code, passed, output = child_verdicts("strided_moves.py", "nixl")
     assert code == 0 and sorted(passed) == sorted([*CASES, *ENGINE_CASES]), output
+
+
+class RecordingEngine:
+    """The connector engine's two reads, recorded (local, remote, lengths as flat columns)."""
+
+    takes_strided = True
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def read(self, peer: bytes, local: Any, remote: Any, lengths: Any) -> str:
+        self.calls.append(("flat", TransferDescriptors(remote, local, lengths)))
+        return "handle"
+
+    def read_strided(self, peer: bytes, local: Any, remote: Any) -> str:
+        self.calls.append(("strided", StridedDescriptors(remote, local)))
+        return "handle"
+
+
+@pytest.mark.parametrize(
+    ("strided", "pages", "form"),
+    [(True, np.arange(6), "strided"), (True, np.arange(5, -1, -1), "flat"),
+     (False, np.arange(6), "flat")],
+)  # fmt: skip
+def test_a_decode_rank_reads_rows_where_they_compress_and_flat_elsewhere(
+    strided: bool, pages: np.ndarray, form: str
+) -> None:
+    from pdplan.connectors._reads import Reads
+
+    shape = ModelShape(layer_kinds=(LAYER_KINDS["full"],) * 2, dtype="bfloat16", page_size=4)
+    prefill, _ = model_buffer_layouts(shape, 2, 2)
+    _, decode = model_buffer_layouts(shape, 1, 1)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2), decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill, decode_buffers=decode,
+    )  # fmt: skip
+    ((_, _, prepared), *_) = prepared_pairs(planner, 16)
+    reads, engine = Reads(strided), RecordingEngine()
+    assert not reads and reads.start(engine, b"peer") is None
+    reads.add(prepared, pages, pages + 1, buffers=[0])
+    more = Reads(strided)
+    more.add(prepared, pages, pages + 1, buffers=[1, 2, 3], layers=[1])
+    reads.extend(more)
+    assert reads.start(engine, b"peer") == "handle"
+    ((used, got),) = engine.calls
+    assert used == form
+    flat = got.expand() if used == "strided" else got
+    # Buffer 0 (layer 0's K), then of buffers 1-3 those of layer 1 (its K and V).
+    assert byte_map(flat) == byte_map(prepared.descriptors(pages, pages + 1, buffers=[0, 2, 3]))

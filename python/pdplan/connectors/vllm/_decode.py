@@ -17,12 +17,12 @@ from pdplan._exchange import encode_layout
 from pdplan._model import BufferLayout, ParallelLayout
 from pdplan._planner import PDTransferPlanner
 from pdplan.connectors._engines import TransferEngine
+from pdplan.connectors._reads import Reads
 from pdplan.connectors._side_channel import Notices, PeerGone, ask
 from pdplan.connectors._transfer_params import Remote
 from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer, first_peer, rank_info
-from pdplan.connectors.vllm._reads import Reads
 from pdplan.connectors.vllm._streams import Following, progress, slice_reads
 from pdplan.runtimes import vllm as vllm_adapter
 

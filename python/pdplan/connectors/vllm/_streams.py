@@ -17,10 +17,10 @@ from pdplan.connectors._progress import (
     next_slices,
     notices_of,
 )
+from pdplan.connectors._reads import Reads
 from pdplan.connectors._side_channel import ask
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer
-from pdplan.connectors.vllm._reads import Reads
 
 
 @dataclass

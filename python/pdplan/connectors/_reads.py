@@ -1,6 +1,9 @@
 """A decode rank's reads from one source rank, gathered over a step's requests and handed to
 the engine at once: flat ``(local, remote, length)`` columns, or NIXL 1.5's strided rows where
-the engine takes them (``strided_descriptors``: a run of pages one row a buffer)."""
+the engine takes them (``strided_descriptors``: a run of pages one row a buffer) and they
+compress: rows that stand for fewer than two blocks each on average are read flat (through
+NIXL here, rows a block each were sometimes slower than flat descriptors, compressed rows as
+fast or faster: benches/nixl_strided.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +44,10 @@ class Reads:
         if not self._parts:
             return None
         columns = [np.concatenate(column) for column in zip(*self._parts)]
-        if self.strided:
-            return engine.read_strided(peer, columns[0], columns[1])
-        return engine.read(peer, columns[0], columns[1], columns[2])
+        if not self.strided:
+            return engine.read(peer, columns[0], columns[1], columns[2])
+        local, remote = columns
+        if 2 * len(local) > int(local[:, 4].sum()):
+            flat = StridedDescriptors(remote, local).expand()  # too few blocks a row
+            return engine.read(peer, flat.dst_addrs, flat.src_addrs, flat.lengths)
+        return engine.read_strided(peer, local, remote)
