@@ -8,8 +8,9 @@ Flat: ``descriptors(...)`` (coalesced), ``get_xfer_descs`` of N x 3 rows on each
 list, ``make_prepped_xfer`` over every block. Both then ``transfer`` and poll until done; the
 bytes land in real numpy buffers (only the buffers the request touches are allocated). Cases:
 a Llama-3-70B TP 8 -> 2 request of 32k tokens (one prefill rank, an 8-layer group), a
-token-major (NHD) TP 4 -> 2 request of 8k tokens, each with consecutive pages and with a
-fragmented page table (random page ids).
+DeepSeek-V3 MLA request from a DP-attention prefill (DEP 8) to decode TP 4 (whole latent pages:
+flat descriptors of consecutive pages already coalesce), a token-major (NHD) TP 4 -> 2 request
+of 8k tokens, each with consecutive pages and with a fragmented page table (random page ids).
 """
 
 from __future__ import annotations
@@ -121,9 +122,13 @@ def main() -> None:
         prefill_layout=ParallelLayout("prefill", 4), decode_layout=ParallelLayout("decode", 2),
         prefill_buffers=prefill, decode_buffers=decode,
     )  # fmt: skip
+    deepseek = Pairing("deepseek-v3", ParallelLayout("prefill", 8, dp_size=8),
+                       ParallelLayout("decode", 4))  # fmt: skip
     cases = [
         ("Llama-3-70B TP 8 -> 2, 32k tokens, layers 0-7", seventy.planner, 2048,
          list(range(16)), {"layers": range(8)}),
+        ("DeepSeek-V3 MLA, DEP 8 -> TP 4, 8k tokens, layers 0-7", deepseek.planner, 512,
+         list(range(8)), {"layers": range(8)}),
         ("8 layers of 8 KV heads (NHD) TP 4 -> 2, 8k tokens", nhd, 512, list(range(16)), {}),
     ]  # fmt: skip
     lines = [
@@ -150,8 +155,8 @@ def main() -> None:
                     times[form].append(time.perf_counter() - started)
             flat, strided = (statistics.median(times[f]) for f in ("flat", "strided"))
             # connectors/_reads.py: rows where each stands for two blocks or more.
-            blocks = prepared.descriptors(*table, coalesce=False, **kwargs).num_descriptors
-            chosen = "strided" if 2 * counts["strided"] <= blocks else "flat"
+            rows = prepared.strided_descriptors(*table, **kwargs)
+            chosen = "strided" if 2 * rows.num_entries <= rows.num_descriptors else "flat"
             lines.append(
                 f"| {label} | {name} | {counts['flat']:,} | {counts['strided']:,} | "
                 f"{flat * 1e3:,.2f} ms | {strided * 1e3:,.2f} ms | {strided / flat:.2f} | "
