@@ -294,7 +294,10 @@ impl Job<'_> {
             let (ps, pd) = (run.steps.0 * self.src_stride, run.steps.1 * self.dst_stride);
             if rows == 1 {
                 push_spaced(out, floor, (s0, d0, len, ps, pd, count));
-            } else if count > 1 && ps == rows * rs && pd == rows * rd {
+            } else if count > 1
+                && rows.checked_mul(rs) == Some(ps)
+                && rows.checked_mul(rd) == Some(pd)
+            {
                 // Rows of one page continue into the next page's: one progression.
                 push_spaced(out, floor, (s0, d0, len, rs, rd, rows * count));
             } else if rows <= count {

@@ -48,7 +48,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._decode: DecodeRank | None = None
         self._engine: TransferEngine | None = None
         self._load_errors: set[int] = set()
-        self._layer_of: dict[str, int] = {}  # vLLM layer names, by model layer
+        self._layer_of: dict[str, int | None] = {}  # model layer by vLLM layer name
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 self._engine_id, self._settings, int(parallel.tensor_parallel_size)
@@ -114,10 +114,14 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         # The layer's cache holds the step's tokens now: streams may read them before the
         # step's other layers are done (the CPU backend writes synchronously).
         if self._prefill is not None:
-            layer = self._layer_of.get(layer_name)
-            if layer is None:
-                layer = self._layer_of[layer_name] = vllm_adapter.layer_index(layer_name)
-            self._prefill.saved(layer)
+            if layer_name not in self._layer_of:
+                try:
+                    self._layer_of[layer_name] = vllm_adapter.layer_index(layer_name)
+                except UnsupportedPDLayoutError:  # never fails the forward pass: not read ahead
+                    self._layer_of[layer_name] = None
+            layer = self._layer_of[layer_name]
+            if layer is not None:
+                self._prefill.saved(layer)
 
     def wait_for_save(self) -> None:
         # The step's forward pass is done: its streams' tokens are final in the cache (the
