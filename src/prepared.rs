@@ -42,22 +42,64 @@ pub struct BufferSet {
 /// Buffer indexes below this are bits (a layout holds at most this many buffers).
 const BITS_BELOW: u64 = 1 << 16;
 
+impl BufferSet {
+    /// An empty set with room for bits below `bound` (at most `BITS_BELOW`).
+    fn below(bound: u64) -> Self {
+        let words = bound.min(BITS_BELOW).div_ceil(64);
+        Self {
+            bits: vec![0; usize::try_from(words).unwrap_or(0)],
+            beyond: Vec::new(),
+        }
+    }
+
+    fn insert(&mut self, i: u64) {
+        if i >= BITS_BELOW {
+            self.beyond.push(i);
+            return;
+        }
+        let word = usize::try_from(i / 64).unwrap_or(usize::MAX);
+        if word >= self.bits.len() {
+            self.bits.resize(word + 1, 0);
+        }
+        if let Some(w) = self.bits.get_mut(word) {
+            *w |= 1 << (i % 64);
+        }
+    }
+
+    /// Sorted past the bits, so that `contains` may search them.
+    fn finished(mut self) -> Self {
+        self.beyond.sort_unstable();
+        self.beyond.dedup();
+        self
+    }
+}
+
 impl Selection {
     /// The buffers `list` names, in any order, repeats allowed.
     pub fn indices(list: Vec<u64>) -> Self {
-        let (small, mut beyond): (Vec<u64>, Vec<u64>) =
-            list.into_iter().partition(|&i| i < BITS_BELOW);
-        let words = small.iter().max().map_or(0, |&i| i / 64 + 1);
-        let mut bits = vec![0u64; usize::try_from(words).unwrap_or(0)];
-        for i in small {
-            // Below 2^16, so the word index fits and exists.
-            if let Some(word) = bits.get_mut(usize::try_from(i / 64).unwrap_or(usize::MAX)) {
-                *word |= 1 << (i % 64);
-            }
+        let bound = list.iter().copied().filter(|&i| i < BITS_BELOW).max();
+        let mut set = BufferSet::below(bound.map_or(0, |i| i + 1));
+        for i in list {
+            set.insert(i);
         }
-        beyond.sort_unstable();
-        beyond.dedup();
-        Self::Indices(BufferSet { bits, beyond })
+        Self::Indices(set.finished())
+    }
+
+    /// The smallest and largest index the set may hold, and whether it holds every index
+    /// between them (a range of step 1 or -1).
+    fn span(&self) -> ((u64, u64), bool) {
+        let clamp = |v: i64| u64::try_from(v).unwrap_or(0);
+        match *self {
+            Self::Range { start, stop, step } if step > 0 && stop > 0 => {
+                ((clamp(start), clamp(stop - 1)), step == 1)
+            }
+            Self::Range { start, stop, step } if step < 0 && start >= 0 => {
+                ((clamp(stop.saturating_add(1)), clamp(start)), step == -1)
+            }
+            // Empty, or wholly below 0: nothing to hold.
+            Self::Range { .. } => ((1, 0), true),
+            Self::All | Self::Indices(_) => ((0, u64::MAX), false),
+        }
     }
 
     pub fn contains(&self, buffer_index: u64) -> bool {
@@ -75,13 +117,16 @@ impl Selection {
             }
             &Self::Range { start, stop, step } => {
                 let index = i128::from(buffer_index);
-                let (first, end, stride) = (i128::from(start), i128::from(stop), i128::from(step));
-                let inside = if stride > 0 {
+                let (first, end) = (i128::from(start), i128::from(stop));
+                let inside = if step > 0 {
                     first <= index && index < end
                 } else {
                     end < index && index <= first
                 };
-                inside && (index - first) % stride == 0
+                // Inside, the distance from the first is under 2^64: the remainder in 64 bits
+                // (a 128-bit one costs a call each, and a layer group asks a buffer each).
+                let from_first = u64::try_from((index - first).unsigned_abs()).unwrap_or(0);
+                inside && (step.unsigned_abs() == 1 || from_first % step.unsigned_abs() == 0)
             }
         }
     }
@@ -117,6 +162,9 @@ pub struct Prepared {
     memory: (Declared, Declared),
     /// Each buffer's layer and page size, where the caller named them (`with_buffers`).
     facts: Option<Arc<[BufferFacts]>>,
+    /// (layer, buffer index) of every buffer with a layer, by layer: a layer group's buffers
+    /// are one span of it.
+    by_layer: Arc<[(u64, u64)]>,
 }
 
 impl Prepared {
@@ -154,6 +202,7 @@ impl Prepared {
             tokens,
             memory: (src.declared(), dst.declared()),
             facts: None,
+            by_layer: Arc::new([]),
         })
     }
 
@@ -161,6 +210,12 @@ impl Prepared {
     /// select buffers by layer group and slice page plans by tokens.
     #[must_use]
     pub fn with_buffers(mut self, facts: Vec<BufferFacts>) -> Self {
+        let mut by_layer: Vec<(u64, u64)> = facts
+            .iter()
+            .filter_map(|f| Some((f.layer?, f.buffer_index)))
+            .collect();
+        by_layer.sort_unstable();
+        self.by_layer = by_layer.into();
         self.facts = Some(facts.into());
         self
     }
@@ -173,7 +228,7 @@ impl Prepared {
     }
 
     /// The buffers of `within` whose model layer is one of `layers`.
-    pub fn select_layers(&self, layers: &[u64], within: &Selection) -> PlanResult<Selection> {
+    pub fn select_layers(&self, layers: &Selection, within: &Selection) -> PlanResult<Selection> {
         let Some(known) = self.facts.as_deref() else {
             bail!(
                 "layers= selects buffers by model layer, and this transfer knows none: prepare \
@@ -181,17 +236,20 @@ impl Prepared {
                  them) or select with buffers="
             );
         };
-        let mut layers = layers.to_vec();
-        layers.sort_unstable();
-        let chosen: Vec<u64> = known
-            .iter()
-            .filter(|f| {
-                within.contains(f.buffer_index)
-                    && f.layer.is_some_and(|l| layers.binary_search(&l).is_ok())
-            })
-            .map(|f| f.buffer_index)
-            .collect();
-        Ok(Selection::indices(chosen))
+        // Written straight into bits from the span of layers the group may name: a layer
+        // group is asked once a slice.
+        let bound = known.iter().map(|f| f.buffer_index.saturating_add(1)).max();
+        let mut chosen = BufferSet::below(bound.unwrap_or(0));
+        let ((low, high), exact) = layers.span();
+        let from = self.by_layer.partition_point(|&(l, _)| l < low);
+        let to = self.by_layer.partition_point(|&(l, _)| l <= high);
+        let all_within = *within == Selection::All;
+        for &(layer, buffer) in self.by_layer.get(from..to).unwrap_or_default() {
+            if (exact || layers.contains(layer)) && (all_within || within.contains(buffer)) {
+                chosen.insert(buffer);
+            }
+        }
+        Ok(Selection::Indices(chosen.finished()))
     }
 
     /// One request's staging plan from its page pairs: the coalesced `descriptors` regrouped
@@ -547,6 +605,66 @@ impl Prepared {
 mod tests {
     use super::*;
     use crate::BufferKind;
+
+    #[test]
+    fn a_range_holds_what_python_s_range_names() {
+        let edges = [
+            i64::MIN,
+            i64::MIN + 1,
+            -70,
+            -3,
+            -1,
+            0,
+            1,
+            2,
+            5,
+            64,
+            70,
+            i64::MAX - 1,
+        ];
+        let steps = [1, 2, 3, 7, -1, -2, -5, i64::MAX, i64::MIN];
+        let probes = [
+            0,
+            1,
+            2,
+            3,
+            4,
+            5,
+            6,
+            7,
+            63,
+            64,
+            65,
+            69,
+            70,
+            1 << 62,
+            u64::MAX,
+        ];
+        let ranges = edges
+            .iter()
+            .flat_map(|&a| edges.iter().map(move |&b| (a, b)))
+            .flat_map(|(a, b)| steps.iter().map(move |&c| (a, b, c)));
+        for (start, stop, step) in ranges {
+            let set = Selection::Range { start, stop, step };
+            for &probe in &probes {
+                // Python's rule, in exact arithmetic: start + k * step for some k >= 0, before stop.
+                let (at, first, end, stride) = (
+                    i128::from(probe),
+                    i128::from(start),
+                    i128::from(stop),
+                    i128::from(step),
+                );
+                let steps_in = (at - first) / stride;
+                let before_stop = if stride > 0 { at < end } else { at > end };
+                let named = (at - first) % stride == 0 && steps_in >= 0 && before_stop;
+                assert_eq!(
+                    set.contains(probe),
+                    named,
+                    "range({start}, {stop}, {step}) {probe}"
+                );
+            }
+        }
+    }
 
     fn fragment(buffer_index: u64, rows: u64) -> Fragment {
         Fragment {

@@ -383,3 +383,37 @@ def test_layer_groups_refuse_what_is_no_load_or_time() -> None:
     for tokens in ("256", 0, True):
         with pytest.raises(UnsupportedPDLayoutError, match="tokens must be an int"):
             pairing.layer_groups(tokens)  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(-3, 14), st.integers(-3, 14), st.sampled_from([1, 2, 3, -1, -2, -3]))
+def test_a_range_of_layers_selects_the_buffers_of_the_layers_it_names(
+    start: int, stop: int, step: int
+) -> None:
+    # Twelve layers, full and windowed attention and Mamba2 state, at TP 2 -> 1: a layer's
+    # buffers are not its index.
+    window = AttentionLayer(2, 8, sliding_window=16)
+    kinds = [AttentionLayer(2, 8), window, Mamba2Layer(4, 8, 4, groups=2)] * 4
+    shape = ModelShape(layer_kinds=tuple(kinds), dtype="bfloat16", page_size=4)
+    prefill, decode = model_buffer_layouts(shape, 2, 1)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    fragments = planner.transfer_fragments(0)[0]
+    bases = [SPAN * (i + 1) for i in range(len(prefill))]
+    prepared = PreparedTransfer(fragments, bases, bases, buffer_layouts=prefill)
+    named = range(start, stop, step)
+    if any(layer < 0 for layer in named):
+        with pytest.raises(UnsupportedPDLayoutError, match="negative"):
+            prepared.descriptors([0, 1], [2, 3], layers=named)
+        return
+    # The oracle: the buffers whose own layer the range names, by Python's membership.
+    buffers = [i for i, b in enumerate(prefill) if b.layer is not None and b.layer in named]
+    got = prepared.descriptors([0, 1], [2, 3], layers=named)
+    want = prepared.descriptors([0, 1], [2, 3], buffers=buffers)
+    assert [c.tolist() for c in got] == [c.tolist() for c in want]
+    by_list = prepared.strided_descriptors([0, 1], [2, 3], layers=list(named))
+    assert by_list.expand().src_addrs.tolist() == want.src_addrs.tolist()

@@ -241,12 +241,7 @@ pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
         let (mut count, mut steps) = (1, (1, 1));
         if let Some((s, d)) = (i + 1 < n).then(|| step(i)).flatten() {
             steps = (s, d);
-            count = 2;
-            // The run's pages, pairwise, until a pair that does not keep both steps.
-            let rest = src[i + 1..].windows(2).zip(dst[i + 1..].windows(2));
-            count += rest
-                .take_while(|(a, b)| a[1].wrapping_sub(a[0]) == s && b[1].wrapping_sub(b[0]) == d)
-                .count();
+            count = 1 + keeps_steps(&src[i..], &dst[i..], (s, d));
         }
         runs.push(PageRun {
             start: i,
@@ -256,6 +251,43 @@ pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
         i += count;
     }
     runs
+}
+
+/// How many pairs after the first continue steps `src_step` and `dst_step` from the pair
+/// before, on both sides: a chunk of pairs at a time, then pair by pair in the chunk that
+/// breaks (a run is most often the whole table).
+fn keeps_steps(src: &[u64], dst: &[u64], (src_step, dst_step): (u64, u64)) -> usize {
+    const CHUNK: usize = 16;
+    let n = src.len().min(dst.len());
+    let (src, dst) = (&src[..n], &dst[..n]);
+    let mut j = 0;
+    if n > 1 {
+        // A fold without a branch a pair: any difference from the steps leaves a bit set.
+        let pairs = src[1..]
+            .chunks_exact(CHUNK)
+            .zip(src.chunks_exact(CHUNK))
+            .zip(dst[1..].chunks_exact(CHUNK).zip(dst.chunks_exact(CHUNK)));
+        for ((src_next, src_at), (dst_next, dst_at)) in pairs {
+            let off = src_next
+                .iter()
+                .zip(src_at)
+                .zip(dst_next.iter().zip(dst_at))
+                .fold(0, |off, ((&sn, &sa), (&dn, &da))| {
+                    off | (sn.wrapping_sub(sa) ^ src_step) | (dn.wrapping_sub(da) ^ dst_step)
+                });
+            if off != 0 {
+                break;
+            }
+            j += CHUNK;
+        }
+    }
+    while j + 1 < n
+        && src[j + 1].wrapping_sub(src[j]) == src_step
+        && dst[j + 1].wrapping_sub(dst[j]) == dst_step
+    {
+        j += 1;
+    }
+    j
 }
 
 /// Each side's largest page, from its runs: a run's pages rise, so its largest is its last
@@ -337,3 +369,65 @@ fn push_spaced(out: &mut Strided, floor: usize, (s, d, len, ss, ds, count): Spac
 
 /// `(src, dst, length, src stride, dst stride, count)`.
 type Spaced = (u64, u64, u64, u64, u64, u64);
+
+#[cfg(test)]
+mod tests {
+    use super::{page_runs, PageRun};
+
+    /// Runs cut pair by pair: the greedy maximal runs, from first principles.
+    fn runs_one_by_one(src: &[u64], dst: &[u64]) -> Vec<(usize, usize)> {
+        let n = src.len().min(dst.len());
+        let rising = |a: u64, b: u64| b > a && b - a < 1 << 63;
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < n {
+            let mut end = i + 1;
+            if end < n && rising(src[i], src[end]) && rising(dst[i], dst[end]) {
+                let steps = (src[end] - src[i], dst[end] - dst[i]);
+                while end + 1 < n
+                    && src[end + 1].wrapping_sub(src[end]) == steps.0
+                    && dst[end + 1].wrapping_sub(dst[end]) == steps.1
+                {
+                    end += 1;
+                }
+                end += 1;
+            }
+            out.push((i, end - i));
+            i = end;
+        }
+        out
+    }
+
+    #[test]
+    fn runs_are_the_greedy_maximal_runs() {
+        // A fixed-seed generator: tables of runs of random steps and lengths, some broken.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = move |below: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % below
+        };
+        for _ in 0..2000 {
+            let (mut src, mut dst) = (Vec::new(), Vec::new());
+            let (mut s, mut d) = (next(50), next(50));
+            while src.len() < usize::try_from(next(90)).unwrap_or(0) {
+                let (ss, ds) = (next(4), next(3));
+                for _ in 0..next(40) {
+                    src.push(s);
+                    dst.push(d);
+                    (s, d) = (s + ss, d + ds);
+                }
+                if next(3) == 0 {
+                    s = s.saturating_sub(next(7));
+                }
+            }
+            dst.truncate(dst.len() - usize::try_from(next(2)).unwrap_or(0).min(dst.len()));
+            let got: Vec<(usize, usize)> = page_runs(&src, &dst)
+                .iter()
+                .map(|r: &PageRun| (r.start, r.count))
+                .collect();
+            assert_eq!(got, runs_one_by_one(&src, &dst), "{src:?} {dst:?}");
+        }
+    }
+}

@@ -737,6 +737,23 @@ fn array_column<T: ColumnInt>(array: &Bound<'_, PyUntypedArray>, name: &str) -> 
     )
 }
 
+/// Whether any value has its sign bit set: ORs of fixed-size chunks, which vectorise.
+fn any_negative(values: &[i64]) -> bool {
+    let mut chunks = values.chunks_exact(8);
+    let mut any = chunks
+        .by_ref()
+        .fold([0i64; 8], |mut acc, c| {
+            for (a, v) in acc.iter_mut().zip(c) {
+                *a |= v;
+            }
+            acc
+        })
+        .iter()
+        .fold(0, |acc, v| acc | v);
+    any |= chunks.remainder().iter().fold(0, |acc, v| acc | v);
+    any < 0
+}
+
 /// Non-negative integers of a request: page indices (a sequence is read to `MAX_TOKENS`
 /// entries: a request has no more pages than tokens).
 pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
@@ -744,8 +761,7 @@ pub fn u64_column(obj: &Bound<'_, PyAny>, name: &str) -> Converted<Vec<u64>> {
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         if let Ok(readonly) = array.try_readonly() {
             if let Ok(slice) = readonly.as_slice() {
-                // One OR over the values (it vectorises) finds any sign bit set.
-                if slice.iter().fold(0i64, |acc, &v| acc | v) >= 0 {
+                if !any_negative(slice) {
                     // Every value is non-negative, so the cast keeps it (and vectorises).
                     #[allow(clippy::cast_sign_loss)]
                     return Ok(slice.iter().map(|&v| v as u64).collect());

@@ -7,7 +7,9 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyString, PyTuple, PyType};
 
-use numpy::{IntoPyArray, PyArrayMethods};
+use numpy::ndarray::Array2;
+use numpy::IntoPyArray;
+use pyo3::exceptions::PyValueError;
 
 use super::fragment_slots::SlotLayout;
 use super::package_types::package_type;
@@ -369,19 +371,22 @@ pub fn descriptors_object(py: Python<'_>, built: Descriptors) -> PyResult<Bound<
 /// Strided entries as `pdplan.StridedDescriptors`: two N x 5 uint64 arrays of
 /// `(address, length, device 0, stride, count)` rows.
 pub fn strided_object(py: Python<'_>, built: Strided) -> PyResult<Bound<'_, PyAny>> {
+    // `tuple.__new__(StridedDescriptors, (src, dst))`, as `descriptors_object` does.
+    static NEW: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    let (new, cls) = NEW.get_or_try_init(py, || -> PyResult<_> {
+        let cls = package_type(py, "StridedDescriptors")?;
+        let new = py.get_type::<PyTuple>().getattr("__new__")?;
+        Ok((new.unbind(), cls.unbind()))
+    })?;
     let n = built.len();
     // Rows of five, flattened in place: each array takes its memory without a copy.
-    let src = built
-        .src
-        .into_flattened()
-        .into_pyarray(py)
-        .reshape([n, 5])?;
-    let dst = built
-        .dst
-        .into_flattened()
-        .into_pyarray(py)
-        .reshape([n, 5])?;
-    package_type(py, "StridedDescriptors")?.call1((src, dst))
+    let rows = |list: Vec<[u64; 5]>| {
+        Array2::from_shape_vec((n, 5), list.into_flattened())
+            .map(|a| a.into_pyarray(py))
+            .map_err(|e| PyValueError::new_err(format!("strided rows: {e}")))
+    };
+    let columns = (rows(built.src)?, rows(built.dst)?);
+    new.bind(py).call1((cls.bind(py), columns))
 }
 
 pub fn rank_plan_object<'py>(py: Python<'py>, plan: &RankPlan) -> PyResult<Bound<'py, PyAny>> {

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
+use pyo3::intern;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
-use pyo3::types::{PyRange, PyTuple};
+use pyo3::types::{PyRange, PyString, PyTuple};
 
 use super::convert::{
     buffer_column, buffers, fragments_of, frame, i64_column, optional_u64, to_u64, u64_column,
@@ -74,44 +75,48 @@ fn selection(buffers: Option<&Bound<'_, PyAny>>) -> Converted<Selection> {
         return Ok(Selection::All);
     };
     if let Ok(range) = buffers.cast::<PyRange>() {
-        let field = |name: &str| -> Converted<i64> {
-            range
-                .getattr(name)
-                .and_then(|v| v.extract::<i64>())
-                .map_err(|_| PlanError::new(format!("buffers: range {name} must fit 64 bits")))
-        };
-        return Ok(Selection::Range {
-            start: field("start")?,
-            stop: field("stop")?,
-            step: field("step")?,
-        });
+        return range_of(range, "buffers");
     }
     buffer_column(buffers, "buffers").map(Selection::indices)
 }
 
-/// The layers a `range` names, without a Python int each (a layer group is most often one),
-/// at most a model's layers.
-fn layers_in(range: &Bound<'_, PyRange>) -> Converted<Vec<u64>> {
-    let field = |name: &str| -> Converted<i64> {
+/// A `range` as a set, its start, stop and step each within 64 bits (`what` names it in an
+/// error).
+fn range_of(range: &Bound<'_, PyRange>, what: &str) -> Converted<Selection> {
+    let py = range.py();
+    let field = |name: &Bound<'_, PyString>| -> Converted<i64> {
         range
             .getattr(name)
             .and_then(|v| v.extract::<i64>())
-            .map_err(|_| PlanError::new(format!("layers: range {name} must fit 64 bits")))
+            .map_err(|_| PlanError::new(format!("{what}: range {name} must fit 64 bits")))
     };
-    let (first, end, step) = (field("start")?, field("stop")?, field("step")?);
-    let mut out = Vec::new();
-    let mut layer = first;
-    while (step > 0 && layer < end) || (step < 0 && layer > end) {
-        let Ok(value) = u64::try_from(layer) else {
-            return Err(PlanError::new(format!(
-                "layers: {layer} is negative; a layer is a model layer index"
-            )));
-        };
-        limits::LAYERS.check("layers", out.len() as u64 + 1)?;
-        out.push(value);
-        layer = layer.saturating_add(step);
+    Ok(Selection::Range {
+        start: field(intern!(py, "start"))?,
+        stop: field(intern!(py, "stop"))?,
+        step: field(intern!(py, "step"))?,
+    })
+}
+
+/// The layers a `range` names, as a set asked arithmetically (a layer group is most often
+/// one): none of them negative.
+fn layer_range(range: &Bound<'_, PyRange>) -> Converted<Selection> {
+    let named = range_of(range, "layers")?;
+    let Selection::Range { start, stop, step } = named else {
+        return Ok(named);
+    };
+    let (first, end, stride) = (i128::from(start), i128::from(stop), i128::from(step));
+    // The smallest layer named: the first going up, the last going down (none if empty).
+    let smallest = if stride > 0 {
+        (first < end).then_some(first)
+    } else {
+        (first > end).then(|| first + (first - end - 1) / -stride * stride)
+    };
+    if let Some(layer) = smallest.filter(|&l| l < 0) {
+        return Err(PlanError::new(format!(
+            "layers: {layer} is negative; a layer is a model layer index"
+        )));
     }
-    Ok(out)
+    Ok(named)
 }
 
 /// A slice of a request: `tokens` (a `range` of step 1, or None), the final length and the
@@ -614,8 +619,8 @@ impl PyPrepared {
             None => Ok(within),
             Some(layers) => {
                 let layers = match layers.cast::<PyRange>() {
-                    Ok(range) => layers_in(range)?,
-                    Err(_) => u64_column(layers, "layers")?,
+                    Ok(range) => layer_range(range)?,
+                    Err(_) => Selection::indices(u64_column(layers, "layers")?),
                 };
                 self.inner.select_layers(&layers, &within)
             }
