@@ -26,6 +26,7 @@ import numpy as np
 
 from pdplan import (
     AttentionLayer,
+    CostModel,
     ModelShape,
     Pairing,
     ParallelLayout,
@@ -154,9 +155,16 @@ def main() -> None:
                     counts[form] = move(prepared, table, **kwargs)
                     times[form].append(time.perf_counter() - started)
             flat, strided = (statistics.median(times[f]) for f in ("flat", "strided"))
-            # connectors/_reads.py: rows where each stands for two blocks or more.
+            # connectors/_reads.py: the form the default cost model chooses for these rows.
             rows = prepared.strided_descriptors(*table, **kwargs)
-            chosen = "strided" if 2 * rows.num_entries <= rows.num_descriptors else "flat"
+            counts_of = (rows.num_descriptors, 0, 0, 0, rows.total_bytes)
+            chosen = (
+                CostModel()
+                .choose_form_counts(
+                    counts_of, strided=(rows.num_entries, rows.num_descriptors), staging=False
+                )
+                .form
+            )
             lines.append(
                 f"| {label} | {name} | {counts['flat']:,} | {counts['strided']:,} | "
                 f"{flat * 1e3:,.2f} ms | {strided * 1e3:,.2f} ms | {strided / flat:.2f} | "

@@ -24,6 +24,7 @@ pub mod notify;
 pub mod page;
 pub mod pairs;
 pub mod planner;
+pub mod posting;
 pub mod prepared;
 pub mod ranks;
 pub mod routing;

@@ -27,6 +27,8 @@ from pdplan import (
     PDTransferPlanner,
     PreparedTransfer,
     StridedDescriptors,
+    TransferDescriptors,
+    calibrate_posting,
     model_buffer_layouts,
     token_slots,
 )
@@ -63,6 +65,25 @@ class StridedNixl:
         # The target's registrations reach the source with its metadata, sent again.
         self.source.add_remote_agent(self.target.get_agent_metadata())
 
+    def flat(self, flat: TransferDescriptors) -> None:
+        """Flat descriptors, written as the connector's engine reads them (N x 3 lists)."""
+        zeros = np.zeros_like(flat.lengths)
+        local = self.source.get_xfer_descs(
+            np.column_stack((flat.src_addrs, flat.lengths, zeros)), "DRAM"
+        )
+        remote = self.source.get_xfer_descs(
+            np.column_stack((flat.dst_addrs, flat.lengths, zeros)), "DRAM"
+        )
+        self.wait(self.source.initialize_xfer("WRITE", local, remote, self.peer))
+
+    def wait(self, handle: Any) -> None:
+        state = self.source.transfer(handle)
+        deadline = time.monotonic() + 60
+        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+            state = self.source.check_xfer_state(handle)
+        self.source.release_xfer_handle(handle)
+        assert state == "DONE", state
+
     def __call__(self, strided: StridedDescriptors) -> None:
         if strided.num_entries == 0:
             return
@@ -72,15 +93,9 @@ class StridedNixl:
         local = self.source.prep_xfer_dlist("NIXL_INIT_AGENT", strided.src, "DRAM")
         remote = self.source.prep_xfer_dlist(self.peer, strided.dst, "DRAM")
         every = np.arange(strided.num_descriptors, dtype=np.int32)
-        handle = self.source.make_prepped_xfer("WRITE", local, every, remote, every)
-        state = self.source.transfer(handle)
-        deadline = time.monotonic() + 60
-        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
-            state = self.source.check_xfer_state(handle)
-        self.source.release_xfer_handle(handle)
+        self.wait(self.source.make_prepped_xfer("WRITE", local, every, remote, every))
         self.source.release_dlist_handle(local)
         self.source.release_dlist_handle(remote)
-        assert state == "DONE", state
 
 
 class ConnectorReads:
@@ -96,6 +111,25 @@ class ConnectorReads:
     def register(self, prefill: list[Rank], decode: list[Rank]) -> None:
         for engine, ranks in ((self.prefill, prefill), (self.decode, decode)):
             engine.register([(b.ctypes.data, b.nbytes) for r in ranks for b in r.blocks])
+
+    def flat(self, flat: TransferDescriptors) -> None:
+        """Flat descriptors, written as the connector's engine reads them (N x 3 lists)."""
+        zeros = np.zeros_like(flat.lengths)
+        local = self.source.get_xfer_descs(
+            np.column_stack((flat.src_addrs, flat.lengths, zeros)), "DRAM"
+        )
+        remote = self.source.get_xfer_descs(
+            np.column_stack((flat.dst_addrs, flat.lengths, zeros)), "DRAM"
+        )
+        self.wait(self.source.initialize_xfer("WRITE", local, remote, self.peer))
+
+    def wait(self, handle: Any) -> None:
+        state = self.source.transfer(handle)
+        deadline = time.monotonic() + 60
+        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
+            state = self.source.check_xfer_state(handle)
+        self.source.release_xfer_handle(handle)
+        assert state == "DONE", state
 
     def __call__(self, strided: StridedDescriptors) -> None:
         if strided.num_entries == 0:
@@ -186,6 +220,36 @@ CASES = {
     "slot-maps-4-into-8": lambda m: move((FULL, FULL), (2, 1), (4, 8), "NHD", True, m, 5),
 }
 
+
+def calibrate(_: Any) -> None:
+    """``calibrate_posting`` through NIXL itself: every block it moves lands byte for byte in
+    the registered target, nothing else of it is written, and the figures are times."""
+    link = StridedNixl()
+    block, counts = 64, (8, 64, 256)
+    span = 2 * block * max(counts)
+    rng = np.random.default_rng(11)
+    source = rng.integers(1, 256, size=span + 2 * GUARD, dtype=np.uint8)
+    target = np.zeros(span + 2 * GUARD, dtype=np.uint8)
+    for agent, array in ((link.source, source), (link.target, target)):
+        agent.register_memory(np.array([[array.ctypes.data, array.nbytes, 0]], np.uint64), "DRAM")
+    link.source.add_remote_agent(link.target.get_agent_metadata())
+    at = (source.ctypes.data + GUARD, span), (target.ctypes.data + GUARD, span)
+    done = calibrate_posting(link.flat, link, src=at[0], dst=at[1], counts=counts, repeat=2)
+    # Blocks of `block` bytes, two lengths apart from the start of each span.
+    written = np.zeros(target.shape, dtype=bool)
+    for k in range(max(counts)):
+        written[GUARD + 2 * block * k : GUARD + 2 * block * k + block] = True
+    assert np.array_equal(target[written], source[written])
+    assert not target[~written].any()
+    m = done.model
+    figures = (m.per_descriptor_s, m.per_row_s, m.per_block_s)
+    assert all(np.isfinite(f) and f >= 0 for f in figures) and m.per_descriptor_s > 0, figures
+    assert [n for n, _ in done.flat] == [n for n, _ in done.rows] == list(counts)
+
+
+#: ``calibrate_posting`` through NIXL.
+CALIBRATION_CASES = {"calibration": calibrate}
+
 #: The connector's engine reading, on the cases of both page layouts.
 ENGINE_CASES = {
     "connector-" + name: CASES[name] for name in ("head-major-tp2-1", "token-major-tp1-2")
@@ -195,4 +259,4 @@ if __name__ == "__main__":
     runs = {name: (lambda mover, case=case: case(StridedNixl())) for name, case in CASES.items()}
     for name, case in ENGINE_CASES.items():
         runs[name] = lambda mover, case=case: case(ConnectorReads())
-    main(runs)
+    main({**runs, **CALIBRATION_CASES})

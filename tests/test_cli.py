@@ -510,10 +510,41 @@ def test_check_says_which_context_parallel_layouts_work(
     assert code == 2 and "one way only" in err
 
 
-def staging_lines(out: str) -> list[str]:
+def section(out: str, header: str) -> list[str]:
+    """The rank-pair lines under the line starting with `header`, up to the next header."""
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("staging it, per rank pair"))
-    return [line for line in lines[start + 1 :] if line.startswith("  decode<-prefill")]
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rest = lines[start + 1 :]
+    end = next((i for i, line in enumerate(rest) if not line.startswith("  ")), len(rest))
+    return [line for line in rest[:end] if line.startswith("  decode<-prefill")]
+
+
+def staging_lines(out: str) -> list[str]:
+    return section(out, "staging it, per rank pair")
+
+
+def test_check_shows_the_descriptor_form_the_cost_model_chooses(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Llama-3-70B at TP 8 -> 2, head-major, consecutive pages: per pair 80 layers x K and V
+    # x 2,048 pages = 327,680 descriptors flat, or 160 strided rows (one a buffer: a page run).
+    # 10 GiB over 8 pairs = 1.25 GiB a pair.
+    base = ["check", "--model", "llama-3-70b", "--prefill-tp", "8", "--decode-tp", "2"]
+    never_staged = ["--per-copy-us", "1e9"]
+    code, out, _ = run(capsys, *base, *never_staged)
+    [line] = section(out, "descriptor forms")
+    assert code == 0 and "in 327,680 descriptors" in line and "in 160 rows" in line
+    # Strided: 160 x 0.1539 µs + 327,680 x 0.1161 µs = 38.1 ms against 88.5 ms flat (the wire's
+    # 1.25 GiB at 50 GB/s is 26.8 ms: posting bounds both).
+    assert "strided 38.1 ms" in line and line.endswith("-> strided (38.1 ms)")
+    # A block dearer than a flat descriptor: flat.
+    _, out, _ = run(capsys, *base, *never_staged, "--per-block-us", "0.3")
+    [line] = section(out, "descriptor forms")
+    assert line.endswith("-> flat (88.5 ms)")
+    # Staging at the default copies (28.5 ms, as the staging line says) beats both.
+    _, out, _ = run(capsys, *base)
+    [line] = section(out, "descriptor forms")
+    assert line.endswith("-> staging (28.5 ms)")
 
 
 def test_check_weighs_staging_per_rank_pair(capsys: pytest.CaptureFixture[str]) -> None:

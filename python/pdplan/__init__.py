@@ -61,7 +61,8 @@ from pdplan._model import (
     TransferFragment,
 )
 from pdplan._planner import LostRange, PDTransferPlanner, RoutingTable
-from pdplan._staging import CostEstimate, CostModel, StagingCounts
+from pdplan._posting import PostingCalibration, calibrate_posting
+from pdplan._staging import CostEstimate, CostModel, FormEstimate, StagingCounts
 from pdplan._transfer_cost import PairCost, Pairing, TransferCost, model_planner, transfer_cost
 
 __all__ = [
@@ -80,6 +81,7 @@ __all__ = [
     "CostEstimate",
     "CostModel",
     "DeepseekV4Layer",
+    "FormEstimate",
     "GatedDeltaNetLayer",
     "ItemLengths",
     "KdaLayer",
@@ -99,6 +101,7 @@ __all__ = [
     "Pairing",
     "ParallelLayout",
     "PeerLayout",
+    "PostingCalibration",
     "PreparedTransfer",
     "RankCoordinates",
     "RankTransferPlan",
@@ -117,6 +120,7 @@ __all__ = [
     "__version__",
     "buffer_from_array",
     "buffer_layouts_from_item_lengths",
+    "calibrate_posting",
     "decode_layout",
     "decode_transfer_fragments",
     "encode_layout",

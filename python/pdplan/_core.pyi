@@ -61,6 +61,7 @@ __all__ = [
     "check_buffer_layout",
     "check_cost_model",
     "check_parallel_layout",
+    "check_strided_costs",
     "check_transfer_fragment",
     "decode_layout",
     "decode_transfer_fragments",
@@ -68,9 +69,11 @@ __all__ = [
     "encode_cache_info",
     "encode_layout",
     "encode_transfer_fragments",
+    "estimate_forms",
     "estimate_staging",
     "even_layer_partition",
     "first_kept_token",
+    "fit_line",
     "fragment_slots_checked",
     "frame_cache_info",
     "is_token_indexed",
@@ -380,9 +383,8 @@ class PreparedTransfer:
         :param src_limits: How many bytes from each source base may be touched, indexed by
             ``buffer_index``; None: no limit (only 64-bit overflow is refused).
         :param dst_limits: The same for the destination buffers.
-        :param buffer_layouts: The prefill side's ``BufferLayout`` s: each buffer's model
-            layer (what ``layers=`` selects a slice's layer group by) and page size (what a
-            page plan's slices count tokens by); None: none known.
+        :param buffer_layouts: The prefill side's ``BufferLayout`` s (each buffer's layer and
+            page size, for slices); None: none known.
         """
     @staticmethod
     def from_frames(
@@ -404,17 +406,15 @@ class PreparedTransfer:
         :param version_frame: The version frame.
         :param payload_frame: The payload frame.
         :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
-        :param dst_base_ptrs: Each destination buffer's base address, indexed by
-            ``buffer_index``.
-        :param src_limits: How many bytes from each source base may be touched, indexed by
+        :param dst_base_ptrs: The same for the destination buffers.
+        :param src_limits: Bytes from each source base that may be touched, by
             ``buffer_index``; None: no limit (only 64-bit overflow is refused).
         :param dst_limits: The same for the destination buffers.
         :param max_payload_bytes: The longest payload accepted, as in
             ``decode_transfer_fragments``.
         :param max_fragments: The most fragments accepted, as in ``decode_transfer_fragments``.
-        :param buffer_layouts: The prefill side's ``BufferLayout`` s: each buffer's model
-            layer (what ``layers=`` selects a slice's layer group by) and page size (what a
-            page plan's slices count tokens by); None: none known.
+        :param buffer_layouts: The prefill side's ``BufferLayout`` s (each buffer's layer and
+            page size, for slices); None: none known.
         """
     @staticmethod
     def from_layouts(
@@ -459,15 +459,11 @@ class PreparedTransfer:
         final_length: int | None = None,
         decode_prefix: int | None = None,
     ) -> TransferDescriptors:
-        """One request's descriptors, equal to ``transfer_descriptors`` over the fragments whose
-        ``buffer_index`` is in ``buffers``, in fragment order; bounds against the limits are
-        checked per request.
-
-        A slice of the request (``layers``, ``tokens``, ``final_length``, ``decode_prefix``;
-        the streaming guide) moves each page in the slice where its last token becomes final
-        (a partial last page only once ``final_length`` is reached), pages wholly below the
-        prefix (whole pages here) or before a window's kept tokens never, and state in the
-        slice ending at ``final_length``.
+        """One request's descriptors: ``transfer_descriptors`` over the fragments of
+        ``buffers``, in fragment order, bounds-checked per request. A slice (the streaming
+        guide) moves a page where its last token becomes final (a partial last page once
+        ``final_length`` is reached), never pages below the prefix or a window's kept tokens,
+        and state in the slice ending at ``final_length``.
 
         :param src_pages: The request's source pages, one per page pair: a 1-D integer
             array (any integer dtype) or an int sequence.
@@ -483,7 +479,6 @@ class PreparedTransfer:
             tokens of it, and state moves in the slice ending at it. None: not known yet.
         :param decode_prefix: Tokens the decode side holds already: they never move.
         """
-
     def strided_descriptors(
         self,
         src_pages: _Ints,
@@ -538,14 +533,10 @@ class PreparedTransfer:
         final_length: int | None = None,
         decode_prefix: int | None = None,
     ) -> TransferDescriptors:
-        """One request's descriptors from its slot maps: each token moves where both maps hold
-        it. The selected fragments need token geometry (``PDTransferPlanner(...,
-        token_maps=True)``); one without it is refused.
-
-        A slice of the request moves its tokens ``[max(start, decode_prefix, kept), stop)``,
-        ``kept`` being the first token a window or chunk keeps of ``final_length`` (of
-        ``stop`` while it is unknown: tokens a longer prompt pushes out are then moved for
-        nothing).
+        """One request's descriptors from its slot maps: a token moves where both hold it
+        (fragments need token geometry: ``PDTransferPlanner(..., token_maps=True)``). A slice
+        moves tokens ``[max(start, decode_prefix, kept), stop)``, ``kept`` the first token a
+        window or chunk keeps of ``final_length`` (of ``stop`` while unknown).
 
         :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
             that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
@@ -790,6 +781,15 @@ def check_cost_model(
     per_copy_s: float,
     per_segment_s: float,
 ) -> None: ...
+def estimate_forms(
+    counts: tuple[int, int, int, int, int],
+    strided: tuple[int, int] | None,
+    staging: bool,
+    figures: tuple[float, float, float, float, float],
+    strided_costs: tuple[float, float],
+) -> tuple[float, float | None, float | None, str]: ...
+def check_strided_costs(per_row_s: float, per_block_s: float) -> None: ...
+def fit_line(samples: list[tuple[int, float]]) -> tuple[float, float]: ...
 def scaled_counts(counts: tuple[int, int, int, int, int], per: int, pages: int) -> StagingCounts:
     """Counts of a request over ``per`` scattered pages (``scattered_page_counts``), scaled to
     ``pages`` pages in one transfer; refused where they do not scale evenly.

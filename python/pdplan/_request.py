@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pdplan._context import token_slots
 from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._planner import PDTransferPlanner
-from pdplan._staging import CostEstimate, CostModel, StagingCounts
+from pdplan._staging import CostEstimate, CostModel, FormEstimate, StagingCounts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -28,6 +28,9 @@ class PairRequest:
     descriptors: int
     bytes: int
     estimate: CostEstimate
+    forms: FormEstimate
+    """The token-indexed buffers' form of least time, their pages consecutive on both sides
+    (a fresh allocator's: where strided lists compress)."""
 
 
 def page_sizes(planner: PDTransferPlanner) -> tuple[int, int]:
@@ -66,6 +69,7 @@ def request_pairs(
     counts = [-(-tokens // size) for size in sizes]
     # Every other page, backwards: neighbours in the request are never neighbours in memory.
     tables = [np.arange(2 * count - 2, -1, -2, dtype=np.int64) for count in counts]
+    consecutive = [np.arange(count, dtype=np.int64) for count in counts]
     capacity = 2 * max(counts)
     by_token = [b.buffer_index for b in planner.prefill_buffers if b.is_token_indexed]
     state = [b.buffer_index for b in planner.prefill_buffers if not b.is_token_indexed]
@@ -74,9 +78,21 @@ def request_pairs(
     bases = [1 << 40] * len(src_limits)
     layouts = (planner.prefill_layout, planner.decode_layout)
 
-    def slots(side: int, rank: int) -> npt.NDArray[np.int64]:
+    def slots(side: int, rank: int, pages: Any = tables) -> npt.NDArray[np.int64]:
         # The rank's share of the tokens (all of them without CP), in its own pages.
-        return token_slots(tables[side], sizes[side], tokens, layout=layouts[side], rank=rank)
+        return token_slots(pages[side], sizes[side], tokens, layout=layouts[side], rank=rank)
+
+    def forms(prepared: PreparedTransfer, decode_rank: int, prefill_rank: int) -> FormEstimate:
+        if not planner.token_maps:
+            return model.choose_form(
+                prepared, *consecutive, buffers=by_token, chunk_bytes=chunk_bytes
+            )
+        src, dst = slots(0, prefill_rank, consecutive), slots(1, decode_rank, consecutive)
+        counts = prepared.token_staging_counts(src, dst, buffers=by_token, chunk_bytes=chunk_bytes)
+        strided = prepared.token_strided_descriptors(src, dst, buffers=by_token)
+        return model.choose_form_counts(
+            counts, strided=(strided.num_entries, strided.num_descriptors)
+        )
 
     for rank in range(planner.decode_layout.world_size):
         if planner.decode_layout.rank_coordinates(rank).dp_group != 0:
@@ -109,4 +125,5 @@ def request_pairs(
                 sum(c.direct_descriptors for c in parts),
                 sum(c.bytes for c in parts),
                 CostEstimate.total([model.estimate_counts(c) for c in parts]),
+                forms(prepared, rank, prefill_rank),
             )

@@ -13,6 +13,23 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 from pdplan import _core
 from pdplan._core import UnsupportedPDLayoutError
 
+#: The descriptor forms a cost model weighs: flat descriptors, NIXL 1.5's strided lists, a
+#: staging plan.
+FORMS = ("flat", "strided", "staging")
+#: The cost model's five staging figures, in the order the core takes them.
+_STAGING_FIGURES = (
+    "per_descriptor_s",
+    "network_bytes_per_s",
+    "copy_bytes_per_s",
+    "per_copy_s",
+    "per_segment_s",
+)
+#: A strided row's and a block's costs, by default: the default ``per_descriptor_s`` split as
+#: NIXL's GPU path spends it, 57% posting the descriptor (a row posts once) and 43% moving
+#: its block (NIXL's cuda_ipc path, as measured in adopting NIXL 1.5's strided lists).
+PER_ROW_S = 0.57 * 0.27e-6
+PER_BLOCK_S = 0.43 * 0.27e-6
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -24,7 +41,7 @@ if TYPE_CHECKING:
     IntColumn = npt.NDArray[np.integer] | Sequence[int]
     Buffers = range | IntColumn | None
 
-__all__ = ["CostEstimate", "CostModel", "StagingCounts"]
+__all__ = ["CostEstimate", "CostModel", "FormEstimate", "StagingCounts"]
 
 
 class StagingCounts(NamedTuple):
@@ -90,6 +107,34 @@ class CostEstimate:
 
 
 @dataclass(frozen=True)
+class FormEstimate:
+    """Seconds one request takes in each descriptor form the engine takes, and the form of
+    least time (``CostModel.choose_form``): flat on a tie (the default form), then strided."""
+
+    form: Literal["flat", "strided", "staging"]
+    """The form of least time."""
+    flat_s: float
+    """Seconds as flat descriptors: the wire's roofline over them."""
+    strided_s: float | None
+    """Seconds as strided lists (``rows * per_row_s + blocks * per_block_s`` against the
+    bytes' time); None where the engine takes none."""
+    staging_s: float | None
+    """Seconds staged (``CostEstimate.staging_s``); None where the runtime does not stage."""
+    descriptors: int
+    """Flat descriptors (coalesced)."""
+    strided_rows: int | None
+    """Rows of the strided lists; None where not asked."""
+    bytes: int
+    """Bytes the request moves."""
+
+    @property
+    def seconds(self) -> float:
+        """The chosen form's seconds."""
+        chosen = {"flat": self.flat_s, "strided": self.strided_s, "staging": self.staging_s}
+        return float(chosen[self.form] or 0.0)
+
+
+@dataclass(frozen=True)
 class CostModel:
     """Figures of one deployment's engine, network and copies.
 
@@ -111,6 +156,12 @@ class CostModel:
       Started with CUDA Graphs").
     - ``per_segment_s`` 0: a GPU kernel copies segments in parallel; their cost is in the
       bandwidth. For host copies, calibrate it (``benches/staging.py``).
+    - ``per_row_s`` 0.154 µs and ``per_block_s`` 0.116 µs: a strided list's row and each
+      block of a row, ``per_descriptor_s`` split as NIXL's ``cuda_ipc`` path spends it (57%
+      posting, which a row does once; 43% the block's own work), so rows win once they stand
+      for more than one block each. UCX on loopback here is another engine: a row costs
+      almost nothing and a block about a flat descriptor (``benches/posting.py``). A runtime
+      measures its own at start (``calibrate_posting``).
     """
 
     per_descriptor_s: float = 0.27e-6
@@ -123,21 +174,92 @@ class CostModel:
     """Seconds a gather or scatter takes however small (a kernel launch and its wait)."""
     per_segment_s: float = 0.0
     """Seconds a gather or scatter takes per segment it copies."""
+    per_row_s: float = PER_ROW_S
+    """Seconds the engine takes per row of a strided list (NIXL 1.5's N x 5 rows)."""
+    per_block_s: float = PER_BLOCK_S
+    """Seconds the engine takes per block a strided row stands for."""
 
     def __post_init__(self) -> None:
         _core.check_cost_model(*self._figures())
+        _core.check_strided_costs(*self._strided_costs())
+
+    def _strided_costs(self) -> tuple[float, float]:
+        return self._numbers("per_row_s", "per_block_s")  # type: ignore[return-value]
 
     def _figures(self) -> tuple[float, float, float, float, float]:
+        a, b, c, d, e = self._numbers(*_STAGING_FIGURES)
+        return a, b, c, d, e
+
+    def _numbers(self, *names: str) -> tuple[float, ...]:
         figures = []
-        for name in self.__dataclass_fields__:
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise UnsupportedPDLayoutError(
                     f"CostModel.{name} must be a number, got {type(value).__name__}"
                 )
             figures.append(float(value))
-        a, b, c, d, e = figures
-        return a, b, c, d, e
+        return tuple(figures)
+
+    def choose_form(
+        self,
+        prepared: PreparedTransfer,
+        src_pages: IntColumn,
+        dst_pages: IntColumn,
+        *,
+        buffers: Buffers = None,
+        forms: Sequence[str] = FORMS,
+        chunk_bytes: int | None = None,
+    ) -> FormEstimate:
+        """The descriptor form that moves one request of page pairs soonest. Its strided lists
+        are built (to count their rows); staging is counted, not built.
+
+        :param prepared: The rank pair's ``PreparedTransfer``.
+        :param src_pages: The request's source pages, as for ``PreparedTransfer.descriptors``.
+        :param dst_pages: The destination pages they pair with.
+        :param buffers: The buffers moved (a ``range`` or indexes); None: all.
+        :param forms: The forms the engine and runtime take, of ``"flat"``, ``"strided"``
+            (NIXL 1.5; not Mooncake) and ``"staging"``; flat is always one.
+        :param chunk_bytes: The staged wire hop's chunk size; None: one transfer.
+        """
+        offered = _forms(forms)
+        prepared = _prepared(prepared, "choose_form")
+        counts = prepared.staging_counts(
+            src_pages, dst_pages, buffers=buffers, chunk_bytes=chunk_bytes
+        )
+        rows = None
+        if "strided" in offered:
+            strided = prepared.strided_descriptors(src_pages, dst_pages, buffers=buffers)
+            rows = (strided.num_entries, strided.num_descriptors)
+        return self.choose_form_counts(counts, strided=rows, staging="staging" in offered)
+
+    def choose_form_counts(
+        self,
+        counts: StagingCounts | tuple[int, int, int, int, int],
+        *,
+        strided: tuple[int, int] | None = None,
+        staging: bool = True,
+    ) -> FormEstimate:
+        """The descriptor form of least time for a request's counts.
+
+        :param counts: Its staging counts (``PreparedTransfer.staging_counts``).
+        :param strided: Its strided lists' (rows, blocks) (``StridedDescriptors.num_entries``
+            and ``num_descriptors``); None: the engine takes no strided lists.
+        :param staging: Whether the runtime may stage it.
+        """
+        counts = StagingCounts(*_five_counts(counts, "choose_form_counts"))
+        flat_s, strided_s, staging_s, form = _core.estimate_forms(
+            counts, strided, staging, _checked_figures(self), self._strided_costs()
+        )
+        return FormEstimate(
+            form=form,  # type: ignore[arg-type]
+            flat_s=flat_s,
+            strided_s=strided_s,
+            staging_s=staging_s,
+            descriptors=counts.direct_descriptors,
+            strided_rows=None if strided is None else strided[0],
+            bytes=counts.bytes,
+        )
 
     def estimate_counts(
         self, counts: StagingCounts | tuple[int, int, int, int, int]
@@ -147,12 +269,7 @@ class CostModel:
         :param counts: The counts, as ``StagingPlan.counts`` and
             ``PreparedTransfer.staging_counts`` give them (or the same five as a plain tuple).
         """
-        if not isinstance(counts, tuple) or len(counts) != len(StagingCounts._fields):
-            raise UnsupportedPDLayoutError(
-                "estimate_counts takes the five staging counts (StagingCounts: "
-                f"{', '.join(StagingCounts._fields)}), got {counts!r}"
-            )
-        counts = StagingCounts(*counts)
+        counts = StagingCounts(*_five_counts(counts, "estimate_counts"))
         direct, staging, gather, wire, scatter = _core.estimate_staging(
             counts, *_checked_figures(self)
         )
@@ -222,6 +339,25 @@ class CostModel:
             src_slots, dst_slots, buffers=buffers, chunk_bytes=chunk_bytes
         )
         return self.estimate_counts(counts)
+
+
+def _five_counts(counts: object, method: str) -> tuple[int, int, int, int, int]:
+    if not isinstance(counts, tuple) or len(counts) != len(StagingCounts._fields):
+        raise UnsupportedPDLayoutError(
+            f"{method} takes the five staging counts (StagingCounts: "
+            f"{', '.join(StagingCounts._fields)}), got {counts!r}"
+        )
+    a, b, c, d, e = counts
+    return a, b, c, d, e
+
+
+def _forms(forms: object) -> frozenset[str]:
+    chosen = frozenset(forms) if isinstance(forms, (tuple, list, set, frozenset)) else None
+    if chosen is None or not chosen <= set(FORMS):
+        raise UnsupportedPDLayoutError(
+            f"forms must be a sequence of {', '.join(map(repr, FORMS))}, got {forms!r}"
+        )
+    return chosen | {"flat"}
 
 
 def _prepared(value: object, method: str) -> PreparedTransfer:

@@ -14,6 +14,7 @@ mod model;
 mod objects;
 mod package_types;
 mod planner;
+mod posting;
 mod prepared;
 mod staging;
 
@@ -396,6 +397,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(staging::check_cost_model, m)?)?;
     m.add_function(wrap_pyfunction!(staging::layer_groups, m)?)?;
     m.add_function(wrap_pyfunction!(staging::scaled_counts, m)?)?;
+    m.add_function(wrap_pyfunction!(posting::estimate_forms, m)?)?;
+    m.add_function(wrap_pyfunction!(posting::check_strided_costs, m)?)?;
+    m.add_function(wrap_pyfunction!(posting::fit_timings, m)?)?;
     m.add_function(wrap_pyfunction!(prepared::frame_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(encode_cache_info, m)?)?;
     m.add_function(wrap_pyfunction!(arrays::buffer_from_array, m)?)?;

@@ -92,6 +92,8 @@ def cost_model(args: argparse.Namespace) -> CostModel:
         copy_bytes_per_s=args.copy_gbyte * 1e9,
         per_copy_s=args.per_copy_us * 1e-6,
         per_segment_s=args.per_segment_ns * 1e-9,
+        per_row_s=args.per_row_us * 1e-6,
+        per_block_s=args.per_block_us * 1e-6,
     )
 
 
@@ -232,6 +234,10 @@ def _layout_options(parser: argparse.ArgumentParser) -> None:
          "fixed cost of one gather or scatter (a kernel launch), in µs"),
         ("--per-segment-ns", _non_negative, defaults.per_segment_s * 1e9,
          "cost of each gather/scatter segment, in ns"),
+        ("--per-row-us", _non_negative, defaults.per_row_s * 1e6,
+         "what the engine pays a strided list's row (NIXL 1.5), in µs"),
+        ("--per-block-us", _non_negative, defaults.per_block_s * 1e6,
+         "what the engine pays each block of a strided row, in µs"),
     )  # fmt: skip
     for flag, kind, default, text in figures:
         cost.add_argument(flag, type=kind, default=default, help=f"{text} (%(default)g)")

@@ -304,6 +304,33 @@ def request_lines(
             f"{size}; direct {seconds_text(e.direct_s)}, staged {seconds_text(e.staging_s)} in "
             f"{transfers:,} descriptor(s) -> {choice}"
         )
+    return lines + form_lines(pairs, model)
+
+
+def form_lines(pairs: list[PairRequest], model: CostModel) -> list[str]:
+    """Each group of alike rank pairs' descriptor forms on consecutive pages, and the one the
+    cost model chooses (flat, NIXL 1.5's strided lists, or staged)."""
+    lines = [
+        f"descriptor forms, its pages consecutive (a fresh allocator's; {model.per_row_s * 1e6:g}"
+        f" µs a strided row, {model.per_block_s * 1e6:g} µs a block of a row):"
+    ]
+    groups: dict[tuple[object, ...], list[PairRequest]] = {}
+    for p in pairs:
+        f = p.forms
+        groups.setdefault((f.descriptors, f.strided_rows, f.bytes, f.form), []).append(p)
+    for members in groups.values():
+        f = members[0].forms
+        named = ", ".join(f"{m.decode_rank}<-{m.prefill_rank}" for m in members[:4])
+        more = f" and {len(members) - 4} more" if len(members) > 4 else ""
+        staged = "" if f.staging_s is None else f", staged {seconds_text(f.staging_s)}"
+        strided = "" if f.strided_s is None else (
+            f", strided {seconds_text(f.strided_s)} in {f.strided_rows:,} rows"
+        )  # fmt: skip
+        lines.append(
+            f"  decode<-prefill {named}{more} ({len(members)} pairs): flat "
+            f"{seconds_text(f.flat_s)} in {f.descriptors:,} descriptors{strided}{staged} -> "
+            f"{f.form} ({seconds_text(f.seconds)})"
+        )
     return lines
 
 

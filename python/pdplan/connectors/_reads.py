@@ -1,9 +1,9 @@
 """A decode rank's reads from one source rank, gathered over a step's requests and handed to
 the engine at once: flat ``(local, remote, length)`` columns, or NIXL 1.5's strided rows where
-the engine takes them (``strided_descriptors``: a run of pages one row a buffer) and they
-compress: rows that stand for fewer than two blocks each on average are read flat (through
-NIXL here, rows a block each were sometimes slower than flat descriptors, compressed rows as
-fast or faster: benches/nixl_strided.py)."""
+the engine takes them (``strided_descriptors``: a run of pages one row a buffer) and the cost
+model says they take less time (``CostModel.choose_form_counts``: a row each and a block each
+against a flat descriptor each; by its defaults, measured through NIXL here, rows must stand
+for more than about one block each on average)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ from typing import Any
 import numpy as np
 
 from pdplan._descriptors import StridedDescriptors, TransferDescriptors
+from pdplan._staging import CostModel
 from pdplan.connectors._engines import TransferEngine
 
 
 class Reads:
     """What one source rank is read for: each part a request's (or a slice's) descriptors."""
 
-    def __init__(self, strided: bool) -> None:
+    def __init__(self, strided: bool, model: CostModel | None = None) -> None:
         self.strided = strided
+        self.model = model or _DEFAULT_MODEL
         self._parts: list[tuple[Any, ...]] = []
 
     def add(self, prepared: Any, src_pages: Any, dst_pages: Any, **request: Any) -> None:
@@ -34,6 +36,7 @@ class Reads:
                 self._parts.append((flat.dst_addrs, flat.src_addrs, flat.lengths))
 
     def extend(self, other: Reads) -> None:
+        """Takes in ``other``'s parts (read by this one's form and model)."""
         self._parts += other._parts
 
     def __bool__(self) -> bool:
@@ -47,7 +50,14 @@ class Reads:
         if not self.strided:
             return engine.read(peer, columns[0], columns[1], columns[2])
         local, remote = columns
-        if 2 * len(local) > int(local[:, 4].sum()):
-            flat = StridedDescriptors(remote, local).expand()  # too few blocks a row
+        blocks = int(local[:, 4].sum())
+        moved = int((local[:, 1] * local[:, 4]).sum())
+        counts = (blocks, 0, 0, 0, moved)
+        choice = self.model.choose_form_counts(counts, strided=(len(local), blocks), staging=False)
+        if choice.form == "flat":
+            flat = StridedDescriptors(remote, local).expand()
             return engine.read(peer, flat.dst_addrs, flat.src_addrs, flat.lengths)
         return engine.read_strided(peer, local, remote)
+
+
+_DEFAULT_MODEL = CostModel()

@@ -35,7 +35,8 @@ class Settings:
     descriptors: str = "auto"
     """How a decode rank hands its reads to the engine: ``"strided"`` (NIXL 1.5's N x 5
     lists, ``strided_descriptors``), ``"flat"`` (``(src, dst, length)`` descriptors), or
-    ``"auto"``: strided where the engine takes them (NIXL), flat elsewhere (Mooncake)."""
+    ``"auto"``: strided where the engine takes them (NIXL), flat elsewhere (Mooncake). Strided
+    reads are made where the cost model says rows take less time than flat descriptors."""
 
     @classmethod
     def of(cls, extra: Mapping[str, Any] | None) -> Settings:
