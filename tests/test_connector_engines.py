@@ -73,3 +73,24 @@ def test_the_descriptor_form_is_one_of_three_and_strided_needs_nixl() -> None:
             Settings.of({"descriptors": bad})
     with pytest.raises(UnsupportedPDLayoutError, match="Mooncake reads flat"):
         Settings.of({"descriptors": "strided", "engine": "mooncake"})
+
+
+def test_the_engine_s_posting_costs_are_settings_of_the_cost_model() -> None:
+    from pdplan import CostModel
+
+    default, plain = Settings.of({}).cost_model(), CostModel()
+    figures = ("per_descriptor_s", "per_row_s", "per_block_s", "network_bytes_per_s")
+    assert [getattr(default, f) for f in figures] == pytest.approx(
+        [getattr(plain, f) for f in figures], rel=1e-12
+    )
+    calibrated = Settings.of({"per_descriptor_us": 2, "per_row_us": 0.05, "per_block_us": 1.5})
+    m = calibrated.cost_model()
+    assert (m.per_descriptor_s, m.per_row_s, m.per_block_s) == pytest.approx((2e-6, 5e-8, 1.5e-6))
+    assert m.network_bytes_per_s == CostModel().network_bytes_per_s
+    # At these figures a row of ten blocks (0.05 + 15 µs) beats ten descriptors (20 µs).
+    assert m.choose_form_counts((10, 0, 0, 0, 640), strided=(1, 10), staging=False).form == (
+        "strided"
+    )
+    for bad in ({"per_row_us": -1.0}, {"per_block_us": float("nan")}, {"per_row_us": "1"}):
+        with pytest.raises(UnsupportedPDLayoutError):
+            Settings.of(bad)

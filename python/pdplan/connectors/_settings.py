@@ -4,10 +4,13 @@ key optional, unknown keys refused (a misspelt key must not silently fall back).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
+from pdplan._staging import CostModel
+
+_DEFAULTS = CostModel()
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,21 @@ class Settings:
     lists, ``strided_descriptors``), ``"flat"`` (``(src, dst, length)`` descriptors), or
     ``"auto"``: strided where the engine takes them (NIXL), flat elsewhere (Mooncake). Strided
     reads are made where the cost model says rows take less time than flat descriptors."""
+    per_descriptor_us: float = _DEFAULTS.per_descriptor_s * 1e6
+    """The engine's cost a flat descriptor, in µs (``calibrate_posting`` measures it)."""
+    per_row_us: float = _DEFAULTS.per_row_s * 1e6
+    """The engine's cost a strided row, in µs."""
+    per_block_us: float = _DEFAULTS.per_block_s * 1e6
+    """The engine's cost a block of a strided row, in µs."""
+
+    def cost_model(self) -> CostModel:
+        """The cost model reads are weighed by: the defaults with these posting costs."""
+        return replace(
+            _DEFAULTS,
+            per_descriptor_s=self.per_descriptor_us * 1e-6,
+            per_row_s=self.per_row_us * 1e-6,
+            per_block_s=self.per_block_us * 1e-6,
+        )
 
     @classmethod
     def of(cls, extra: Mapping[str, Any] | None) -> Settings:
@@ -83,4 +101,5 @@ class Settings:
                 f"nixl_progress_delay_us={settings.nixl_progress_delay_us} must be 0 to "
                 "1,000,000 (a second)"
             )
+        settings.cost_model()  # posting costs that make no estimate are refused here
         return settings

@@ -71,6 +71,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         )  # fmt: skip
         self._engine.register(regions(kv_caches))
         strided = self._settings.descriptors != "flat" and self._engine.takes_strided
+        model = self._settings.cost_model()
         if self._producer:
             port = self._settings.side_channel_port
             self._prefill = PrefillRank(cache, rank, size, self._engine, host, port)
@@ -78,13 +79,13 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._decode = DecodeRank(
                 cache, rank, size, self._engine,
                 self._settings.handshake_timeout_seconds,
-                self._settings.transfer_timeout_seconds, strided,
+                self._settings.transfer_timeout_seconds, strided, model,
             )  # fmt: skip
         logger.info(
             "pdplan: rank %d of %d registered %d buffers (%s, %s%s)",
             rank, size, len(cache.cache.buffers), self._settings.engine,
             "producer" if self._producer else "consumer",
-            ", strided reads where they compress" if self._consumer and strided else "",
+            ", strided reads where the cost model says" if self._consumer and strided else "",
         )  # fmt: skip
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:

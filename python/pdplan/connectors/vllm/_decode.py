@@ -16,6 +16,7 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import encode_layout
 from pdplan._model import BufferLayout, ParallelLayout
 from pdplan._planner import PDTransferPlanner
+from pdplan._staging import CostModel
 from pdplan.connectors._engines import TransferEngine
 from pdplan.connectors._reads import Reads
 from pdplan.connectors._side_channel import Notices, PeerGone, ask
@@ -54,12 +55,14 @@ class DecodeRank:
     def __init__(
         self, cache: WorkerCache, tp_rank: int, tp_size: int, engine: TransferEngine,
         handshake_timeout: float, transfer_timeout: float, strided: bool = False,
+        model: CostModel | None = None,
     ) -> None:  # fmt: skip
         self._cache = cache
         self._rank = tp_rank
         self._layout = ParallelLayout("decode", tp_size)
         self._engine = engine
         self._strided = strided
+        self._model = model  # weighs strided rows against flat descriptors
         self._handshake_timeout = handshake_timeout
         self._transfer_timeout = transfer_timeout
         self._frames = encode_layout(self._layout, cache.cache.buffers)
@@ -174,7 +177,7 @@ class DecodeRank:
             batch.append((receive, peer))
             for rank, read in reads:
                 key = (receive.remote.engine_id, rank)
-                parts.setdefault(key, (peer, Reads(self._strided)))[1].extend(read)
+                parts.setdefault(key, (peer, Reads(self._strided, self._model)))[1].extend(read)
         self._flush()
         if not batch:
             return
@@ -219,7 +222,7 @@ class DecodeRank:
         """What this rank reads of source ``rank``, per KV cache group."""
         own = self._cache.cache
         prepared = peer.transfer(rank, own.base_ptrs, own.limits)
-        reads = Reads(self._strided)
+        reads = Reads(self._strided, self._model)
         for remote, local, buffers in pages:
             reads.add(prepared, remote, local, buffers=buffers)
         return reads
@@ -352,7 +355,7 @@ class DecodeRank:
         reads = slice_reads(
             following, notice,
             lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
-            self._rules.pages, self._cache.groups, slices, self._strided,
+            self._rules.pages, self._cache.groups, slices, (self._strided, self._model),
         )  # fmt: skip
         for rank, read in reads:
             if read:

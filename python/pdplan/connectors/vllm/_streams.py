@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
+from pdplan._staging import CostModel
 from pdplan.connectors._progress import (
     MAX_STREAMS_ASKED,
     Progress,
@@ -103,9 +104,10 @@ def slice_reads(
     pages_of: Any,
     groups: tuple[tuple[int, ...], ...],
     slices: list[Slice],
-    strided: bool,
+    form: tuple[bool, CostModel | None],
 ) -> list[tuple[int, Reads]]:
-    """Each source rank's reads of ``slices`` of the stream."""
+    """Each source rank's reads of ``slices`` of the stream, in ``form`` (strided where the
+    engine takes them, and the cost model that weighs them: ``Reads``' arguments)."""
     stream = following.stream
     receive = following.receive
     if len(notice.blocks) != len(receive.local_blocks):
@@ -116,7 +118,7 @@ def slice_reads(
     out = []
     for rank in following.sources:
         prepared = prepared_of(rank)
-        reads = Reads(strided)
+        reads = Reads(*form)
         for group, (theirs, ours) in enumerate(zip(notice.blocks, receive.local_blocks)):
             for layers, start, stop in slices:
                 reads.add(
