@@ -7,7 +7,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 pub use crate::descriptors::Buffers;
-use crate::descriptors::{self, place_all, validate_all, Descriptors, FlatPlan, Placed, Strided};
+use crate::descriptors::{
+    self, place_all, validate_all, Descriptors, FlatPlan, Placed, RequestPages, Strided,
+};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
 use crate::layout::BufferKind;
@@ -102,6 +104,7 @@ impl Selection {
         }
     }
 
+    #[inline]
     pub fn contains(&self, buffer_index: u64) -> bool {
         match self {
             Self::All => true,
@@ -451,9 +454,22 @@ impl Prepared {
         selection: &Selection,
         slice: &TokenSlice,
     ) -> PlanResult<Strided> {
+        let pages = RequestPages::new(src_pages.into(), dst_pages.into());
+        self.request_strided(&pages, selection, slice)
+    }
+
+    /// `strided_descriptors` of a request's pages read once (`RequestPages`): a layer group's
+    /// slice reuses the pages' runs; a slice of tokens finds its own pages' runs.
+    pub fn request_strided(
+        &self,
+        pages: &RequestPages<'_>,
+        selection: &Selection,
+        slice: &TokenSlice,
+    ) -> PlanResult<Strided> {
+        let (src_pages, dst_pages) = (pages.src(), pages.dst());
         if slice.is_whole() {
             let chosen: Vec<&Placed> = self.selected(selection).map(|(_, p)| p).collect();
-            return descriptors::build_placed_strided(&chosen, src_pages, dst_pages);
+            return descriptors::build_placed_strided_in(&chosen, pages);
         }
         let mut out = Strided::default();
         for (pairs, list) in self.slice_parts(src_pages.len(), dst_pages.len(), selection, slice)? {

@@ -111,6 +111,7 @@ def test_public_names() -> None:
         "token_owners",
         "token_slots",
         "vllm_layer_partition",
+        "PreparedRequest",
         "PreparedTransfer",
         "UnsupportedPDLayoutError",
         "encode_transfer_fragments",

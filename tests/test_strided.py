@@ -135,6 +135,32 @@ def test_strided_pages_expand_to_the_flat_descriptors(
         part = prepared.strided_descriptors(*tables, **slice_)
         check_shape(part, limits)
         equal_bytes(part, prepared.descriptors(*tables, **slice_))
+        # The same request's pages read once (PreparedRequest): the same lists, row for row.
+        request = prepared.request(*tables)
+        assert len(request) == count
+        for got, want in (
+            (request.strided_descriptors(), whole),
+            (request.strided_descriptors(**slice_), part),
+            (request.strided_descriptors(layers=range(len(kinds) - 1, -1, -1)), whole),
+            (request.descriptors(**slice_), prepared.descriptors(*tables, **slice_)),
+        ):
+            assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+def test_a_request_s_pages_read_once_serve_a_prefill_still_running() -> None:
+    # Prefill has written 3 pages of a request the decode side holds 6 for: slices of the
+    # first 3 pages' tokens pair them; the whole request needs tables of one length.
+    _, prepared = seventy_b()
+    src, dst = np.arange(3), np.arange(10, 16)
+    request = prepared[0].request(src, dst)
+    for tokens in (range(0, 48), range(16, 40)):
+        got = request.strided_descriptors(layers=[0, 1], tokens=tokens)
+        want = prepared[0].strided_descriptors(src, dst, layers=[0, 1], tokens=tokens)
+        assert got.num_entries and all(np.array_equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(UnsupportedPDLayoutError, match="same length"):
+        request.strided_descriptors()
+    with pytest.raises(UnsupportedPDLayoutError, match="dst_pages"):
+        prepared[0].request(src, [-1])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

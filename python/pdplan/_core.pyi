@@ -52,6 +52,7 @@ __all__ = [
     "TRANSFER_PLAN_READABLE_VERSIONS",
     "FrameFloor",
     "Planner",
+    "PreparedRequest",
     "PreparedTransfer",
     "StagingPlan",
     "UnsupportedPDLayoutError",
@@ -159,19 +160,15 @@ def decode_transfer_fragments(
     max_payload_bytes: int | None = None,
     max_fragments: int | None = None,
 ) -> tuple[TransferFragment, ...]:
-    """The fragments a peer's frames carry, read strictly: a payload longer than
-    ``max_payload_bytes`` is refused on its length before it is parsed, and a frame that
-    breaks any rule of the wire format (a missing, unknown or later version's key, a value out
-    of range, a fragment that cannot be) with ``UnsupportedPDLayoutError`` naming what is
-    wrong. Both frames empty, or both None, is no fragments; one without the other is refused.
+    """The fragments a peer's frames carry, read strictly: a payload over ``max_payload_bytes``
+    is refused before it is parsed, a frame breaking any rule of the wire format names what is
+    wrong. Both frames empty or None is no fragments; one without the other is refused.
 
     :param version_frame: The version frame, ``b"1"`` to ``b"6"``
         (``TRANSFER_PLAN_READABLE_VERSIONS``).
     :param payload_frame: The payload frame: one JSON array of fragment objects.
-    :param max_payload_bytes: The longest payload accepted; None:
-        ``DEFAULT_MAX_PAYLOAD_BYTES`` (16 MiB).
-    :param max_fragments: The most fragments accepted; None: ``DEFAULT_MAX_FRAGMENTS``
-        (65,536).
+    :param max_payload_bytes: The longest payload accepted; None: ``DEFAULT_MAX_PAYLOAD_BYTES``.
+    :param max_fragments: The most fragments accepted; None: ``DEFAULT_MAX_FRAGMENTS``.
     """
 
 def transfer_descriptors(
@@ -356,15 +353,10 @@ _Ints = npt.NDArray[np.integer] | Sequence[int]
 
 @final
 class PreparedTransfer:
-    """One transfer between two ranks, checked once, for many requests. Thread-safe to share.
-
-    ``PreparedTransfer(fragments, src_base_ptrs, dst_base_ptrs, *, src_limits=None,
-    dst_limits=None)`` holds one (prefill rank, decode rank) pair's ``fragments``, checked once
-    against both sides' buffers: each buffer's base address, indexed by ``buffer_index``, and
-    how many bytes from it may be touched. ``from_frames`` prepares it from a peer's wire
-    frames, ``from_layouts`` from a planner; a request then names only its pages or slot maps.
-    """
-
+    """One (prefill rank, decode rank) pair's fragments, checked once against both sides'
+    buffers (base addresses and limits, by ``buffer_index``), for many requests: each then names
+    only its pages or slot maps. ``from_frames`` prepares one from a peer's wire frames,
+    ``from_layouts`` from a planner. Thread-safe to share."""
     def __new__(
         cls,
         fragments: Iterable[TransferFragment],
@@ -399,9 +391,8 @@ class PreparedTransfer:
         max_fragments: int | None = None,
         buffer_layouts: Iterable[BufferLayout] | None = None,
     ) -> PreparedTransfer:
-        """Prepared straight from a peer's wire frames, read as strictly as
-        ``decode_transfer_fragments`` reads them: never makes fragment objects, and frames
-        byte-equal to ones seen before reuse their parsed fragments (a bounded cache).
+        """Prepared from a peer's wire frames, read as strictly as ``decode_transfer_fragments``
+        does, making no fragment objects; frames seen before reuse their parse (a bounded cache).
 
         :param version_frame: The version frame.
         :param payload_frame: The payload frame.
@@ -437,9 +428,8 @@ class PreparedTransfer:
         :param decode_rank: The decode rank that receives.
         :param prefill_rank: The prefill rank that sends.
         :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
-        :param dst_base_ptrs: Each destination buffer's base address, indexed by
-            ``buffer_index``.
-        :param src_limits: How many bytes from each source base may be touched, indexed by
+        :param dst_base_ptrs: The same for the destination buffers.
+        :param src_limits: Bytes from each source base that may be touched, by
             ``buffer_index``; None: no limit (only 64-bit overflow is refused).
         :param dst_limits: The same for the destination buffers.
         :param prefill_dp_group: The prefill DP group read from, as in
@@ -500,6 +490,13 @@ class PreparedTransfer:
         :param final_length: As in ``descriptors``.
         :param decode_prefix: As in ``descriptors``.
         """
+    def request(self, src_pages: _Ints, dst_pages: _Ints) -> PreparedRequest:
+        """One request's page tables read once, with their page runs: its slices
+        (``PreparedRequest``) then skip reading them, the per-call cost streaming pays.
+
+        :param src_pages: As in ``descriptors``.
+        :param dst_pages: As in ``descriptors``.
+        """
     def token_strided_descriptors(
         self,
         src_slots: _Ints,
@@ -551,7 +548,6 @@ class PreparedTransfer:
             tokens of it, and state moves in the slice ending at it. None: not known yet.
         :param decode_prefix: Tokens the decode side holds already: they never move.
         """
-
     def staging_plan(
         self,
         src_pages: _Ints,
@@ -569,7 +565,6 @@ class PreparedTransfer:
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
-
     def token_staging_plan(
         self,
         src_slots: _Ints,
@@ -587,7 +582,6 @@ class PreparedTransfer:
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
-
     def staging_counts(
         self,
         src_pages: _Ints,
@@ -596,8 +590,7 @@ class PreparedTransfer:
         buffers: range | _Ints | None = None,
         chunk_bytes: int | None = None,
     ) -> StagingCounts:
-        """What ``staging_plan`` would count, without building its columns: a
-        ``StagingCounts`` (direct, wire, gather, scatter descriptors, bytes), for a cost model.
+        """What ``staging_plan`` would count (``StagingCounts``), without building it.
 
         :param src_pages: As in ``descriptors``.
         :param dst_pages: The destination pages they pair with, as many.
@@ -605,18 +598,15 @@ class PreparedTransfer:
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
-
     def scattered_page_counts(
         self, pages: int, *, buffers: range | _Ints | None = None
     ) -> StagingCounts:
-        """What ``staging_counts`` would count for a request of ``pages`` pages scattered on
-        both sides (no page beside the one before it, so no run continues across pages), in
-        one transfer, in constant time: what a router weighs before any page is chosen.
+        """``staging_counts`` of ``pages`` pages scattered on both sides (no run continues), one
+        transfer, in constant time: what a router weighs before any page is chosen.
 
         :param pages: Pages the request moves on each side.
         :param buffers: As in ``descriptors``.
         """
-
     def token_staging_counts(
         self,
         src_slots: _Ints,
@@ -633,7 +623,6 @@ class PreparedTransfer:
         :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
             each); None: one transfer.
         """
-
     def nixl_prepped_lists(
         self, src_capacity_pages: int, dst_capacity_pages: int
     ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64]]:
@@ -645,7 +634,6 @@ class PreparedTransfer:
         :param src_capacity_pages: Pages each source buffer holds.
         :param dst_capacity_pages: Pages each destination buffer holds.
         """
-
     def nixl_prepped_indices(
         self,
         src_pages: _Ints,
@@ -664,11 +652,9 @@ class PreparedTransfer:
         :param dst_capacity_pages: Pages each destination buffer holds, as the lists were made.
         :param buffers: As in ``descriptors``.
         """
-
     @property
     def fragments(self) -> tuple[TransferFragment, ...]:
         """The fragments, as ``TransferFragment`` objects (made on each call)."""
-
     def __len__(self) -> int: ...
     def shares_fragments_with(self, other: PreparedTransfer) -> bool:
         """Whether both were prepared from one parsed fragment list (frames seen before).
@@ -677,53 +663,82 @@ class PreparedTransfer:
         """
 
 @final
+class PreparedRequest:
+    """One request's pages on a ``PreparedTransfer`` (``.request``): each slice's descriptors,
+    that transfer's for these pages, as layers and tokens become final."""
+    def strided_descriptors(
+        self,
+        *,
+        buffers: range | _Ints | None = None,
+        layers: _Ints | None = None,
+        tokens: range | None = None,
+        final_length: int | None = None,
+        decode_prefix: int | None = None,
+    ) -> StridedDescriptors:
+        """``PreparedTransfer.strided_descriptors`` of these pages.
+
+        :param buffers: As there.
+        :param layers: As there.
+        :param tokens: As there.
+        :param final_length: As there.
+        :param decode_prefix: As there.
+        """
+    def descriptors(
+        self,
+        *,
+        buffers: range | _Ints | None = None,
+        coalesce: bool = True,
+        layers: _Ints | None = None,
+        tokens: range | None = None,
+        final_length: int | None = None,
+        decode_prefix: int | None = None,
+    ) -> TransferDescriptors:
+        """``PreparedTransfer.descriptors`` of these pages.
+
+        :param buffers: As there.
+        :param coalesce: As there.
+        :param layers: As there.
+        :param tokens: As there.
+        :param final_length: As there.
+        :param decode_prefix: As there.
+        """
+    def __len__(self) -> int: ...
+
+@final
 class StagingPlan:
-    """One request staged: gather into a staging buffer, one transfer (or chunks), scatter.
-
-    Made by ``PreparedTransfer.staging_plan`` and ``token_staging_plan``. The staging buffer
-    holds the request's bytes in the order of the direct descriptors, from offset 0 with no
-    gap; gather, transfer and scatter write exactly the bytes the direct descriptors would.
-    """
-
+    """One request staged (``PreparedTransfer.staging_plan``): gather into a staging buffer
+    (the bytes in the direct descriptors' order, from offset 0, no gap), one transfer or chunks,
+    scatter: exactly the bytes the direct descriptors would write."""
     @property
     def gather(self) -> TransferDescriptors:
         """Source cache addresses -> offsets in the source staging buffer (made on each call);
         runs that continue each other in the source cache merge."""
-
     @property
     def scatter(self) -> TransferDescriptors:
         """Offsets in the destination staging buffer -> destination cache addresses, merged
         wherever the destination continues."""
-
     @property
     def staging_bytes(self) -> int:
         """Bytes of the request: the least each side's staging buffer must hold."""
-
     @property
     def chunk_bytes(self) -> int | None:
         """The wire hop's chunk size, as asked for; None: one transfer."""
-
     @property
     def counts(self) -> StagingCounts:
         """``StagingCounts`` (direct, wire, gather, scatter descriptors, bytes): what a cost
         model weighs."""
-
     @property
     def num_direct_descriptors(self) -> int:
         """Descriptors the request takes without staging (``counts.direct_descriptors``)."""
-
     @property
     def num_wire_descriptors(self) -> int:
         """Descriptors of the wire hop: one, or one per chunk (``counts.wire_descriptors``)."""
-
     @property
     def num_gather_descriptors(self) -> int:
         """Descriptors of the gather (``counts.gather_descriptors``)."""
-
     @property
     def num_scatter_descriptors(self) -> int:
         """Descriptors of the scatter (``counts.scatter_descriptors``)."""
-
     def wire_descriptors(
         self,
         src_staging_base: int,
@@ -740,21 +755,16 @@ class StagingPlan:
         :param src_staging_bytes: The source staging buffer's size; None: not checked.
         :param dst_staging_bytes: The destination staging buffer's size; None: not checked.
         """
-
     def pack(self, staging: npt.NDArray[np.uint8]) -> None:
-        """Copies the source caches into ``staging`` (host memory), with the GIL released.
-        Call it where the source caches live: their addresses are read in this process, inside
-        the ``src_limits`` the plan was built with.
+        """Copies the source caches into ``staging`` (host memory), the GIL released, where
+        they live (read in this process, inside the plan's ``src_limits``).
 
         :param staging: A writable 1-D C-contiguous numpy ``uint8`` array of at least
             ``staging_bytes``, overlapping no cache.
         """
-
     def unpack(self, staging: npt.NDArray[np.uint8]) -> None:
-        """Copies ``staging`` (host memory) into the destination caches, with the GIL released.
-        Call it where the destination caches live (the decode side's own plan): their
-        addresses are written in this process, inside the ``dst_limits`` the plan was built
-        with.
+        """Copies ``staging`` (host memory) into the destination caches, the GIL released,
+        where they live (the decode side's plan; inside its ``dst_limits``).
 
         :param staging: A 1-D C-contiguous numpy ``uint8`` array of at least
             ``staging_bytes``, as ``pack`` filled it, overlapping no cache.
@@ -767,20 +777,9 @@ def layer_groups(
     figures: tuple[float, float, float, float, float],
 ) -> tuple[list[tuple[int, int]], float, float]: ...
 def estimate_staging(
-    counts: tuple[int, int, int, int, int],
-    per_descriptor_s: float,
-    network_bytes_per_s: float,
-    copy_bytes_per_s: float,
-    per_copy_s: float,
-    per_segment_s: float,
+    counts: tuple[int, int, int, int, int], figures: tuple[float, float, float, float, float]
 ) -> tuple[float, float, float, float, float]: ...
-def check_cost_model(
-    per_descriptor_s: float,
-    network_bytes_per_s: float,
-    copy_bytes_per_s: float,
-    per_copy_s: float,
-    per_segment_s: float,
-) -> None: ...
+def check_cost_model(figures: tuple[float, float, float, float, float]) -> None: ...
 def estimate_forms(
     counts: tuple[int, int, int, int, int],
     strided: tuple[int, int] | None,

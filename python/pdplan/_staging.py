@@ -180,7 +180,7 @@ class CostModel:
     """Seconds the engine takes per block a strided row stands for."""
 
     def __post_init__(self) -> None:
-        _core.check_cost_model(*self._figures())
+        _core.check_cost_model(self._figures())
         _core.check_strided_costs(*self._strided_costs())
 
     def _strided_costs(self) -> tuple[float, float]:
@@ -271,7 +271,7 @@ class CostModel:
         """
         counts = StagingCounts(*_five_counts(counts, "estimate_counts"))
         direct, staging, gather, wire, scatter = _core.estimate_staging(
-            counts, *_checked_figures(self)
+            counts, _checked_figures(self)
         )
         return CostEstimate(
             direct_s=direct,

@@ -22,7 +22,7 @@ mod strided;
 use fill::fill_columns;
 pub(crate) use fill::split_in_half;
 pub use placement::{place, place_all};
-pub use strided::Strided;
+pub use strided::{RequestPages, Strided};
 
 /// The one check of a call's descriptor count, before anything is allocated for it.
 pub fn check_descriptor_count(total: u64) -> PlanResult<()> {
@@ -313,15 +313,26 @@ pub fn build_placed_strided<P: Borrow<Placed>>(
     dst_pages: &[u64],
 ) -> PlanResult<Strided> {
     check_paired(src_pages, dst_pages)?;
-    let runs = strided::page_runs(src_pages, dst_pages);
-    let largest = strided::largest_pages(&runs, src_pages, dst_pages);
-    let total = check_request_knowing(placed, src_pages, dst_pages, largest)?;
+    build_placed_strided_in(
+        placed,
+        &RequestPages::new(src_pages.into(), dst_pages.into()),
+    )
+}
+
+/// `build_placed_strided` of a request's pages, their runs found once (`RequestPages`).
+pub fn build_placed_strided_in<P: Borrow<Placed>>(
+    placed: &[P],
+    pages: &RequestPages<'_>,
+) -> PlanResult<Strided> {
+    let (src_pages, dst_pages) = (pages.src(), pages.dst());
+    check_paired(src_pages, dst_pages)?;
+    let total = check_request_knowing(placed, src_pages, dst_pages, pages.largest())?;
     let jobs = jobs_of(placed, src_pages, dst_pages);
     // At most a row a run of each job's (and never more than the flat descriptors).
     let rows: usize = jobs.iter().map(|j| j.rows).sum();
-    let mut out = Strided::with_capacity(total.min(rows.saturating_mul(runs.len())));
+    let mut out = Strided::with_capacity(total.min(rows.saturating_mul(pages.run_count())));
     for job in &jobs {
-        job.write_strided(&runs, &mut out);
+        job.write_strided(pages.runs(), &mut out);
     }
     Ok(out)
 }

@@ -3,6 +3,8 @@
 //! step by a constant on both sides (rows of a token-major page become one entry across a page
 //! run, or one a row), or from any flat list in order (`Strided::push`).
 
+use std::borrow::Cow;
+
 use super::{Descriptors, Job};
 
 /// One strided entry: `count` descriptors of `length` bytes, the `k`-th from
@@ -219,6 +221,53 @@ pub(super) struct PageRun {
     start: usize,
     count: usize,
     steps: (u64, u64),
+}
+
+/// A request's page pairs, cut into runs once with each side's largest page, for every slice
+/// of the request: the pages and their runs are held together, so they always agree.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestPages<'a> {
+    src: Cow<'a, [u64]>,
+    dst: Cow<'a, [u64]>,
+    runs: Vec<PageRun>,
+    largest: Option<(u64, u64)>,
+}
+
+impl<'a> RequestPages<'a> {
+    /// Pages pair by position, the first `min(src, dst)` of them (a slice may pair a prefill's
+    /// pages so far with a longer decode table; a whole request refuses tables of different
+    /// lengths).
+    pub fn new(src: Cow<'a, [u64]>, dst: Cow<'a, [u64]>) -> Self {
+        let runs = page_runs(&src, &dst);
+        let largest = largest_pages(&runs, &src, &dst);
+        Self {
+            src,
+            dst,
+            runs,
+            largest,
+        }
+    }
+
+    pub fn src(&self) -> &[u64] {
+        &self.src
+    }
+
+    pub fn dst(&self) -> &[u64] {
+        &self.dst
+    }
+
+    /// How many runs the pairs make.
+    pub fn run_count(&self) -> usize {
+        self.runs.len()
+    }
+
+    pub(super) fn runs(&self) -> &[PageRun] {
+        &self.runs
+    }
+
+    pub(super) fn largest(&self) -> Option<(u64, u64)> {
+        self.largest
+    }
 }
 
 /// The page pairs cut into maximal runs, greedily from the first.

@@ -16,6 +16,7 @@ mod package_types;
 mod planner;
 mod posting;
 mod prepared;
+mod request;
 mod staging;
 
 use numpy::{IntoPyArray, PyArray1};
@@ -392,6 +393,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<planner::PyPlanner>()?;
     m.add_class::<prepared::PyPrepared>()?;
+    m.add_class::<request::PyPreparedRequest>()?;
     m.add_class::<staging::PyStagingPlan>()?;
     m.add_function(wrap_pyfunction!(staging::estimate_staging, m)?)?;
     m.add_function(wrap_pyfunction!(staging::check_cost_model, m)?)?;

@@ -2,9 +2,8 @@
 
 use pyo3::prelude::*;
 
-use super::staging::CountsTuple;
+use super::staging::{model_of, CountsTuple, Figures};
 use super::to_py_err;
-use crate::cost::CostModel;
 use crate::posting::{cheapest, fit_line, StridedCosts};
 use crate::staging::StagingCounts;
 
@@ -20,21 +19,11 @@ pub fn estimate_forms(
     counts: CountsTuple,
     strided: Option<(u64, u64)>,
     staging: bool,
-    figures: (f64, f64, f64, f64, f64),
+    figures: Figures,
     strided_costs: (f64, f64),
 ) -> PyResult<Forms> {
-    let (per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s) =
-        figures;
-    let build = || {
-        Ok::<_, crate::error::PlanError>((
-            CostModel::new(
-                (per_descriptor_s, network_bytes_per_s),
-                (copy_bytes_per_s, per_copy_s, per_segment_s),
-            )?,
-            StridedCosts::new(strided_costs.0, strided_costs.1)?,
-        ))
-    };
-    let (model, costs) = build().map_err(to_py_err)?;
+    let model = model_of(figures)?;
+    let costs = StridedCosts::new(strided_costs.0, strided_costs.1).map_err(to_py_err)?;
     let (direct, transfer, gather, scatter, bytes) = counts;
     let counts = StagingCounts {
         direct,

@@ -16,6 +16,7 @@ use super::convert::{
 };
 use super::objects::{descriptors_object, model_types, strided_object, FragmentFactory};
 use super::planner::PyPlanner;
+use super::request::PyPreparedRequest;
 use super::staging::{counts_object, PyStagingPlan};
 use super::{frame_limits, to_py_err};
 use crate::descriptors::Descriptors;
@@ -54,7 +55,7 @@ where
 }
 
 /// `detach_above_size` for a request of `descriptors` descriptors.
-fn detach_above<T, F>(py: Python<'_>, descriptors: u64, work: F) -> T
+pub(super) fn detach_above<T, F>(py: Python<'_>, descriptors: u64, work: F) -> T
 where
     F: Ungil + FnOnce() -> T,
     T: Ungil,
@@ -400,6 +401,20 @@ impl PyPrepared {
         strided_object(py, made.map_err(to_py_err)?)
     }
 
+    /// One request's page tables, read once, with their page runs: each slice of it
+    /// (`PreparedRequest`) without reading them again.
+    fn request(
+        &self,
+        src_pages: &Bound<'_, PyAny>,
+        dst_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<PyPreparedRequest> {
+        let (src, dst) = (
+            u64_column(src_pages, "src_pages").map_err(to_py_err)?,
+            u64_column(dst_pages, "dst_pages").map_err(to_py_err)?,
+        );
+        Ok(PyPreparedRequest::new(Arc::clone(&self.inner), src, dst))
+    }
+
     /// `token_descriptors(...)` as NIXL 1.5's strided lists (`StridedDescriptors`).
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     #[allow(clippy::too_many_arguments)]
@@ -591,40 +606,13 @@ impl PyPrepared {
 }
 
 impl PyPrepared {
-    /// A request's selection (`buffers`, `layers`) and slice (`tokens`, `final_length`,
-    /// `decode_prefix`).
     fn slice_of(
         &self,
         buffers: Option<&Bound<'_, PyAny>>,
         layers: Option<&Bound<'_, PyAny>>,
-        [tokens, final_length, decode_prefix]: [Option<&Bound<'_, PyAny>>; 3],
+        token_args: [Option<&Bound<'_, PyAny>>; 3],
     ) -> PyResult<(Selection, TokenSlice)> {
-        let convert = || -> Converted<_> {
-            Ok((
-                self.chosen(buffers, layers)?,
-                token_slice(tokens, final_length, decode_prefix)?,
-            ))
-        };
-        convert().map_err(to_py_err)
-    }
-
-    /// The buffers a request selects: `buffers`, narrowed to the model layers `layers` names.
-    fn chosen(
-        &self,
-        buffers: Option<&Bound<'_, PyAny>>,
-        layers: Option<&Bound<'_, PyAny>>,
-    ) -> Converted<Selection> {
-        let within = selection(buffers)?;
-        match layers.filter(|l| !l.is_none()) {
-            None => Ok(within),
-            Some(layers) => {
-                let layers = match layers.cast::<PyRange>() {
-                    Ok(range) => layer_range(range)?,
-                    Err(_) => Selection::indices(u64_column(layers, "layers")?),
-                };
-                self.inner.select_layers(&layers, &within)
-            }
-        }
+        slice_of(&self.inner, buffers, layers, token_args)
     }
 
     /// A slice's direct descriptors from its slot maps. Short int64 maps are read in place
@@ -696,6 +684,42 @@ impl PyPrepared {
             request,
         );
         made.map_err(to_py_err)
+    }
+}
+
+/// A request's selection (`buffers`, `layers`) and slice (`tokens`, `final_length`,
+/// `decode_prefix`), of `prepared`'s buffers.
+pub(super) fn slice_of(
+    prepared: &Prepared,
+    buffers: Option<&Bound<'_, PyAny>>,
+    layers: Option<&Bound<'_, PyAny>>,
+    [tokens, final_length, decode_prefix]: [Option<&Bound<'_, PyAny>>; 3],
+) -> PyResult<(Selection, TokenSlice)> {
+    let convert = || -> Converted<_> {
+        Ok((
+            chosen(prepared, buffers, layers)?,
+            token_slice(tokens, final_length, decode_prefix)?,
+        ))
+    };
+    convert().map_err(to_py_err)
+}
+
+/// The buffers a request selects: `buffers`, narrowed to the model layers `layers` names.
+fn chosen(
+    prepared: &Prepared,
+    buffers: Option<&Bound<'_, PyAny>>,
+    layers: Option<&Bound<'_, PyAny>>,
+) -> Converted<Selection> {
+    let within = selection(buffers)?;
+    match layers.filter(|l| !l.is_none()) {
+        None => Ok(within),
+        Some(layers) => {
+            let layers = match layers.cast::<PyRange>() {
+                Ok(range) => layer_range(range)?,
+                Err(_) => Selection::indices(u64_column(layers, "layers")?),
+            };
+            prepared.select_layers(&layers, &within)
+        }
     }
 }
 

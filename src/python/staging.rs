@@ -161,23 +161,28 @@ pub fn counts_object(py: Python<'_>, c: StagingCounts) -> PyResult<Bound<'_, PyA
         .call1((c.direct, c.transfer, c.gather, c.scatter, c.bytes))
 }
 
-/// The cost model's figures for a request's counts (`StagingPlan.counts`), in seconds: direct,
-/// staging, gather, wire, scatter.
-#[pyfunction]
-#[pyo3(signature = (counts, per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s))]
-pub fn estimate_staging(
-    counts: CountsTuple,
-    per_descriptor_s: f64,
-    network_bytes_per_s: f64,
-    copy_bytes_per_s: f64,
-    per_copy_s: f64,
-    per_segment_s: f64,
-) -> PyResult<(f64, f64, f64, f64, f64)> {
-    let model = CostModel::new(
+/// The cost model's five figures, as `CostModel._figures` gives them.
+pub type Figures = (f64, f64, f64, f64, f64);
+
+/// The core's cost model of the five figures, refused where they make no estimate.
+pub fn model_of(figures: Figures) -> PyResult<CostModel> {
+    let (per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s) =
+        figures;
+    CostModel::new(
         (per_descriptor_s, network_bytes_per_s),
         (copy_bytes_per_s, per_copy_s, per_segment_s),
     )
-    .map_err(to_py_err)?;
+    .map_err(to_py_err)
+}
+
+/// The cost model's figures for a request's counts (`StagingPlan.counts`), in seconds: direct,
+/// staging, gather, wire, scatter.
+#[pyfunction]
+pub fn estimate_staging(
+    counts: CountsTuple,
+    figures: Figures,
+) -> PyResult<(f64, f64, f64, f64, f64)> {
+    let model = model_of(figures)?;
     let (direct, transfer, gather, scatter, bytes) = counts;
     let e = model.estimate(&StagingCounts {
         direct,
@@ -211,19 +216,8 @@ pub fn scaled_counts(
 
 /// Checks a cost model's figures (called from `CostModel.__post_init__`).
 #[pyfunction]
-pub fn check_cost_model(
-    per_descriptor_s: f64,
-    network_bytes_per_s: f64,
-    copy_bytes_per_s: f64,
-    per_copy_s: f64,
-    per_segment_s: f64,
-) -> PyResult<()> {
-    CostModel::new(
-        (per_descriptor_s, network_bytes_per_s),
-        (copy_bytes_per_s, per_copy_s, per_segment_s),
-    )
-    .map(drop)
-    .map_err(to_py_err)
+pub fn check_cost_model(figures: Figures) -> PyResult<()> {
+    model_of(figures).map(drop)
 }
 
 /// The groups chosen, and the seconds from prefill's end to the last byte, streamed and whole.
@@ -240,15 +234,9 @@ pub fn layer_groups(
     loads: Vec<(u64, u64)>,
     layer_seconds: f64,
     per_transfer_s: f64,
-    figures: (f64, f64, f64, f64, f64),
+    figures: Figures,
 ) -> PyResult<Chosen> {
-    let (per_descriptor_s, network_bytes_per_s, copy_bytes_per_s, per_copy_s, per_segment_s) =
-        figures;
-    let model = CostModel::new(
-        (per_descriptor_s, network_bytes_per_s),
-        (copy_bytes_per_s, per_copy_s, per_segment_s),
-    )
-    .map_err(to_py_err)?;
+    let model = model_of(figures)?;
     let loads: Vec<LayerLoad> = loads
         .into_iter()
         .map(|(descriptors, bytes)| LayerLoad { descriptors, bytes })

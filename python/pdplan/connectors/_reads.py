@@ -24,14 +24,15 @@ class Reads:
         self.model = model or _DEFAULT_MODEL
         self._parts: list[tuple[Any, ...]] = []
 
-    def add(self, prepared: Any, src_pages: Any, dst_pages: Any, **request: Any) -> None:
-        """A request's pages (``descriptors``' arguments, slices included)."""
+    def add(self, source: Any, *pages: Any, **request: Any) -> None:
+        """A request's (or a slice's) descriptors: of a ``PreparedTransfer`` and its pages
+        (``descriptors``' arguments), or of a ``PreparedRequest`` (its pages read once)."""
         if self.strided:
-            rows: StridedDescriptors = prepared.strided_descriptors(src_pages, dst_pages, **request)
+            rows: StridedDescriptors = source.strided_descriptors(*pages, **request)
             if rows.num_entries:
                 self._parts.append((rows.dst, rows.src))  # read: local is the decode side
         else:
-            flat: TransferDescriptors = prepared.descriptors(src_pages, dst_pages, **request)
+            flat: TransferDescriptors = source.descriptors(*pages, **request)
             if flat.num_descriptors:
                 self._parts.append((flat.dst_addrs, flat.src_addrs, flat.lengths))
 

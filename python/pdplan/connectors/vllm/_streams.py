@@ -120,11 +120,11 @@ def slice_reads(
         prepared = prepared_of(rank)
         reads = Reads(*form)
         for group, (theirs, ours) in enumerate(zip(notice.blocks, receive.local_blocks)):
+            request = prepared.request(pages_of(theirs), pages_of(ours))  # read once a step
             for layers, start, stop in slices:
                 reads.add(
-                    prepared, pages_of(theirs), pages_of(ours), buffers=groups[group],
-                    layers=layers, tokens=range(start, stop), final_length=stream.final_length,
-                    decode_prefix=stream.decode_prefix,
+                    request, buffers=groups[group], layers=layers, tokens=range(start, stop),
+                    final_length=stream.final_length, decode_prefix=stream.decode_prefix,
                 )  # fmt: skip
         out.append((rank, reads))
     return out
