@@ -51,7 +51,7 @@ impl Form {
 }
 
 /// Each form's seconds (None where the engine does not take the form), and the form of least
-/// time: flat on a tie (the default form), then strided.
+/// time: of forms that tie, the one posting least, then flat (the default form), then strided.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FormTimes {
     pub flat_s: f64,
@@ -77,24 +77,35 @@ pub fn cheapest(
     staging: bool,
 ) -> FormTimes {
     let bytes_s = real(counts.bytes) / model.network_bytes_per_s;
-    let flat_s = model.wire_s(counts.direct, counts.bytes);
-    let strided_s = strided.map(|(rows, blocks)| {
-        (real(rows) * costs.per_row_s + real(blocks) * costs.per_block_s).max(bytes_s)
-    });
+    let flat_posting = real(counts.direct) * model.per_descriptor_s;
+    let strided_posting = strided
+        .map(|(rows, blocks)| real(rows) * costs.per_row_s + real(blocks) * costs.per_block_s);
+    let strided_s = strided_posting.map(|posting| posting.max(bytes_s));
     let staging_s = staging.then(|| model.estimate(counts).staging_s);
-    let mut form = (Form::Flat, flat_s);
-    for (candidate, seconds) in [(Form::Strided, strided_s), (Form::Staging, staging_s)] {
-        // Less by more than rounding: forms that cost the same (a row a block at figures that
-        // split a descriptor's cost) keep the earlier form.
-        if let Some(s) = seconds.filter(|&s| s < form.1 * (1.0 - 1e-9)) {
-            form = (candidate, s);
+    let flat_s = flat_posting.max(bytes_s);
+    // Least time; where times tie (bytes bound both), least posting: the engine's work beside
+    // the bytes. Ties within rounding keep the earlier form (flat, the default, first).
+    let less = |a: f64, b: f64| a < b * (1.0 - 1e-9);
+    let mut best = (Form::Flat, flat_s, flat_posting);
+    let others = [
+        (
+            Form::Strided,
+            strided_s,
+            strided_posting.unwrap_or(f64::INFINITY),
+        ),
+        (Form::Staging, staging_s, staging_s.unwrap_or(f64::INFINITY)),
+    ];
+    for (form, seconds, posting) in others {
+        let Some(seconds) = seconds else { continue };
+        if less(seconds, best.1) || (!less(best.1, seconds) && less(posting, best.2)) {
+            best = (form, seconds, posting);
         }
     }
     FormTimes {
         flat_s,
         strided_s,
         staging_s,
-        form: form.0,
+        form: best.0,
     }
 }
 
@@ -173,11 +184,22 @@ mod tests {
     }
 
     #[test]
-    fn bytes_bound_forms_tie_and_stay_flat() {
-        let costs = StridedCosts::new(0.0, 0.0).unwrap();
-        // 1 GB at 1 GB/s: a second whatever the form posts.
+    fn bytes_bound_forms_tie_and_the_one_posting_least_is_chosen() {
+        let costs = StridedCosts::new(1e-6, 0.25e-6).unwrap();
+        // 1 GiB at 1 GB/s: about a second whatever the form posts.
         let e = cheapest(&model(), &costs, &counts(10, 1 << 30), Some((1, 10)), false);
-        assert_eq!(e.form, Form::Flat);
+        assert_eq!(e.strided_s, Some(e.flat_s));
+        // One row (3.5 µs) against ten descriptors (10 µs): strided.
+        assert_eq!(e.form, Form::Strided);
+        // A row a block posts more (12.5 µs): flat.
+        let even = cheapest(
+            &model(),
+            &costs,
+            &counts(10, 1 << 30),
+            Some((10, 10)),
+            false,
+        );
+        assert_eq!(even.form, Form::Flat);
     }
 
     #[test]

@@ -92,11 +92,12 @@ impl Selection {
     fn span(&self) -> ((u64, u64), bool) {
         let clamp = |v: i64| u64::try_from(v).unwrap_or(0);
         match *self {
-            Self::Range { start, stop, step } if step > 0 && stop > 0 => {
+            Self::Range { start, stop, step } if step > 0 && start < stop && stop > 0 => {
                 ((clamp(start), clamp(stop - 1)), step == 1)
             }
-            Self::Range { start, stop, step } if step < 0 && start >= 0 => {
-                ((clamp(stop.saturating_add(1)), clamp(start)), step == -1)
+            // Here stop < start, so stop + 1 does not overflow.
+            Self::Range { start, stop, step } if step < 0 && start > stop && start >= 0 => {
+                ((clamp(stop + 1), clamp(start)), step == -1)
             }
             // Empty, or wholly below 0: nothing to hold.
             Self::Range { .. } => ((1, 0), true),
@@ -637,6 +638,7 @@ mod tests {
             64,
             70,
             i64::MAX - 1,
+            i64::MAX,
         ];
         let steps = [1, 2, 3, 7, -1, -2, -5, i64::MAX, i64::MIN];
         let probes = [
@@ -654,6 +656,7 @@ mod tests {
             69,
             70,
             1 << 62,
+            (1 << 63) - 1,
             u64::MAX,
         ];
         let ranges = edges
@@ -676,6 +679,17 @@ mod tests {
                 assert_eq!(
                     set.contains(probe),
                     named,
+                    "range({start}, {stop}, {step}) {probe}"
+                );
+                // Its span holds every member, and exactly its members where it says so.
+                let ((low, high), exact) = set.span();
+                let inside = low <= probe && probe <= high;
+                assert!(
+                    !named || inside,
+                    "range({start}, {stop}, {step}) spans {low}..={high}"
+                );
+                assert!(
+                    !exact || named == inside,
                     "range({start}, {stop}, {step}) {probe}"
                 );
             }

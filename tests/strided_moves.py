@@ -66,7 +66,7 @@ class StridedNixl:
         self.source.add_remote_agent(self.target.get_agent_metadata())
 
     def flat(self, flat: TransferDescriptors) -> None:
-        """Flat descriptors, written as the connector's engine reads them (N x 3 lists)."""
+        """Flat descriptors written through NIXL (N x 3 lists, ``initialize_xfer``)."""
         zeros = np.zeros_like(flat.lengths)
         local = self.source.get_xfer_descs(
             np.column_stack((flat.src_addrs, flat.lengths, zeros)), "DRAM"
@@ -111,25 +111,6 @@ class ConnectorReads:
     def register(self, prefill: list[Rank], decode: list[Rank]) -> None:
         for engine, ranks in ((self.prefill, prefill), (self.decode, decode)):
             engine.register([(b.ctypes.data, b.nbytes) for r in ranks for b in r.blocks])
-
-    def flat(self, flat: TransferDescriptors) -> None:
-        """Flat descriptors, written as the connector's engine reads them (N x 3 lists)."""
-        zeros = np.zeros_like(flat.lengths)
-        local = self.source.get_xfer_descs(
-            np.column_stack((flat.src_addrs, flat.lengths, zeros)), "DRAM"
-        )
-        remote = self.source.get_xfer_descs(
-            np.column_stack((flat.dst_addrs, flat.lengths, zeros)), "DRAM"
-        )
-        self.wait(self.source.initialize_xfer("WRITE", local, remote, self.peer))
-
-    def wait(self, handle: Any) -> None:
-        state = self.source.transfer(handle)
-        deadline = time.monotonic() + 60
-        while state not in ("DONE", "ERR") and time.monotonic() < deadline:
-            state = self.source.check_xfer_state(handle)
-        self.source.release_xfer_handle(handle)
-        assert state == "DONE", state
 
     def __call__(self, strided: StridedDescriptors) -> None:
         if strided.num_entries == 0:

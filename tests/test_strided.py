@@ -145,6 +145,10 @@ def test_strided_pages_expand_to_the_flat_descriptors(
             (request.descriptors(**slice_), prepared.descriptors(*tables, **slice_)),
         ):
             assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+        # A layer group alone reuses the request's page runs: its bytes against the flat path.
+        group_rows = request.strided_descriptors(layers=group)
+        check_shape(group_rows, limits)
+        equal_bytes(group_rows, prepared.descriptors(*tables, layers=group, coalesce=False))
 
 
 def test_a_request_s_pages_read_once_serve_a_prefill_still_running() -> None:
@@ -153,14 +157,23 @@ def test_a_request_s_pages_read_once_serve_a_prefill_still_running() -> None:
     _, prepared = seventy_b()
     src, dst = np.arange(3), np.arange(10, 16)
     request = prepared[0].request(src, dst)
+    assert len(request) == 3
     for tokens in (range(0, 48), range(16, 40)):
         got = request.strided_descriptors(layers=[0, 1], tokens=tokens)
         want = prepared[0].strided_descriptors(src, dst, layers=[0, 1], tokens=tokens)
         assert got.num_entries and all(np.array_equal(a, b) for a, b in zip(got, want))
+        equal_bytes(got, prepared[0].descriptors(src, dst, layers=[0, 1], tokens=tokens))
     with pytest.raises(UnsupportedPDLayoutError, match="same length"):
         request.strided_descriptors()
     with pytest.raises(UnsupportedPDLayoutError, match="dst_pages"):
         prepared[0].request(src, [-1])
+    # Page ids that wrap past 2^64 - 1 are no run: refused at the largest page, not wrapped.
+    wrapping = np.array([2**64 - 1, 0], dtype=np.uint64)
+    for table in (wrapping, [2**64 - 1, 0]):
+        with pytest.raises(UnsupportedPDLayoutError, match="page 18446744073709551615"):
+            prepared[0].strided_descriptors(table, [0, 1])
+        with pytest.raises(UnsupportedPDLayoutError, match="page 18446744073709551615"):
+            prepared[0].request(table, [0, 1]).strided_descriptors()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -73,7 +73,11 @@ def calibrate_posting(
     sizes = _checked_counts(counts, repeat, block_bytes)
     # Blocks two lengths apart on each side: no two flat descriptors continue each other.
     span = 2 * block_bytes * max(sizes)
-    for name, (address, size) in (("src", src), ("dst", dst)):
+    for name, memory in (("src", src), ("dst", dst)):
+        whole = isinstance(memory, tuple) and len(memory) == 2
+        if not whole or not all(isinstance(v, int) and not isinstance(v, bool) for v in memory):
+            raise UnsupportedPDLayoutError(f"{name} must be (address, bytes), got {memory!r}")
+        address, size = memory
         if address < 0 or size < span or address + size >= 1 << 64:
             raise UnsupportedPDLayoutError(
                 f"{name}=({address}, {size}) must be registered memory of at least {span} bytes "
@@ -135,7 +139,7 @@ def _checked_counts(counts: Sequence[int], repeat: int, block_bytes: int) -> tup
         return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
     sizes = tuple(counts) if isinstance(counts, (tuple, list, range)) else ()
-    if len(set(sizes)) < 2 or not all(whole(n, 1) and n <= 1 << 20 for n in sizes):
+    if not all(whole(n, 1) and n <= 1 << 20 for n in sizes) or len(set(sizes)) < 2:
         raise UnsupportedPDLayoutError(
             f"counts must hold two different counts at least, each 1 to 2^20, got {counts!r}"
         )

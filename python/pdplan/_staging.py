@@ -109,7 +109,8 @@ class CostEstimate:
 @dataclass(frozen=True)
 class FormEstimate:
     """Seconds one request takes in each descriptor form the engine takes, and the form of
-    least time (``CostModel.choose_form``): flat on a tie (the default form), then strided."""
+    least time (``CostModel.choose_form``); of forms that tie (the bytes bound them all), the
+    one posting least, then flat (the default form), then strided."""
 
     form: Literal["flat", "strided", "staging"]
     """The form of least time."""
@@ -248,6 +249,7 @@ class CostModel:
         :param staging: Whether the runtime may stage it.
         """
         counts = StagingCounts(*_five_counts(counts, "choose_form_counts"))
+        strided = _strided_counts(strided, staging)
         flat_s, strided_s, staging_s, form = _core.estimate_forms(
             counts, strided, staging, _checked_figures(self), self._strided_costs()
         )
@@ -341,14 +343,35 @@ class CostModel:
         return self.estimate_counts(counts)
 
 
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
+
+
 def _five_counts(counts: object, method: str) -> tuple[int, int, int, int, int]:
-    if not isinstance(counts, tuple) or len(counts) != len(StagingCounts._fields):
+    if (
+        not isinstance(counts, tuple)
+        or len(counts) != len(StagingCounts._fields)
+        or not all(_count(c) for c in counts)
+    ):
         raise UnsupportedPDLayoutError(
-            f"{method} takes the five staging counts (StagingCounts: "
+            f"{method} takes the five staging counts, ints of at least 0 (StagingCounts: "
             f"{', '.join(StagingCounts._fields)}), got {counts!r}"
         )
     a, b, c, d, e = counts
     return a, b, c, d, e
+
+
+def _strided_counts(strided: object, staging: object) -> tuple[int, int] | None:
+    if strided is not None and not (
+        isinstance(strided, tuple) and len(strided) == 2 and all(_count(c) for c in strided)
+    ):
+        raise UnsupportedPDLayoutError(
+            "strided must be None or (rows, blocks), two ints of at least 0 "
+            f"(StridedDescriptors.num_entries, num_descriptors), got {strided!r}"
+        )
+    if not isinstance(staging, bool):
+        raise UnsupportedPDLayoutError(f"staging must be True or False, got {staging!r}")
+    return strided
 
 
 def _forms(forms: object) -> frozenset[str]:

@@ -274,15 +274,12 @@ impl<'a> RequestPages<'a> {
 pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
     let n = src_pages.len().min(dst_pages.len());
     let (src, dst) = (&src_pages[..n], &dst_pages[..n]);
-    // A step of at least 1 and below 2^63 on both sides: a descending pair's wrapped
-    // difference is 2^63 or more, so it never equals one.
+    // A step of at least 1 and below 2^63 on both sides, rising without wrapping: a page
+    // past 2^64 - 1 is no step of a run (its rows' addresses would wrap, and a run's last page
+    // would not be its largest, the one bounds are checked at).
     let step = |i: usize| {
-        let (s, d) = (
-            src[i + 1].wrapping_sub(src[i]),
-            dst[i + 1].wrapping_sub(dst[i]),
-        );
-        let rising = |v: u64| (1..1 << 63).contains(&v);
-        (rising(s) && rising(d)).then_some((s, d))
+        let rising = |a: u64, b: u64| (b > a && b - a < 1 << 63).then(|| b - a);
+        Some((rising(src[i], src[i + 1])?, rising(dst[i], dst[i + 1])?))
     };
     let mut runs = Vec::new();
     let mut i = 0;
@@ -322,7 +319,11 @@ fn keeps_steps(src: &[u64], dst: &[u64], (src_step, dst_step): (u64, u64)) -> us
                 .zip(src_at)
                 .zip(dst_next.iter().zip(dst_at))
                 .fold(0, |off, ((&sn, &sa), (&dn, &da))| {
-                    off | (sn.wrapping_sub(sa) ^ src_step) | (dn.wrapping_sub(da) ^ dst_step)
+                    // A page below the one before it wrapped: never the step.
+                    let wrapped = u64::from(sn < sa) | u64::from(dn < da);
+                    off | (sn.wrapping_sub(sa) ^ src_step)
+                        | (dn.wrapping_sub(da) ^ dst_step)
+                        | wrapped
                 });
             if off != 0 {
                 break;
@@ -331,8 +332,10 @@ fn keeps_steps(src: &[u64], dst: &[u64], (src_step, dst_step): (u64, u64)) -> us
         }
     }
     while j + 1 < n
-        && src[j + 1].wrapping_sub(src[j]) == src_step
-        && dst[j + 1].wrapping_sub(dst[j]) == dst_step
+        && src[j + 1] > src[j]
+        && dst[j + 1] > dst[j]
+        && src[j + 1] - src[j] == src_step
+        && dst[j + 1] - dst[j] == dst_step
     {
         j += 1;
     }
@@ -434,8 +437,10 @@ mod tests {
             if end < n && rising(src[i], src[end]) && rising(dst[i], dst[end]) {
                 let steps = (src[end] - src[i], dst[end] - dst[i]);
                 while end + 1 < n
-                    && src[end + 1].wrapping_sub(src[end]) == steps.0
-                    && dst[end + 1].wrapping_sub(dst[end]) == steps.1
+                    && rising(src[end], src[end + 1])
+                    && rising(dst[end], dst[end + 1])
+                    && src[end + 1] - src[end] == steps.0
+                    && dst[end + 1] - dst[end] == steps.1
                 {
                     end += 1;
                 }
@@ -472,11 +477,23 @@ mod tests {
                 }
             }
             dst.truncate(dst.len() - usize::try_from(next(2)).unwrap_or(0).min(dst.len()));
+            // Ids that wrap: past 2^64 - 1 the next page is 0, one step on in wrapping terms.
+            if next(4) == 0 && src.len() > 2 {
+                let at = usize::try_from(next(src.len() as u64 - 1)).unwrap_or(0);
+                src[at] = u64::MAX - next(2);
+            }
             let got: Vec<(usize, usize)> = page_runs(&src, &dst)
                 .iter()
                 .map(|r: &PageRun| (r.start, r.count))
                 .collect();
             assert_eq!(got, runs_one_by_one(&src, &dst), "{src:?} {dst:?}");
         }
+        // The last id, then 0: one step of 1 in wrapping terms, no run here.
+        let wrapping = page_runs(&[u64::MAX, 0, 1], &[0, 1, 2]);
+        let cut: Vec<(usize, usize)> = wrapping.iter().map(|r| (r.start, r.count)).collect();
+        assert_eq!(cut, [(0, 1), (1, 2)]);
+        let onward = page_runs(&[u64::MAX - 1, u64::MAX, 0], &[0, 1, 2]);
+        let cut: Vec<(usize, usize)> = onward.iter().map(|r| (r.start, r.count)).collect();
+        assert_eq!(cut, [(0, 2), (2, 1)]);
     }
 }

@@ -81,8 +81,8 @@ impl PyPreparedRequest {
         descriptors_object(py, detach_above(py, count, request).map_err(to_py_err)?)
     }
 
-    /// The request's page pairs.
+    /// The request's page pairs: as many as the shorter table's pages.
     fn __len__(&self) -> usize {
-        self.pages.src().len()
+        self.pages.src().len().min(self.pages.dst().len())
     }
 }

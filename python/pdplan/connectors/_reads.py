@@ -1,9 +1,9 @@
 """A decode rank's reads from one source rank, gathered over a step's requests and handed to
 the engine at once: flat ``(local, remote, length)`` columns, or NIXL 1.5's strided rows where
 the engine takes them (``strided_descriptors``: a run of pages one row a buffer) and the cost
-model says they take less time (``CostModel.choose_form_counts``: a row each and a block each
-against a flat descriptor each; by its defaults, measured through NIXL here, rows must stand
-for more than about one block each on average)."""
+model says they take less time, or as long and post less (``CostModel.choose_form_counts``: a
+row each and a block each against a flat descriptor each; at its defaults rows win where they
+stand for more than one block each on average)."""
 
 from __future__ import annotations
 
