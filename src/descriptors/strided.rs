@@ -4,6 +4,7 @@
 //! run, or one a row), or from any flat list in order (`Strided::push`).
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
 use super::{Descriptors, Job};
 
@@ -223,28 +224,28 @@ pub(super) struct PageRun {
     steps: (u64, u64),
 }
 
-/// A request's page pairs, cut into runs once with each side's largest page, for every slice
-/// of the request: the pages and their runs are held together, so they always agree.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A request's page pairs, cut into runs with each side's largest page the first time a slice
+/// needs them (a layer group's; a slice of tokens finds its own pages' runs), then kept for
+/// every other: the pages and their runs are held together, so they always agree.
+#[derive(Debug, Clone)]
 pub struct RequestPages<'a> {
     src: Cow<'a, [u64]>,
     dst: Cow<'a, [u64]>,
-    runs: Vec<PageRun>,
-    largest: Option<(u64, u64)>,
+    found: OnceLock<FoundRuns>,
 }
+
+/// The runs of a request's pairs and each side's largest page (None without pages).
+type FoundRuns = (Vec<PageRun>, Option<(u64, u64)>);
 
 impl<'a> RequestPages<'a> {
     /// Pages pair by position, the first `min(src, dst)` of them (a slice may pair a prefill's
     /// pages so far with a longer decode table; a whole request refuses tables of different
     /// lengths).
     pub fn new(src: Cow<'a, [u64]>, dst: Cow<'a, [u64]>) -> Self {
-        let runs = page_runs(&src, &dst);
-        let largest = largest_pages(&runs, &src, &dst);
         Self {
             src,
             dst,
-            runs,
-            largest,
+            found: OnceLock::new(),
         }
     }
 
@@ -256,17 +257,25 @@ impl<'a> RequestPages<'a> {
         &self.dst
     }
 
+    fn found(&self) -> &FoundRuns {
+        self.found.get_or_init(|| {
+            let runs = page_runs(&self.src, &self.dst);
+            let largest = largest_pages(&runs, &self.src, &self.dst);
+            (runs, largest)
+        })
+    }
+
     /// How many runs the pairs make.
     pub fn run_count(&self) -> usize {
-        self.runs.len()
+        self.found().0.len()
     }
 
     pub(super) fn runs(&self) -> &[PageRun] {
-        &self.runs
+        &self.found().0
     }
 
     pub(super) fn largest(&self) -> Option<(u64, u64)> {
-        self.largest
+        self.found().1
     }
 }
 

@@ -44,11 +44,15 @@ impl PyPreparedRequest {
             layers,
             [tokens, final_length, decode_prefix],
         )?;
-        // Rows are at most a run a fragment row: released where that many may be written
-        // (every fragment counted: asking each whether it is selected costs a pass).
-        let rows = self
-            .prepared
-            .descriptor_count(self.pages.run_count(), &Selection::All);
+        // Rows are at most a run a fragment row (a slice of tokens: a page a fragment row):
+        // released where that many may be written (every fragment counted: asking each
+        // whether it is selected costs a pass).
+        let runs = if slice.is_whole() {
+            self.pages.run_count()
+        } else {
+            self.pages.src().len()
+        };
+        let rows = self.prepared.descriptor_count(runs, &Selection::All);
         let request = || self.prepared.request_strided(&self.pages, &chosen, &slice);
         strided_object(py, detach_above(py, rows, request).map_err(to_py_err)?)
     }
