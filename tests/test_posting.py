@@ -204,12 +204,17 @@ def test_calibration_finds_the_engine_s_costs_and_stays_in_its_memory() -> None:
         (dict(src=(0, 1 << 20), dst=(0, 1 << 20), repeat=0), "repeat"),
         (dict(src=(None, 5), dst=(0, 1 << 20)), r"src must be \(address, bytes\)"),
         (dict(src=(0, 1 << 20), dst=(0, 1 << 20), counts=[[1], [2]]), "two different counts"),
+        (dict(src=(0, 1 << 20), dst=(0, 1 << 20), model="fast"), "model must be a CostModel"),
     ],
 )
 def test_calibration_refuses_what_it_cannot_measure(kwargs: dict[str, Any], refusal: str) -> None:
     engine = ClockedEngine(1e-6, 1e-6, 1e-6)
     with pytest.raises(UnsupportedPDLayoutError, match=refusal):
         calibrate_posting(engine.flat, engine.strided, clock=engine.clock, **kwargs)
+    assert not engine.touched
+    memory = dict(src=(0, 1 << 20), dst=(0, 1 << 20))
+    with pytest.raises(UnsupportedPDLayoutError, match="move_flat must be a callable"):
+        calibrate_posting(None, engine.strided, **memory)  # type: ignore[arg-type]
     assert not engine.touched
 
 

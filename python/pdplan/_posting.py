@@ -69,6 +69,17 @@ def calibrate_posting(
     :param repeat: Times each shape is timed; the best counts.
     :param clock: Seconds, monotonic.
     """
+    if model is not None and not isinstance(model, CostModel):
+        raise UnsupportedPDLayoutError(
+            f"model must be a CostModel or None, got {type(model).__name__}"
+        )
+    if not callable(move_flat) or not (move_strided is None or callable(move_strided)):
+        raise UnsupportedPDLayoutError(
+            "move_flat must be a callable (and move_strided one, or None): each moves the "
+            "descriptors it is given and returns once they landed"
+        )
+    if not callable(clock):
+        raise UnsupportedPDLayoutError("clock must be a callable returning seconds")
     model = model or CostModel()
     sizes = _checked_counts(counts, repeat, block_bytes)
     # Blocks two lengths apart on each side: no two flat descriptors continue each other.

@@ -290,13 +290,16 @@ pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
         let rising = |a: u64, b: u64| (b > a && b - a < 1 << 63).then(|| b - a);
         Some((rising(src[i], src[i + 1])?, rising(dst[i], dst[i + 1])?))
     };
+    // Pages all below 2^63 on both sides (any request that fits its buffers): no wrapped
+    // difference equals a step, so whole chunks may be compared by wrapping differences.
+    let low = (src.iter().fold(0, |a, &p| a | p) | dst.iter().fold(0, |a, &p| a | p)) >> 63 == 0;
     let mut runs = Vec::new();
     let mut i = 0;
     while i < n {
         let (mut count, mut steps) = (1, (1, 1));
         if let Some((s, d)) = (i + 1 < n).then(|| step(i)).flatten() {
             steps = (s, d);
-            count = 1 + keeps_steps(&src[i..], &dst[i..], (s, d));
+            count = 1 + keeps_steps(&src[i..], &dst[i..], (s, d), low);
         }
         runs.push(PageRun {
             start: i,
@@ -309,14 +312,14 @@ pub(super) fn page_runs(src_pages: &[u64], dst_pages: &[u64]) -> Vec<PageRun> {
 }
 
 /// How many pairs after the first continue steps `src_step` and `dst_step` from the pair
-/// before, on both sides: a chunk of pairs at a time, then pair by pair in the chunk that
-/// breaks (a run is most often the whole table).
-fn keeps_steps(src: &[u64], dst: &[u64], (src_step, dst_step): (u64, u64)) -> usize {
+/// before, on both sides: a chunk of pairs at a time where every page is `low` (below 2^63),
+/// then pair by pair in the chunk that breaks (a run is most often the whole table).
+fn keeps_steps(src: &[u64], dst: &[u64], (src_step, dst_step): (u64, u64), low: bool) -> usize {
     const CHUNK: usize = 16;
     let n = src.len().min(dst.len());
     let (src, dst) = (&src[..n], &dst[..n]);
     let mut j = 0;
-    if n > 1 {
+    if low && n > 1 {
         // A fold without a branch a pair: any difference from the steps leaves a bit set.
         let pairs = src[1..]
             .chunks_exact(CHUNK)
@@ -328,11 +331,7 @@ fn keeps_steps(src: &[u64], dst: &[u64], (src_step, dst_step): (u64, u64)) -> us
                 .zip(src_at)
                 .zip(dst_next.iter().zip(dst_at))
                 .fold(0, |off, ((&sn, &sa), (&dn, &da))| {
-                    // A page below the one before it wrapped: never the step.
-                    let wrapped = u64::from(sn < sa) | u64::from(dn < da);
-                    off | (sn.wrapping_sub(sa) ^ src_step)
-                        | (dn.wrapping_sub(da) ^ dst_step)
-                        | wrapped
+                    off | (sn.wrapping_sub(sa) ^ src_step) | (dn.wrapping_sub(da) ^ dst_step)
                 });
             if off != 0 {
                 break;

@@ -2,10 +2,9 @@
 
 use pyo3::prelude::*;
 
-use super::staging::{model_of, CountsTuple, Figures};
+use super::staging::{counts_of, model_of, CountsTuple, Figures};
 use super::to_py_err;
 use crate::posting::{cheapest, fit_line, StridedCosts};
-use crate::staging::StagingCounts;
 
 /// Each form's seconds and the cheapest form's name.
 type Forms = (f64, Option<f64>, Option<f64>, &'static str);
@@ -24,14 +23,7 @@ pub fn estimate_forms(
 ) -> PyResult<Forms> {
     let model = model_of(figures)?;
     let costs = StridedCosts::new(strided_costs.0, strided_costs.1).map_err(to_py_err)?;
-    let (direct, transfer, gather, scatter, bytes) = counts;
-    let counts = StagingCounts {
-        direct,
-        transfer,
-        gather,
-        scatter,
-        bytes,
-    };
+    let counts = counts_of(counts);
     let t = cheapest(&model, &costs, &counts, strided, staging);
     Ok((t.flat_s, t.strided_s, t.staging_s, t.form.as_str()))
 }

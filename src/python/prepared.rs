@@ -19,7 +19,7 @@ use super::planner::PyPlanner;
 use super::request::PyPreparedRequest;
 use super::staging::{counts_object, PyStagingPlan};
 use super::{frame_limits, to_py_err};
-use crate::descriptors::Descriptors;
+use crate::descriptors::{Descriptors, RequestPages};
 use crate::error::PlanError;
 use crate::frame_cache;
 use crate::limits;
@@ -55,7 +55,7 @@ where
 }
 
 /// `detach_above_size` for a request of `descriptors` descriptors.
-pub(super) fn detach_above<T, F>(py: Python<'_>, descriptors: u64, work: F) -> T
+fn detach_above<T, F>(py: Python<'_>, descriptors: u64, work: F) -> T
 where
     F: Ungil + FnOnce() -> T,
     T: Ungil,
@@ -341,12 +341,7 @@ impl PyPrepared {
         );
         let (chosen, slice) =
             self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
-        let request = || {
-            self.inner
-                .slice_descriptors(&src, &dst, &chosen, coalesce, &slice)
-        };
-        let made = detach_above(py, self.inner.descriptor_count(src.len(), &chosen), request);
-        descriptors_object(py, made.map_err(to_py_err)?)
+        flat_of(py, &self.inner, (&src, &dst), (&chosen, &slice), coalesce)
     }
 
     /// One request's descriptors from its slot maps: entry `t` of each is token `t`'s slot on
@@ -393,12 +388,8 @@ impl PyPrepared {
         );
         let (chosen, slice) =
             self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
-        let request = || self.inner.strided_descriptors(&src, &dst, &chosen, &slice);
-        // Rows cost about four flat descriptors' writing where pages scatter, and runs write
-        // a handful: held up to 2^16 descriptors' worth (under a millisecond scattered).
-        let flat = self.inner.descriptor_count(src.len(), &chosen);
-        let made = detach_above(py, flat / 4, request);
-        strided_object(py, made.map_err(to_py_err)?)
+        let pages = RequestPages::new((&src[..]).into(), (&dst[..]).into());
+        strided_of(py, &self.inner, &pages, (&chosen, &slice))
     }
 
     /// One request's page tables, read once, with their page runs: each slice of it
@@ -685,6 +676,42 @@ impl PyPrepared {
         );
         made.map_err(to_py_err)
     }
+}
+
+/// A slice's flat descriptors of a request's pages, released from the GIL past
+/// `DETACH_FROM` descriptors (`PreparedTransfer.descriptors`, `PreparedRequest.descriptors`).
+pub(super) fn flat_of<'py>(
+    py: Python<'py>,
+    prepared: &Prepared,
+    (src, dst): (&[u64], &[u64]),
+    (chosen, slice): (&Selection, &TokenSlice),
+    coalesce: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    let request = || prepared.slice_descriptors(src, dst, chosen, coalesce, slice);
+    let made = detach_above(py, prepared.descriptor_count(src.len(), chosen), request);
+    descriptors_object(py, made.map_err(to_py_err)?)
+}
+
+/// A slice's strided lists of a request's pages (`PreparedTransfer.strided_descriptors`,
+/// `PreparedRequest.strided_descriptors`). Rows are at most a run a fragment row (a slice of
+/// tokens: a page a fragment row; every fragment counted, as asking each whether it is
+/// selected costs a pass), and a row costs about four flat descriptors' writing where pages
+/// scatter: released from the GIL past `DETACH_FROM` descriptors' worth.
+pub(super) fn strided_of<'py>(
+    py: Python<'py>,
+    prepared: &Prepared,
+    pages: &RequestPages<'_>,
+    (chosen, slice): (&Selection, &TokenSlice),
+) -> PyResult<Bound<'py, PyAny>> {
+    let runs = if slice.is_whole() {
+        pages.run_count()
+    } else {
+        pages.src().len()
+    };
+    let rows = prepared.descriptor_count(runs, &Selection::All);
+    let request = || prepared.request_strided(pages, chosen, slice);
+    let made = detach_above(py, rows.saturating_mul(4), request);
+    strided_object(py, made.map_err(to_py_err)?)
 }
 
 /// A request's selection (`buffers`, `layers`) and slice (`tokens`, `final_length`,

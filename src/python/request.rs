@@ -5,11 +5,9 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use super::objects::{descriptors_object, strided_object};
-use super::prepared::{detach_above, slice_of};
-use super::to_py_err;
+use super::prepared::{flat_of, slice_of, strided_of};
 use crate::descriptors::RequestPages;
-use crate::prepared::{Prepared, Selection};
+use crate::prepared::Prepared;
 
 /// One request's pages on a prepared transfer (`PreparedTransfer.request`).
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedRequest")]
@@ -38,23 +36,13 @@ impl PyPreparedRequest {
         final_length: Option<&Bound<'py, PyAny>>,
         decode_prefix: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (chosen, slice) = slice_of(
+        let chosen = slice_of(
             &self.prepared,
             buffers,
             layers,
             [tokens, final_length, decode_prefix],
         )?;
-        // Rows are at most a run a fragment row (a slice of tokens: a page a fragment row):
-        // released where that many may be written (every fragment counted: asking each
-        // whether it is selected costs a pass).
-        let runs = if slice.is_whole() {
-            self.pages.run_count()
-        } else {
-            self.pages.src().len()
-        };
-        let rows = self.prepared.descriptor_count(runs, &Selection::All);
-        let request = || self.prepared.request_strided(&self.pages, &chosen, &slice);
-        strided_object(py, detach_above(py, rows, request).map_err(to_py_err)?)
+        strided_of(py, &self.prepared, &self.pages, (&chosen.0, &chosen.1))
     }
 
     /// `PreparedTransfer.descriptors` of these pages.
@@ -70,19 +58,14 @@ impl PyPreparedRequest {
         final_length: Option<&Bound<'py, PyAny>>,
         decode_prefix: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (chosen, slice) = slice_of(
+        let chosen = slice_of(
             &self.prepared,
             buffers,
             layers,
             [tokens, final_length, decode_prefix],
         )?;
-        let (src, dst) = (self.pages.src(), self.pages.dst());
-        let count = self.prepared.descriptor_count(src.len(), &chosen);
-        let request = || {
-            self.prepared
-                .slice_descriptors(src, dst, &chosen, coalesce, &slice)
-        };
-        descriptors_object(py, detach_above(py, count, request).map_err(to_py_err)?)
+        let pages = (self.pages.src(), self.pages.dst());
+        flat_of(py, &self.prepared, pages, (&chosen.0, &chosen.1), coalesce)
     }
 
     /// The request's page pairs: as many as the shorter table's pages.

@@ -161,6 +161,17 @@ pub fn counts_object(py: Python<'_>, c: StagingCounts) -> PyResult<Bound<'_, PyA
         .call1((c.direct, c.transfer, c.gather, c.scatter, c.bytes))
 }
 
+/// Staging counts from the five a `StagingCounts` tuple holds, in its order.
+pub fn counts_of((direct, transfer, gather, scatter, bytes): CountsTuple) -> StagingCounts {
+    StagingCounts {
+        direct,
+        transfer,
+        gather,
+        scatter,
+        bytes,
+    }
+}
+
 /// The cost model's five figures, as `CostModel._figures` gives them.
 pub type Figures = (f64, f64, f64, f64, f64);
 
@@ -183,14 +194,7 @@ pub fn estimate_staging(
     figures: Figures,
 ) -> PyResult<(f64, f64, f64, f64, f64)> {
     let model = model_of(figures)?;
-    let (direct, transfer, gather, scatter, bytes) = counts;
-    let e = model.estimate(&StagingCounts {
-        direct,
-        transfer,
-        gather,
-        scatter,
-        bytes,
-    });
+    let e = model.estimate(&counts_of(counts));
     Ok((e.direct_s, e.staging_s, e.gather_s, e.wire_s, e.scatter_s))
 }
 
@@ -203,14 +207,7 @@ pub fn scaled_counts(
     per: u64,
     pages: u64,
 ) -> PyResult<Bound<'_, PyAny>> {
-    let (direct, transfer, gather, scatter, bytes) = counts;
-    let counts = StagingCounts {
-        direct,
-        transfer,
-        gather,
-        scatter,
-        bytes,
-    };
+    let counts = counts_of(counts);
     counts_object(py, counts.scaled(per, pages).map_err(to_py_err)?)
 }
 
