@@ -8,6 +8,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
@@ -172,12 +173,18 @@ class Instance:
              json.dumps({"llm": llm})],
             env=environment, stdout=self._log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        self._listener._listener._socket.settimeout(600)  # type: ignore[attr-defined]
-        try:
-            self._conn = self._listener.accept()
-        except OSError:
-            self.process.kill()
-            raise RuntimeError(f"the instance did not start: {self.tail()}") from None
+        # Waits for the instance to call back, up to 600 s, but not for one that has exited.
+        self._listener._listener._socket.settimeout(2)  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                self._conn = self._listener.accept()
+                break
+            except OSError:
+                if self.process.poll() is None and time.monotonic() < deadline:
+                    continue
+                self.process.kill()
+                raise RuntimeError(f"the instance did not start: {self.tail()}") from None
         kind, self.initial_free = self._conn.recv()
         assert kind == "ready"
 

@@ -35,17 +35,83 @@ def step_until(llm: Any, free: int, seconds: float) -> int:
     return now
 
 
-def corrupt_kv(llm: Any) -> None:
-    """Overwrites every KV cache block of every layer with noise (the control)."""
+def group_layers(worker: Any, specs: list[str] | None) -> list[str]:
+    """The layers of the KV cache groups whose spec class is one of ``specs`` (all: None)."""
+    names = []
+    for group in worker.model_runner.kv_cache_config.kv_cache_groups:
+        if specs is None or type(group.kv_cache_spec).__name__ in specs:
+            names += list(group.layer_names)
+    return names
 
-    def scramble(worker: Any) -> None:
+
+def corrupt_kv(llm: Any, specs: list[str] | None = None) -> None:
+    """Overwrites every block of the layers of the groups of ``specs`` (every layer: None)
+    with noise, through the layers' own views (the control)."""
+
+    def scramble(worker: Any) -> int:
         import torch
 
-        for tensors in worker.model_runner.kv_caches:
-            for t in tensors if isinstance(tensors, (list, tuple)) else [tensors]:
-                t.copy_(torch.randn_like(t.float()).to(t.dtype) * 3)
+        layers = worker.vllm_config.compilation_config.static_forward_context
+        names = group_layers(worker, specs)
+        for name in names:
+            cache = layers[name].kv_cache
+            for t in cache if isinstance(cache, (list, tuple)) else [cache]:
+                t.copy_((torch.randn_like(t.float()) * 3).to(t.dtype))
+        return len(names)
 
-    llm.collective_rpc(scramble)
+    assert all(llm.collective_rpc(scramble)), "no layer of those groups"
+
+
+def external_tokens(llm: Any) -> int:
+    """vLLM's count of prompt tokens it took from external KV transfer, not computing them
+    (``vllm:prompt_tokens_by_source{source="external_kv_transfer"}``; needs its stats on)."""
+    return sum(
+        int(getattr(metric, "value", 0))
+        for metric in llm.get_metrics()
+        if metric.name == "vllm:prompt_tokens_by_source"
+        and metric.labels.get("source") == "external_kv_transfer"
+    )
+
+
+def token_rows(llm: Any, blocks: list[int], tokens: int) -> list[list[list[str]]]:
+    """Per worker, per layer of the cache (model order), a digest of each of the first
+    ``tokens`` token rows of the request whose blocks are ``blocks``: an MLA latent's bytes
+    a token, read from the engine's own cache."""
+
+    def digest(worker: Any) -> list[list[str]]:
+        import hashlib
+
+        import torch
+
+        out = []
+        for cache in worker.model_runner.kv_caches:
+            rows = cache.reshape(cache.shape[0], -1, cache.shape[-1])  # [blocks, tokens, width]
+            per_block = rows.shape[1]
+            picked = [rows[blocks[t // per_block], t % per_block] for t in range(tokens)]
+            out.append([
+                hashlib.sha256(r.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+                for r in picked
+            ])  # fmt: skip
+        return out
+
+    return llm.collective_rpc(digest)
+
+
+def all_token_rows(llm: Any) -> list[list[set[str]]]:
+    """Per worker, per layer, the digests of every token row of the whole cache."""
+
+    def digest(worker: Any) -> list[set[str]]:
+        import hashlib
+
+        import torch
+
+        out = []
+        for cache in worker.model_runner.kv_caches:
+            rows = cache.reshape(-1, cache.shape[-1]).contiguous().view(torch.uint8).numpy()
+            out.append({hashlib.sha256(r.tobytes()).hexdigest() for r in rows})
+        return out
+
+    return llm.collective_rpc(digest)
 
 
 def generate_aborting(
@@ -72,6 +138,10 @@ def generate_aborting(
 
 def main() -> None:
     port, key, config = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), json.loads(sys.argv[3])
+    if os.environ.get("PDPLAN_INIT_AMX"):
+        import torch
+
+        torch.cpu._init_amx()  # a bf16 instance may die of SIGILL without it
     from vllm import LLM, SamplingParams
 
     llm = LLM(**config["llm"])
@@ -86,7 +156,8 @@ def main() -> None:
             conn.send([
                 {"tokens": list(o.outputs[0].token_ids),
                  "kv_transfer_params": o.kv_transfer_params,
-                 "finish_reason": o.outputs[0].finish_reason}
+                 "finish_reason": o.outputs[0].finish_reason,
+                 "num_cached_tokens": o.num_cached_tokens}
                 for o in outputs
             ])  # fmt: skip
         elif command == "generate_aborting":
@@ -97,8 +168,14 @@ def main() -> None:
         elif command == "step_until":
             conn.send(step_until(llm, args["free"], args["seconds"]))
         elif command == "corrupt":
-            corrupt_kv(llm)
+            corrupt_kv(llm, args)
             conn.send(True)
+        elif command == "external_tokens":
+            conn.send(external_tokens(llm))
+        elif command == "token_rows":
+            conn.send(token_rows(llm, args["blocks"], args["tokens"]))
+        elif command == "all_token_rows":
+            conn.send(all_token_rows(llm))
         elif command == "exit":
             conn.send(True)
             conn.close()

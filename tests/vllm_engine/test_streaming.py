@@ -167,3 +167,37 @@ def test_a_windowed_hybrid_model_streams_what_one_instance_decodes(
     log = decode.tail(2000)
     assert RECOMPUTED not in log, log
     assert EARLY in log, "no slice was read while its prefill ran"
+
+
+def test_a_model_with_state_streams_what_one_instance_decodes(
+    tmp_path: Path,
+    logs: Path,
+    closing: list[Instance],  # noqa: F811
+) -> None:
+    """Nemotron-H (Mamba2 beside attention, its conv state dim-first): streamed in 64-token
+    chunks, the prefill side leaves the prompt's last token to the decode side, whose slices
+    end with the state at the prompt's end less that token; decode decodes what one instance
+    does."""
+    from families import FAMILIES
+
+    family = FAMILIES["nemotron-h"]
+    model = family.write(tmp_path / family.name, 0)
+    env = dict(family.env)
+    prompts = prompts_of((*STREAMED_LENGTHS, *LENGTHS[:2]), salt=9)
+    greedy = {"max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    one = Instance(llm_args(model), logs / "state-stream-reference.log", env)
+    closing.append(one)
+    want = [o["tokens"] for o in one.generate(prompts, [greedy] * len(prompts))]
+    one.close()
+    prefill_args = llm_args(model, connector=pdplan_connector("kv_producer", 6600))
+    prefill_args["max_num_batched_tokens"] = CHUNK
+    prefill = Instance(prefill_args, logs / "state-stream-prefill.log", env)
+    closing.append(prefill)
+    decode = Instance(llm_args(model, connector=pdplan_connector("kv_consumer", 6610)),
+                      logs / "state-stream-decode.log", env)  # fmt: skip
+    closing.append(decode)
+    decoded = both(prefill, decode, prompts, streamed_params(prompts, 6600, MAX_TOKENS, "m"))
+    assert [d["tokens"] for d in decoded] == want
+    log = decode.tail(2000)
+    assert RECOMPUTED not in log, log
+    assert EARLY in log, "no slice was read while its prefill ran"

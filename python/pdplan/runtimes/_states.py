@@ -4,7 +4,7 @@ it inner dims."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdplan._arrays import StateSpec, buffer_from_array
@@ -70,10 +70,26 @@ def _copied_parts(shape: tuple[int, ...], spec: StateSpec, share: int) -> str:
     )
 
 
+#: The state specs of recurrent layers: the same for every layer, or each layer's by its model
+#: layer (a model mixing two kinds of recurrent layer).
+StateSpecs = Sequence[StateSpec] | Mapping[int, Sequence[StateSpec]]
+
+
+def _specs_of(states: StateSpecs, layer: int | None, position: int) -> Sequence[StateSpec]:
+    if not isinstance(states, Mapping):
+        return states
+    if layer is None or layer not in states:
+        raise UnsupportedPDLayoutError(
+            f"states= names no specs for recurrent layer {position} (model layer {layer}); "
+            "give every recurrent layer's"
+        )
+    return states[layer]
+
+
 def state_buffers(
     first_index: int,
     layers: Sequence[Sequence[Any]],
-    states: Sequence[StateSpec] | None,
+    states: StateSpecs | None,
     tp_size: int,
     layer_ids: Sequence[int] | None = None,
 ) -> list[tuple[BufferLayout, int, int]]:
@@ -88,12 +104,13 @@ def state_buffers(
         )
     built: list[tuple[BufferLayout, int, int]] = []
     for position, tensors in enumerate(layers):
-        if len(tensors) != len(states):
+        layer = None if layer_ids is None else layer_ids[position]
+        specs = _specs_of(states, layer, position)
+        if len(tensors) != len(specs):
             raise UnsupportedPDLayoutError(
                 f"recurrent layer {position} holds {len(tensors)} state tensors, but states= "
-                f"describes {len(states)}"
+                f"describes {len(specs)}"
             )
-        layer = None if layer_ids is None else layer_ids[position]
-        for tensor, spec in zip(tensors, states):
+        for tensor, spec in zip(tensors, specs):
             built.append(state_buffer(first_index + len(built), tensor, spec, tp_size, layer))
     return built

@@ -10,18 +10,28 @@ its strides), and a recurrent layer's list of state tensors. vLLM's ``slot_mappi
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array
+from pdplan._arrays import CacheBuffers, buffer_from_array
 from pdplan._bounded import bounded_tuple
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._indexer import indexer_buffers, indexer_parts
-from pdplan.runtimes._states import shape_of, state_buffers
+from pdplan.runtimes._states import StateSpecs, shape_of, state_buffers
 
-__all__ = ["BACKENDS", "REFUSED", "buffers", "conventions", "indexer_parts", "layer_index"]
+__all__ = [
+    "BACKENDS",
+    "CONNECTOR_VIEW",
+    "REFUSED",
+    "buffers",
+    "conventions",
+    "indexer_parts",
+    "layer_index",
+    "packed_states",
+]
 
 #: How each attention backend's per-layer KV tensor holds K and V, by vLLM's backend names:
 #: its logical shape and how pdplan reads it. The tensor's strides say how memory is ordered
@@ -50,7 +60,16 @@ BACKENDS: Mapping[str, str] = {
     "FLASHMLA_SPARSE": "(blocks, block_size, 656) for fp8_ds_mla, else (blocks, block_size, "
     "kv_lora_rank + qk_rope_head_dim)",
     "ROCM_AITER_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim)",
+    "CPU_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim), any dtype, 16-token blocks",
+    "AMX_MLA": "(blocks, block_size, kv_lora_rank + qk_rope_head_dim), bfloat16, blocks a "
+    "multiple of 32 tokens",
 }
+
+#: How vLLM 0.32 and later hand a connector every layer (``allocate_kv_cache`` in
+#: ``v1/worker/utils.py``): one 4-D ``[blocks, heads, block_size, bytes or elements]`` view a
+#: layer, an MLA latent with one head, a recurrent layer's states packed into one int8 row a
+#: block (``packed_states``).
+CONNECTOR_VIEW = "[blocks, heads, block_size, width]"
 
 #: Backends whose tensors pdplan refuses, and why: their pages are not what their shape says.
 REFUSED: Mapping[str, str] = {
@@ -161,6 +180,83 @@ def _cpu_slabs(
     return kv, base, limit
 
 
+def _latent(tensor: Any, backend: str, label: str) -> Any:
+    """An MLA layer's latent cache as ``(blocks, block_size, width)``: as the backend shapes
+    it, or as vLLM 0.32 hands it a connector (``CONNECTOR_VIEW``, its one head dropped)."""
+    shape = shape_of(tensor, f"{label}'s KV tensor")
+    if len(shape) == 4 and shape[1] == 1:
+        return tensor[:, 0]
+    if len(shape) != 3:
+        raise UnsupportedPDLayoutError(
+            f"{label}: a {backend} KV tensor has the logical shape {BACKENDS[backend]} (or "
+            f"{CONNECTOR_VIEW} with one head), got {shape}"
+        )
+    return tensor
+
+
+def packed_states(
+    pages: Any, shapes: Sequence[Sequence[int]], itemsizes: Sequence[int]
+) -> list[Any]:
+    """A recurrent layer's state tensors, out of the one view vLLM 0.32 and later hand a
+    connector for it (``CONNECTOR_VIEW``: ``[blocks, 1, 1, bytes]``, int8): each block's bytes
+    hold the states one after another, state ``i`` ``prod(shapes[i]) * itemsizes[i]`` bytes
+    (``MambaBase.bind_kv_cache`` in ``model_executor/layers/mamba/abstract.py`` unpacks it
+    so; ``MambaSpec.shapes`` and ``dtypes`` give both, conv state first). State ``i`` comes
+    back as a view ``(blocks, *shapes[i], itemsizes[i])`` of bytes, nothing copied: its
+    element's bytes as the innermost axis, so no dtype is needed to describe it.
+
+    :param pages: The layer's view, ``[blocks, 1, 1, bytes]`` (or ``[blocks, bytes]``), int8.
+    :param shapes: Each state's shape on this rank (``MambaSpec.shapes``).
+    :param itemsizes: Each state's element size in bytes (of ``MambaSpec.dtypes``).
+    """
+    shape = shape_of(pages, "a recurrent layer's state pages")
+    if len(shapes) != len(itemsizes) or not shapes:
+        raise UnsupportedPDLayoutError(
+            f"a recurrent layer's states need a shape and an element size each, got "
+            f"{len(shapes)} shapes and {len(itemsizes)} sizes"
+        )
+    sizes = [math.prod(int(n) for n in s) * int(b) for s, b in zip(shapes, itemsizes)]
+    if (
+        len(shape) not in (2, 4)
+        or math.prod(shape[1:]) < sum(sizes)
+        or any(n != 1 for n in shape[1:-1])
+    ):
+        raise UnsupportedPDLayoutError(
+            f"a recurrent layer's state pages are {CONNECTOR_VIEW} with one head and one row "
+            f"of at least the states' {sum(sizes)} bytes, got {shape}"
+        )
+    rows = pages if len(shape) == 2 else pages[:, 0, 0]
+    views, start = [], 0
+    for size, state, itemsize in zip(sizes, shapes, itemsizes):
+        part = rows[:, start : start + size]
+        # Splitting one axis into several is always a view (torch and numpy): never a copy.
+        views.append(part.reshape(shape[0], *(int(n) for n in state), int(itemsize)))
+        start += size
+    return views
+
+
+def _check_backend(backend: str | None) -> str:
+    """The backend, or a refusal of one pdplan does not read, naming the way forward."""
+    if backend is None:
+        raise UnsupportedPDLayoutError(
+            "backend= is needed: the cache holds attention layers (only a model of recurrent "
+            "layers alone needs none)"
+        )
+    if backend in REFUSED:
+        raise UnsupportedPDLayoutError(
+            f"backend={backend!r} is refused: {REFUSED[backend]}; pdplan does not move such "
+            "pages yet"
+        )
+    if backend not in BACKENDS:
+        shown = backend if len(str(backend)) <= 64 else str(backend)[:64] + "..."
+        raise UnsupportedPDLayoutError(
+            f"backend={shown!r} is not one pdplan reads; known: {', '.join(BACKENDS)}. For "
+            "another layout describe each tensor by its axes with pdplan.buffer_from_array "
+            "(page, token, head, dim; see the runtime-tensors guide)"
+        )
+    return backend
+
+
 def _check_layout(buffer: BufferLayout, kv_layout: str, label: str) -> None:
     head_major = buffer.rows_per_page == 1
     # One head a rank is the same bytes either way.
@@ -193,11 +289,11 @@ def _heads_of(heads: int | Mapping[int, int] | None, layer: int, label: str) -> 
 def buffers(
     kv_caches: Sequence[Any] | Mapping[str, Any],
     *,
-    backend: str,
+    backend: str | None,
     kv_layout: Literal["NHD", "HND"] = "NHD",
     tp_size: int,
     num_kv_heads: int | Mapping[int, int] | None = None,
-    states: Sequence[StateSpec] | None = None,
+    states: StateSpecs | None = None,
     sliding_windows: Mapping[int, int] | None = None,
 ) -> CacheBuffers:
     """The buffers of one vLLM rank's KV cache.
@@ -215,29 +311,21 @@ def buffers(
         it cache group by cache group, so a hybrid model's dict is not in model order), or a
         list in model order. An attention layer's value is its tensor, a recurrent layer's
         its list of state tensors.
-    :param backend: vLLM's attention backend name (``BACKENDS``).
+    :param backend: vLLM's attention backend name (``BACKENDS``); None only for a cache of
+        recurrent layers alone (pure Mamba2).
     :param kv_layout: The layout the backend was built with, checked against the strides.
     :param tp_size: The rank's TP size.
     :param num_kv_heads: The model's KV heads (not the rank's), required except for MLA; a
         mapping gives each attention layer's own, by its model layer, where they differ
         (Gemma 3n and 4).
     :param states: Describes each state tensor of a recurrent layer
-        (``pdplan.runtimes.state_specs(layer)``).
+        (``pdplan.runtimes.state_specs(layer)``): the same for every recurrent layer, or a
+        mapping giving each its own by its model layer. A recurrent layer's value in
+        ``kv_caches`` is its list of state tensors (``packed_states`` unpacks the one view
+        vLLM 0.32 hands a connector).
     :param sliding_windows: The window of each sliding-window attention layer, by its model
         layer (``layer_index`` of its name; its position in a list).
     """
-    if backend in REFUSED:
-        raise UnsupportedPDLayoutError(
-            f"backend={backend!r} is refused: {REFUSED[backend]}; pdplan does not move such "
-            "pages yet"
-        )
-    if backend not in BACKENDS:
-        shown = backend if len(str(backend)) <= 64 else str(backend)[:64] + "..."
-        raise UnsupportedPDLayoutError(
-            f"backend={shown!r} is not one pdplan reads; known: {', '.join(BACKENDS)}. For "
-            "another layout describe each tensor by its axes with pdplan.buffer_from_array "
-            "(page, token, head, dim; see the runtime-tensors guide)"
-        )
     if kv_layout not in ("NHD", "HND"):
         raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
     entries = _entries(kv_caches)
@@ -251,18 +339,20 @@ def buffers(
     attention = [(layer, name, entry) for layer, name, entry in entries if not _is_state(entry)]
     indexers = [(layer, name, tensor) for layer, name, tensor in attention if _is_indexer(name)]
     attention = [entry for entry in attention if not _is_indexer(entry[1])]
+    # A cache of recurrent layers alone names no backend.
+    named = _check_backend(backend) if attention or indexers or backend is not None else ""
     all_heads = num_kv_heads
     for layer, name, tensor in attention:
         label = name if name is not None else f"layer {layer}"
         num_kv_heads = _heads_of(all_heads, layer, label)
         window = windows.get(layer)
         first = len(built)
-        if backend == "CPU_ATTN" or (backend not in _MLA and len(shape_of(tensor, label)) == 4):
+        if named == "CPU_ATTN" or (named not in _MLA and len(shape_of(tensor, label)) == 4):
             if num_kv_heads is None:
                 raise UnsupportedPDLayoutError(
                     "num_kv_heads= is needed: the model's KV heads across all TP ranks"
                 )
-            if backend == "CPU_ATTN":
+            if named == "CPU_ATTN":
                 views = [_cpu_slabs(tensor, label, first, layer, tp_size, num_kv_heads)]
             else:  # K and V of a head packed on the last axis: a unit is both
                 packed = buffer_from_array(
@@ -277,11 +367,11 @@ def buffers(
                 )
                 _check_layout(packed[0], kv_layout, label)
                 views = [packed]
-        elif backend in _MLA:
+        elif named in _MLA:
             layout = buffer_from_array(
                 first,
                 BufferKind.TARGET_K,
-                tensor,
+                _latent(tensor, named, label),
                 ("page", "token", "dim"),
                 tp_size=tp_size,
                 layer=layer,
@@ -295,7 +385,7 @@ def buffers(
                 )
             views = []
             for plane, (kind, view) in enumerate(
-                zip((BufferKind.TARGET_K, BufferKind.TARGET_V), _planes(tensor, backend, label))
+                zip((BufferKind.TARGET_K, BufferKind.TARGET_V), _planes(tensor, named, label))
             ):
                 entry = buffer_from_array(
                     first + plane,

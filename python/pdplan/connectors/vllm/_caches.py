@@ -1,49 +1,106 @@
 """One worker's KV cache as pdplan sees it: the tensors ``register_kv_caches`` receives,
-described by ``pdplan.runtimes.vllm`` (nothing re-derived here), each KV cache group's
-buffers, and the memory regions an engine registers (each backing storage once)."""
+described by ``pdplan.runtimes.vllm`` (nothing re-derived here), each KV cache group vLLM made
+with the buffers it owns and the cache pages its blocks span, and the memory regions an engine
+registers (each backing storage once).
+
+vLLM 0.32 hands the connector one view a layer (``CONNECTOR_VIEW``): an attention layer's in
+its backend's shape, a recurrent layer's states packed into one byte row a block. The states
+are unpacked as vLLM's own layers unpack them (``packed_states``, by the group's
+``MambaSpec``), and described with the channel counts and parts pdplan's model readers give
+for the model's config (``ModelShape.from_hf_config``, ``state_specs``)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
-from pdplan._arrays import CacheBuffers
+from pdplan._arrays import CacheBuffers, StateSpec, state_specs
 from pdplan._core import UnsupportedPDLayoutError
+from pdplan._layouts import ModelShape
+from pdplan._model import BufferKind
+from pdplan.runtimes._vllm_groups import CacheGroup, cache_groups
 from pdplan.runtimes import vllm as vllm_adapter
+from pdplan.runtimes._conventions import RuntimeConventions
+
+
+@dataclass(frozen=True)
+class GroupCache:
+    """One KV cache group on this rank: the group, the buffers it owns, and how its block ids
+    name cache pages (its ``block_size`` and its tensors' page)."""
+
+    group: CacheGroup
+    buffers: tuple[int, ...]
+    rules: RuntimeConventions
 
 
 @dataclass(frozen=True)
 class WorkerCache:
-    """A rank's buffers, which buffers each KV cache group owns, and its identity: what must
-    match the peer's for the two to pair (the model, its dtype, the scheduler's block)."""
+    """A rank's buffers, each KV cache group's, and its identity: what must match the peer's
+    for the two to pair (the model, its dtype, the groups vLLM made)."""
 
     cache: CacheBuffers
-    groups: tuple[tuple[int, ...], ...]
-    block_size: int
-    kernel_block_size: int
+    groups: tuple[GroupCache, ...]
     identity: dict[str, Any]
+    family: str
+    """The model's architecture, as refusals name it."""
+
+    @property
+    def rules(self) -> RuntimeConventions:
+        """vLLM's planning rules (the replica rule; the blocks of the first group)."""
+        return self.groups[0].rules
 
     def identity_bytes(self) -> bytes:
         return json.dumps(self.identity, sort_keys=True).encode()
 
 
-def backend_name(vllm_config: Any, kv_caches: dict[str, Any]) -> str:
-    """The attention backend of the model's layers, as vLLM names it."""
+def _attention_backend(vllm_config: Any, names: Sequence[str]) -> str | None:
+    """The attention backend of the attention layers ``names``, as vLLM names it; None
+    without attention layers."""
     layers = vllm_config.compilation_config.static_forward_context
-    names = set()
-    for name in kv_caches:
-        layer = layers.get(name)
-        backend = getattr(layer, "attn_backend", None)
-        if backend is not None:
-            names.add(str(backend.get_name()))
-    if len(names) != 1:
+    found = set()
+    for name in names:
+        backend = getattr(layers.get(name), "attn_backend", None)
+        if backend is None:
+            raise UnsupportedPDLayoutError(
+                f"the attention layer {name} names no attention backend pdplan can read"
+            )
+        found.add(str(backend.get_name()))
+    if len(found) > 1:
         raise UnsupportedPDLayoutError(
-            f"PdplanConnector reads caches of one attention backend; the layers use "
-            f"{sorted(names) or 'none pdplan can name'}"
+            f"PdplanConnector reads attention layers of one backend; the layers use {sorted(found)}"
         )
-    return names.pop()
+    return found.pop() if found else None
+
+
+def _model_shape(model_config: Any) -> ModelShape:
+    """The model as pdplan's readers read its config: the folder vLLM loaded it from, else
+    the config vLLM parsed (a model named by its hub id)."""
+    folder = Path(str(model_config.model))
+    if (folder / "config.json").is_file():
+        return ModelShape.from_hf_config(folder)
+    from pdplan import _core
+
+    text = model_config.hf_config.to_json_string()
+    return ModelShape._from_parts(_core.model_shape_parts(config_text=text, page_size=None))
+
+
+def _state_specs(model_config: Any, layers: set[int]) -> dict[int, tuple[StateSpec, ...]]:
+    """Each recurrent layer's state specs, by its model layer, from the model's config."""
+    if not layers:
+        return {}
+    model_layers = _model_shape(model_config).model_layers
+    specs = {}
+    for layer in sorted(layers):
+        if layer >= len(model_layers):
+            raise UnsupportedPDLayoutError(
+                f"vLLM keeps state for model layer {layer}; the model's config has "
+                f"{len(model_layers)} layers"
+            )
+        specs[layer] = state_specs(model_layers[layer])
+    return specs
 
 
 def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) -> WorkerCache:
@@ -52,48 +109,89 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
 
     tp_size = get_tensor_model_parallel_world_size()
     model = vllm_config.model_config
-    backend = backend_name(vllm_config, kv_caches)
+    groups = cache_groups(kv_cache_config)
+    group_of = {name: g for g in groups for name in g.layers}
+    unknown = sorted(set(kv_caches) - set(group_of))
+    if unknown:
+        raise UnsupportedPDLayoutError(
+            f"vLLM registered layers {unknown[:4]} in no KV cache group it transfers; "
+            "PdplanConnector moves every layer's cache or none"
+        )
+    recurrent: set[int] = set()
+    entries: dict[str, Any] = {}
+    for name, tensor in kv_caches.items():
+        if group_of[name].kind != "state":
+            entries[name] = tensor
+            continue
+        # One byte row a block, the layer's states packed as vLLM's layers unpack them.
+        spec = _group_spec(kv_cache_config, name)
+        itemsizes = [int(dtype.itemsize) for dtype in spec.dtypes]
+        entries[name] = vllm_adapter.packed_states(tensor, spec.shapes, itemsizes)
+        recurrent.add(vllm_adapter.layer_index(name))
+    attention = [name for name in kv_caches if group_of[name].kind != "state"]
     cache = vllm_adapter.buffers(
-        kv_caches,
-        backend=backend,
+        entries,
+        backend=_attention_backend(vllm_config, attention),
         tp_size=tp_size,
-        num_kv_heads=model.get_total_num_kv_heads(),
+        num_kv_heads=model.get_total_num_kv_heads() if attention else None,
+        states=_state_specs(model, recurrent),
     )
-    block_size = int(vllm_config.cache_config.block_size)
-    kernel_pages = {b.page_size for b in cache.buffers if b.buffer_kind.value != "mamba_state"}
-    kernel = kernel_pages.pop() if len(kernel_pages) == 1 else block_size
+    architectures = getattr(model.hf_config, "architectures", None) or ["a model"]
     return WorkerCache(
         cache=cache,
-        groups=group_buffers(kv_cache_config, cache, len(kv_caches)),
-        block_size=block_size,
-        kernel_block_size=kernel,
+        family=str(architectures[0])[:64],
+        groups=_group_caches(groups, cache),
         identity={
             # The model's name, not where it lies: hosts keep one model at different paths.
             "model": PurePath(str(model.model)).name,
             "dtype": str(model.dtype),
             "cache_dtype": str(vllm_config.cache_config.cache_dtype),
             "num_layers": len(kv_caches),
+            "cache_groups": [g.identity() for g in groups],
         },
     )
 
 
-def group_buffers(
-    kv_cache_config: Any, cache: CacheBuffers, num_layers: int
-) -> tuple[tuple[int, ...], ...]:
-    """Each KV cache group's buffer indexes, by its layers' model layer (vLLM's block ids are
-    per group). Without the config, one group owns every buffer."""
-    every = tuple(range(len(cache.buffers)))
-    groups = getattr(kv_cache_config, "kv_cache_groups", None)
-    if not groups or len(groups) == 1:
-        return (every,)
-    owned: list[tuple[int, ...]] = []
+def _group_spec(kv_cache_config: Any, name: str) -> Any:
+    """The spec of layer ``name``'s group (a layer's own where a group holds several)."""
+    for group in kv_cache_config.kv_cache_groups:
+        if name in group.layer_names:
+            spec = group.kv_cache_spec
+            if type(spec).__name__ == "UniformTypeKVCacheSpecs":
+                return spec.kv_cache_specs[name]
+            return spec
+    raise UnsupportedPDLayoutError(f"layer {name} is in no KV cache group")
+
+
+def _group_caches(groups: tuple[CacheGroup, ...], cache: CacheBuffers) -> tuple[GroupCache, ...]:
+    """Each group's buffers (a layer's state buffers are its state group's, its KV buffers
+    its attention group's) and its block-to-page rule; every buffer owned once."""
+    owned: list[GroupCache] = []
     for group in groups:
-        layers = {vllm_adapter.layer_index(name) for name in group.layer_names}
-        owned.append(tuple(b.buffer_index for b in cache.buffers if b.layer in layers))
-    if sorted(i for g in owned for i in g) != list(every):
+        layers = {vllm_adapter.layer_index(name) for name in group.layers}
+        state = group.kind == "state"
+        mine = tuple(
+            b.buffer_index
+            for b in cache.buffers
+            if b.layer in layers and (b.buffer_kind is BufferKind.MAMBA_STATE) == state
+        )
+        pages = {cache.buffers[i].page_size for i in mine}
+        if state or not mine:
+            kernel = group.block_size
+        elif len(pages) == 1:
+            kernel = pages.pop()
+        else:
+            raise UnsupportedPDLayoutError(
+                f"the KV cache group of layers {list(group.layers)[:4]} holds pages of "
+                f"{sorted(pages)} tokens; PdplanConnector reads one page size a group"
+            )
+        rules = vllm_adapter.conventions(block_size=group.block_size, kernel_block_size=kernel)
+        owned.append(GroupCache(group, mine, rules))
+    every = sorted(i for g in owned for i in g.buffers)
+    if every != list(range(len(cache.buffers))):
         raise UnsupportedPDLayoutError(
-            f"the {len(groups)} KV cache groups do not own each of the {len(every)} buffers "
-            "once; PdplanConnector cannot tell which block ids name which buffer"
+            f"the {len(groups)} KV cache groups do not own each of the {len(cache.buffers)} "
+            "buffers once; PdplanConnector cannot tell which block ids name which buffer"
         )
     return tuple(owned)
 

@@ -51,8 +51,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._layer_of: dict[str, int | None] = {}  # model layer by vLLM layer name
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
-                self._engine_id, self._settings, int(parallel.tensor_parallel_size)
-            )
+                self._engine_id, self._settings, int(parallel.tensor_parallel_size),
+                kv_cache_config,
+            )  # fmt: skip
 
     # -- worker side --------------------------------------------------------------------
 
@@ -173,6 +174,14 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int, bool]:
         return self._side().matched_tokens(request, num_computed_tokens)
+
+    def on_new_request(self, request: Any) -> None:
+        self._side().new_request(request)
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple[int, ...]:
+        # A load restores every group the connector moves, not only the prefix-cacheable
+        # ones vLLM assumes by default (it would zero the state groups' blocks).
+        return tuple(self._kv_cache_config.transfer_group_ids)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._side().after_alloc(request, blocks, num_external_tokens)

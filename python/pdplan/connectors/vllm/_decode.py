@@ -25,7 +25,6 @@ from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer, first_peer, rank_info
 from pdplan.connectors.vllm._streams import Following, progress, slice_reads
-from pdplan.runtimes import vllm as vllm_adapter
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
@@ -66,9 +65,7 @@ class DecodeRank:
         self._handshake_timeout = handshake_timeout
         self._transfer_timeout = transfer_timeout
         self._frames = encode_layout(self._layout, cache.cache.buffers)
-        self._rules = vllm_adapter.conventions(
-            block_size=cache.block_size, kernel_block_size=cache.kernel_block_size
-        )
+        self._rules = cache.rules
         self._notices = Notices(handshake_timeout, lambda m: logger.warning("pdplan: %s", m))
         self._peers: dict[str, Peer] = {}
         self._silent: dict[str, float] = {}  # instances that did not answer, since when
@@ -119,8 +116,14 @@ class DecodeRank:
             except PeerGone as error:
                 first_error = first_error or error
                 continue
-            peer = first_peer(reply, self._cache.identity, self._planner,
-                              f"{host}:{port + rank}", self._rank, host, port, rank)  # fmt: skip
+            try:
+                peer = first_peer(reply, self._cache.identity, self._planner,
+                                  f"{host}:{port + rank}", self._rank, host, port, rank)  # fmt: skip
+            except UnsupportedPDLayoutError as error:
+                raise UnsupportedPDLayoutError(
+                    f"{self._cache.family}, prefill TP {remote.tp_size} -> decode TP "
+                    f"{self._layout.world_size}: {error}"
+                ) from None
             for silent in range(rank):
                 peer.lose(silent)
             self._peers[remote.engine_id] = peer
@@ -202,18 +205,24 @@ class DecodeRank:
                 return list(sources)
 
     def _pages(self, receive: Receive) -> list[tuple[Any, Any, tuple[int, ...]]]:
-        """Per KV cache group, the request's pages on the prefill side and here, and the
-        group's buffers: the same for every source rank, computed once."""
+        """Per KV cache group, the request's pages on the prefill side and here (each group's
+        blocks span its own pages), and the group's buffers: the same for every source rank,
+        computed once."""
+        if len(receive.remote_blocks) != len(self._cache.groups):
+            raise UnsupportedPDLayoutError(
+                f"request {receive.request_id}: the prefill side sent blocks of "
+                f"{len(receive.remote_blocks)} KV cache groups for {len(self._cache.groups)} here"
+            )
         pages = []
-        for group, (local, remote) in enumerate(zip(receive.local_blocks, receive.remote_blocks)):
+        for number, (local, remote, group) in enumerate(
+            zip(receive.local_blocks, receive.remote_blocks, self._cache.groups)
+        ):
             if len(remote) != len(local):
                 raise UnsupportedPDLayoutError(
                     f"request {receive.request_id}: the prefill side holds {len(remote)} "
-                    f"blocks of group {group} for {len(local)} here"
+                    f"blocks of group {number} for {len(local)} here"
                 )
-            pages.append(
-                (self._rules.pages(remote), self._rules.pages(local), self._cache.groups[group])
-            )
+            pages.append((group.rules.pages(remote), group.rules.pages(local), group.buffers))
         return pages
 
     def _descriptors(
@@ -355,7 +364,7 @@ class DecodeRank:
         reads = slice_reads(
             following, notice,
             lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
-            self._rules.pages, self._cache.groups, slices, (self._strided, self._model),
+            self._cache.groups, slices, (self._strided, self._model),
         )  # fmt: skip
         for rank, read in reads:
             if read:

@@ -19,7 +19,6 @@ from pdplan.connectors._progress import Progress, encode_progress
 from pdplan.connectors._side_channel import SideChannelServer
 from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
-from pdplan.runtimes import vllm as vllm_adapter
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
@@ -127,10 +126,7 @@ class PrefillRank:
     def _hello(self, identity: bytes, version: bytes, payload: bytes) -> list[bytes]:
         check_identity(self._cache.identity, identity, "decode")
         peer = decode_layout(version, payload, max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
-        rules = vllm_adapter.conventions(
-            block_size=self._cache.block_size, kernel_block_size=self._cache.kernel_block_size
-        )
-        planner = rules.planner(
+        planner = self._cache.rules.planner(
             prefill_layout=self._layout,
             decode_layout=peer.layout,
             prefill_buffers=self._cache.cache.buffers,

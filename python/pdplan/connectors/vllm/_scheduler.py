@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
+from pdplan.connectors._block_pairs import kept_blocks, paired_blocks
 from pdplan.connectors._progress import StreamTracker
 from pdplan.connectors._settings import Settings
 from pdplan.connectors._transfer_params import (
@@ -18,18 +19,34 @@ from pdplan.connectors._transfer_params import (
     stream_of,
     streamed_remote_of,
 )
+from pdplan.runtimes._vllm_groups import (
+    NULL_BLOCK,
+    backoff,
+    cache_groups,
+    transfer_block_ids,
+)
 from pdplan.connectors.vllm._metadata import Receive, StepMetadata, Stream
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
+
+#: Marks a prefill request whose prompt has lost its last tokens already (a preempted request
+#: is scheduled again): NixlConnector's key, so either connector truncates once.
+TRUNCATED_KEY = "_p_side_truncated"
 
 
 class SchedulerSide:
     """One instance's scheduler-side state."""
 
-    def __init__(self, engine_id: str, settings: Settings, tp_size: int) -> None:
+    def __init__(
+        self, engine_id: str, settings: Settings, tp_size: int, kv_cache_config: Any
+    ) -> None:
         self.engine_id = engine_id
         self.settings = settings
         self.tp_size = tp_size
+        self.kv_cache_config = kv_cache_config
+        self.groups = groups = cache_groups(kv_cache_config)
+        # Prompt tokens the prefill side leaves for the decode side to compute.
+        self.backoff = backoff(groups)
         self._receives: list[Receive] = []
         self._leases: dict[str, float] = {}
         self._held: set[str] = set()
@@ -39,6 +56,26 @@ class SchedulerSide:
         self._hits: dict[str, int] = {}
         self._following: set[str] = set()
         self._cancelled: list[str] = []
+
+    def new_request(self, request: Any) -> None:
+        """A prefill request for a decode side, of a model that keeps state: its prompt loses
+        its last ``backoff`` tokens, which the decode side computes (the state it reads then
+        stands before them), as NixlConnector's ``_truncate_request_for_prefill`` does."""
+        params = request.kv_transfer_params
+        if (
+            not self.backoff
+            or not params
+            or not params.get("do_remote_decode")
+            or params.get(TRUNCATED_KEY)
+            or request.num_prompt_tokens <= self.backoff
+            or request.prompt_token_ids is None
+        ):
+            return
+        del request.prompt_token_ids[-self.backoff :]
+        del request._all_token_ids[-self.backoff :]
+        request.num_prompt_tokens -= self.backoff
+        request.max_tokens = 1
+        params[TRUNCATED_KEY] = True
 
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
@@ -53,7 +90,8 @@ class SchedulerSide:
                 logger.error("pdplan: request %s is computed here: %s", request.request_id, error)
                 params["do_remote_prefill"] = False
                 return 0, False
-            count = len(request.prompt_token_ids or ()) - num_computed_tokens
+            prompt = len(request.prompt_token_ids or ())
+            count = prompt - (self.backoff if prompt > self.backoff else 0) - num_computed_tokens
             if count > 0:
                 if params.get("stream_id") is not None:
                     self._hits[request.request_id] = num_computed_tokens
@@ -75,23 +113,51 @@ class SchedulerSide:
             return
         local: tuple[tuple[int, ...], ...] = ()
         if num_external_tokens > 0:
-            local = tuple(tuple(g) for g in blocks.get_unhashed_block_ids_all_groups())
+            # The blocks to fill: past the local prefix hit, a state group's state slot.
+            unhashed = blocks.get_unhashed_block_ids_all_groups()
+            local = tuple(tuple(g) for g in self._transfer_ids(unhashed))
         try:
             remote = remote_of(params)
             groups = block_groups(params.get("remote_block_ids"))
+            if local:
+                local = self._kept(local)
+            wanted = self._pair(local, groups) if local else ()
         except UnsupportedPDLayoutError as error:
             # The request waits for its blocks: the worker reports them to recompute.
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
             return
-        wanted: tuple[tuple[int, ...], ...] = ()
-        if local:
-            hits = [
-                sum(b.block_hash is not None and not b.is_null for b in group)
-                for group in blocks.blocks
-            ]
-            # Local prefix hits cover the first blocks; read only the rest, block for block.
-            wanted = tuple(tuple(r[hit : hit + len(g)]) for r, g, hit in zip(groups, local, hits))
         self._receives.append(Receive(request.request_id, local, wanted, remote))
+
+    def _transfer_ids(self, block_ids: Any) -> Any:
+        """A request's block ids of the groups that move (``transfer_block_ids``)."""
+        return transfer_block_ids(self.kv_cache_config, block_ids)
+
+    def _kept(self, block_ids: Any) -> tuple[tuple[int, ...], ...]:
+        """Each group's blocks that hold the request's bytes (``kept_blocks``)."""
+        if len(block_ids) != len(self.groups):
+            raise UnsupportedPDLayoutError(
+                f"a request lists blocks of {len(block_ids)} KV cache groups; this instance "
+                f"has {len(self.groups)}"
+            )
+        return tuple(
+            kept_blocks(ids, g.kind, NULL_BLOCK, g.scratch_blocks)
+            for ids, g in zip(block_ids, self.groups)
+        )
+
+    def _pair(
+        self, local: tuple[tuple[int, ...], ...], remote: tuple[tuple[int, ...], ...]
+    ) -> tuple[tuple[int, ...], ...]:
+        """The prefill side's blocks each of the decode side's ``local`` reads, group by group,
+        tail to tail (local prefix hits cover the first blocks; a window keeps the last)."""
+        if len(remote) != len(local):
+            raise UnsupportedPDLayoutError(
+                f"the prefill side sent blocks of {len(remote)} KV cache groups for "
+                f"{len(local)} here"
+            )
+        return tuple(
+            paired_blocks(mine, theirs, group)[1]
+            for group, (mine, theirs) in enumerate(zip(local, remote))
+        )
 
     def _stream_prefill(self, request: Any, blocks: Any) -> None:
         """A prefill request whose decode side reads it while it runs: its progress goes to
@@ -116,7 +182,9 @@ class SchedulerSide:
         except UnsupportedPDLayoutError as error:
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
             return
-        length = len(request.prompt_token_ids or ())
+        prompt = len(request.prompt_token_ids or ())
+        # The prefill side streams the prompt less what it leaves to this side.
+        length = prompt - (self.backoff if prompt > self.backoff else 0)
         hit = self._hits.pop(request.request_id, 0)
         stream = Stream(remote.request_id, hit, length)
         self._receives.append(Receive(request.request_id, local, (), remote, stream=stream))
@@ -148,7 +216,11 @@ class SchedulerSide:
             return False, None
         from vllm.v1.request import RequestStatus
 
-        groups = block_groups(block_ids, "block_ids")
+        try:
+            groups = self._kept(self._transfer_ids(block_groups(block_ids, "block_ids")))
+        except UnsupportedPDLayoutError as error:  # never fails the engine: nothing is sent
+            logger.error("pdplan: request %s is not sent: %s", request.request_id, error)
+            return False, None
         completed = request.status in (
             RequestStatus.FINISHED_LENGTH_CAPPED,
             RequestStatus.FINISHED_STOPPED,

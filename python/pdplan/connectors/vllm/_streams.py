@@ -20,6 +20,7 @@ from pdplan.connectors._progress import (
 )
 from pdplan.connectors._reads import Reads
 from pdplan.connectors._side_channel import ask
+from pdplan.connectors.vllm._caches import GroupCache
 from pdplan.connectors.vllm._metadata import Receive
 from pdplan.connectors.vllm._peers import Peer
 
@@ -101,8 +102,7 @@ def slice_reads(
     following: Following,
     notice: Progress,
     prepared_of: Any,
-    pages_of: Any,
-    groups: tuple[tuple[int, ...], ...],
+    groups: tuple[GroupCache, ...],
     slices: list[Slice],
     form: tuple[bool, CostModel | None],
 ) -> list[tuple[int, Reads]]:
@@ -119,11 +119,12 @@ def slice_reads(
     for rank in following.sources:
         prepared = prepared_of(rank)
         reads = Reads(*form)
-        for group, (theirs, ours) in enumerate(zip(notice.blocks, receive.local_blocks)):
-            request = prepared.request(pages_of(theirs), pages_of(ours))  # read once a step
+        for group, theirs, ours in zip(groups, notice.blocks, receive.local_blocks):
+            pages = group.rules.pages
+            request = prepared.request(pages(theirs), pages(ours))  # read once a step
             for layers, start, stop in slices:
                 reads.add(
-                    request, buffers=groups[group], layers=layers, tokens=range(start, stop),
+                    request, buffers=group.buffers, layers=layers, tokens=range(start, stop),
                     final_length=stream.final_length, decode_prefix=stream.decode_prefix,
                 )  # fmt: skip
         out.append((rank, reads))

@@ -1,0 +1,103 @@
+"""Every model family vLLM 0.32's CPU backend runs, through PdplanConnector and through vLLM's
+own NixlConnector, side by side on every TP pair (1 -> 1, 1 -> 2, 2 -> 1): the tiny models and
+instances of the real-engine tests (tests/vllm_engine/families.py, family_runs.py), the same
+prompts, one connector's instances up at a time. For each (family, pair, connector): how many
+of the prompts decode what one instance decodes alone, "refused" where the connector does not
+serve the pair (an instance that will not start, or every prompt computed on the decode side:
+vLLM counts no token it did not compute), and the decode side's time for the batch where both
+connectors decode every prompt equal. Needs vLLM (scripts/install_vllm.sh).
+
+    python benches/vllm_families.py   # writes benches/results/vllm_families.md
+    PDPLAN_FAMILIES=gemma2,mamba2 python benches/vllm_families.py   # some of them
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests/vllm_engine"))
+sys.path.insert(0, str(ROOT / "benches"))
+
+from families import FAMILIES  # noqa: E402
+from family_runs import PAIRS, FamilyRun, family_run, prompts  # noqa: E402
+
+from provenance import write  # noqa: E402
+
+CONNECTORS = ("pdplan", "nixl")
+
+
+def served(run: FamilyRun, want: list[list[int]]) -> dict[tuple[int, int], tuple[str, float]]:
+    """Each pair's outcome: ``"9/9"``-like counts of prompts equal, or ``"refused"``; and the
+    decode time (s). Under ``(2, 2)``: how many the TP 2 instance decodes alone as the TP 1 one
+    does (the floor of a pair across TP sizes)."""
+    batch = prompts()
+    alone = run.alone(batch, "tp2")
+    out = {(2, 2): (f"{sum(a == b for a, b in zip(alone, want))}/{len(want)}", 0.0)}
+    for pair in PAIRS:
+        try:
+            decoded = run.pair(*pair, batch)
+        except Exception as error:  # a pair the connector cannot run at all
+            out[pair] = (f"refused ({type(error).__name__})", 0.0)
+            continue
+        if not decoded.loaded:
+            out[pair] = ("refused (computed locally)", decoded.seconds)
+            continue
+        equal = sum(got == ref for got, ref in zip(decoded.tokens, want))
+        out[pair] = (f"{equal}/{len(want)}", decoded.seconds)
+    return out
+
+
+def main() -> None:
+    work = Path("/tmp/pdplan-vllm-families")
+    work.mkdir(exist_ok=True)
+    names = [n for n in os.environ.get("PDPLAN_FAMILIES", "").split(",") if n] or list(FAMILIES)
+    results: dict[tuple[str, str], dict[tuple[int, int], tuple[str, float]]] = {}
+    for number, name in enumerate(names):
+        family = FAMILIES[name]
+        for offset, connector in enumerate(CONNECTORS):
+            port = 9000 + 100 * number + 40 * offset
+            try:
+                with family_run(family, work, work, connector, port) as run:
+                    want = run.alone(prompts())
+                    results[name, connector] = served(run, want)
+            except Exception:  # instances that do not start: the connector refuses the model
+                traceback.print_exc()
+                results[name, connector] = {p: ("refused (at start)", 0.0) for p in PAIRS}
+                results[name, connector][2, 2] = ("—", 0.0)
+            print(name, connector, results[name, connector], flush=True)
+    rows = []
+    for name in names:
+        floor = results[name, "pdplan"][2, 2][0]
+        if floor == "—":
+            floor = results[name, "nixl"][2, 2][0]
+        for pair in PAIRS:
+            ours, theirs = results[name, "pdplan"][pair], results[name, "nixl"][pair]
+            both = ours[0] == theirs[0] == f"{len(prompts())}/{len(prompts())}"
+            times = [f"{ours[1] * 1e3:.0f}", f"{theirs[1] * 1e3:.0f}"] if both else ["—", "—"]
+            alone = "—" if pair == (1, 1) else floor
+            rows.append(f"| {name} | {pair[0]} -> {pair[1]} | {ours[0]} | {theirs[0]} | "
+                        f"{alone} | {' | '.join(times)} |")  # fmt: skip
+    table = "\n".join([
+        f"Prompts of {len(prompts())} lengths (20 to 250 tokens) decoded 12 tokens greedily "
+        "through each connector on each TP pair, against the TP 1 instance decoding them "
+        "alone; tiny random-weight models (tests/vllm_engine/families.py), vLLM 0.32's CPU "
+        "backend, both connectors through NIXL 1.5.1 (UCX, loopback), every instance "
+        "kv_both. TP 2 alone: how many the TP 2 instance decodes alone as the TP 1 one "
+        "does, the most a pair across TP sizes can be held to (bf16 drifts). Decode time: the "
+        "decode side's generate for the batch (the pull and 12 steps), where both decode "
+        "every prompt equal.",
+        "",
+        "| family | prefill TP -> decode TP | PdplanConnector equal | NixlConnector equal | "
+        "TP 2 alone equal | decode, PdplanConnector (ms) | decode, NixlConnector (ms) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ])  # fmt: skip
+    write("vllm_families.md", table)
+
+
+if __name__ == "__main__":
+    main()
