@@ -44,12 +44,17 @@ class Loopback:
 
 
 def worker_cache(tensor: np.ndarray, tp: int) -> Any:
-    from pdplan.connectors.vllm._caches import WorkerCache
+    from pdplan.connectors.vllm._caches import GroupCache, WorkerCache
+    from pdplan.runtimes._vllm_groups import CacheGroup
 
-    cache = vllm_adapter.buffers({"model.layers.0.self_attn.attn": tensor}, backend="CPU_ATTN",
-                                 tp_size=tp, num_kv_heads=1)  # fmt: skip
+    layer = "model.layers.0.self_attn.attn"
+    cache = vllm_adapter.buffers({layer: tensor}, backend="CPU_ATTN", tp_size=tp, num_kv_heads=1)
+    # One full-attention group owning every buffer, its blocks one page each.
+    group = CacheGroup("attention", "FullAttentionSpec", BLOCK, (layer,))
+    rules = vllm_adapter.conventions(block_size=BLOCK, kernel_block_size=BLOCK)
+    owned = GroupCache(group, tuple(range(len(cache.buffers))), rules)
     identity = {"model": "tiny", "dtype": "float32", "cache_dtype": "auto", "num_layers": 1}
-    return WorkerCache(cache, (tuple(range(len(cache.buffers))),), BLOCK, BLOCK, identity)
+    return WorkerCache(cache, (owned,), identity, "LlamaForCausalLM")
 
 
 def test_a_silent_prefill_rank_is_read_around_from_its_replica() -> None:

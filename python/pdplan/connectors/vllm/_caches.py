@@ -21,9 +21,9 @@ from pdplan._arrays import CacheBuffers, StateSpec, state_specs
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._layouts import ModelShape
 from pdplan._model import BufferKind
-from pdplan.runtimes._vllm_groups import CacheGroup, cache_groups
 from pdplan.runtimes import vllm as vllm_adapter
 from pdplan.runtimes._conventions import RuntimeConventions
+from pdplan.runtimes._vllm_groups import CacheGroup, cache_groups
 
 
 @dataclass(frozen=True)

@@ -117,8 +117,9 @@ class DecodeRank:
                 first_error = first_error or error
                 continue
             try:
-                peer = first_peer(reply, self._cache.identity, self._planner,
-                                  f"{host}:{port + rank}", self._rank, host, port, rank)  # fmt: skip
+                address = f"{host}:{port + rank}"
+                peer = first_peer(reply, self._cache.identity, self._planner, address,
+                                  self._rank, host, port, rank)  # fmt: skip
             except UnsupportedPDLayoutError as error:
                 raise UnsupportedPDLayoutError(
                     f"{self._cache.family}, prefill TP {remote.tp_size} -> decode TP "

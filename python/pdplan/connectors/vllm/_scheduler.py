@@ -19,13 +19,13 @@ from pdplan.connectors._transfer_params import (
     stream_of,
     streamed_remote_of,
 )
+from pdplan.connectors.vllm._metadata import Receive, StepMetadata, Stream
 from pdplan.runtimes._vllm_groups import (
     NULL_BLOCK,
     backoff,
     cache_groups,
     transfer_block_ids,
 )
-from pdplan.connectors.vllm._metadata import Receive, StepMetadata, Stream
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
