@@ -13,6 +13,7 @@ use serde::Deserialize;
 use crate::context::{CpKv, CpSplit};
 use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::LATEST_VERSION;
+use crate::json_refusal;
 use crate::layout::{
     check_distinct_indexes, BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts,
     ParallelLayout, Role,
@@ -258,8 +259,12 @@ pub fn decode(version: &[u8], payload: &[u8], max_payload_bytes: u64) -> PlanRes
             payload.len()
         );
     }
-    let wire: LayoutWire = serde_json::from_slice(payload)
-        .map_err(|e| PlanError::new(format!("layout payload is not a valid layout: {e}")))?;
+    let wire: LayoutWire = serde_json::from_slice(payload).map_err(|e| {
+        PlanError::new(format!(
+            "layout payload is not a valid layout: {}",
+            json_refusal::describe(&e, payload)
+        ))
+    })?;
     limits::LAYOUT_BUFFERS.check("a layout's buffers", wire.buffers.len() as u64)?;
     let context = ContextParallel {
         cp_size: wire.cp_size,

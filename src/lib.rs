@@ -14,6 +14,7 @@ pub mod frame_cache;
 pub mod holders;
 pub mod host_copy;
 pub mod interval;
+pub mod json_refusal;
 pub mod layer_groups;
 pub mod layout;
 pub mod layout_frame;

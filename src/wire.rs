@@ -16,6 +16,7 @@ use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::{
     FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, LATEST_VERSION, SETTERS,
 };
+use crate::json_refusal;
 use crate::layout::BufferKind;
 use crate::limits::MAX_VALUE;
 
@@ -172,7 +173,12 @@ fn decode_by(
             version,
         })
         .and_then(|fragments| parser.end().map(|()| fragments))
-        .map_err(|e| PlanError::new(format!("invalid transfer plan payload: {e}")))?;
+        .map_err(|e| {
+            PlanError::new(format!(
+                "invalid transfer plan payload: {}",
+                json_refusal::describe(&e, payload)
+            ))
+        })?;
     Ok(fragments)
 }
 

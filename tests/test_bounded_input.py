@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -230,3 +231,112 @@ def test_the_runtime_helpers_refuse_bad_input_by_name() -> None:
     for run, says in cases:
         with pytest.raises(UnsupportedPDLayoutError, match=says):
             run()
+
+
+def layout_frame() -> tuple[bytes, dict]:
+    prefill, _ = llama()
+    version, payload = encode_layout(ParallelLayout("prefill", 2), prefill[:2])
+    return version, json.loads(payload)
+
+
+def layout_refusal(version: bytes, frame: dict) -> str:
+    text = json.dumps(frame).encode()
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        decode_layout(version, text, max_payload_bytes=len(text))
+    return str(refused.value)
+
+
+@pytest.mark.parametrize("where", ["top", "buffer"])
+def test_a_peer_s_long_text_is_cut_in_any_field_known_or_not(where: str) -> None:
+    version, frame = layout_frame()
+    long = "x" * 900_000
+    for spoil in (
+        lambda p: p.__setitem__(long, 1),  # an unknown 900 kB key
+        lambda p: p.__setitem__("world_size" if where == "top" else "page_size", long),
+        lambda p: p.__setitem__("pp_layer_partition" if where == "top" else "layer", [long]),
+        lambda p: p.__setitem__('a`\\"' * 200_000, 1),  # quotes and backquotes in a key
+    ):
+        spoilt = json.loads(json.dumps(frame))
+        spoil(spoilt if where == "top" else spoilt["buffers"][1])
+        message = layout_refusal(version, spoilt)
+        assert len(message) < 1200, (len(message), message[:SHORT])
+        assert "not a valid layout" in message
+
+
+@pytest.mark.parametrize(
+    "written",
+    ["18446744073709551616", "1e100", "1" + "0" * 100, "340282366920938463463374607431768211456"],
+)
+def test_a_peer_s_numbers_are_reported_as_written(written: str) -> None:
+    version, frame = layout_frame()
+    for path in (("world_size",), ("buffers", 1, "logical_size"), ("base_ptrs",)):
+        text = json.dumps(frame)
+        if path == ("base_ptrs",):
+            text = text.replace('"base_ptrs": null', f'"base_ptrs": [0, {written}]')
+        else:
+            target = frame if len(path) == 1 else frame["buffers"][1]
+            marker = "@@@"
+            target[path[-1]], saved = marker, target[path[-1]]
+            text = json.dumps(frame).replace(f'"{marker}"', written)
+            target[path[-1]] = saved
+        with pytest.raises(UnsupportedPDLayoutError) as refused:
+            decode_layout(version, text.encode(), max_payload_bytes=len(text))
+        message = str(refused.value)
+        assert f"`{written}`" in message, (path, message)
+        assert "floating" not in message and "e+19" not in message and "e19" not in message
+    # A fragment frame the same way.
+    prefill, decode = llama()
+    fragments = (
+        PDTransferPlanner(
+            prefill_layout=ParallelLayout("prefill", 2),
+            decode_layout=ParallelLayout("decode", 1),
+            prefill_buffers=prefill,
+            decode_buffers=decode,
+        )
+        .plan_for_decode_rank(0)
+        .fragments_by_prefill_rank[0][:1]
+    )
+    version, payload = encode_transfer_fragments(fragments)
+    spoilt = json.loads(payload)
+    spoilt[0]["bytes_per_page"] = "@@@"
+    text = json.dumps(spoilt).replace('"@@@"', written)
+    with pytest.raises(UnsupportedPDLayoutError) as refused:
+        PreparedTransfer.from_frames(version, text.encode(), [0] * 64, [0] * 64)
+    message = str(refused.value)
+    assert f"`{written}`" in message and "floating" not in message, message
+
+
+def test_a_config_s_numbers_are_reported_as_written(tmp_path: Path) -> None:
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+              "num_hidden_layers": "@@@", "hidden_size": 64, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "torch_dtype": "bfloat16"}  # fmt: skip
+    for written in ("18446744073709551616", "1" + "0" * 100):
+        file = tmp_path / "config.json"
+        file.write_text(json.dumps(config).replace('"@@@"', written))
+        with pytest.raises(UnsupportedPDLayoutError) as refused:
+            ModelShape.from_hf_config(file, page_size=16)
+        message = str(refused.value)
+        assert written in message and "e+" not in message and len(message) < SHORT, message
+
+
+def test_python_side_messages_are_bounded() -> None:
+    from pdplan.connectors._identity import check_identity
+
+    long = "y" * (1 << 20)
+    peer = json.dumps({"model": long, long: 2**64}).encode()
+    for own in ({"model": "tiny"}, {"model": long}):
+        with pytest.raises(UnsupportedPDLayoutError) as refused:
+            check_identity(own, peer, "prefill")
+        assert len(str(refused.value)) < SHORT, len(str(refused.value))
+    prefill, decode = llama()
+    plan = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    ).plan_for_decode_rank(0)
+    for given, says in ((long, "(1048576 characters)"), (10**100, str(10**100))):
+        with pytest.raises(UnsupportedPDLayoutError) as refused:
+            plan.required_dst_info_num_for_prefill_rank(given)  # type: ignore[arg-type]
+        message = str(refused.value)
+        assert len(message) < SHORT and says in message, message[:SHORT]

@@ -14,13 +14,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from runtime_pairs import child_verdicts
 from strided_moves import CALIBRATION_CASES, CASES, ENGINE_CASES
 from test_slices import LAYER_KINDS, SPAN, Case, byte_map, prepared_pairs
 
 from pdplan import (
+    BufferKind,
     Mamba2Layer,
     ModelShape,
     Pairing,
@@ -29,6 +30,7 @@ from pdplan import (
     PreparedTransfer,
     StridedDescriptors,
     TransferDescriptors,
+    TransferFragment,
     UnsupportedPDLayoutError,
     model_buffer_layouts,
     token_slots,
@@ -128,6 +130,7 @@ def test_strided_pages_expand_to_the_flat_descriptors(
         whole = prepared.strided_descriptors(*tables)
         check_shape(whole, limits)
         equal_bytes(whole, prepared.descriptors(*tables, coalesce=False))
+        assert whole.num_entries <= prepared.descriptors(*tables).num_descriptors
         # A slice: a layer group and the tokens final by then.
         group = sorted(data.draw(st.sets(st.integers(0, len(kinds) - 1), min_size=1)))
         stop = data.draw(st.integers(0, length))
@@ -135,6 +138,7 @@ def test_strided_pages_expand_to_the_flat_descriptors(
         part = prepared.strided_descriptors(*tables, **slice_)
         check_shape(part, limits)
         equal_bytes(part, prepared.descriptors(*tables, **slice_))
+        assert part.num_entries <= prepared.descriptors(*tables, **slice_).num_descriptors
         # The same request's pages read once (PreparedRequest): the same lists, row for row.
         request = prepared.request(*tables)
         assert len(request) == count
@@ -205,11 +209,60 @@ def test_strided_slot_maps_expand_to_the_flat_descriptors(
         whole = prepared.token_strided_descriptors(src, dst)
         check_shape(whole, limits)
         equal_bytes(whole, prepared.token_descriptors(src, dst, coalesce=False))
+        assert whole.num_entries <= prepared.token_descriptors(src, dst).num_descriptors
         slice_ = dict(tokens=range(prefix // 2, length), final_length=length,
                       decode_prefix=prefix)  # fmt: skip
         part = prepared.token_strided_descriptors(src, dst, **slice_)
         check_shape(part, limits)
         equal_bytes(part, prepared.token_descriptors(src, dst, **slice_))
+
+
+@st.composite
+def state_fragments(draw: st.DrawFn) -> list[TransferFragment]:
+    """Fragments as a Mamba or GDN table makes them: several parts of one slot (conv, SSM,
+    their TP shards) a buffer, touching or apart, some of a few rows, each of every page or of
+    the first ``page_count``; buffers in order, a part's bytes inside its page on both sides."""
+    out = []
+    for buffer in range(draw(st.integers(1, 3))):
+        stride = draw(st.sampled_from([64, 96, 128]))
+        kind = draw(st.sampled_from([BufferKind.MAMBA_STATE, BufferKind.TARGET_K]))
+        page_count = draw(st.sampled_from([None, 1, 2]))
+        offsets = [0, 0]
+        for _ in range(draw(st.integers(1, 4))):
+            rows = draw(st.sampled_from([1, 1, 2, 4]))
+            run = draw(st.sampled_from([4, 8, 16]))
+            row_strides = [draw(st.sampled_from([run, run, 2 * run])) for _ in range(2)]
+            ends = [o + draw(st.sampled_from([0, 0, 4])) for o in offsets]
+            if any(e + (rows - 1) * rs + run > stride for e, rs in zip(ends, row_strides)):
+                break
+            out.append(TransferFragment(
+                buffer, kind, 0, 0, stride, stride, ends[0], ends[1], run * rows, page_count,
+                rows_per_page=rows,
+                src_row_stride_bytes=row_strides[0] if rows > 1 else 0,
+                dst_row_stride_bytes=row_strides[1] if rows > 1 else 0,
+            ))  # fmt: skip
+            offsets = [e + (rows - 1) * rs + run for e, rs in zip(ends, row_strides)]
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(state_fragments(), st.data())
+def test_strided_lists_are_never_longer_than_the_flat_descriptors(
+    fragments: list[TransferFragment], data: st.DataObject
+) -> None:
+    # The oracle: the flat descriptors, coalesced, of the same request (12 rows stood for 6
+    # when a slot's parts touched, one row a part); the bytes as the flat path moves them.
+    assume(fragments)
+    count = data.draw(st.integers(1, 8), label="pages")
+    tables = (page_table(data, count, "src"), page_table(data, count, "dst"))
+    bases = [SPAN * (i + 1) for i in range(3)]
+    prepared = PreparedTransfer(fragments, bases, bases, src_limits=[SPAN] * 3,
+                                dst_limits=[SPAN] * 3)  # fmt: skip
+    strided = prepared.strided_descriptors(*tables)
+    flat = prepared.descriptors(*tables)
+    assert strided.num_entries <= flat.num_descriptors
+    equal_bytes(strided, prepared.descriptors(*tables, coalesce=False))
+    check_shape(strided, ([SPAN] * 3, [SPAN] * 3))
 
 
 def seventy_b(decode_rank: int = 0) -> tuple[Pairing, list[PreparedTransfer]]:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pdplan import _core
-from pdplan._bounded import bounded_tuple
+from pdplan._bounded import bounded_tuple, shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
@@ -120,7 +120,7 @@ def state_specs(
         StateSpec(b.logical_size, b.logical_parts) for b in prefill if not b.is_token_indexed
     )
     if not states:
-        raise UnsupportedPDLayoutError(f"{layer!r} caches no state; it has no state specs")
+        raise UnsupportedPDLayoutError(f"{shown(layer)} caches no state; it has no state specs")
     # The model code lists the recurrent state first (where the layer has one).
     convs, recurrent = states[1:], states[:1]
     if fused_conv and len(convs) > 1:

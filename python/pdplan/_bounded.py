@@ -4,6 +4,7 @@ end (the core reads its own arguments the same way, src/python/convert.rs)."""
 from __future__ import annotations
 
 import itertools
+import reprlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -15,6 +16,31 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 T = TypeVar("T")
+
+#: A caller's or peer's value in a message: strings cut to 64 characters, lists to 16 entries,
+#: nesting to 2 levels (the core cuts its quotes the same way, ``error::quoted``).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 66
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = _SHOWN.maxfrozenset = 16
+_SHOWN.maxlevel = 2
+
+#: Ints up to this many bits are shown whole (2^64 and 10^100 as written); longer ones by size.
+_SHOWN_INT_BITS = 512
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` for a message, bounded whatever the value: an int as given (by its size
+    past 512 bits), text and containers cut, saying they were."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        bits = value.bit_length()
+        return repr(value) if bits <= _SHOWN_INT_BITS else f"<an int of {bits} bits>"
+    if isinstance(value, (str, bytes)) and len(value) > _SHOWN.maxstring - 2:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{_SHOWN.repr(value)} ({len(value)} {unit})"
+    try:
+        return _SHOWN.repr(value)
+    except ValueError:  # an int inside too long for str() (CPython's digit limit)
+        return f"<a {type(value).__name__}>"
 
 
 def bounded_tuple(items: Iterable[T], what: str, bound: str) -> tuple[T, ...]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pdplan import _core
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._staging import CostModel
 
@@ -74,12 +75,12 @@ def layer_groups(
             or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in row)
         ):
             raise UnsupportedPDLayoutError(
-                f"loads holds one (descriptors, bytes) pair of ints a layer, got {row!r}"
+                f"loads holds one (descriptors, bytes) pair of ints a layer, got {shown(row)}"
             )
         rows.append(row)
     for name, value in (("layer_seconds", layer_seconds), ("per_transfer_s", per_transfer_s)):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise UnsupportedPDLayoutError(f"{name} must be a number, got {value!r}")
+            raise UnsupportedPDLayoutError(f"{name} must be a number, got {shown(value)}")
     groups, tail, whole = _core.layer_groups(
         rows, float(layer_seconds), float(per_transfer_s), model._figures()
     )

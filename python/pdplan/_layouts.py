@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from pdplan import _core
+from pdplan._bounded import shown
 from pdplan._config_files import QUANT_CONFIG_NAME, config_file, named, read_config_text
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
@@ -482,7 +483,7 @@ class ModelShape:
             count = self.num_layers
         except UnsupportedPDLayoutError:
             given = [
-                f"{f.name}={getattr(self, f.name)!r}"
+                f"{f.name}={shown(getattr(self, f.name))}"
                 for f in fields(self)
                 if f.name != "layer_kinds" and getattr(self, f.name) != f.default
             ]
@@ -505,12 +506,12 @@ class ModelShape:
         layers = _count(count, "layer") + (": " + ", ".join(parts) if parts else "")
         details = [self.dtype]
         if self.kv_cache_dtype is not None:
-            details.append(f"kv_cache_dtype={self.kv_cache_dtype!r}")
+            details.append(f"kv_cache_dtype={shown(self.kv_cache_dtype)}")
         if self.state_dtype is not None:
-            details.append(f"state_dtype={self.state_dtype!r}")
+            details.append(f"state_dtype={shown(self.state_dtype)}")
         details.append(f"page_size={self.page_size}")
         if self.family is not None:
-            details.append(f"family={self.family!r}")
+            details.append(f"family={shown(self.family)}")
         return f"ModelShape({layers}; {', '.join(details)})"
 
 

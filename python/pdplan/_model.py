@@ -7,6 +7,7 @@ from enum import Enum
 from typing import Literal, NamedTuple
 
 from pdplan import _core
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 
 __all__ = [
@@ -340,6 +341,6 @@ class RankTransferPlan:
             return self.required_dst_info_num_by_prefill_rank[prefill_rank]
         except (KeyError, TypeError):
             raise UnsupportedPDLayoutError(
-                f"prefill_rank={prefill_rank!r} is not a source of this plan; its sources are "
+                f"prefill_rank={shown(prefill_rank)} is not a source of this plan; its sources are "
                 f"{list(self.target_prefill_ranks)}"
             ) from None

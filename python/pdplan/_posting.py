@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pdplan import _core
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._descriptors import StridedDescriptors, TransferDescriptors
 from pdplan._staging import CostModel
@@ -87,7 +88,7 @@ def calibrate_posting(
     for name, memory in (("src", src), ("dst", dst)):
         whole = isinstance(memory, tuple) and len(memory) == 2
         if not whole or not all(isinstance(v, int) and not isinstance(v, bool) for v in memory):
-            raise UnsupportedPDLayoutError(f"{name} must be (address, bytes), got {memory!r}")
+            raise UnsupportedPDLayoutError(f"{name} must be (address, bytes), got {shown(memory)}")
         address, size = memory
         if address < 0 or size < span or address + size >= 1 << 64:
             raise UnsupportedPDLayoutError(
@@ -152,10 +153,11 @@ def _checked_counts(counts: Sequence[int], repeat: int, block_bytes: int) -> tup
     sizes = tuple(counts) if isinstance(counts, (tuple, list, range)) else ()
     if not all(whole(n, 1) and n <= 1 << 20 for n in sizes) or len(set(sizes)) < 2:
         raise UnsupportedPDLayoutError(
-            f"counts must hold two different counts at least, each 1 to 2^20, got {counts!r}"
+            f"counts must hold two different counts at least, each 1 to 2^20, got {shown(counts)}"
         )
     if not whole(repeat, 1) or not whole(block_bytes, 1):
         raise UnsupportedPDLayoutError(
-            f"repeat and block_bytes must be ints of at least 1, got {repeat!r} and {block_bytes!r}"
+            "repeat and block_bytes must be ints of at least 1, got "
+            f"{shown(repeat)} and {shown(block_bytes)}"
         )
     return sizes

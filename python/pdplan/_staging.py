@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pdplan import _core
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 
 #: The descriptor forms a cost model weighs: flat descriptors, NIXL 1.5's strided lists, a
@@ -355,7 +356,7 @@ def _five_counts(counts: object, method: str) -> tuple[int, int, int, int, int]:
     ):
         raise UnsupportedPDLayoutError(
             f"{method} takes the five staging counts, ints of at least 0 (StagingCounts: "
-            f"{', '.join(StagingCounts._fields)}), got {counts!r}"
+            f"{', '.join(StagingCounts._fields)}), got {shown(counts)}"
         )
     a, b, c, d, e = counts
     return a, b, c, d, e
@@ -367,10 +368,10 @@ def _strided_counts(strided: object, staging: object) -> tuple[int, int] | None:
     ):
         raise UnsupportedPDLayoutError(
             "strided must be None or (rows, blocks), two ints of at least 0 "
-            f"(StridedDescriptors.num_entries, num_descriptors), got {strided!r}"
+            f"(StridedDescriptors.num_entries, num_descriptors), got {shown(strided)}"
         )
     if not isinstance(staging, bool):
-        raise UnsupportedPDLayoutError(f"staging must be True or False, got {staging!r}")
+        raise UnsupportedPDLayoutError(f"staging must be True or False, got {shown(staging)}")
     return strided
 
 
@@ -378,7 +379,7 @@ def _forms(forms: object) -> frozenset[str]:
     chosen = frozenset(forms) if isinstance(forms, (tuple, list, set, frozenset)) else None
     if chosen is None or not chosen <= set(FORMS):
         raise UnsupportedPDLayoutError(
-            f"forms must be a sequence of {', '.join(map(repr, FORMS))}, got {forms!r}"
+            f"forms must be a sequence of {', '.join(map(repr, FORMS))}, got {shown(forms)}"
         )
     return chosen | {"flat"}
 

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Literal
 
 from pdplan import _core
+from pdplan._bounded import shown
 from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._layer_groups import (
     DEFAULT_LAYER_SECONDS_PER_TOKEN,
@@ -78,7 +79,8 @@ def model_planner(
         if not isinstance(layout, ParallelLayout) or layout.role != name:
             got = layout.role if isinstance(layout, ParallelLayout) else type(layout).__name__
             raise UnsupportedPDLayoutError(
-                f"{name} must be the {name} side's ParallelLayout (role {name!r}), got {got!r}"
+                f"{name} must be the {name} side's ParallelLayout (role {shown(name)}), "
+                f"got {shown(got)}"
             )
     prefill = _with_stages(prefill, shape.num_layers)
     decode = _with_stages(decode, shape.num_layers)
@@ -112,7 +114,7 @@ def _check_request(tokens: int, decode_prefix: int) -> None:
     for name, value, least in (("tokens", tokens, 1), ("decode_prefix", decode_prefix, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise UnsupportedPDLayoutError(
-                f"{name} must be an int of at least {least}, got {value!r}"
+                f"{name} must be an int of at least {least}, got {shown(value)}"
             )
     if tokens > MAX_TOKENS:
         raise UnsupportedPDLayoutError(

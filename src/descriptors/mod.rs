@@ -14,11 +14,13 @@ use crate::fragment::Fragment;
 
 use crate::limits::{self};
 
+mod coalesced_count;
 mod fill;
 mod flat;
 mod placement;
 mod strided;
 
+use coalesced_count::coalesced_count;
 use fill::fill_columns;
 pub(crate) use fill::split_in_half;
 pub use placement::{place, place_all};
@@ -331,8 +333,19 @@ pub fn build_placed_strided_in<P: Borrow<Placed>>(
     // At most a row a run of each job's (and never more than the flat descriptors).
     let rows: usize = jobs.iter().map(|j| j.rows).sum();
     let mut out = Strided::with_capacity(total.min(rows.saturating_mul(pages.run_count())));
-    for job in &jobs {
-        job.write_strided(pages.runs(), &mut out);
+    // Entries merge within a buffer (across jobs too, as coalescing merges), never across one.
+    let (mut floor, mut buffer) = (0, None);
+    for job in jobs.iter().filter(|job| !job.src_pages.is_empty()) {
+        if buffer != Some(job.buffer_index) {
+            (floor, buffer) = (out.len(), Some(job.buffer_index));
+        }
+        job.write_strided(pages.runs(), floor, &mut out);
+    }
+    // Never more rows than the flat descriptors they stand for: else those, a row each.
+    if out.len() > 1 && out.len() > coalesced_count(&jobs, pages.runs()) {
+        return Ok(Strided::one_row_each(&build_placed(
+            placed, src_pages, dst_pages, true,
+        )?));
     }
     Ok(out)
 }

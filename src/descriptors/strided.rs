@@ -119,6 +119,20 @@ impl Strided {
         self.append_entry(new);
     }
 
+    /// Flat descriptors as they are, a row of one block each.
+    pub fn one_row_each(flat: &Descriptors) -> Self {
+        let mut out = Self::with_capacity(flat.lengths.len());
+        for ((&s, &d), &len) in flat
+            .src_addrs
+            .iter()
+            .zip(&flat.dst_addrs)
+            .zip(&flat.lengths)
+        {
+            out.append_entry(Entry::single(s, d, len));
+        }
+        out
+    }
+
     /// Descriptors of one buffer, in order, compressed.
     pub fn of_columns(src: &[u64], dst: &[u64], lengths: &[u64]) -> Self {
         let mut out = Self::default();
@@ -219,9 +233,9 @@ impl Entry {
 /// `start..start + count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct PageRun {
-    start: usize,
-    count: usize,
-    steps: (u64, u64),
+    pub(super) start: usize,
+    pub(super) count: usize,
+    pub(super) steps: (u64, u64),
 }
 
 /// A request's page pairs, cut into runs with each side's largest page the first time a slice
@@ -364,8 +378,8 @@ pub(super) fn largest_pages(runs: &[PageRun], src: &[u64], dst: &[u64]) -> Optio
 impl Job<'_> {
     /// This job's descriptors as strided entries, over `runs` of its page pairs (runs of the
     /// request's pairs, clipped to the pairs this job uses).
-    pub(super) fn write_strided(&self, runs: &[PageRun], out: &mut Strided) {
-        let floor = out.len();
+    /// Entries from `floor` on (this buffer's) may take in its blocks.
+    pub(super) fn write_strided(&self, runs: &[PageRun], floor: usize, out: &mut Strided) {
         let used = self.src_pages.len();
         // Rows that touch on both sides are one block a page.
         let contiguous = self.len == self.src_row_stride && self.len == self.dst_row_stride;

@@ -6,8 +6,9 @@ use serde_json::{Map, Value};
 
 use super::cache_keys::{is_cache_key, ALIASES, UNIVERSAL_KEYS};
 use super::dtype::Dtype;
-use crate::error::{bail, PlanError, PlanResult};
+use crate::error::{bail, PlanError, PlanResult, QUOTED_CHARS};
 
+use crate::json_refusal;
 use crate::limits;
 
 /// Python's `json` writes `NaN`, `Infinity` and `-Infinity` bare (Nemotron-H's
@@ -33,6 +34,29 @@ pub fn lenient_json(text: &str) -> PlanResult<Value> {
             limits::CONFIG_DEPTH.check("config.json's nesting", depth)?;
         } else if c == b']' || c == b'}' {
             depth = depth.saturating_sub(1);
+        } else if c.is_ascii_digit()
+            || (c == b'-' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit))
+        {
+            // A number; an integer past 64 bits is kept as written (a string), never read as
+            // the float that would report 2^64 as 1.8446744073709552e19.
+            let end = i + bytes[i..]
+                .iter()
+                .position(|b| !(b.is_ascii_digit() || b"-+.eE".contains(b)))
+                .unwrap_or(bytes.len() - i);
+            let literal = &bytes[i..end];
+            if literal.len() > 1
+                && literal.iter().skip(1).all(u8::is_ascii_digit)
+                && past_64_bits(literal)
+            {
+                out.push(b'"');
+                out.extend_from_slice(literal);
+                out.push(b'"');
+                i = end;
+                continue 'scan;
+            }
+            out.extend_from_slice(literal);
+            i = end;
+            continue 'scan;
         } else {
             for word in ["-Infinity", "Infinity", "NaN"] {
                 if bytes[i..].starts_with(word.as_bytes()) {
@@ -45,8 +69,18 @@ pub fn lenient_json(text: &str) -> PlanResult<Value> {
         out.push(c);
         i += 1;
     }
-    serde_json::from_slice(&out)
-        .map_err(|e| PlanError::new(format!("config.json is not valid JSON: {e}")))
+    serde_json::from_slice(&out).map_err(|e| {
+        PlanError::new(format!(
+            "config.json is not valid JSON: {}",
+            json_refusal::describe(&e, &out)
+        ))
+    })
+}
+
+/// Whether an integer literal (an optional `-`, then digits) is past what 64 bits hold.
+fn past_64_bits(literal: &[u8]) -> bool {
+    let text = std::str::from_utf8(literal).unwrap_or("");
+    text.parse::<u64>().is_err() && text.parse::<i64>().is_err()
 }
 
 /// The config's parts: the language model's (multimodal configs nest it in `text_config`) and
@@ -65,7 +99,10 @@ impl<'a> Parts<'a> {
         let text = match root.get("text_config") {
             None | Some(Value::Null) => root,
             Some(Value::Object(text)) => text,
-            Some(other) => bail!("config.json: text_config must be an object, got {other}"),
+            Some(other) => bail!(
+                "config.json: text_config must be an object, got {}",
+                shown(other)
+            ),
         };
         Ok(Self { text, root })
     }
@@ -87,12 +124,15 @@ impl<'a> Parts<'a> {
                 Some(Value::Array(list)) => {
                     for item in list {
                         let Some(name) = item.as_str() else {
-                            bail!("config.json: {key} must list strings, got {item}");
+                            bail!("config.json: {key} must list strings, got {}", shown(item));
                         };
                         out.push(name);
                     }
                 }
-                Some(other) => bail!("config.json: {key} must be a string or a list, got {other}"),
+                Some(other) => bail!(
+                    "config.json: {key} must be a string or a list, got {}",
+                    shown(other)
+                ),
             }
         }
         Ok(out)
@@ -176,7 +216,10 @@ impl<'a> Config<'a> {
         match self.get(key)? {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(other) => bail!("config.json: {key} must be true or false, got {other}"),
+            Some(other) => bail!(
+                "config.json: {key} must be true or false, got {}",
+                shown(other)
+            ),
         }
     }
 
@@ -184,7 +227,7 @@ impl<'a> Config<'a> {
         match self.get(key)? {
             None => Ok(None),
             Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => bail!("config.json: {key} must be a string, got {other}"),
+            Some(other) => bail!("config.json: {key} must be a string, got {}", shown(other)),
         }
     }
 
@@ -192,7 +235,7 @@ impl<'a> Config<'a> {
         match self.get(key)? {
             None => Ok(None),
             Some(Value::Array(list)) => Ok(Some(list)),
-            Some(other) => bail!("config.json: {key} must be a list, got {other}"),
+            Some(other) => bail!("config.json: {key} must be a list, got {}", shown(other)),
         }
     }
 
@@ -250,7 +293,10 @@ impl<'a> Config<'a> {
                 .map(Some)
                 .map_err(|e| PlanError::new(format!("config.json: {key}: {e}"))),
             Some(other) => {
-                bail!("config.json: {key} must be a string such as \"float32\", got {other}")
+                bail!(
+                    "config.json: {key} must be a string such as \"float32\", got {}",
+                    shown(other)
+                )
             }
         }
     }
@@ -279,7 +325,10 @@ impl<'a> Config<'a> {
                 Dtype::parse(name).map_err(|e| PlanError::new(format!("config.json: {e}")))
             }
             Some(other) => {
-                bail!("config.json: dtype must be a string such as \"bfloat16\", got {other}")
+                bail!(
+                    "config.json: dtype must be a string such as \"bfloat16\", got {}",
+                    shown(other)
+                )
             }
         }
     }
@@ -297,13 +346,34 @@ pub fn as_u64(value: &Value, key: &str) -> PlanResult<u64> {
             return Ok(float as u64);
         }
     }
-    bail!("config.json: {key} must be a non-negative integer, got {value}")
+    bail!(
+        "config.json: {key} must be a non-negative integer, got {}",
+        shown(value)
+    )
+}
+
+/// A config value for a message: its JSON, cut to `QUOTED_CHARS` characters (saying how long
+/// it was) when longer, so a 1 MiB string where a number belongs makes a short message.
+pub fn shown(value: &Value) -> String {
+    let text = value.to_string();
+    // An integer past 64 bits is read as a string of its digits: shown whole up to 512 bits.
+    let digits = value
+        .as_str()
+        .is_some_and(|s| s.bytes().skip(1).all(|b| b.is_ascii_digit()));
+    let most = if digits { 160 } else { QUOTED_CHARS };
+    match text.char_indices().nth(most) {
+        None => text,
+        Some((end, _)) => format!("{}... ({} bytes)", &text[..end], text.len()),
+    }
 }
 
 /// A field of a nested object (`block_configs[i].attention`), named in errors by `path`.
 pub fn field<'a>(object: &'a Value, name: &str, path: &str) -> PlanResult<Option<&'a Value>> {
     let Some(map) = object.as_object() else {
-        bail!("config.json: {path} must be an object, got {object}");
+        bail!(
+            "config.json: {path} must be an object, got {}",
+            shown(object)
+        );
     };
     Ok(map.get(name).filter(|v| !v.is_null()))
 }

@@ -20,7 +20,7 @@
 
 use serde_json::{Map, Value};
 
-use super::config::Parts;
+use super::config::{shown, Parts};
 use super::dtype::Dtype;
 use crate::error::{bail, PlanResult};
 
@@ -38,7 +38,7 @@ pub fn kv_cache_dtype(parts: Parts<'_>, side: Option<&Value>) -> PlanResult<Opti
     let top = quantization_of(parts.root)?.or(match side {
         None | Some(Value::Null) => None,
         Some(Value::Object(map)) => Some(map),
-        Some(other) => bail!("{SIDE_FILE} must hold a JSON object, got {other}"),
+        Some(other) => bail!("{SIDE_FILE} must hold a JSON object, got {}", shown(other)),
     });
     let text = if std::ptr::eq(parts.text, parts.root) {
         None
@@ -66,7 +66,7 @@ fn quantization_of(part: &Map<String, Value>) -> PlanResult<Option<&Map<String, 
         match part.get(key) {
             None | Some(Value::Null) => {}
             Some(Value::Object(map)) => return Ok(Some(map)),
-            Some(other) => bail!("config.json: {key} must be an object, got {other}"),
+            Some(other) => bail!("config.json: {key} must be an object, got {}", shown(other)),
         }
     }
     Ok(None)
@@ -84,7 +84,10 @@ fn method(config: &Map<String, Value>) -> PlanResult<String> {
     let mut named = match config.get("quant_method") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(name)) => name.to_lowercase(),
-        Some(other) => bail!("quantization_config: quant_method must be a string, got {other}"),
+        Some(other) => bail!(
+            "quantization_config: quant_method must be a string, got {}",
+            shown(other)
+        ),
     };
     if producer == Some("modelopt") || legacy {
         if let Some(algo) = inner

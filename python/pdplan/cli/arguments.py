@@ -9,6 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import NoReturn
 
+from pdplan._bounded import shown
 from pdplan._core import __version__
 from pdplan._layouts import (
     MODEL_PRESETS,
@@ -49,7 +50,7 @@ def _positive(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {shown(text)}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {value}")
     return value
@@ -61,7 +62,7 @@ def _count(text: str) -> int:
     except ValueError:
         value = -1
     if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a count of at least 0, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a count of at least 0, got {shown(text)}")
     return value
 
 
@@ -70,10 +71,10 @@ def _real(text: str, positive: bool) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a number, got {shown(text)}") from None
     if not 0 <= value < float("inf") or (positive and value == 0):
         what = "positive" if positive else "non-negative"
-        raise argparse.ArgumentTypeError(f"expected a finite, {what} number, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a finite, {what} number, got {shown(text)}")
     return value
 
 
@@ -101,7 +102,7 @@ def _rank(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a rank number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a rank number, got {shown(text)}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a rank >= 0, got {value}")
     return value
@@ -113,7 +114,7 @@ def _partition(text: str) -> tuple[int, ...]:
         return tuple(int(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected layer counts separated by commas, got {text!r}"
+            f"expected layer counts separated by commas, got {shown(text)}"
         ) from None
 
 
@@ -352,6 +353,6 @@ def _model(value: str) -> str:
     ):
         return value
     raise argparse.ArgumentTypeError(
-        f"unknown model {value!r}: give a preset ({', '.join(MODEL_PRESETS)}), a config file or "
-        "a model's folder"
+        f"unknown model {shown(value)}: give a preset ({', '.join(MODEL_PRESETS)}), a config "
+        "file or a model's folder"
     )

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 
 Addresses = npt.NDArray[np.uint64]
@@ -226,6 +227,6 @@ def make_engine(
     if kind == "mooncake":
         return MooncakeEngine(host)
     raise UnsupportedPDLayoutError(
-        f"kv_connector_extra_config engine={kind!r} is not one pdplan drives: use 'nixl' or "
+        f"kv_connector_extra_config engine={shown(kind)} is not one pdplan drives: use 'nixl' or "
         "'mooncake'"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 
 #: The longest identity a peer may send.
@@ -24,7 +25,10 @@ def check_identity(own: dict[str, Any], peer_bytes: bytes, peer_role: str) -> No
         raise UnsupportedPDLayoutError(f"the {peer_role} peer's identity is not an object")
     for key in sorted(set(own) | set(peer)):
         if own.get(key) != peer.get(key):
+            # Fields of our own are named as they are; one only the peer sends, bounded.
+            field = key if key in own else shown(key)
             raise UnsupportedPDLayoutError(
-                f"the {peer_role} instance differs in {key}: {peer.get(key)!r} there, "
-                f"{own.get(key)!r} here; both instances must serve the same model the same way"
+                f"the {peer_role} instance differs in {field}: {shown(peer.get(key))} there, "
+                f"{shown(own.get(key))} here; both instances must serve the same model the same "
+                "way"
             )

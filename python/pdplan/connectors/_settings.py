@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._staging import CostModel
 
@@ -77,7 +78,7 @@ class Settings:
                 value = float(value)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise UnsupportedPDLayoutError(
-                    f"kv_connector_extra_config {name}={value!r} must be a {kind.__name__}"
+                    f"kv_connector_extra_config {name}={shown(value)} must be a {kind.__name__}"
                 )
             values[name] = value
         settings = cls(**values)
@@ -90,7 +91,7 @@ class Settings:
                 raise UnsupportedPDLayoutError(f"{name} must be positive")
         if settings.descriptors not in ("auto", "strided", "flat"):
             raise UnsupportedPDLayoutError(
-                f"descriptors={settings.descriptors!r} must be 'auto', 'strided' or 'flat'"
+                f"descriptors={shown(settings.descriptors)} must be 'auto', 'strided' or 'flat'"
             )
         if settings.descriptors == "strided" and settings.engine == "mooncake":
             raise UnsupportedPDLayoutError(

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdplan._arrays import StateSpec, buffer_from_array
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 
@@ -18,7 +19,7 @@ def attribute(obj: Any, name: str, what: str) -> Any:
         return getattr(obj, name)
     except AttributeError:
         raise UnsupportedPDLayoutError(
-            f"{what} ({type(obj).__name__}) has no {name!r}; pass the runtime's own object"
+            f"{what} ({type(obj).__name__}) has no {shown(name)}; pass the runtime's own object"
         ) from None
 
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pdplan._arrays import CacheBuffers, buffer_from_array
-from pdplan._bounded import bounded_tuple
+from pdplan._bounded import bounded_tuple, shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
@@ -98,9 +98,9 @@ def layer_index(name: str) -> int:
     """
     numbers = [int(part) for part in str(name).split(".") if part.isdigit()]
     if len(numbers) != 1:
-        shown = str(name) if len(str(name)) <= 120 else str(name)[:120] + "..."
         raise UnsupportedPDLayoutError(
-            f"kv_caches key {shown!r} names no layer pdplan can read: a vLLM layer name holds "
+            f"kv_caches key {shown(name)} names no layer pdplan can read: a vLLM layer name "
+            f"holds "
             f"{_INDEX_PARTS} (model.layers.7.self_attn.attn); pass the dict vLLM's model "
             "runner keeps, or a list in model order"
         )
@@ -244,13 +244,12 @@ def _check_backend(backend: str | None) -> str:
         )
     if backend in REFUSED:
         raise UnsupportedPDLayoutError(
-            f"backend={backend!r} is refused: {REFUSED[backend]}; pdplan does not move such "
+            f"backend={shown(backend)} is refused: {REFUSED[backend]}; pdplan does not move such "
             "pages yet"
         )
     if backend not in BACKENDS:
-        shown = backend if len(str(backend)) <= 64 else str(backend)[:64] + "..."
         raise UnsupportedPDLayoutError(
-            f"backend={shown!r} is not one pdplan reads; known: {', '.join(BACKENDS)}. For "
+            f"backend={shown(backend)} is not one pdplan reads; known: {', '.join(BACKENDS)}. For "
             "another layout describe each tensor by its axes with pdplan.buffer_from_array "
             "(page, token, head, dim; see the runtime-tensors guide)"
         )
@@ -264,7 +263,7 @@ def _check_layout(buffer: BufferLayout, kv_layout: str, label: str) -> None:
     if buffer.page_size > 1 and not one_head and head_major != (kv_layout == "HND"):
         found = "HND (head-major)" if head_major else "NHD (token-major)"
         raise UnsupportedPDLayoutError(
-            f"{label}: kv_layout={kv_layout!r}, but the tensor's strides are {found}; "
+            f"{label}: kv_layout={shown(kv_layout)}, but the tensor's strides are {found}; "
             "pass the layout the backend was built with"
         )
 
@@ -327,7 +326,7 @@ def buffers(
         layer (``layer_index`` of its name; its position in a list).
     """
     if kv_layout not in ("NHD", "HND"):
-        raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {kv_layout!r}")
+        raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {shown(kv_layout)}")
     entries = _entries(kv_caches)
     windows = dict(sliding_windows or {})
     built: list[tuple[BufferLayout, int, int]] = []

@@ -8,7 +8,7 @@ use super::{
     HEADS, KV_HEADS, STANDARD,
 };
 use crate::error::{bail, quoted, PlanResult};
-use crate::model::config::{as_u64, field, Config};
+use crate::model::config::{as_u64, field, shown, Config};
 use crate::model::layers::{AttentionShape, Layer, MlaShape};
 
 /// `layer_types` of full and sliding attention of one shape, the window `sliding_window`.
@@ -396,7 +396,10 @@ fn with_indexers(c: &Config, count: u64, latent: MlaShape) -> PlanResult<Vec<Lay
                 })
                 .collect::<PlanResult<_>>()?,
         ),
-        Some(other) => bail!("config.json: index_topk_pattern must be a string of 'F' and 'S', one a layer, got {other}"),
+        Some(other) => bail!(
+            "config.json: index_topk_pattern must be a string of 'F' and 'S', one a layer, got {}",
+            shown(other)
+        ),
     };
     if let Some(odd) = pattern.iter().flatten().find(|ch| !matches!(ch, 'F' | 'S')) {
         bad(&format!("{odd:?}"))?;
@@ -453,7 +456,7 @@ pub fn minimax_m2(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     if let Some(list) = c.layer_list("attn_type_list", count)? {
         for (i, v) in list.iter().enumerate() {
             if as_u64(v, "attn_type_list")? != 1 {
-                bail!("config.json: attn_type_list[{i}] is {v}; MiniMax-M2 layers are full attention (1)");
+                bail!("config.json: attn_type_list[{i}] is {}; MiniMax-M2 layers are full attention (1)", shown(v));
             }
         }
     }
@@ -571,12 +574,12 @@ pub fn nemotron_nas(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
                 match field(attention, name, &path)? {
                     None => Ok(false),
                     Some(Value::Bool(b)) => Ok(*b),
-                    Some(other) => bail!("config.json: {path}.{name} must be true or false, got {other}"),
+                    Some(other) => bail!("config.json: {path}.{name} must be true or false, got {}", shown(other)),
                 }
             };
             for unread in ["window_length", "sparsify", "num_sink_tokens"] {
                 if let Some(value) = field(attention, unread, &path)? {
-                    bail!("config.json: {path}.{unread} is {value}, an attention variant pdplan does not read; describe the layers with ModelShape(layer_kinds=...)");
+                    bail!("config.json: {path}.{unread} is {}, an attention variant pdplan does not read; describe the layers with ModelShape(layer_kinds=...)", shown(value));
                 }
             }
             if flag("no_op")? || flag("replace_with_linear")? {

@@ -5,7 +5,7 @@
 use super::attention::typed;
 use super::{by_kind, heads_and_split, named_kinds, uniform, window, HEADS, STANDARD};
 use crate::error::{bail, PlanError, PlanResult};
-use crate::model::config::{as_u64, field, Config};
+use crate::model::config::{as_u64, field, shown, Config};
 use crate::model::layers::{AttentionShape, Layer};
 use serde_json::Value;
 
@@ -416,7 +416,7 @@ pub fn minimax_m3(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
                     .iter()
                     .map(|v| Ok(as_u64(v, "sparse_attention_config.sparse_attention_freq")? != 0))
                     .collect::<PlanResult<_>>()?,
-                Some(other) => bail!("config.json: sparse_attention_config.sparse_attention_freq must be a list, got {other}"),
+                Some(other) => bail!("config.json: sparse_attention_config.sparse_attention_freq must be a list, got {}", shown(other)),
             };
             (Some(setting), freq)
         }

@@ -13,6 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan.connectors._engines import TransferEngine, make_engine
 from pdplan.connectors._settings import Settings
@@ -36,7 +37,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         device = str(getattr(transfer, "kv_buffer_device", "cpu") or "cpu")
         if device != "cpu":
             raise UnsupportedPDLayoutError(
-                f"PdplanConnector registers host memory; kv_buffer_device={device!r} is not "
+                f"PdplanConnector registers host memory; kv_buffer_device={shown(device)} is not "
                 "supported yet (use 'cpu' with the CPU backend)"
             )
         self._producer = bool(transfer.is_kv_producer)

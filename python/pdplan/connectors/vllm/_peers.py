@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdplan._bounded import shown
 from pdplan._core import PreparedTransfer, UnsupportedPDLayoutError
 from pdplan._exchange import decode_layout
 from pdplan._model import RankTransferPlan
@@ -119,8 +120,8 @@ def first_peer(
     if planner.fingerprint.encode() != reply[4]:
         raise UnsupportedPDLayoutError(
             f"the prefill instance at {where} plans differently (fingerprint "
-            f"{reply[4][:64]!r}, here {planner.fingerprint!r}); run one pdplan version on both "
-            "sides"
+            f"{shown(reply[4])}, here {shown(planner.fingerprint)}); run one pdplan version on "
+            "both sides"
         )
     peer = Peer(host, port, planner, decode_rank)
     peer.ranks[rank] = info
