@@ -402,3 +402,75 @@ def test_the_checker_catches_each_fault() -> None:
 )
 def test_filters_as_the_handler_applies_them(filters: list[str], name: str, kept: bool) -> None:
     assert keep(name, filters) is kept
+
+
+def stub_texts() -> dict[str, str]:
+    """The reference's text of each compiled name, from the stub it reads: ``name`` or
+    ``Class.member``; a class's ``__new__`` text follows its own (as ``help()`` shows it)."""
+    import ast
+
+    stub = PACKAGE_ROOT / "pdplan" / "_core.pyi"
+    texts: dict[str, str] = {}
+    for node in ast.parse(stub.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef) and ast.get_docstring(node):
+            texts[node.name] = ast.get_docstring(node) or ""
+        elif isinstance(node, ast.ClassDef):
+            own = ast.get_docstring(node) or ""
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and ast.get_docstring(item):
+                    text = ast.get_docstring(item) or ""
+                    if item.name == "__new__":
+                        own = f"{own}\n\n{text}"
+                    else:
+                        texts[f"{node.name}.{item.name}"] = text
+            if own:
+                texts[node.name] = own
+    return texts
+
+
+def test_help_shows_the_reference_s_text_of_every_compiled_name() -> None:
+    # One text: what help() and IDEs' hover show of the compiled module is the stub's, which
+    # the API reference renders (scripts/stub_docs.py writes the bindings' doc comments).
+    import inspect
+
+    from pdplan import _core
+
+    texts = stub_texts()
+    assert len(texts) > 30 and "decode_transfer_fragments" in texts
+    differing = []
+    for name, text in texts.items():
+        owner, _, member = name.partition(".")
+        obj = getattr(_core, owner)
+        if member:
+            obj = getattr(obj, member) if callable(getattr(obj, member)) else None
+            obj = obj or inspect.getattr_static(getattr(_core, owner), member)
+        if inspect.getdoc(obj) != inspect.cleandoc(text):
+            differing.append(name)
+    assert not differing, f"help() differs from the stub for {differing}"
+
+
+def test_help_shows_every_public_description() -> None:
+    # Every public name, its members, and each field of a dataclass or named tuple: the
+    # descriptions griffe reads from the source (the reference's) appear in help()'s text.
+    import pydoc
+
+    loader = load(handler_options())
+    package = loader.modules_collection["pdplan"]
+    silent = []
+    for name in pdplan.__all__:
+        obj = getattr(pdplan, name)
+        if not callable(obj) and not isinstance(obj, type):
+            continue  # constants: described in the reference and the stub only
+        text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
+        described = package[name]
+        if described.is_alias:
+            described = described.final_target
+        if described.docstring and described.docstring.value.split("\n")[0] not in text:
+            silent.append(name)
+        for member_name, member in getattr(described, "members", {}).items():
+            if member_name.startswith("_") or not member.docstring:
+                continue
+            first = member.docstring.value.strip().split("\n")[0].strip()
+            if first not in text:
+                silent.append(f"{name}.{member_name}")
+    assert not silent, f"help() does not show the descriptions of {silent}"

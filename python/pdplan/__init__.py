@@ -7,7 +7,7 @@ wire format v1, with intersection, fanout, planning and wire coding done in Rust
 from __future__ import annotations
 
 # _package_types hands the compiled core the classes whose objects it makes (no import circle).
-from pdplan import _package_types, limits  # noqa: F401
+from pdplan import _field_docs, _package_types, limits  # noqa: F401
 from pdplan._arrays import CacheBuffers, StateSpec, buffer_from_array, page_parts, state_specs
 from pdplan._context import token_owners, token_slots
 from pdplan._core import (
@@ -141,3 +141,10 @@ __all__ = [
     "transfer_descriptors",
     "vllm_layer_partition",
 ]
+
+# help() shows each public dataclass's and named tuple's field descriptions.
+for _name in __all__:
+    _public = globals()[_name]
+    if isinstance(_public, type) and _public.__module__.startswith("pdplan."):
+        _field_docs.document_fields(_public)
+del _name, _public

@@ -3,6 +3,10 @@
 //! around core work, and maps every core error to `UnsupportedPDLayoutError` in one function,
 //! `to_py_err`. `planner` holds the planner class, `prepared` the per-request class, `model` the
 //! model entry points; this file the wire and descriptor functions and the module itself.
+//!
+//! The doc comments of what Python sees are its docstrings, written from the stub by
+//! `scripts/stub_docs.py` in Sphinx's markup (`:param name:`), not rustdoc's.
+#![allow(clippy::doc_markdown)]
 
 mod arrays;
 mod convert;
@@ -120,8 +124,13 @@ fn check_transfer_fragment(fragment_obj: &Bound<'_, PyAny>) -> PyResult<()> {
         .map_err(to_py_err)
 }
 
-/// Encodes fragments into (version frame, payload frame). A list or tuple of the same
-/// `TransferFragment` objects encoded before returns the same frames from a bounded cache.
+/// Fragments as (version frame, payload frame), written in the oldest wire version that
+/// carries all of them (``TRANSFER_PLAN_PROTOCOL_VERSION``, 1, for the reference's plans). A
+/// list or tuple of the same ``TransferFragment`` objects encoded before returns the same
+/// frames from a bounded cache.
+///
+/// :param fragments: One rank pair's fragments (``RankTransferPlan.fragments_by_prefill_rank``
+///     of one source).
 #[pyfunction]
 fn encode_transfer_fragments<'py>(
     py: Python<'py>,
@@ -168,6 +177,15 @@ fn frame_limits(
     })
 }
 
+/// The fragments a peer's frames carry, read strictly: a payload over ``max_payload_bytes``
+/// is refused before it is parsed, a frame breaking any rule of the wire format names what is
+/// wrong. Both frames empty or None is no fragments; one without the other is refused.
+///
+/// :param version_frame: The version frame, ``b"1"`` to ``b"6"``
+///     (``TRANSFER_PLAN_READABLE_VERSIONS``).
+/// :param payload_frame: The payload frame: one JSON array of fragment objects.
+/// :param max_payload_bytes: The longest payload accepted; None: ``DEFAULT_MAX_PAYLOAD_BYTES``.
+/// :param max_fragments: The most fragments accepted; None: ``DEFAULT_MAX_FRAGMENTS``.
 #[pyfunction]
 #[pyo3(signature = (version_frame, payload_frame, *, max_payload_bytes=None, max_fragments=None))]
 fn decode_transfer_fragments<'py>(

@@ -63,7 +63,20 @@ where
     detach_above_size(py, descriptors, DETACH_FROM, work)
 }
 
-/// One transfer between two ranks, checked once, for many requests. Thread-safe to share.
+/// One (prefill rank, decode rank) pair's fragments, checked once against both sides'
+/// buffers (base addresses and limits, by ``buffer_index``), for many requests: each then names
+/// only its pages or slot maps. ``from_frames`` prepares one from a peer's wire frames,
+/// ``from_layouts`` from a planner. Thread-safe to share.
+///
+/// :param fragments: One rank pair's fragments.
+/// :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+/// :param dst_base_ptrs: Each destination buffer's base address, indexed by
+///     ``buffer_index``.
+/// :param src_limits: How many bytes from each source base may be touched, indexed by
+///     ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+/// :param dst_limits: The same for the destination buffers.
+/// :param buffer_layouts: The prefill side's ``BufferLayout`` s (each buffer's layer and
+///     page size, for slices); None: none known.
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedTransfer")]
 pub struct PyPrepared {
     /// Shared with the frame cache's memo when prepared from frames seen before.
@@ -228,8 +241,21 @@ impl PyPrepared {
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
 
-    /// Prepared straight from a peer's wire frames: never makes fragment objects, and frames
-    /// byte-equal to ones seen before reuse their parsed fragments (a bounded cache).
+    /// Prepared from a peer's wire frames, read as strictly as ``decode_transfer_fragments``
+    /// does, making no fragment objects; frames seen before reuse their parse (a bounded cache).
+    ///
+    /// :param version_frame: The version frame.
+    /// :param payload_frame: The payload frame.
+    /// :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+    /// :param dst_base_ptrs: The same for the destination buffers.
+    /// :param src_limits: Bytes from each source base that may be touched, by
+    ///     ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+    /// :param dst_limits: The same for the destination buffers.
+    /// :param max_payload_bytes: The longest payload accepted, as in
+    ///     ``decode_transfer_fragments``.
+    /// :param max_fragments: The most fragments accepted, as in ``decode_transfer_fragments``.
+    /// :param buffer_layouts: The prefill side's ``BufferLayout`` s (each buffer's layer and
+    ///     page size, for slices); None: none known.
     #[staticmethod]
     #[pyo3(signature = (version_frame, payload_frame, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, max_payload_bytes=None, max_fragments=None, buffer_layouts=None))]
     #[allow(clippy::too_many_arguments)]
@@ -271,8 +297,21 @@ impl PyPrepared {
     }
 
     /// Prepared straight from a planner both sides built from exchanged layouts: the
-    /// fragments `prefill_rank` sends `decode_rank`, planned here, never made into objects
-    /// nor framed.
+    /// fragments ``prefill_rank`` sends ``decode_rank``, planned here, never made into objects
+    /// nor framed. It knows the planner's buffers (``buffer_layouts``), for slices.
+    ///
+    /// :param planner: The ``PDTransferPlanner``.
+    /// :param decode_rank: The decode rank that receives.
+    /// :param prefill_rank: The prefill rank that sends.
+    /// :param src_base_ptrs: Each source buffer's base address, indexed by ``buffer_index``.
+    /// :param dst_base_ptrs: The same for the destination buffers.
+    /// :param src_limits: Bytes from each source base that may be touched, by
+    ///     ``buffer_index``; None: no limit (only 64-bit overflow is refused).
+    /// :param dst_limits: The same for the destination buffers.
+    /// :param prefill_dp_group: The prefill DP group read from, as in
+    ///     ``PDTransferPlanner.plan_for_decode_rank``.
+    /// :param num_tokens: The request's length, as in
+    ///     ``PDTransferPlanner.plan_for_decode_rank``.
     #[staticmethod]
     #[pyo3(signature = (planner, decode_rank, prefill_rank, src_base_ptrs, dst_base_ptrs, *, src_limits=None, dst_limits=None, prefill_dp_group=None, num_tokens=None))]
     #[allow(clippy::too_many_arguments)]
@@ -318,9 +357,25 @@ impl PyPrepared {
         convert().map(|inner| Self { inner }).map_err(to_py_err)
     }
 
-    /// One request's descriptors, equal to `transfer_descriptors` over the fragments whose
-    /// `buffer_index` is in `buffers` (None: all), in fragment order; of one slice of it with
-    /// `layers`, `tokens`, `final_length` or `decode_prefix` (`slices` module).
+    /// One request's descriptors: ``transfer_descriptors`` over the fragments of
+    /// ``buffers``, in fragment order, bounds-checked per request. A slice (the streaming
+    /// guide) moves a page where its last token becomes final (a partial last page once
+    /// ``final_length`` is reached), never pages below the prefix or a window's kept tokens,
+    /// and state in the slice ending at ``final_length``.
+    ///
+    /// :param src_pages: The request's source pages, one per page pair: a 1-D integer
+    ///     array (any integer dtype) or an int sequence.
+    /// :param dst_pages: The destination pages they pair with, as many.
+    /// :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+    ///     ``buffer_index`` values); None: all.
+    /// :param coalesce: Merge neighbours that continue each other on both sides, as
+    ///     ``transfer_descriptors`` does.
+    /// :param layers: A slice's layer group: only buffers of these model layers (within
+    ///     ``buffers``); needs ``buffer_layouts``.
+    /// :param tokens: A slice's tokens, ``range(start, stop)``: those newly final. None: all.
+    /// :param final_length: The request's length once known: windows and chunks keep their
+    ///     tokens of it, and state moves in the slice ending at it. None: not known yet.
+    /// :param decode_prefix: Tokens the decode side holds already: they never move.
     #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     #[allow(clippy::too_many_arguments)]
     fn descriptors<'py>(
@@ -344,9 +399,23 @@ impl PyPrepared {
         flat_of(py, &self.inner, (&src, &dst), (&chosen, &slice), coalesce)
     }
 
-    /// One request's descriptors from its slot maps: entry `t` of each is token `t`'s slot on
-    /// that rank (`page * page_size + position`) or -1; a token moves where both are set. Of
-    /// one slice of it with `layers`, `tokens`, `final_length` or `decode_prefix`.
+    /// One request's descriptors from its slot maps: a token moves where both hold it
+    /// (fragments need token geometry: ``PDTransferPlanner(..., token_maps=True)``). A slice
+    /// moves tokens ``[max(start, decode_prefix, kept), stop)``, ``kept`` the first token a
+    /// window or chunk keeps of ``final_length`` (of ``stop`` while unknown).
+    ///
+    /// :param src_slots: The source rank's slot map: entry ``t`` is token ``t``'s slot on
+    ///     that rank (``page * page_size + position``), or -1 (``token_slots`` makes one).
+    /// :param dst_slots: The destination rank's slot map; a token moves where both are set.
+    /// :param buffers: The buffers whose fragments count (a ``range`` or a sequence of
+    ///     ``buffer_index`` values); None: all.
+    /// :param coalesce: Merge neighbours that continue each other on both sides.
+    /// :param layers: A slice's layer group: only buffers of these model layers (within
+    ///     ``buffers``); needs ``buffer_layouts``.
+    /// :param tokens: A slice's tokens, ``range(start, stop)``: those newly final. None: all.
+    /// :param final_length: The request's length once known: windows and chunks keep their
+    ///     tokens of it, and state moves in the slice ending at it. None: not known yet.
+    /// :param decode_prefix: Tokens the decode side holds already: they never move.
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     #[allow(clippy::too_many_arguments)]
     fn token_descriptors<'py>(
@@ -367,8 +436,15 @@ impl PyPrepared {
         descriptors_object(py, made)
     }
 
-    /// `descriptors(...)` as NIXL 1.5's strided lists (`StridedDescriptors`): runs of pages
-    /// whose ids step evenly on both sides, and rows of token-major pages, as one row each.
+    /// ``descriptors(...)`` as NIXL 1.5's strided lists: page runs a row a fragment row.
+    ///
+    /// :param src_pages: As in ``descriptors``.
+    /// :param dst_pages: As in ``descriptors``.
+    /// :param buffers: As in ``descriptors``.
+    /// :param layers: As in ``descriptors``.
+    /// :param tokens: As in ``descriptors``.
+    /// :param final_length: As in ``descriptors``.
+    /// :param decode_prefix: As in ``descriptors``.
     #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     #[allow(clippy::too_many_arguments)]
     fn strided_descriptors<'py>(
@@ -392,8 +468,11 @@ impl PyPrepared {
         strided_of(py, &self.inner, &pages, (&chosen, &slice))
     }
 
-    /// One request's page tables, read once, with their page runs: each slice of it
-    /// (`PreparedRequest`) without reading them again.
+    /// One request's page tables read once, with their page runs: its slices
+    /// (``PreparedRequest``) then skip reading them, the per-call cost streaming pays.
+    ///
+    /// :param src_pages: As in ``descriptors``.
+    /// :param dst_pages: As in ``descriptors``.
     fn request(
         &self,
         src_pages: &Bound<'_, PyAny>,
@@ -406,7 +485,15 @@ impl PyPrepared {
         Ok(PyPreparedRequest::new(Arc::clone(&self.inner), src, dst))
     }
 
-    /// `token_descriptors(...)` as NIXL 1.5's strided lists (`StridedDescriptors`).
+    /// ``token_descriptors(...)`` as NIXL 1.5's strided lists.
+    ///
+    /// :param src_slots: As in ``token_descriptors``.
+    /// :param dst_slots: As in ``token_descriptors``.
+    /// :param buffers: As in ``token_descriptors``.
+    /// :param layers: As in ``token_descriptors``.
+    /// :param tokens: As in ``token_descriptors``.
+    /// :param final_length: As in ``token_descriptors``.
+    /// :param decode_prefix: As in ``token_descriptors``.
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     #[allow(clippy::too_many_arguments)]
     fn token_strided_descriptors<'py>(
@@ -428,8 +515,14 @@ impl PyPrepared {
         strided_object(py, made)
     }
 
-    /// One request's staging plan from its pages: `descriptors(src_pages, dst_pages,
-    /// buffers=buffers)` regrouped into gather, transfer and scatter.
+    /// One request's staging plan from its pages: ``descriptors(src_pages, dst_pages,
+    /// buffers=buffers)`` regrouped into gather, transfer and scatter.
+    ///
+    /// :param src_pages: As in ``descriptors``.
+    /// :param dst_pages: The destination pages they pair with, as many.
+    /// :param buffers: As in ``descriptors``.
+    /// :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+    ///     each); None: one transfer.
     #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, chunk_bytes=None))]
     fn staging_plan(
         &self,
@@ -453,8 +546,14 @@ impl PyPrepared {
         made.map(PyStagingPlan::from).map_err(to_py_err)
     }
 
-    /// One request's staging plan from its slot maps: `token_descriptors(src_slots,
-    /// dst_slots, buffers=buffers)` regrouped into gather, transfer and scatter.
+    /// One request's staging plan from its slot maps: ``token_descriptors(src_slots,
+    /// dst_slots, buffers=buffers)`` regrouped into gather, transfer and scatter.
+    ///
+    /// :param src_slots: As in ``token_descriptors``.
+    /// :param dst_slots: As in ``token_descriptors``.
+    /// :param buffers: As in ``descriptors``.
+    /// :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+    ///     each); None: one transfer.
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, chunk_bytes=None))]
     fn token_staging_plan(
         &self,
@@ -473,8 +572,13 @@ impl PyPrepared {
         made.map(PyStagingPlan::from).map_err(to_py_err)
     }
 
-    /// What `staging_plan` would count, without building its columns: a `StagingCounts`
-    /// (direct, wire, gather, scatter descriptors, bytes), for a cost model.
+    /// What ``staging_plan`` would count (``StagingCounts``), without building it.
+    ///
+    /// :param src_pages: As in ``descriptors``.
+    /// :param dst_pages: The destination pages they pair with, as many.
+    /// :param buffers: As in ``descriptors``.
+    /// :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+    ///     each); None: one transfer.
     #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, chunk_bytes=None))]
     fn staging_counts<'py>(
         &self,
@@ -498,8 +602,11 @@ impl PyPrepared {
         counts_object(py, made.map_err(to_py_err)?)
     }
 
-    /// What `staging_counts` would count for a request of `pages` pages scattered on both
-    /// sides (no page beside the one before it), in one transfer, in constant time.
+    /// ``staging_counts`` of ``pages`` pages scattered on both sides (no run continues), one
+    /// transfer, in constant time: what a router weighs before any page is chosen.
+    ///
+    /// :param pages: Pages the request moves on each side.
+    /// :param buffers: As in ``descriptors``.
     #[pyo3(signature = (pages, *, buffers=None))]
     fn scattered_page_counts<'py>(
         &self,
@@ -513,7 +620,13 @@ impl PyPrepared {
         counts_object(py, counts.map_err(to_py_err)?)
     }
 
-    /// What `token_staging_plan` would count, without building its columns.
+    /// What ``token_staging_plan`` would count, without building its columns.
+    ///
+    /// :param src_slots: As in ``token_descriptors``.
+    /// :param dst_slots: As in ``token_descriptors``.
+    /// :param buffers: As in ``descriptors``.
+    /// :param chunk_bytes: The wire hop in chunks of at most this many bytes (one descriptor
+    ///     each); None: one transfer.
     #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, chunk_bytes=None))]
     fn token_staging_counts<'py>(
         &self,
@@ -533,8 +646,12 @@ impl PyPrepared {
     }
 
     /// NIXL's prepped lists for this pair, made once per peer: (local, remote) N x 5 uint64
-    /// arrays of `(address, length, device 0, page stride, pages)` rows for
-    /// `prep_xfer_dlist(..., "DRAM")`, one row per fragment and page row.
+    /// arrays of ``(address, length, device 0, page stride, pages)`` rows for
+    /// ``prep_xfer_dlist(..., "DRAM")``, one row per fragment and page row, checked against
+    /// the limits.
+    ///
+    /// :param src_capacity_pages: Pages each source buffer holds.
+    /// :param dst_capacity_pages: Pages each destination buffer holds.
     fn nixl_prepped_lists<'py>(
         &self,
         py: Python<'py>,
@@ -548,8 +665,14 @@ impl PyPrepared {
         Ok((strided(py, lists.src)?, strided(py, lists.dst)?))
     }
 
-    /// One request as int32 indices into `nixl_prepped_lists(src_capacity_pages,
-    /// dst_capacity_pages)`, for `make_prepped_xfer`: (local, remote), in descriptor order.
+    /// One request as int32 indices into ``nixl_prepped_lists(src_capacity_pages,
+    /// dst_capacity_pages)``, for ``make_prepped_xfer``: (local, remote), in descriptor order.
+    ///
+    /// :param src_pages: As in ``descriptors``.
+    /// :param dst_pages: The destination pages they pair with, as many.
+    /// :param src_capacity_pages: Pages each source buffer holds, as the lists were made.
+    /// :param dst_capacity_pages: Pages each destination buffer holds, as the lists were made.
+    /// :param buffers: As in ``descriptors``.
     #[pyo3(signature = (src_pages, dst_pages, src_capacity_pages, dst_capacity_pages, *, buffers=None))]
     fn nixl_prepped_indices<'py>(
         &self,
@@ -580,7 +703,7 @@ impl PyPrepared {
         Ok((local.into_pyarray(py), remote.into_pyarray(py)))
     }
 
-    /// The fragments, as `TransferFragment` objects (made on each call).
+    /// The fragments, as ``TransferFragment`` objects (made on each call).
     #[getter]
     fn fragments<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         FragmentFactory::new(py)?.tuple(self.inner.fragments())
@@ -591,6 +714,8 @@ impl PyPrepared {
     }
 
     /// Whether both were prepared from one parsed fragment list (frames seen before).
+    ///
+    /// :param other: Another prepared transfer.
     fn shares_fragments_with(&self, other: &Self) -> bool {
         self.inner.shares_fragments(&other.inner)
     }

@@ -9,7 +9,8 @@ use super::prepared::{flat_of, slice_of, strided_of};
 use crate::descriptors::RequestPages;
 use crate::prepared::Prepared;
 
-/// One request's pages on a prepared transfer (`PreparedTransfer.request`).
+/// One request's pages on a ``PreparedTransfer`` (``.request``): each slice's descriptors,
+/// that transfer's for these pages, as layers and tokens become final.
 #[pyclass(frozen, module = "pdplan._core", name = "PreparedRequest")]
 pub struct PyPreparedRequest {
     prepared: Arc<Prepared>,
@@ -25,7 +26,13 @@ impl PyPreparedRequest {
 
 #[pymethods]
 impl PyPreparedRequest {
-    /// `PreparedTransfer.strided_descriptors` of these pages.
+    /// ``PreparedTransfer.strided_descriptors`` of these pages.
+    ///
+    /// :param buffers: As there.
+    /// :param layers: As there.
+    /// :param tokens: As there.
+    /// :param final_length: As there.
+    /// :param decode_prefix: As there.
     #[pyo3(signature = (*, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     fn strided_descriptors<'py>(
         &self,
@@ -45,7 +52,14 @@ impl PyPreparedRequest {
         strided_of(py, &self.prepared, &self.pages, (&chosen.0, &chosen.1))
     }
 
-    /// `PreparedTransfer.descriptors` of these pages.
+    /// ``PreparedTransfer.descriptors`` of these pages.
+    ///
+    /// :param buffers: As there.
+    /// :param coalesce: As there.
+    /// :param layers: As there.
+    /// :param tokens: As there.
+    /// :param final_length: As there.
+    /// :param decode_prefix: As there.
     #[pyo3(signature = (*, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
     #[allow(clippy::too_many_arguments)]
     fn descriptors<'py>(

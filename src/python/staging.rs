@@ -15,7 +15,9 @@ use crate::host_copy;
 use crate::layer_groups::{choose, LayerLoad};
 use crate::staging::{StagingCounts, StagingPlan};
 
-/// One request staged: gather into a staging buffer, one transfer (or chunks), scatter out.
+/// One request staged (``PreparedTransfer.staging_plan``): gather into a staging buffer
+/// (the bytes in the direct descriptors' order, from offset 0, no gap), one transfer or chunks,
+/// scatter: exactly the bytes the direct descriptors would write.
 #[pyclass(frozen, module = "pdplan._core", name = "StagingPlan")]
 pub struct PyStagingPlan {
     inner: StagingPlan,
@@ -32,56 +34,70 @@ const STAGING_ARRAY: &str =
 
 #[pymethods]
 impl PyStagingPlan {
-    /// Source cache addresses -> offsets in the source staging buffer (made on each call).
+    /// Source cache addresses -> offsets in the source staging buffer (made on each call);
+    /// runs that continue each other in the source cache merge.
     #[getter]
     fn gather<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         descriptors_object(py, self.inner.gather().clone())
     }
 
-    /// Offsets in the destination staging buffer -> destination cache addresses.
+    /// Offsets in the destination staging buffer -> destination cache addresses, merged
+    /// wherever the destination continues.
     #[getter]
     fn scatter<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         descriptors_object(py, self.inner.scatter().clone())
     }
 
+    /// Bytes of the request: the least each side's staging buffer must hold.
     #[getter]
     fn staging_bytes(&self) -> u64 {
         self.inner.staging_bytes()
     }
 
+    /// The wire hop's chunk size, as asked for; None: one transfer.
     #[getter]
     fn chunk_bytes(&self) -> Option<u64> {
         self.inner.chunk_bytes()
     }
 
-    /// `StagingCounts` (direct, wire, gather, scatter descriptors, bytes): what a cost model weighs.
+    /// ``StagingCounts`` (direct, wire, gather, scatter descriptors, bytes): what a cost
+    /// model weighs.
     #[getter]
     fn counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         counts_object(py, self.inner.counts())
     }
 
+    /// Descriptors the request takes without staging (``counts.direct_descriptors``).
     #[getter]
     fn num_direct_descriptors(&self) -> u64 {
         self.inner.counts().direct
     }
 
+    /// Descriptors of the wire hop: one, or one per chunk (``counts.wire_descriptors``).
     #[getter]
     fn num_wire_descriptors(&self) -> u64 {
         self.inner.counts().transfer
     }
 
+    /// Descriptors of the gather (``counts.gather_descriptors``).
     #[getter]
     fn num_gather_descriptors(&self) -> u64 {
         self.inner.counts().gather
     }
 
+    /// Descriptors of the scatter (``counts.scatter_descriptors``).
     #[getter]
     fn num_scatter_descriptors(&self) -> u64 {
         self.inner.counts().scatter
     }
 
     /// The engine's descriptors between the two staging buffers (the wire hop): one, or one
-    /// per chunk.
+    /// per chunk. A staging buffer whose size is given and is too small is refused.
+    ///
+    /// :param src_staging_base: The source staging buffer's address.
+    /// :param dst_staging_base: The destination staging buffer's address.
+    /// :param src_staging_bytes: The source staging buffer's size; None: not checked.
+    /// :param dst_staging_bytes: The destination staging buffer's size; None: not checked.
     #[pyo3(signature = (src_staging_base, dst_staging_base, *, src_staging_bytes=None, dst_staging_bytes=None))]
     fn wire_descriptors<'py>(
         &self,
@@ -105,8 +121,11 @@ impl PyStagingPlan {
         descriptors_object(py, convert().map_err(to_py_err)?)
     }
 
-    /// Copies the source caches into `staging` (host memory), with the GIL released. Call it
-    /// where the source caches live: their addresses are read in this process.
+    /// Copies the source caches into ``staging`` (host memory), the GIL released, where
+    /// they live (read in this process, inside the plan's ``src_limits``).
+    ///
+    /// :param staging: A writable 1-D C-contiguous numpy ``uint8`` array of at least
+    ///     ``staging_bytes``, overlapping no cache.
     fn pack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
         let array = staging_array(staging)?;
         let mut writable = array.try_readwrite().map_err(|_| {
@@ -121,9 +140,11 @@ impl PyStagingPlan {
             .map_err(to_py_err)
     }
 
-    /// Copies `staging` (host memory) into the destination caches, with the GIL released.
-    /// Call it where the destination caches live (the decode side's own plan): their
-    /// addresses are written in this process.
+    /// Copies ``staging`` (host memory) into the destination caches, the GIL released,
+    /// where they live (the decode side's plan; inside its ``dst_limits``).
+    ///
+    /// :param staging: A 1-D C-contiguous numpy ``uint8`` array of at least
+    ///     ``staging_bytes``, as ``pack`` filled it, overlapping no cache.
     fn unpack(&self, py: Python<'_>, staging: &Bound<'_, PyAny>) -> PyResult<()> {
         let array = staging_array(staging)?;
         let readable = array.try_readonly().map_err(|_| {
@@ -198,8 +219,12 @@ pub fn estimate_staging(
     Ok((e.direct_s, e.staging_s, e.gather_s, e.wire_s, e.scatter_s))
 }
 
-/// Counts of a request over `per` scattered pages, scaled to `pages` pages
-/// (`StagingCounts::scaled`): a router's per-request counts from counts kept per pairing.
+/// Counts of a request over ``per`` scattered pages (``scattered_page_counts``), scaled to
+/// ``pages`` pages in one transfer; refused where they do not scale evenly.
+///
+/// :param counts: The five staging counts over ``per`` pages.
+/// :param per: The pages they were counted over.
+/// :param pages: The pages to scale them to.
 #[pyfunction]
 pub fn scaled_counts(
     py: Python<'_>,
