@@ -112,6 +112,33 @@ impl BufferKind {
             Self::MambaState => "mamba_state",
         }
     }
+
+    /// Whose pointers a `buffer_index` of this kind numbers: a runtime may number its KV
+    /// buffers and its state buffers apart, each from 0 (the reference runtime's Mooncake
+    /// receiver resolves an index against its KV pointers or its state pointers by kind).
+    pub const fn index_space(self) -> IndexSpace {
+        match self {
+            Self::MambaState => IndexSpace::State,
+            _ => IndexSpace::Kv,
+        }
+    }
+}
+
+/// The pointers a `buffer_index` numbers: KV caches' (target and draft K and V) or recurrent
+/// state's. An index is one buffer within its space; the two spaces may reuse indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IndexSpace {
+    Kv,
+    State,
+}
+
+impl IndexSpace {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Kv => "KV",
+            Self::State => "state",
+        }
+    }
 }
 
 /// How one side spreads a request's tokens: over CP ranks of their own (`cp_size`), or over
@@ -416,18 +443,23 @@ pub fn first_kept_token(n: u64, sliding_window: Option<u64>, chunk: Option<u64>)
     by_window.max(by_chunk)
 }
 
-/// Checks that no two of one side's buffers share a `buffer_index`: a request's descriptors
-/// find a buffer's memory by its index, so two buffers of one index would land on the same
-/// bytes.
+/// Checks that no two of one side's buffers share a `buffer_index` within one index space: a
+/// request's descriptors find a buffer's memory by its index (and kind), so two buffers of one
+/// index and space would land on the same bytes. A KV buffer and a state buffer may share an
+/// index, as a runtime numbering its KV and state pointers apart numbers them.
 pub fn check_distinct_indexes(buffers: &[BufferLayout]) -> PlanResult<()> {
-    let mut first_at: std::collections::HashMap<u64, usize> =
+    let mut first_at: std::collections::HashMap<(IndexSpace, u64), usize> =
         std::collections::HashMap::with_capacity(buffers.len());
     for (position, buffer) in buffers.iter().enumerate() {
-        if let Some(first) = first_at.insert(buffer.buffer_index, position) {
+        let space = buffer.buffer_kind.index_space();
+        if let Some(first) = first_at.insert((space, buffer.buffer_index), position) {
             bail!(
-                "buffers {first} and {position} both have buffer_index {}: give each buffer of a \
-                 side its own index (pdplan.CacheBuffers numbers them 0..n in order)",
-                buffer.buffer_index
+                "buffers {first} and {position} both have buffer_index {} among the {} \
+                 buffers: give each buffer of a side its own index within its kind's space \
+                 (KV buffers and state buffers may each count from 0; pdplan.CacheBuffers \
+                 numbers all 0..n)",
+                buffer.buffer_index,
+                space.as_str()
             );
         }
     }

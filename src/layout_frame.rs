@@ -15,8 +15,8 @@ use crate::error::{bail, PlanError, PlanResult};
 use crate::fragment::LATEST_VERSION;
 use crate::json_refusal;
 use crate::layout::{
-    check_distinct_indexes, BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts,
-    ParallelLayout, Role,
+    check_distinct_indexes, BufferKind, BufferLayout, ContextParallel, IndexSpace, LogicalAxis,
+    LogicalParts, ParallelLayout, Role,
 };
 use crate::limits;
 use crate::planner::{Planner, PLANNING_RULES_VERSION};
@@ -143,7 +143,7 @@ pub fn encode(
     limits: Option<&[u64]>,
 ) -> PlanResult<(Vec<u8>, Vec<u8>)> {
     check_buffers(buffers)?;
-    check_addresses(buffers.len(), base_ptrs, limits)?;
+    check_addresses(buffers, base_ptrs, limits)?;
     let mut out = side_text(layout, buffers);
     out.push_str(",\"base_ptrs\":");
     push_list(&mut out, base_ptrs);
@@ -161,9 +161,31 @@ fn check_buffers(buffers: &[BufferLayout]) -> PlanResult<()> {
     check_distinct_indexes(buffers)
 }
 
-fn check_addresses(count: usize, bases: Option<&[u64]>, limits: Option<&[u64]>) -> PlanResult<()> {
+fn check_addresses(
+    buffers: &[BufferLayout],
+    bases: Option<&[u64]>,
+    limits: Option<&[u64]>,
+) -> PlanResult<()> {
+    let count = buffers.len();
     if limits.is_some() && bases.is_none() {
         bail!("limits are given without base_ptrs; give both or neither");
+    }
+    // base_ptrs are read by buffer_index: an index a KV and a state buffer share reads two ways.
+    let state: Vec<u64> = buffers
+        .iter()
+        .filter(|b| b.buffer_kind.index_space() == IndexSpace::State)
+        .map(|b| b.buffer_index)
+        .collect();
+    let shared = buffers
+        .iter()
+        .find(|b| b.buffer_kind.index_space() == IndexSpace::Kv && state.contains(&b.buffer_index));
+    if let (Some(b), Some(_)) = (shared, bases) {
+        bail!(
+            "a KV buffer and a state buffer both have buffer_index {}, and base_ptrs are read \
+             by buffer_index: send the layout without base_ptrs, or number the side's buffers \
+             once (the state buffers after the KV ones)",
+            b.buffer_index
+        );
     }
     for (name, column) in [("base_ptrs", bases), ("limits", limits)] {
         if let Some(column) = column.filter(|c| c.len() != count) {
@@ -286,11 +308,7 @@ pub fn decode(version: &[u8], payload: &[u8], max_payload_bytes: u64) -> PlanRes
         .map(|(position, b)| b.into_buffer(position))
         .collect::<PlanResult<Vec<_>>>()?;
     check_distinct_indexes(&buffers)?;
-    check_addresses(
-        buffers.len(),
-        wire.base_ptrs.as_deref(),
-        wire.limits.as_deref(),
-    )?;
+    check_addresses(&buffers, wire.base_ptrs.as_deref(), wire.limits.as_deref())?;
     Ok(LayoutFrame {
         layout,
         buffers,

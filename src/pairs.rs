@@ -103,6 +103,26 @@ fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> 
     Ok(())
 }
 
+/// A state's channel is the same size on both sides; where it is not, the likely cause named:
+/// a dim-first conv state's channel holds its kernel's taps, one more a speculative token.
+fn check_state_channels(position: usize, p: &BufferLayout, d: &BufferLayout) -> PlanResult<()> {
+    if p.logical_axis != LogicalAxis::StateChannel
+        || p.bytes_per_logical_unit == d.bytes_per_logical_unit
+    {
+        return Ok(());
+    }
+    bail!(
+        "state buffer {} (position {position}) holds channels of {} bytes on the prefill side \
+         and {} on the decode side. A conv state stored dim-first keeps each channel's kernel \
+         taps together (conv_kernel - 1 of them, plus one a speculative token), so its taps \
+         differ: run both sides with the same conv kernel, num_speculative_tokens and state \
+         dtypes",
+        p.buffer_index,
+        p.bytes_per_logical_unit,
+        d.bytes_per_logical_unit
+    );
+}
+
 /// Both sides list the same buffers, in the same order, stored the same way; with
 /// `token_maps`, token by token (page sizes and rows may differ).
 pub fn validate_pairs(
@@ -158,6 +178,7 @@ pub fn validate_pairs(
                 continue;
             }
         }
+        check_state_channels(position, p, d)?;
         same.check(
             "logical unit sizes",
             p.bytes_per_logical_unit,

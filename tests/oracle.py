@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from pdplan import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
+from pdplan import BufferKind, BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
 
 #: Pages simulated per buffer: two, so a wrong page stride shows.
 PAGES = 2
@@ -278,6 +278,12 @@ def expected_routing(
     return rows
 
 
+def key(item: BufferLayout | TransferFragment) -> tuple[bool, int]:
+    """A buffer as a runtime resolves its index: KV buffers and state buffers may be numbered
+    apart (the reference runtime's receiver numbers each from 0), so the kind's space counts."""
+    return (item.buffer_kind == BufferKind.MAMBA_STATE, item.buffer_index)
+
+
 def simulate(
     decode_rank: int,
     fragments_by_source: Mapping[int, Sequence[TransferFragment]],
@@ -298,26 +304,26 @@ def simulate(
     given, is filled with the prefill rank that sent each (buffer index, logical unit)."""
     ptp, dtp = prefill.tp_size_per_dp, decode.tp_size_per_dp
     _, stage, tp_rank = where(decode, decode_rank)
-    by_index = {d.buffer_index: (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
+    by_index = {key(d): (p, d) for p, d in zip(prefill_buffers, decode_buffers)}
     stage_by_index = dict(
-        zip((b.buffer_index for b in prefill_buffers), stages_of(prefill, decode, prefill_buffers))
+        zip((key(b) for b in prefill_buffers), stages_of(prefill, decode, prefill_buffers))
     )
-    received: dict[int, np.ndarray] = {}
-    writes: dict[int, np.ndarray] = {}
-    writer: dict[int, np.ndarray] = {}  # which prefill rank wrote each byte (-1: none)
+    received: dict[tuple[bool, int], np.ndarray] = {}
+    writes: dict[tuple[bool, int], np.ndarray] = {}
+    writer: dict[tuple[bool, int], np.ndarray] = {}  # which prefill rank wrote each byte
     for d in decode_buffers:
-        received[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
-        writes[d.buffer_index] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
-        writer[d.buffer_index] = np.full(PAGES * d.item_stride_bytes, -1, dtype=np.int64)
+        received[key(d)] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+        writes[key(d)] = np.zeros(PAGES * d.item_stride_bytes, dtype=np.int64)
+        writer[key(d)] = np.full(PAGES * d.item_stride_bytes, -1, dtype=np.int64)
     for src_rank, fragments in fragments_by_source.items():
         src_group, src_stage, src_tp = where(prefill, src_rank)
         assert src_group == source_group, "a source outside the DP group read from"
         for f in fragments:
             assert (f.src_rank, f.dst_rank) == (src_rank, decode_rank)
-            p, d = by_index[f.buffer_index]
+            p, d = by_index[key(f)]
             assert f.buffer_kind == p.buffer_kind
             # Both ranks hold the buffer's layer.
-            assert stage_by_index[f.buffer_index] == (src_stage, stage), "a stage without it"
+            assert stage_by_index[key(f)] == (src_stage, stage), "a stage without it"
             units = dealt_units(p, ptp, src_tp)
             assert units is not None
             src_page = page_labels(p, units, p.item_stride_bytes)
@@ -336,15 +342,15 @@ def simulate(
                     + row * f.dst_row_stride_bytes
                 )
                 assert s + run <= len(source), "reads past the prefill buffer"
-                assert t + run <= len(received[d.buffer_index]), "writes past"
-                received[d.buffer_index][t : t + run] = source[s : s + run]
-                writes[d.buffer_index][t : t + run] += 1
-                writer[d.buffer_index][t : t + run] = src_rank
+                assert t + run <= len(received[key(d)]), "writes past"
+                received[key(d)][t : t + run] = source[s : s + run]
+                writes[key(d)][t : t + run] += 1
+                writer[key(d)][t : t + run] = src_rank
     delivered: set[int] = set()
     for d in decode_buffers:
         units = dealt_units(d, dtp, tp_rank)
         assert units is not None
-        held = stage_by_index[d.buffer_index][1] == stage
+        held = stage_by_index[key(d)][1] == stage
         if held and receives(d, dtp, tp_rank, replicas):
             expected = np.tile(page_labels(d, units, d.item_stride_bytes), PAGES)
         else:
@@ -353,7 +359,7 @@ def simulate(
         if gone_units:  # a label is 1 + unit * bytes_per_logical_unit + byte of the unit
             unit_of = (expected - 1) // d.bytes_per_logical_unit
             expected[(expected != 0) & np.isin(unit_of, gone_units)] = 0
-        got, count = received[d.buffer_index], writes[d.buffer_index]
+        got, count = received[key(d)], writes[key(d)]
         wanted = expected != 0
         name = f"decode rank {decode_rank}, buffer {d.buffer_index}"
         assert (count[wanted] == 1).all(), f"{name}: a byte missed or written twice"
@@ -361,10 +367,10 @@ def simulate(
         stray = ~wanted & (count > 0)
         assert (got[stray] == 0).all() and (count[stray] == 1).all(), f"{name}: stray bytes"
         assert np.array_equal(got, expected), f"{name}: wrong bytes arrived"
-        delivered.update(writer[d.buffer_index][wanted].tolist())
+        delivered.update(writer[key(d)][wanted].tolist())
         if senders is not None:
             unit_of = (expected[wanted] - 1) // d.bytes_per_logical_unit
-            for unit, rank in zip(unit_of.tolist(), writer[d.buffer_index][wanted].tolist()):
+            for unit, rank in zip(unit_of.tolist(), writer[key(d)][wanted].tolist()):
                 senders[(d.buffer_index, unit)] = rank
     return delivered
 

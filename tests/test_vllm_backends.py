@@ -189,6 +189,31 @@ def test_conv_states_with_speculative_taps_pair_only_with_as_many() -> None:
         PDTransferPlanner(**sides, prefill_buffers=p.buffers, decode_buffers=fewer.buffers)
 
 
+def test_dim_first_conv_states_of_other_taps_are_refused_naming_the_taps() -> None:
+    """Dim-first (vLLM's layout when NIXL is configured, VLLM_SSM_CONV_STATE_LAYOUT=DS): a
+    channel's taps lie together, (slots, channels, taps), so other taps are other channel
+    sizes; the refusal names the taps and num_speculative_tokens, not "unit sizes"."""
+    import pdplan
+    from pdplan import Mamba2Layer
+
+    specs = pdplan.state_specs(Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2))
+    channels = specs[0].logical_size
+
+    def caches(taps: int) -> dict[str, list[np.ndarray]]:
+        conv = np.zeros((6, channels, taps), np.float16).transpose(0, 2, 1)
+        ssm = np.zeros((6, 4, 2, 3), np.float32)
+        return {"model.layers.0.mixer": [conv, ssm]}
+
+    sides = dict(prefill_layout=ParallelLayout("prefill", 1),
+                 decode_layout=ParallelLayout("decode", 1))  # fmt: skip
+    spec = vllm.buffers(caches(3 + 1), backend="FLASH_ATTN", tp_size=1, states=specs)
+    plain = vllm.buffers(caches(3), backend="FLASH_ATTN", tp_size=1, states=specs)
+    PDTransferPlanner(**sides, prefill_buffers=plain.buffers, decode_buffers=plain.buffers)
+    with pytest.raises(UnsupportedPDLayoutError, match=r"taps.*num_speculative_tokens") as refused:
+        PDTransferPlanner(**sides, prefill_buffers=spec.buffers, decode_buffers=plain.buffers)
+    assert "8 bytes on the prefill side and 6 on the decode side" in str(refused.value)
+
+
 def test_mamba2_groups_copied_to_every_rank_are_refused_naming_n_groups() -> None:
     """Below n_groups ranks vLLM copies B and C's groups onto every rank
     (``extra_groups_for_head_shards``: n_groups=1 at TP 2 holds 2 groups, one per rank), so a

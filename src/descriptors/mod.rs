@@ -23,7 +23,7 @@ mod strided;
 use coalesced_count::coalesced_count;
 use fill::fill_columns;
 pub(crate) use fill::split_in_half;
-pub use placement::{place, place_all};
+pub use placement::{check_one_reading, place, place_all};
 pub use strided::{RequestPages, Strided};
 
 /// The one check of a call's descriptor count, before anything is allocated for it.

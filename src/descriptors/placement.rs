@@ -4,6 +4,7 @@
 use super::{pages_used, Buffers, Placed, Placement};
 use crate::error::{bail, PlanResult};
 use crate::fragment::Fragment;
+use crate::layout::IndexSpace;
 use std::borrow::Borrow;
 
 impl Placed {
@@ -98,6 +99,7 @@ pub fn place_all<F: Borrow<Fragment>>(
     src: &Buffers,
     dst: &Buffers,
 ) -> PlanResult<Vec<Placed>> {
+    check_one_reading(fragments)?;
     let mut placed = Vec::with_capacity(fragments.len());
     for (position, f) in fragments.iter().enumerate() {
         placed.push(place(position, f.borrow(), src, dst)?);
@@ -175,4 +177,40 @@ impl Placement {
         }
         Ok(())
     }
+}
+
+/// Refuses fragments naming one `buffer_index` in both index spaces (a KV buffer's and a state
+/// buffer's, as a runtime numbering its KV and state pointers apart names them): one array of
+/// base pointers a side cannot say which buffer such an index means.
+pub fn check_one_reading<F: Borrow<Fragment>>(fragments: &[F]) -> PlanResult<()> {
+    let is_state = |f: &Fragment| f.buffer_kind.index_space() == IndexSpace::State;
+    let mut state: Vec<u64> = fragments
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|f| is_state(f))
+        .map(|f| f.buffer_index)
+        .collect();
+    if state.is_empty() {
+        return Ok(()); // the common case: no state, nothing to tell apart
+    }
+    state.sort_unstable();
+    state.dedup();
+    let clash = fragments
+        .iter()
+        .map(Borrow::borrow)
+        .enumerate()
+        .find(|(_, f)| !is_state(f) && state.binary_search(&f.buffer_index).is_ok());
+    if let Some((position, f)) = clash {
+        bail!(
+            "fragment {position} ({}) and a mamba_state fragment both name buffer_index={}: \
+             the KV and state buffers are numbered apart (as the reference runtime numbers \
+             them), and one array of base pointers a side cannot say which buffer an index \
+             means. Number a side's buffers once (the state buffers after the KV ones, their \
+             bases in that order), or resolve each fragment by its kind as that runtime does \
+             (its KV pointers for KV kinds, its state pointers for mamba_state)",
+            f.buffer_kind.as_str(),
+            f.buffer_index
+        );
+    }
+    Ok(())
 }

@@ -21,6 +21,7 @@ mod planner;
 mod posting;
 mod prepared;
 mod request;
+mod slice_args;
 mod staging;
 
 use numpy::{IntoPyArray, PyArray1};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use super::prepared::{flat_of, slice_of, strided_of};
+use super::slice_args::{flat_of, slice_of, strided_of};
 use crate::descriptors::RequestPages;
 use crate::prepared::Prepared;
 

@@ -130,6 +130,7 @@ pub fn place_all_tokens<F: Borrow<Fragment>>(
     src: &Buffers,
     dst: &Buffers,
 ) -> PlanResult<Vec<TokenPlaced>> {
+    crate::descriptors::check_one_reading(fragments)?;
     let any = fragments
         .iter()
         .any(|f| f.borrow().token_span().is_present());

@@ -159,13 +159,16 @@ impl<'a> Check<'a> {
                 f.dst_rank
             );
         }
-        let found = self.position_of.get(&f.buffer_index).and_then(|&position| {
-            Some((
-                position,
-                self.pairs.get(position)?,
-                self.stages.get(position)?,
-            ))
-        });
+        let found = self
+            .position_of
+            .get(&(f.buffer_kind.index_space(), f.buffer_index))
+            .and_then(|&position| {
+                Some((
+                    position,
+                    self.pairs.get(position)?,
+                    self.stages.get(position)?,
+                ))
+            });
         let Some((position, &(p, d), &(prefill_stage, decode_stage))) = found else {
             bail!("{}: no such buffer", where_());
         };

@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::{bail, PlanResult};
 use crate::holders::Holders;
-use crate::layout::{BufferLayout, LogicalAxis};
+use crate::layout::{BufferLayout, IndexSpace, LogicalAxis};
 use crate::planner::{Planner, SourcePlan};
 use crate::routing::DecodeReplicas;
 use crate::stages::{buffer_stages, layer_count};
@@ -101,7 +101,8 @@ struct Check<'a> {
     stages: Vec<(u64, u64)>,
     /// Which tokens each rank of either side holds.
     holders: Holders,
-    position_of: HashMap<u64, usize>,
+    /// Each buffer's position by its index within its kind's space (KV or state).
+    position_of: HashMap<(IndexSpace, u64), usize>,
     /// What the available prefill ranks hold, by DP group and kind of buffer (`available`).
     available: RefCell<HashMap<AvailableKey, std::rc::Rc<Held>>>,
 }
@@ -127,11 +128,13 @@ impl<'a> Check<'a> {
         let holders = Holders::of((prefill, decode), (&prefill_buffers, &decode_buffers))?;
         let mut position_of = HashMap::new();
         for (position, (p, _)) in pairs.iter().enumerate() {
-            if position_of.insert(p.buffer_index, position).is_some() {
+            let key = (p.buffer_kind.index_space(), p.buffer_index);
+            if position_of.insert(key, position).is_some() {
                 bail!(
-                    "buffer_index={} is used by two buffers, so fragments cannot name one of \
-                     them; give every buffer its own index",
-                    p.buffer_index
+                    "buffer_index={} is used by two {} buffers, so fragments cannot name one of \
+                     them; give every buffer its own index within its kind's space",
+                    p.buffer_index,
+                    p.buffer_kind.index_space().as_str()
                 );
             }
         }
