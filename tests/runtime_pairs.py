@@ -283,10 +283,13 @@ def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> 
     pool.model_layer_ids = (0, 2)
     conv_d = d_side.keep(guarded((2, slots_d, conv_spec.logical_size, 3)))
     temporal_d = d_side.keep(guarded((2, slots_d, 4, 2, 3)))
+    # SGLang's MambaPool counts its layers (num_mamba_layers); HybridReqToTokenPool.mamba_map
+    # names their model layers (model layer -> pool layer).
     mamba_pool = SimpleNamespace(
-        mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d), mamba_layer_ids=[1, 3]
+        mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d), num_mamba_layers=2
     )
-    d_bufs = sglang.buffers(pool, tp_size=dtp, mamba_pool=mamba_pool, states=specs)
+    requests = SimpleNamespace(mamba_pool=mamba_pool, mamba_map={1: 0, 3: 1})
+    d_bufs = sglang.buffers(pool, tp_size=dtp, req_to_token_pool=requests, states=specs)
     assert [b.buffer_kind for b in d_bufs.buffers] == [K, V, K, V] + [BufferKind.MAMBA_STATE] * 4
     assert [b.buffer_kind for b in p_bufs[0].buffers] == [b.buffer_kind for b in d_bufs.buffers]
     planner = PDTransferPlanner(
@@ -335,7 +338,8 @@ def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> 
 # layers split into groups of as many, strided (``layers[i::num_groups]``), and the model
 # runner fills ``kv_caches`` group by group. SGLang keeps the same model in a
 # HybridLinearKVPool: the attention layers densely in its full_kv_pool (global ids in
-# ``full_attention_layer_id_mapping``), the linear layers in its MambaPool (``mamba_layer_ids``).
+# ``full_attention_layer_id_mapping``), the linear layers in its MambaPool (their model layers
+# in HybridReqToTokenPool.mamba_map).
 HYBRID_ATTENTION = (3, 7)
 HYBRID_LINEAR = (0, 1, 2, 4, 5, 6)
 
@@ -373,7 +377,7 @@ def vllm_hybrid_groups_into_sglang_s_hybrid_pool_by_layer(mover: Mover) -> None:
     temporal_d = d_side.keep(guarded((len(HYBRID_LINEAR), 5, 4, 2, 3)))
     mamba_pool = SimpleNamespace(
         mamba_cache=SimpleNamespace(conv=[conv_d], temporal=temporal_d),
-        mamba_layer_ids=list(HYBRID_LINEAR),
+        num_mamba_layers=len(HYBRID_LINEAR),
     )
     hybrid = SimpleNamespace(
         full_kv_pool=full,
@@ -381,7 +385,10 @@ def vllm_hybrid_groups_into_sglang_s_hybrid_pool_by_layer(mover: Mover) -> None:
         mamba_pool=mamba_pool,
         page_size=64,
     )
-    d_bufs = sglang.buffers(hybrid, tp_size=1, states=specs)
+    requests = SimpleNamespace(
+        mamba_pool=mamba_pool, mamba_map={g: i for i, g in enumerate(HYBRID_LINEAR)}
+    )
+    d_bufs = sglang.buffers(hybrid, tp_size=1, req_to_token_pool=requests, states=specs)
     # Both sides name every buffer's model layer: the attention layers, then the states.
     layers = [3, 3, 7, 7] + [i for i in HYBRID_LINEAR for _ in range(2)]
     assert [b.layer for b in p_bufs.buffers] == layers == [b.layer for b in d_bufs.buffers]

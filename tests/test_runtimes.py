@@ -352,3 +352,49 @@ def test_state_layouts_that_differ_between_runtimes_are_refused_naming_the_rows(
             prefill_buffers=p.buffers,
             decode_buffers=d.buffers,
         )
+
+
+def sglang_hybrid(attention: tuple[int, ...], linear: tuple[int, ...]) -> tuple[Any, Any]:
+    """A HybridLinearKVPool and a HybridReqToTokenPool as SGLang allocates them: the attention
+    layers densely in the full pool, the recurrent ones in a MambaPool that counts them
+    (num_mamba_layers; conv dim-first (layers, slots, channels, taps), temporal (layers, slots,
+    heads, head_dim, state)), their model layers in the request pool's mamba_map."""
+    specs = pdplan.state_specs(MAMBA)
+    full, _ = sglang_mha(layers=len(attention), size=64, page_size=16, heads=4, dim=8)
+    conv, _ = guarded((len(linear), 9, specs[0].logical_size, 3))
+    temporal, _ = guarded((len(linear), 9, 8, 4, 4))
+    mamba = SimpleNamespace(
+        mamba_cache=SimpleNamespace(conv=[conv], temporal=temporal), num_mamba_layers=len(linear)
+    )
+    hybrid = SimpleNamespace(
+        full_kv_pool=full,
+        full_attention_layer_id_mapping={g: i for i, g in enumerate(attention)},
+        mamba_pool=mamba,
+        page_size=16,
+    )
+    requests = SimpleNamespace(mamba_pool=mamba, mamba_map={g: i for i, g in enumerate(linear)})
+    return hybrid, requests
+
+
+def test_sglang_s_recurrent_layers_are_named_by_the_request_pool_s_mamba_map() -> None:
+    # Nemotron-H-like: MLP layers (2, 5) keep nothing, so the recurrent layers are not "every
+    # layer the attention mapping leaves out"; mamba_map names them.
+    attention, linear = (1, 4), (0, 3, 6)
+    hybrid, requests = sglang_hybrid(attention, linear)
+    specs = pdplan.state_specs(MAMBA)
+    cache = sglang.buffers(hybrid, tp_size=1, req_to_token_pool=requests, states=specs)
+    layers = [b.layer for b in cache.buffers]
+    assert layers == [1, 1, 4, 4, 0, 0, 3, 3, 6, 6]
+    # The MambaPool alone, or without the map, is refused naming the request pool.
+    with pytest.raises(UnsupportedPDLayoutError, match=r"0\.\.2 among the recurrent.*mamba_map"):
+        sglang.buffers(hybrid, tp_size=1, states=specs)
+    with pytest.raises(UnsupportedPDLayoutError, match=r"req_to_token_pool="):
+        sglang.buffers(hybrid.mamba_pool, tp_size=1, states=specs)
+    # The full pool without its wrapper numbers its layers 0..1 among the attention layers:
+    # they collide with the recurrent layers, refused naming the HybridLinearKVPool.
+    with pytest.raises(UnsupportedPDLayoutError, match=r"pass the HybridLinearKVPool"):
+        sglang.buffers(hybrid.full_kv_pool, tp_size=1, req_to_token_pool=requests, states=specs)
+    # A map that does not cover the pool's layers is refused.
+    wrong = SimpleNamespace(mamba_pool=requests.mamba_pool, mamba_map={0: 0, 3: 1})
+    with pytest.raises(UnsupportedPDLayoutError, match=r"names MambaPool layers \[0, 1\]"):
+        sglang.buffers(hybrid, tp_size=1, req_to_token_pool=wrong, states=specs)

@@ -16,7 +16,8 @@ and ``swa_memory_pool.py``):
   index caches, ``index_kv_pool`` (K and V) and ``index_k_pool`` (K only), one head a rank,
   layers by ``index_kv_layer_id_mapping`` and ``index_k_layer_id_mapping``;
 - ``MambaPool``: ``mamba_cache.conv`` and ``mamba_cache.temporal`` of ``(layers, slots, ...)``,
-  layer ``i`` being ``mamba_layer_ids[i]``.
+  its layers numbered 0..n-1 among the recurrent layers; ``HybridReqToTokenPool.mamba_map``
+  (model layer -> pool layer) names each one's model layer.
 
 Rows of SGLang's ``req_to_token`` are pdplan slot maps as they are.
 """
@@ -190,9 +191,11 @@ def _sub_pool(
     return [(local_to_global[layer], what, array) for layer, what, array in found]
 
 
-def _state_layers(mamba_pool: Any) -> tuple[list[int], list[list[Any]]]:
+def _state_layers(mamba_pool: Any, mamba_map: Any) -> tuple[list[int], list[list[Any]]]:
     """Each recurrent layer's model layer and state tensors, conv first: views of the pool's
-    tensors (``(layers, slots, ...)``)."""
+    tensors (``(layers, slots, ...)``). A ``MambaPool`` numbers its layers 0..n-1 among the
+    recurrent layers alone; their model layers are ``HybridReqToTokenPool.mamba_map``'s
+    (model layer -> the pool's layer)."""
     cache = attribute(mamba_pool, "mamba_cache", "the Mamba pool")
     conv = attribute(cache, "conv", "the Mamba pool's mamba_cache")
     conv = conv if isinstance(conv, (list, tuple)) else [conv]
@@ -203,13 +206,50 @@ def _state_layers(mamba_pool: Any) -> tuple[list[int], list[list[Any]]]:
             f"the MambaPool's state tensors hold different layer counts {sorted(counts)}"
         )
     count = counts.pop()
-    ids = getattr(mamba_pool, "mamba_layer_ids", None)
-    layers = list(range(count)) if ids is None else [int(i) for i in ids]
-    if len(layers) != count:
+    if mamba_map is None:
         raise UnsupportedPDLayoutError(
-            f"the MambaPool's mamba_layer_ids name {len(layers)} layers for {count} held"
+            f"{type(mamba_pool).__name__} numbers its {count} layers 0..{count - 1} among the "
+            "recurrent layers alone, not by model layer: pass the rank's req_to_token_pool "
+            "(SGLang's HybridReqToTokenPool, whose mamba_map names each one's model layer) as "
+            "req_to_token_pool="
         )
+    try:
+        by_index = {int(index): int(layer) for layer, index in dict(mamba_map).items()}
+    except (TypeError, ValueError):
+        raise UnsupportedPDLayoutError(
+            "mamba_map must map each model layer to its MambaPool layer, as SGLang's "
+            "HybridReqToTokenPool.mamba_map does"
+        ) from None
+    if sorted(by_index) != list(range(count)) or len(by_index) != len(dict(mamba_map)):
+        raise UnsupportedPDLayoutError(
+            f"mamba_map names MambaPool layers {sorted(by_index)[:16]} for the {count} the pool "
+            "holds; pass the HybridReqToTokenPool that owns this MambaPool"
+        )
+    layers = [by_index[i] for i in range(count)]
     return layers, [[t[layer] for t in tensors] for layer in range(count)]
+
+
+def _mamba_map(pool: Any, req_to_token_pool: Any) -> Any:
+    """The recurrent layers' model layers: the request pool's ``mamba_map`` (or a wrapper's,
+    where an SGLang version keeps one there), else None."""
+    for holder in (req_to_token_pool, pool):
+        found = getattr(holder, "mamba_map", None)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_layers_once(tensors: list[tuple[int, str, Any]], states: list[int]) -> None:
+    """A model layer keeps KV or state, never both: a KV pool whose layers collide with the
+    recurrent ones is a hybrid wrapper's sub-pool, numbered 0..k-1 among its own layers."""
+    attention = {layer for layer, what, _ in tensors if what in ("kv", "mla")}
+    both = sorted(attention & set(states))
+    if both:
+        raise UnsupportedPDLayoutError(
+            f"layers {both[:16]} hold both KV and recurrent state: the KV pool numbers its "
+            "layers among the attention layers alone, as a HybridLinearKVPool's full_kv_pool "
+            "does; pass the HybridLinearKVPool (the rank's token_to_kv_pool) itself"
+        )
 
 
 def buffers(
@@ -218,6 +258,7 @@ def buffers(
     tp_size: int,
     num_kv_heads: int | None = None,
     mamba_pool: Any = None,
+    req_to_token_pool: Any = None,
     states: Sequence[StateSpec] | None = None,
     sliding_windows: Mapping[int, int] | None = None,
 ) -> CacheBuffers:
@@ -239,7 +280,10 @@ def buffers(
     :param num_kv_heads: The model's KV heads when they are fewer than ``tp_size`` (SGLang
         then keeps one replicated head a rank); otherwise ``head_num * tp_size``.
     :param mamba_pool: The ``MambaPool`` of a hybrid model, when ``pool`` is its KV pool
-        (a ``HybridLinearKVPool`` brings its own).
+        (a ``HybridLinearKVPool`` brings its own, and so does ``req_to_token_pool``).
+    :param req_to_token_pool: The rank's ``HybridReqToTokenPool`` when the model keeps state:
+        its ``mamba_map`` names each recurrent layer's model layer (a ``MambaPool`` numbers
+        them 0..n-1 among themselves), and it holds the ``mamba_pool``.
     :param states: Describes each state tensor of a recurrent layer
         (``pdplan.runtimes.state_specs(layer)``).
     :param sliding_windows: The window of each sliding-window attention layer, by its model
@@ -253,6 +297,8 @@ def buffers(
         tensors = _attention(pool, tp_size, num_kv_heads)
         if mamba_pool is None:
             mamba_pool = getattr(pool, "mamba_pool", None)
+    if mamba_pool is None:
+        mamba_pool = getattr(req_to_token_pool, "mamba_pool", None)
     page_size = _page_size(pool)
     built: Built = []
 
@@ -298,7 +344,8 @@ def buffers(
         for kind, plane in zip((BufferKind.TARGET_K, BufferKind.TARGET_V), array):
             token_plane(kind, plane, heads, layer, window)
     if mamba_pool is not None:
-        layers, recurrent = _state_layers(mamba_pool)
+        layers, recurrent = _state_layers(mamba_pool, _mamba_map(pool, req_to_token_pool))
+        _check_layers_once(tensors, layers)
         built += state_buffers(len(built), recurrent, states, tp_size, layers)
     scales = sorted(
         (t for t in tensors if t[1] in ("k_scale_buffer", "v_scale_buffer")),
