@@ -338,6 +338,23 @@ fn page_shape(
             owned: checked_product(&[plane_bytes, p], "one page")?,
         });
     }
+    // Units whole and dense inside, evenly apart with room for whole units between: each
+    // unit's bytes lie among other arrays' (vLLM's cross-layer BHLNC keeps every layer's
+    // page of a head together, so one layer's heads are a layer-count apart).
+    if u > 1 && steps(r, sr, inner) && su > row_bytes && su % row_bytes == 0 {
+        let between = su / row_bytes - 1;
+        bail!(
+            "{}: units of {row_bytes} bytes lie {su} bytes apart, room for {between} more \
+             between each two: the array is one of several interleaved unit by unit, as vLLM's \
+             cross-layer layout BHLNC (VLLM_KV_CACHE_LAYOUT=BHLNC) keeps every layer's page of \
+             a head together. Describe the allocation they interleave in as one buffer (a \
+             (page, head, token, dim) view of its whole block, the token axis running through \
+             every layer's tokens: a head then holds every layer's bytes, pages move whole, and \
+             both sides must hold the same layers), or serve with a layer-compact layout \
+             (vLLM: VLLM_KV_CACHE_LAYOUT=LBHNC for HND pages, LBNHC for NHD)",
+            unit_axis.map_or_else(|| "the units".to_owned(), |n| n.describe())
+        );
+    }
     let blame = if steps(u, su, inner) || steps(u, su, row_bytes) {
         row_axis
     } else {

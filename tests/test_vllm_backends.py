@@ -6,6 +6,7 @@ block sizes. Unknown and refused backends are named with the way forward."""
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 import pytest
@@ -352,3 +353,73 @@ def test_a_cross_layer_cache_moves_each_layer_s_pages() -> None:
     for i, name in enumerate(src):
         np.testing.assert_array_equal(dst[name][[2, 3]], memory[[5, 0], i])
         assert not dst[name][[0, 1, 4, 5]].any()
+
+
+def bhlnc(blocks: int, heads: int, layers: int, block: int, width: int) -> tuple[Any, list[Any]]:
+    """vLLM 0.32's cross-layer BHLNC allocation (``kv_cache_interface.compute_layout_strides``
+    with ``KVCacheLayout.BHLNC``): one raw buffer, physical [blocks, heads, layers, block,
+    width], between guard bytes, and the per-layer [blocks, heads, block, width] view each
+    layer is handed (``create_kv_cache_views``: layer l starts l pages into each head)."""
+    item = 2  # float16
+    size = blocks * heads * layers * block * width * item
+    raw = np.full(size + 128, 0x5A, dtype=np.uint8)
+    body = raw[64:-64]
+    strides = (heads * layers * block * width * item, layers * block * width * item,
+               width * item, item)  # fmt: skip
+    views = [
+        np.lib.stride_tricks.as_strided(
+            body[layer * block * width * item :].view(np.float16),
+            shape=(blocks, heads, block, width), strides=strides,
+        )
+        for layer in range(layers)
+    ]  # fmt: skip
+    return raw, views
+
+
+def test_a_cross_layer_bhlnc_cache_is_refused_with_its_way_forward_which_moves_exactly() -> None:
+    from pdplan import BufferKind, buffer_from_array, transfer_descriptors
+
+    blocks, heads, layers, block, width = 6, 4, 3, 8, 16
+    _raw, views = bhlnc(blocks, heads, layers, block, width)
+    caches = {f"model.layers.{i}.self_attn.attn": v for i, v in enumerate(views)}
+    with pytest.raises(UnsupportedPDLayoutError, match=r"BHLNC.*one buffer.*LBHNC") as refused:
+        vllm.buffers(caches, backend="FLASH_ATTN", kv_layout="HND", tp_size=1, num_kv_heads=4)
+    assert "room for 2 more" in str(refused.value)  # the other two layers' pages of a head
+
+    # The way forward: the whole block is one head-major buffer, a head holding every layer.
+    def whole(raw_: Any, local_heads: int, tp: int) -> Any:
+        # (page, head, token, dim): the token axis runs through every layer's tokens.
+        body = raw_[64:-64].view(np.float16).reshape(blocks, local_heads, layers * block, width)
+        return buffer_from_array(0, BufferKind.TARGET_K, body, ("page", "head", "token", "dim"),
+                                 logical_size=heads, tp_size=tp)  # fmt: skip
+
+    rng = np.random.default_rng(7)
+    prefill = [bhlnc(blocks, heads // 2, layers, block, width) for _ in range(2)]
+    for raw_p, _ in prefill:
+        raw_p[64:-64] = rng.integers(0, 255, raw_p.size - 128, dtype=np.uint8)
+    raw_d, views_d = bhlnc(blocks, heads, layers, block, width)
+    p_bufs = [whole(r, heads // 2, 2) for r, _ in prefill]
+    d_buf = whole(raw_d, heads, 1)
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2), decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=[p_bufs[0][0]], decode_buffers=[d_buf[0]],
+    )  # fmt: skip
+    planner.verify()
+    src_pages, dst_pages = [1, 4], [5, 0]
+    for source, fragments in planner.transfer_fragments(0).items():
+        (base, limit) = (p_bufs[source][1], p_bufs[source][2])
+        moves = transfer_descriptors(fragments, [base], [d_buf[1]], src_pages, dst_pages,
+                                     src_limits=[limit], dst_limits=[d_buf[2]])  # fmt: skip
+        for s, t, length in moves.as_array().tolist():
+            ctypes.memmove(t, s, length)
+    for raw_ in [raw_d] + [r for r, _ in prefill]:
+        assert (raw_[:64] == 0x5A).all() and (raw_[-64:] == 0x5A).all()
+    for layer in range(layers):
+        for head in range(heads):
+            source_views = prefill[head // 2][1]
+            for s, t in zip(src_pages, dst_pages):
+                np.testing.assert_array_equal(
+                    views_d[layer][t, head], source_views[layer][s, head % 2], f"{layer} {head}"
+                )
+    untouched = [b for b in range(blocks) if b not in dst_pages]
+    assert (raw_d[64:-64].reshape(blocks, -1)[untouched] == 0x5A).all()
