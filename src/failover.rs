@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::error::{bail, PlanResult};
+use crate::layout::BufferKind;
 use crate::ranks::{index_below, RankSpace, Slot};
 use crate::spread::{Need, NeedKey, Spread};
 
@@ -188,6 +189,8 @@ impl Failover {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LostRange {
     pub buffer_index: u64,
+    /// The buffer's kind: an index names one buffer within its kind's space (KV or state).
+    pub buffer_kind: BufferKind,
     pub layer: Option<u64>,
     pub unit_start: u64,
     pub unit_end: u64,
@@ -262,6 +265,7 @@ mod tests {
     fn lost_ranges_merge_per_buffer_and_share() {
         let range = |buffer_index, unit_start, unit_end, share| LostRange {
             buffer_index,
+            buffer_kind: BufferKind::TargetK,
             layer: None,
             unit_start,
             unit_end,

@@ -166,6 +166,11 @@ def lost_by_brute_force(case: Case, decode_rank: int, gone: Iterable[int]) -> se
     return {(b, u) for b, units in needs.items() for u, holders in units.items() if not holders}
 
 
+def bare(ranges: Sequence[LostRange]) -> list[LostRange]:
+    """Ranges without their kind (check_failover holds every kind to the buffers')."""
+    return [r._replace(buffer_kind=None) for r in ranges]
+
+
 def expanded(ranges: Sequence[LostRange]) -> set[tuple[int, int]]:
     return {(r.buffer_index, u) for r in ranges for u in range(r.unit_start, r.unit_end)}
 
@@ -254,6 +259,9 @@ def check_failover(
         assert not set(plan.notify_prefill_ranks) & set(gone), "notifies a gone rank"
         lost = lost_by_brute_force(case, d, gone)
         assert expanded(failover.lost(d)) == lost, d
+        # Each range names its buffer's kind, as the decode side's buffers give it.
+        kind_of = {b.buffer_index: b.buffer_kind for b in case.decode_buffers}
+        assert all(r.buffer_kind == kind_of[r.buffer_index] for r in failover.lost(d))
         by_buffer: dict[int, set[int]] = {}
         for b, u in lost:
             by_buffer.setdefault(b, set()).add(u)
@@ -299,7 +307,7 @@ def test_mla_with_every_rank_gone_loses_everything() -> None:
     for d in range(2):
         plan = failover.plan_for_decode_rank(d)
         assert plan.target_prefill_ranks == () and plan.fragments_by_prefill_rank == {}
-        assert failover.lost(d) == [LostRange(0, None, 0, 1), LostRange(1, None, 0, 1)]
+        assert bare(failover.lost(d)) == [LostRange(0, None, 0, 1), LostRange(1, None, 0, 1)]
     assert set(failover.source_fanout.values()) == {0}
     assert failover.routing_table().decode_rank.size == 0
 
@@ -311,7 +319,7 @@ def test_gqa_replica_groups_serve_for_each_other() -> None:
     assert failover.lost(0) == []
     # Both ranks of the group holding head 0 gone: exactly head 0 of K and V is lost.
     failover = check_failover(GQA_16_TO_4, [0, 1])
-    assert failover.lost(0) == [LostRange(0, None, 0, 1), LostRange(1, None, 0, 1)]
+    assert bare(failover.lost(0)) == [LostRange(0, None, 0, 1), LostRange(1, None, 0, 1)]
     assert all(failover.lost(d) == [] for d in (1, 2, 3))
     # Every pair among the first four replica groups (the others are alike): both of a group,
     # one of each of two groups read by one decode rank, and of groups read by two.
@@ -322,7 +330,7 @@ def test_gqa_replica_groups_serve_for_each_other() -> None:
 def test_plain_tp_loses_the_heads_of_the_gone_rank() -> None:
     # Decode rank 0 holds heads 0..4 from prefill ranks 0 and 1 (two heads each).
     failover = check_failover(PLAIN_4_TO_2, [1])
-    assert failover.lost(0) == [LostRange(0, None, 2, 4), LostRange(1, None, 2, 4)]
+    assert bare(failover.lost(0)) == [LostRange(0, None, 2, 4), LostRange(1, None, 2, 4)]
     assert failover.lost(1) == []
     assert failover.plan_for_decode_rank(0).target_prefill_ranks == (0,)
     for gone in range(4):
@@ -334,7 +342,7 @@ def test_pipeline_stages_lose_only_their_layers() -> None:
     check_failover(PP, [4])
     # Ranks 4 and 5 hold head 0 of layers 2 and 3 only.
     failover = check_failover(PP, [4, 5])
-    assert failover.lost(0) == [LostRange(2, 2, 0, 1), LostRange(3, 3, 0, 1)]
+    assert bare(failover.lost(0)) == [LostRange(2, 2, 0, 1), LostRange(3, 3, 0, 1)]
     for gone in itertools.combinations(range(8), 2):
         check_failover(PP, list(gone))
 
@@ -357,7 +365,7 @@ def test_decode_replicas_all_spreads_the_readers_of_a_gone_rank() -> None:
         failover = check_failover(ALL, gone)
     # Ranks 0 and 1 hold head 0: decode ranks 0..3 (its replica group) lose it.
     head_0 = [LostRange(0, None, 0, 1), LostRange(1, None, 0, 1)]
-    assert all(failover.lost(d) == head_0 for d in range(4))
+    assert all(bare(failover.lost(d)) == head_0 for d in range(4))
     assert failover.idle_decode_ranks == 0
 
 
@@ -466,7 +474,7 @@ def test_identity_layouts_read_unit_by_unit_around_a_gone_rank() -> None:
     assert case.planner().plan_for_decode_rank(0).plan_kind == "identity"
     failover = check_failover(case, [2])
     assert failover.plan_for_decode_rank(0).plan_kind == "fragmented"
-    assert failover.lost(2) == [LostRange(0, None, 4, 6), LostRange(1, None, 4, 6)]
+    assert bare(failover.lost(2)) == [LostRange(0, None, 4, 6), LostRange(1, None, 4, 6)]
     assert failover.plan_for_decode_rank(2).target_prefill_ranks == ()
 
 

@@ -214,3 +214,13 @@ def test_layout_frames_carry_the_numbering_but_not_pointers_it_cannot_index() ->
     bases = [4096 * (i + 1) for i in range(len(buffers))]
     with pytest.raises(UnsupportedPDLayoutError, match=r"base_ptrs are read by buffer_index"):
         encode_layout(layout, buffers, base_ptrs=bases)
+
+
+def test_lost_ranges_name_the_kind_an_index_belongs_to() -> None:
+    # Prefill TP 2 without rank 1: half of every KV head and state channel set is lost, and a
+    # KV buffer and a state buffer of one index are told apart by their kind.
+    planner = planner_of(2, 1).without_prefill_ranks([1])
+    lost = planner.lost(0)
+    kinds = {(b.buffer_index, b.buffer_kind) for b in planner.decode_buffers}
+    assert {(r.buffer_index, r.buffer_kind) for r in lost} == kinds
+    assert any(r.buffer_kind == BufferKind.MAMBA_STATE and r.buffer_index == 0 for r in lost)

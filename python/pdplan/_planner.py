@@ -11,7 +11,13 @@ if TYPE_CHECKING:  # numpy loads when an array is first made, not when pdplan is
 
 from pdplan import _core
 from pdplan._bounded import bounded_tuple
-from pdplan._model import BufferLayout, ParallelLayout, RankTransferPlan, TransferFragment
+from pdplan._model import (
+    BufferKind,
+    BufferLayout,
+    ParallelLayout,
+    RankTransferPlan,
+    TransferFragment,
+)
 
 __all__ = ["LostRange", "PDTransferPlanner", "RoutingTable"]
 
@@ -50,6 +56,10 @@ class LostRange(NamedTuple):
     """One past the last lost unit."""
     cp_share: int | None = None
     """The prefill token share the units belong to (its CP or DCP rank), or None."""
+    buffer_kind: BufferKind | None = None
+    """The buffer's kind: a ``buffer_index`` names one buffer within its kind's space (KV
+    buffers and state buffers may each count from 0, as the reference runtime numbers them).
+    None only in a ``LostRange`` made by hand."""
 
 
 class PDTransferPlanner:
@@ -184,7 +194,8 @@ class PDTransferPlanner:
         :param num_tokens: The request's length, as in ``plan_for_decode_rank``.
         """
         return [
-            LostRange(*row) for row in self._core.lost(decode_rank, prefill_dp_group, num_tokens)
+            LostRange(*row[:5], BufferKind(row[5]))
+            for row in self._core.lost(decode_rank, prefill_dp_group, num_tokens)
         ]
 
     @property

@@ -133,6 +133,7 @@ impl Planner {
                             position,
                             LostRange {
                                 buffer_index: pair.decode.buffer_index,
+                                buffer_kind: pair.decode.buffer_kind,
                                 layer: pair.decode.layer,
                                 unit_start,
                                 unit_end,

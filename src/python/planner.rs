@@ -20,7 +20,7 @@ use crate::routing::DecodeReplicas;
 use crate::verify;
 
 /// One lost range as Python sees it (`pdplan.LostRange`'s fields).
-type LostTuple = (u64, Option<u64>, u64, u64, Option<u64>);
+type LostTuple = (u64, Option<u64>, u64, u64, Option<u64>, &'static str);
 
 /// The ranks a caller named as gone: ints, read one by one and no more of them than the
 /// prefill world has ranks (the core checks each), so an endless iterable ends in an error.
@@ -348,7 +348,7 @@ impl PyPlanner {
     }
 
     /// What `decode_rank` cannot receive: `(buffer_index, layer, unit_start, unit_end,
-    /// cp_share)` tuples, buffer order.
+    /// cp_share, buffer_kind)` tuples, buffer order.
     #[pyo3(signature = (decode_rank, prefill_dp_group=None, num_tokens=None))]
     fn lost(
         &self,
@@ -363,7 +363,17 @@ impl PyPlanner {
             .map_err(to_py_err)?;
         Ok(lost
             .into_iter()
-            .map(|r| (r.buffer_index, r.layer, r.unit_start, r.unit_end, r.share))
+            .map(|r| {
+                let kind = r.buffer_kind.as_str();
+                (
+                    r.buffer_index,
+                    r.layer,
+                    r.unit_start,
+                    r.unit_end,
+                    r.share,
+                    kind,
+                )
+            })
             .collect())
     }
 

@@ -178,6 +178,7 @@ pub(super) fn lost_ranges_of(
                     out.extend(open.take());
                     open = Some(LostRange {
                         buffer_index: d.buffer_index,
+                        buffer_kind: d.buffer_kind,
                         layer: d.layer,
                         unit_start: unit,
                         unit_end: unit + 1,
