@@ -391,9 +391,17 @@ def test_sglang_s_recurrent_layers_are_named_by_the_request_pool_s_mamba_map() -
     with pytest.raises(UnsupportedPDLayoutError, match=r"req_to_token_pool="):
         sglang.buffers(hybrid.mamba_pool, tp_size=1, states=specs)
     # The full pool without its wrapper numbers its layers 0..1 among the attention layers:
-    # they collide with the recurrent layers, refused naming the HybridLinearKVPool.
-    with pytest.raises(UnsupportedPDLayoutError, match=r"pass the HybridLinearKVPool"):
+    # refused naming the HybridLinearKVPool, whether or not its numbers meet the recurrent ones.
+    with pytest.raises(UnsupportedPDLayoutError, match=r"pass the rank's HybridLinearKVPool"):
         sglang.buffers(hybrid.full_kv_pool, tp_size=1, req_to_token_pool=requests, states=specs)
+    apart, apart_requests = sglang_hybrid((2, 5), (3, 4, 6))
+    with pytest.raises(UnsupportedPDLayoutError, match=r"pass the rank's HybridLinearKVPool"):
+        sglang.buffers(apart.full_kv_pool, tp_size=1, req_to_token_pool=apart_requests,
+                       states=specs)  # fmt: skip
+    # Falcon-H1: attention and a Mamba mixer in every layer, both read by model layer.
+    both, both_requests = sglang_hybrid((0, 1, 2), (0, 1, 2))
+    cache = sglang.buffers(both, tp_size=1, req_to_token_pool=both_requests, states=specs)
+    assert [b.layer for b in cache.buffers] == [0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2]
     # A map that does not cover the pool's layers is refused.
     wrong = SimpleNamespace(mamba_pool=requests.mamba_pool, mamba_map={0: 0, 3: 1})
     with pytest.raises(UnsupportedPDLayoutError, match=r"names MambaPool layers \[0, 1\]"):

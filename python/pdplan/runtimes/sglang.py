@@ -239,16 +239,18 @@ def _mamba_map(pool: Any, req_to_token_pool: Any) -> Any:
     return None
 
 
-def _check_layers_once(tensors: list[tuple[int, str, Any]], states: list[int]) -> None:
-    """A model layer keeps KV or state, never both: a KV pool whose layers collide with the
-    recurrent ones is a hybrid wrapper's sub-pool, numbered 0..k-1 among its own layers."""
-    attention = {layer for layer, what, _ in tensors if what in ("kv", "mla")}
-    both = sorted(attention & set(states))
-    if both:
+def _check_wrapped(pool: Any, tensors: list[tuple[int, str, Any]]) -> None:
+    """A model keeping state keeps its KV in a ``HybridLinearKVPool``, whose table names each
+    attention layer's model layer; its ``full_kv_pool`` alone numbers them 0..k-1 among the
+    attention layers (layers a recurrent one may hold too: Falcon-H1 has both in every layer),
+    so a KV pool handed over without the wrapper, and naming no model layers, is refused."""
+    wrapped = hasattr(pool, "full_attention_layer_id_mapping")
+    named = getattr(pool, "model_layer_ids", None) is not None
+    if tensors and not wrapped and not named:
         raise UnsupportedPDLayoutError(
-            f"layers {both[:16]} hold both KV and recurrent state: the KV pool numbers its "
-            "layers among the attention layers alone, as a HybridLinearKVPool's full_kv_pool "
-            "does; pass the HybridLinearKVPool (the rank's token_to_kv_pool) itself"
+            f"{type(pool).__name__} numbers its layers 0..k-1 among the attention layers of a "
+            "model that keeps state: pass the rank's HybridLinearKVPool (its token_to_kv_pool), "
+            "whose full_attention_layer_id_mapping names each one's model layer"
         )
 
 
@@ -345,7 +347,7 @@ def buffers(
             token_plane(kind, plane, heads, layer, window)
     if mamba_pool is not None:
         layers, recurrent = _state_layers(mamba_pool, _mamba_map(pool, req_to_token_pool))
-        _check_layers_once(tensors, layers)
+        _check_wrapped(pool, tensors)
         built += state_buffers(len(built), recurrent, states, tp_size, layers)
     scales = sorted(
         (t for t in tensors if t[1] in ("k_scale_buffer", "v_scale_buffer")),
