@@ -49,15 +49,23 @@ GUARD = 64
 
 
 def numbered_by_kind(buffers: tuple[BufferLayout, ...]) -> list[BufferLayout]:
-    """The receiver's numbering: KV buffers by their offset among the KV pointers, state
-    buffers among the state pointers, each from 0, in model order."""
-    counts = {True: 0, False: 0}
-    out = []
-    for b in buffers:
-        state = b.buffer_kind == BufferKind.MAMBA_STATE
-        out.append(dataclasses.replace(b, buffer_index=counts[state]))
-        counts[state] += 1
-    return out
+    """The receiver's numbering (TokenSpeed's Mooncake receiver, ``_build_kv_buffer_layouts``):
+    a KV buffer by its offset among the KV pointers, which list every attention layer's K, then
+    every layer's V; a state buffer by its offset among the state pointers, which list every
+    recurrent layer's conv state, then every layer's SSM state. Each counts from 0."""
+    kv = [b for b in buffers if b.buffer_kind != BufferKind.MAMBA_STATE]
+    state = [b for b in buffers if b.buffer_kind == BufferKind.MAMBA_STATE]
+    attention_layers = sorted({b.layer for b in kv})
+    state_layers = sorted({b.layer for b in state})
+    index: dict[int, int] = {}
+    for position, b in enumerate(buffers):
+        if b.buffer_kind == BufferKind.MAMBA_STATE:
+            part = [s for s in state if s.layer == b.layer].index(b)  # conv 0, SSM 1
+            index[position] = part * len(state_layers) + state_layers.index(b.layer)
+        else:
+            plane = 0 if b.buffer_kind == BufferKind.TARGET_K else 1
+            index[position] = plane * len(attention_layers) + attention_layers.index(b.layer)
+    return [dataclasses.replace(b, buffer_index=index[i]) for i, b in enumerate(buffers)]
 
 
 def planner_of(ptp: int, dtp: int) -> PDTransferPlanner:
@@ -77,7 +85,8 @@ def test_the_numbering_holds_both_index_spaces() -> None:
     buffers = planner_of(2, 1).prefill_buffers
     kv = [b.buffer_index for b in buffers if b.buffer_kind != BufferKind.MAMBA_STATE]
     state = [b.buffer_index for b in buffers if b.buffer_kind == BufferKind.MAMBA_STATE]
-    assert kv == list(range(len(kv))) and state == list(range(len(state))) and state
+    # Model order: K0 V0 (layer 0), conv SSM (layer 1), K2 V2 (layer 2), conv SSM (layer 3).
+    assert kv == [0, 2, 1, 3] and state == [0, 2, 1, 3]
 
 
 @pytest.mark.parametrize(("ptp", "dtp"), PAIRS)
@@ -106,15 +115,18 @@ class Memory:
             if label is not None:
                 array[GUARD:-GUARD] = label
             self.arrays.append(array)
-        state = [b.buffer_kind == BufferKind.MAMBA_STATE for b in buffers]
-        self.pointers = {
-            space: [a.ctypes.data + GUARD for a, s in zip(self.arrays, state) if s == space]
-            for space in (False, True)
-        }
-        self.limits = {
-            space: [PAGES * b.item_stride_bytes for b, s in zip(buffers, state) if s == space]
-            for space in (False, True)
-        }
+        # Each space's pointer list in its index order, as the receiver resolves an index.
+        self.pointers: dict[bool, list[int]] = {}
+        self.limits: dict[bool, list[int]] = {}
+        for space in (False, True):
+            mine = sorted(
+                (b.buffer_index, a.ctypes.data + GUARD, PAGES * b.item_stride_bytes)
+                for b, a in zip(buffers, self.arrays)
+                if (b.buffer_kind == BufferKind.MAMBA_STATE) == space
+            )
+            assert [i for i, _, _ in mine] == list(range(len(mine)))
+            self.pointers[space] = [p for _, p, _ in mine]
+            self.limits[space] = [n for _, _, n in mine]
 
     def guards_intact(self) -> bool:
         return all((a[:GUARD] == 0x5A).all() and (a[-GUARD:] == 0x5A).all() for a in self.arrays)
