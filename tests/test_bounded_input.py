@@ -38,6 +38,17 @@ def llama(prefill_tp: int = 2, decode_tp: int = 1) -> tuple[list, list]:
     return list(prefill), list(decode)
 
 
+def llama_planner() -> PDTransferPlanner:
+    """Llama-3-8B at prefill TP 2 -> decode TP 1."""
+    prefill, decode = llama()
+    return PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 2),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+
+
 def with_index_of_its_neighbour(buffers: list) -> list:
     """V of layer 0 given K's index: K and V would land on the same bytes."""
     return [buffers[0], dataclasses.replace(buffers[1], buffer_index=buffers[0].buffer_index)]
@@ -151,16 +162,7 @@ def test_a_1_mib_peer_frame_makes_a_short_message() -> None:
         decode_layout(version, frame, max_payload_bytes=len(frame))
     assert len(str(refused.value)) < SHORT, len(str(refused.value))
     # A fragment frame the same way: a 1 MiB kind in one fragment.
-    fragments = (
-        PDTransferPlanner(
-            prefill_layout=ParallelLayout("prefill", 2),
-            decode_layout=ParallelLayout("decode", 1),
-            prefill_buffers=prefill,
-            decode_buffers=llama()[1],
-        )
-        .plan_for_decode_rank(0)
-        .fragments_by_prefill_rank[0][:1]
-    )
+    fragments = llama_planner().plan_for_decode_rank(0).fragments_by_prefill_rank[0][:1]
     version, payload = encode_transfer_fragments(fragments)
     text = payload.decode().replace('"target_k"', json.dumps("k" * (1 << 20)), 1)
     with pytest.raises(UnsupportedPDLayoutError) as refused:
@@ -179,13 +181,7 @@ def test_a_1_mib_peer_frame_makes_a_short_message() -> None:
     ids=["10**100", "2**64", "-2**70", "10**5000"],
 )
 def test_numbers_are_reported_as_given(given: int, shown: str) -> None:
-    prefill, decode = llama()
-    planner = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 2),
-        decode_layout=ParallelLayout("decode", 1),
-        prefill_buffers=prefill,
-        decode_buffers=decode,
-    )
+    planner = llama_planner()
     with pytest.raises(UnsupportedPDLayoutError) as refused:
         planner.plan_for_decode_rank(given)
     message = str(refused.value)
@@ -285,17 +281,7 @@ def test_a_peer_s_numbers_are_reported_as_written(written: str) -> None:
         assert f"`{written}`" in message, (path, message)
         assert "floating" not in message and "e+19" not in message and "e19" not in message
     # A fragment frame the same way.
-    prefill, decode = llama()
-    fragments = (
-        PDTransferPlanner(
-            prefill_layout=ParallelLayout("prefill", 2),
-            decode_layout=ParallelLayout("decode", 1),
-            prefill_buffers=prefill,
-            decode_buffers=decode,
-        )
-        .plan_for_decode_rank(0)
-        .fragments_by_prefill_rank[0][:1]
-    )
+    fragments = llama_planner().plan_for_decode_rank(0).fragments_by_prefill_rank[0][:1]
     version, payload = encode_transfer_fragments(fragments)
     spoilt = json.loads(payload)
     spoilt[0]["bytes_per_page"] = "@@@"
@@ -328,13 +314,7 @@ def test_python_side_messages_are_bounded() -> None:
         with pytest.raises(UnsupportedPDLayoutError) as refused:
             check_identity(own, peer, "prefill")
         assert len(str(refused.value)) < SHORT, len(str(refused.value))
-    prefill, decode = llama()
-    plan = PDTransferPlanner(
-        prefill_layout=ParallelLayout("prefill", 2),
-        decode_layout=ParallelLayout("decode", 1),
-        prefill_buffers=prefill,
-        decode_buffers=decode,
-    ).plan_for_decode_rank(0)
+    plan = llama_planner().plan_for_decode_rank(0)
     for given, says in ((long, "(1048576 characters)"), (10**100, str(10**100))):
         with pytest.raises(UnsupportedPDLayoutError) as refused:
             plan.required_dst_info_num_for_prefill_rank(given)  # type: ignore[arg-type]

@@ -192,6 +192,15 @@ def test_one_array_of_pointers_cannot_read_both_spaces() -> None:
         PreparedTransfer.from_layouts(planner, 0, 0, bases, bases)
 
 
+def plan_one_to_one(buffers: list[BufferLayout]) -> PDTransferPlanner:
+    return PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", 1),
+        decode_layout=ParallelLayout("decode", 1),
+        prefill_buffers=buffers,
+        decode_buffers=buffers,
+    )
+
+
 def test_a_duplicate_within_one_space_is_still_refused() -> None:
     prefill, decode = model_buffer_layouts(HYBRID, 1, 1)
     for side in (prefill, decode):
@@ -199,20 +208,12 @@ def test_a_duplicate_within_one_space_is_still_refused() -> None:
         kv = [i for i, b in enumerate(twice) if b.buffer_kind != BufferKind.MAMBA_STATE]
         twice[kv[1]] = dataclasses.replace(twice[kv[1]], buffer_index=twice[kv[0]].buffer_index)
         with pytest.raises(UnsupportedPDLayoutError, match=r"buffer_index 0 among the KV"):
-            PDTransferPlanner(
-                prefill_layout=ParallelLayout("prefill", 1),
-                decode_layout=ParallelLayout("decode", 1),
-                prefill_buffers=twice, decode_buffers=twice,
-            )  # fmt: skip
+            plan_one_to_one(twice)
         state = [i for i, b in enumerate(twice) if b.buffer_kind == BufferKind.MAMBA_STATE]
         again = numbered_by_kind(side)
         again[state[1]] = dataclasses.replace(again[state[1]], buffer_index=0)
         with pytest.raises(UnsupportedPDLayoutError, match=r"among the state"):
-            PDTransferPlanner(
-                prefill_layout=ParallelLayout("prefill", 1),
-                decode_layout=ParallelLayout("decode", 1),
-                prefill_buffers=again, decode_buffers=again,
-            )  # fmt: skip
+            plan_one_to_one(again)
 
 
 def test_layout_frames_carry_the_numbering_but_not_pointers_it_cannot_index() -> None:

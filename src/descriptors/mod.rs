@@ -341,8 +341,17 @@ pub fn build_placed_strided_in<P: Borrow<Placed>>(
         }
         job.write_strided(pages.runs(), floor, &mut out);
     }
-    // Never more rows than the flat descriptors they stand for: else those, a row each.
-    if out.len() > 1 && out.len() > coalesced_count(&jobs, pages.runs()) {
+    // Never more rows than the flat descriptors they stand for: else those, a row each. No
+    // two buffers' descriptors merge, so a row a buffer or fewer needs no count (the common
+    // case: a fragment a buffer, a run of pages each).
+    let written = jobs.iter().filter(|job| !job.src_pages.is_empty());
+    let buffers = written
+        .clone()
+        .zip(written.skip(1))
+        .filter(|(a, b)| a.buffer_index != b.buffer_index)
+        .count()
+        + 1;
+    if out.len() > buffers && out.len() > coalesced_count(&jobs, pages.runs()) {
         return Ok(Strided::one_row_each(&build_placed(
             placed, src_pages, dst_pages, true,
         )?));
