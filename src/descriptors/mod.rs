@@ -351,7 +351,11 @@ pub fn build_placed_strided_in<P: Borrow<Placed>>(
         .filter(|(a, b)| a.buffer_index != b.buffer_index)
         .count()
         + 1;
-    if out.len() > buffers && out.len() > coalesced_count(&jobs, pages.runs()) {
+    // Nor where coalescing merges nothing: a run's rows never outnumber its descriptors.
+    if out.len() > buffers
+        && Job::any_may_merge(&jobs)
+        && out.len() > coalesced_count(&jobs, pages.runs())
+    {
         return Ok(Strided::one_row_each(&build_placed(
             placed, src_pages, dst_pages, true,
         )?));
