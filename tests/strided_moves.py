@@ -99,11 +99,11 @@ class StridedNixl:
 
 
 class ConnectorReads:
-    """The connector's own engines (``pdplan.connectors._engines.NixlEngine``): the decode one
+    """The connector's own engines (``pdplan.session._engines.NixlEngine``): the decode one
     reads strided rows from the prefill one (``read_strided``), as a decode rank does."""
 
     def __init__(self) -> None:
-        from pdplan.connectors._engines import NixlEngine
+        from pdplan.session._engines import NixlEngine
 
         self.prefill, self.decode = NixlEngine("engine-prefill"), NixlEngine("engine-decode")
         self.moved = self.rows = self.blocks = 0

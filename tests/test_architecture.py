@@ -267,3 +267,75 @@ def test_no_module_runs_past_the_line_bound() -> None:
         if (lines := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, f"split these by idea (at most {MAX_LINES} lines a file): {long}"
+
+
+#: The transfer session's package, and what it may not reach: a runtime's own packages, and
+#: pdplan's modules that read one runtime's objects (its adapters). The runtimes' shared
+#: conventions (``pdplan.runtimes._conventions``, and the package that holds it) are neutral.
+SESSION = "pdplan.session"
+RUNTIME_PACKAGES = {"vllm", "sglang", "torch", "tokenspeed", "dynamo"}
+NEUTRAL_RUNTIME_MODULES = {"pdplan.runtimes", "pdplan.runtimes._conventions"}
+
+
+def external_imports(source: str) -> set[str]:
+    """The top-level packages a module's absolute imports name."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def runtime_reach(module: str, edges: dict[str, set[str]]) -> list[str]:
+    """Every runtime module ``module`` reaches through pdplan's own imports."""
+    seen, todo = set(), [module]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        todo.extend(edges.get(current, ()))
+    return sorted(
+        name
+        for name in seen
+        if name.startswith(("pdplan.connectors", "pdplan.runtimes"))
+        and name not in NEUTRAL_RUNTIME_MODULES
+    )
+
+
+def test_the_session_imports_no_runtime() -> None:
+    """The session serves every runtime: none of its modules imports a runtime's package, or
+    reaches (through any chain of pdplan's imports) a module that reads one runtime's objects."""
+    modules = python_modules()
+    edges = python_graph()
+    session = sorted(m for m in modules if m == SESSION or m.startswith(SESSION + "."))
+    assert len(session) > 10, session
+    offenders = {}
+    for module in session:
+        packages = external_imports(modules[module].read_text(encoding="utf-8"))
+        reached = runtime_reach(module, edges)
+        if packages & RUNTIME_PACKAGES or reached:
+            offenders[module] = sorted(packages & RUNTIME_PACKAGES) + reached
+    assert not offenders, offenders
+
+
+def test_the_layering_check_catches_a_runtime_import() -> None:
+    edges = {
+        "pdplan.session._a": {"pdplan.session._b"},
+        "pdplan.session._b": {"pdplan.runtimes.vllm"},
+    }
+    assert runtime_reach("pdplan.session._a", edges) == ["pdplan.runtimes.vllm"]
+    assert external_imports("import torch.cuda\nfrom vllm.config import X\n") == {"torch", "vllm"}
+
+
+def test_the_vllm_adapter_leaves_the_network_to_the_session() -> None:
+    """vLLM's adapter speaks vLLM; the side channel, its frames and the reads are the
+    session's: no adapter module opens a socket or builds a frame."""
+    modules = python_modules()
+    adapter = [m for m in modules if m.startswith("pdplan.connectors.vllm")]
+    for module in adapter:
+        source = modules[module].read_text(encoding="utf-8")
+        assert not external_imports(source) & {"zmq", "socket", "nixl", "mooncake"}, module
+        assert not re.search(r"session\._(side_channel|protocol|notices)\b", source), module

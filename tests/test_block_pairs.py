@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdplan import UnsupportedPDLayoutError
-from pdplan.connectors._block_pairs import kept_blocks, paired_blocks
+from pdplan.session._block_pairs import kept_blocks, paired_blocks
 
 NULL = 0
 

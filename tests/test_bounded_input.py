@@ -306,7 +306,7 @@ def test_a_config_s_numbers_are_reported_as_written(tmp_path: Path) -> None:
 
 
 def test_python_side_messages_are_bounded() -> None:
-    from pdplan.connectors._identity import check_identity
+    from pdplan.session._protocol import check_identity
 
     long = "y" * (1 << 20)
     peer = json.dumps({"model": long, long: 2**64}).encode()

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.connectors._engines import _paced_agent
-from pdplan.connectors._settings import Settings
+from pdplan.session._engines import _paced_agent
+from pdplan.session._settings import Settings
 
 
 class FakeNixl:

@@ -221,7 +221,7 @@ def test_calibration_refuses_what_it_cannot_measure(kwargs: dict[str, Any], refu
 def test_a_decode_rank_reads_the_form_its_model_chooses() -> None:
     from test_strided import RecordingEngine
 
-    from pdplan.connectors._reads import Reads
+    from pdplan.session._reads import Reads
 
     prepared = prepared_pair("HND")
     pages = np.arange(50)

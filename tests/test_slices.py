@@ -298,6 +298,23 @@ def test_slices_refuse_what_they_cannot_honour() -> None:
     ]:
         with pytest.raises(UnsupportedPDLayoutError, match=refusal):
             known.descriptors([0, 1], [0, 1], **kwargs)
+    # Every method that takes a slice reads its keywords alike (one reader in the binding):
+    # the same refusal from each, and a keyword no slice takes named as Python names one.
+    request = known.request([0, 1], [0, 1])
+    slots = np.arange(8, dtype=np.int64)
+    takers = [
+        lambda **k: known.descriptors([0, 1], [0, 1], **k),
+        lambda **k: known.strided_descriptors([0, 1], [0, 1], **k),
+        lambda **k: known.token_descriptors(slots, slots, **k),
+        lambda **k: known.token_strided_descriptors(slots, slots, **k),
+        lambda **k: request.descriptors(**k),
+        lambda **k: request.strided_descriptors(**k),
+    ]
+    for take in takers:
+        with pytest.raises(UnsupportedPDLayoutError, match="step 1"):
+            take(tokens=range(0, 8, 2))
+        with pytest.raises(TypeError, match="unexpected keyword argument 'layer'; a slice takes"):
+            take(layer=[0])
 
 
 def slices_through(engine: str) -> None:

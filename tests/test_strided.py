@@ -381,7 +381,7 @@ class RecordingEngine:
 def test_a_decode_rank_reads_rows_where_they_compress_and_flat_elsewhere(
     strided: bool, pages: np.ndarray, form: str
 ) -> None:
-    from pdplan.connectors._reads import Reads
+    from pdplan.session._reads import Reads
 
     shape = ModelShape(layer_kinds=(LAYER_KINDS["full"],) * 2, dtype="bfloat16", page_size=4)
     prefill, _ = model_buffer_layouts(shape, 2, 2)

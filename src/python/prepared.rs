@@ -7,7 +7,7 @@ use std::sync::Arc;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyArrayMethods};
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
-use pyo3::types::PyTuple;
+use pyo3::types::{PyDict, PyTuple};
 
 use super::convert::{
     buffers, fragments_of, frame, i64_column, optional_u64, to_u64, u64_column, Converted,
@@ -16,7 +16,7 @@ use super::objects::{descriptors_object, model_types, strided_object, FragmentFa
 use super::planner::PyPlanner;
 use super::request::PyPreparedRequest;
 use super::slice_args::{
-    detach_above, detach_above_size, flat_of, selection, slice_of, strided_of,
+    detach_above, detach_above_size, flat_of, selection, strided_of, SliceArgs,
 };
 use super::staging::{counts_object, PyStagingPlan};
 use super::{frame_limits, to_py_err};
@@ -255,26 +255,20 @@ impl PyPrepared {
     /// :param final_length: The request's length once known: windows and chunks keep their
     ///     tokens of it, and state moves in the slice ending at it. None: not known yet.
     /// :param decode_prefix: Tokens the decode side holds already: they never move.
-    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (src_pages, dst_pages, *, coalesce=true, **slice))]
     fn descriptors<'py>(
         &self,
         py: Python<'py>,
         src_pages: &Bound<'py, PyAny>,
         dst_pages: &Bound<'py, PyAny>,
-        buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
-        layers: Option<&Bound<'py, PyAny>>,
-        tokens: Option<&Bound<'py, PyAny>>,
-        final_length: Option<&Bound<'py, PyAny>>,
-        decode_prefix: Option<&Bound<'py, PyAny>>,
+        slice: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (src, dst) = (
             u64_column(src_pages, "src_pages").map_err(to_py_err)?,
             u64_column(dst_pages, "dst_pages").map_err(to_py_err)?,
         );
-        let (chosen, slice) =
-            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
+        let (chosen, slice) = SliceArgs::parse(slice)?.of(&self.inner)?;
         flat_of(py, &self.inner, (&src, &dst), (&chosen, &slice), coalesce)
     }
 
@@ -295,22 +289,16 @@ impl PyPrepared {
     /// :param final_length: The request's length once known: windows and chunks keep their
     ///     tokens of it, and state moves in the slice ending at it. None: not known yet.
     /// :param decode_prefix: Tokens the decode side holds already: they never move.
-    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (src_slots, dst_slots, *, coalesce=true, **slice))]
     fn token_descriptors<'py>(
         &self,
         py: Python<'py>,
         src_slots: &Bound<'py, PyAny>,
         dst_slots: &Bound<'py, PyAny>,
-        buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
-        layers: Option<&Bound<'py, PyAny>>,
-        tokens: Option<&Bound<'py, PyAny>>,
-        final_length: Option<&Bound<'py, PyAny>>,
-        decode_prefix: Option<&Bound<'py, PyAny>>,
+        slice: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (chosen, slice) =
-            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
+        let (chosen, slice) = SliceArgs::parse(slice)?.of(&self.inner)?;
         let made = self.direct_from_slots(py, (src_slots, dst_slots), &chosen, coalesce, &slice)?;
         descriptors_object(py, made)
     }
@@ -324,25 +312,19 @@ impl PyPrepared {
     /// :param tokens: As in ``descriptors``.
     /// :param final_length: As in ``descriptors``.
     /// :param decode_prefix: As in ``descriptors``.
-    #[pyo3(signature = (src_pages, dst_pages, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (src_pages, dst_pages, **slice))]
     fn strided_descriptors<'py>(
         &self,
         py: Python<'py>,
         src_pages: &Bound<'py, PyAny>,
         dst_pages: &Bound<'py, PyAny>,
-        buffers: Option<&Bound<'py, PyAny>>,
-        layers: Option<&Bound<'py, PyAny>>,
-        tokens: Option<&Bound<'py, PyAny>>,
-        final_length: Option<&Bound<'py, PyAny>>,
-        decode_prefix: Option<&Bound<'py, PyAny>>,
+        slice: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let (src, dst) = (
             u64_column(src_pages, "src_pages").map_err(to_py_err)?,
             u64_column(dst_pages, "dst_pages").map_err(to_py_err)?,
         );
-        let (chosen, slice) =
-            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
+        let (chosen, slice) = SliceArgs::parse(slice)?.of(&self.inner)?;
         let pages = RequestPages::new((&src[..]).into(), (&dst[..]).into());
         strided_of(py, &self.inner, &pages, (&chosen, &slice))
     }
@@ -373,21 +355,15 @@ impl PyPrepared {
     /// :param tokens: As in ``token_descriptors``.
     /// :param final_length: As in ``token_descriptors``.
     /// :param decode_prefix: As in ``token_descriptors``.
-    #[pyo3(signature = (src_slots, dst_slots, *, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (src_slots, dst_slots, **slice))]
     fn token_strided_descriptors<'py>(
         &self,
         py: Python<'py>,
         src_slots: &Bound<'py, PyAny>,
         dst_slots: &Bound<'py, PyAny>,
-        buffers: Option<&Bound<'py, PyAny>>,
-        layers: Option<&Bound<'py, PyAny>>,
-        tokens: Option<&Bound<'py, PyAny>>,
-        final_length: Option<&Bound<'py, PyAny>>,
-        decode_prefix: Option<&Bound<'py, PyAny>>,
+        slice: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (chosen, slice) =
-            self.slice_of(buffers, layers, [tokens, final_length, decode_prefix])?;
+        let (chosen, slice) = SliceArgs::parse(slice)?.of(&self.inner)?;
         let slots = (src_slots, dst_slots);
         let write = |planned: PlannedTokens<'_>| planned.write_strided();
         let made = self.build_from_slots(py, slots, &chosen, true, &slice, write)?;
@@ -601,15 +577,6 @@ impl PyPrepared {
 }
 
 impl PyPrepared {
-    fn slice_of(
-        &self,
-        buffers: Option<&Bound<'_, PyAny>>,
-        layers: Option<&Bound<'_, PyAny>>,
-        token_args: [Option<&Bound<'_, PyAny>>; 3],
-    ) -> PyResult<(Selection, TokenSlice)> {
-        slice_of(&self.inner, buffers, layers, token_args)
-    }
-
     /// A slice's direct descriptors from its slot maps. Short int64 maps are read in place
     /// with the GIL held; others are copied, then read without it.
     fn direct_from_slots<'py>(

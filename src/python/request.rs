@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
-use super::slice_args::{flat_of, slice_of, strided_of};
+use super::slice_args::{flat_of, strided_of, SliceArgs};
 use crate::descriptors::RequestPages;
 use crate::prepared::Prepared;
 
@@ -33,22 +34,13 @@ impl PyPreparedRequest {
     /// :param tokens: As there.
     /// :param final_length: As there.
     /// :param decode_prefix: As there.
-    #[pyo3(signature = (*, buffers=None, layers=None, tokens=None, final_length=None, decode_prefix=None))]
+    #[pyo3(signature = (**slice))]
     fn strided_descriptors<'py>(
         &self,
         py: Python<'py>,
-        buffers: Option<&Bound<'py, PyAny>>,
-        layers: Option<&Bound<'py, PyAny>>,
-        tokens: Option<&Bound<'py, PyAny>>,
-        final_length: Option<&Bound<'py, PyAny>>,
-        decode_prefix: Option<&Bound<'py, PyAny>>,
+        slice: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let chosen = slice_of(
-            &self.prepared,
-            buffers,
-            layers,
-            [tokens, final_length, decode_prefix],
-        )?;
+        let chosen = SliceArgs::parse(slice)?.of(&self.prepared)?;
         strided_of(py, &self.prepared, &self.pages, (&chosen.0, &chosen.1))
     }
 
@@ -60,24 +52,14 @@ impl PyPreparedRequest {
     /// :param tokens: As there.
     /// :param final_length: As there.
     /// :param decode_prefix: As there.
-    #[pyo3(signature = (*, buffers=None, coalesce=true, layers=None, tokens=None, final_length=None, decode_prefix=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (*, coalesce=true, **slice))]
     fn descriptors<'py>(
         &self,
         py: Python<'py>,
-        buffers: Option<&Bound<'py, PyAny>>,
         coalesce: bool,
-        layers: Option<&Bound<'py, PyAny>>,
-        tokens: Option<&Bound<'py, PyAny>>,
-        final_length: Option<&Bound<'py, PyAny>>,
-        decode_prefix: Option<&Bound<'py, PyAny>>,
+        slice: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let chosen = slice_of(
-            &self.prepared,
-            buffers,
-            layers,
-            [tokens, final_length, decode_prefix],
-        )?;
+        let chosen = SliceArgs::parse(slice)?.of(&self.prepared)?;
         let pages = (self.pages.src(), self.pages.dst());
         flat_of(py, &self.prepared, pages, (&chosen.0, &chosen.1), coalesce)
     }

@@ -3,10 +3,11 @@
 //! that takes one (`PreparedTransfer`'s and `PreparedRequest`'s), and the slice's flat or
 //! strided lists made with the GIL released past a size.
 
+use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::marker::Ungil;
 use pyo3::prelude::*;
-use pyo3::types::{PyRange, PyString};
+use pyo3::types::{PyDict, PyRange, PyString};
 
 use super::convert::{buffer_column, optional_u64, to_u64, u64_column, Converted};
 use super::objects::{descriptors_object, strided_object};
@@ -175,38 +176,74 @@ pub(super) fn strided_of<'py>(
     strided_object(py, made.map_err(to_py_err)?)
 }
 
-/// A request's selection (`buffers`, `layers`) and slice (`tokens`, `final_length`,
-/// `decode_prefix`), of `prepared`'s buffers.
-pub(super) fn slice_of(
-    prepared: &Prepared,
-    buffers: Option<&Bound<'_, PyAny>>,
-    layers: Option<&Bound<'_, PyAny>>,
-    [tokens, final_length, decode_prefix]: [Option<&Bound<'_, PyAny>>; 3],
-) -> PyResult<(Selection, TokenSlice)> {
-    let convert = || -> Converted<_> {
-        Ok((
-            chosen(prepared, buffers, layers)?,
-            token_slice(tokens, final_length, decode_prefix)?,
-        ))
-    };
-    convert().map_err(to_py_err)
+/// The keyword arguments that name a slice: every method that takes a slice takes them as
+/// `**slice` and reads them here, once.
+const SLICE_KEYWORDS: [&str; 5] = [
+    "buffers",
+    "layers",
+    "tokens",
+    "final_length",
+    "decode_prefix",
+];
+
+/// A slice as one call named it, read into the core's types: the buffers it selects, the model
+/// layers it narrows them to, and its tokens (`TokenSlice`).
+pub(super) struct SliceArgs {
+    buffers: Selection,
+    layers: Option<Selection>,
+    tokens: TokenSlice,
 }
 
-/// The buffers a request selects: `buffers`, narrowed to the model layers `layers` names.
-fn chosen(
-    prepared: &Prepared,
-    buffers: Option<&Bound<'_, PyAny>>,
-    layers: Option<&Bound<'_, PyAny>>,
-) -> Converted<Selection> {
-    let within = selection(buffers)?;
-    match layers.filter(|l| !l.is_none()) {
-        None => Ok(within),
-        Some(layers) => {
-            let layers = match layers.cast::<PyRange>() {
-                Ok(range) => layer_range(range)?,
-                Err(_) => Selection::indices(u64_column(layers, "layers")?),
+impl SliceArgs {
+    /// Reads a call's `**slice`; a keyword no slice takes is a `TypeError`, as Python's own.
+    pub(super) fn parse(kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        let mut given: [Option<Bound<'_, PyAny>>; 5] = Default::default();
+        for (key, value) in kwargs.into_iter().flat_map(PyDictMethods::iter) {
+            let name = key.str()?.to_cow()?.into_owned();
+            let Some(at) = SLICE_KEYWORDS.iter().position(|k| *k == name) else {
+                let shown: String = name.chars().take(64).collect();
+                return Err(PyTypeError::new_err(format!(
+                    "unexpected keyword argument '{shown}'; a slice takes {}",
+                    SLICE_KEYWORDS.join(", ")
+                )));
             };
-            prepared.select_layers(&layers, &within)
+            given[at] = Some(value);
         }
+        let [buffers, layers, tokens, final_length, decode_prefix] = given;
+        let read = || -> Converted<Self> {
+            Ok(Self {
+                buffers: selection(buffers.as_ref())?,
+                layers: layer_selection(layers.as_ref())?,
+                tokens: token_slice(
+                    tokens.as_ref(),
+                    final_length.as_ref(),
+                    decode_prefix.as_ref(),
+                )?,
+            })
+        };
+        read().map_err(to_py_err)
     }
+
+    /// The buffers of `prepared` the slice selects (`buffers` narrowed to `layers`), and its
+    /// tokens.
+    pub(super) fn of(self, prepared: &Prepared) -> PyResult<(Selection, TokenSlice)> {
+        let chosen = match self.layers {
+            None => self.buffers,
+            Some(layers) => prepared
+                .select_layers(&layers, &self.buffers)
+                .map_err(to_py_err)?,
+        };
+        Ok((chosen, self.tokens))
+    }
+}
+
+/// The model layers a slice names: None (every layer), a `range`, or a sequence of them.
+fn layer_selection(layers: Option<&Bound<'_, PyAny>>) -> Converted<Option<Selection>> {
+    let Some(layers) = layers.filter(|l| !l.is_none()) else {
+        return Ok(None);
+    };
+    Ok(Some(match layers.cast::<PyRange>() {
+        Ok(range) => layer_range(range)?,
+        Err(_) => Selection::indices(u64_column(layers, "layers")?),
+    }))
 }

@@ -231,3 +231,43 @@ def decode_params(prefilled: list[dict[str, Any]], max_tokens: int) -> list[dict
     return [{"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
              "extra_args": {"kv_transfer_params": p["kv_transfer_params"]}}
             for p in prefilled]  # fmt: skip
+
+
+def hostile_client(port: int, seed: int = 0) -> dict[str, int]:
+    """Sends a prefill instance's side channel what no peer would: a 4 KiB nested identity
+    (``json.loads``' RecursionError once ended the server thread), 10,000 frames, another
+    protocol, an unknown verb with seeded random frames, and raw TCP bytes on connections held
+    open meanwhile. Every request must be answered with a refusal; returns how many it sent by
+    the cause each must be refused with."""
+    import random
+    import socket
+
+    import zmq
+
+    rng = random.Random(seed)
+    protocol = b"pdplan-side/1"
+    requests = [
+        ([protocol, b"hello", b"[" * 4096, b"1", b"x"], "protocol"),
+        ([protocol, *[b"x"] * 10000], "protocol"),
+        ([b"GET / HTTP/1.1"], "version"),
+    ] + [([protocol, b"\x00junk", *[rng.randbytes(rng.randrange(64)) for _ in range(3)]],
+          "protocol") for _ in range(40)]  # fmt: skip
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(16)]
+    sent: dict[str, int] = {}
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.LINGER, 0)
+    client.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        for connection in held:
+            connection.sendall(rng.randbytes(1024))
+        for frames, cause in requests:
+            client.send_multipart([b"", *frames])
+            assert client.poll(10000), f"no answer to {frames[:2]}"
+            reply = client.recv_multipart()
+            assert reply[1:2] == [b"refused"] and reply[3:4] == [cause.encode()], reply
+            sent[cause] = sent.get(cause, 0) + 1
+    finally:
+        client.close()
+        for connection in held:
+            connection.close()
+    return sent

@@ -54,8 +54,8 @@ HYBRID = Config([
 
 
 def side(config: Config = HYBRID) -> Any:
-    from pdplan.connectors._settings import Settings
     from pdplan.connectors.vllm._scheduler import SchedulerSide
+    from pdplan.session._settings import Settings
 
     return SchedulerSide("engine", Settings.of(None), 1, config)
 

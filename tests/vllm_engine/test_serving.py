@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from harness import LENGTHS, MAX_TOKENS, prompts_of
+from harness import LENGTHS, MAX_TOKENS, hostile_client, prompts_of
 
 pytestmark = pytest.mark.vllm
 
@@ -27,6 +27,50 @@ def guide_command(name: str) -> str:
     found = re.search(rf"<!-- serve:{name} -->\n```bash\n(.*?)```", text, re.S)
     assert found, f"the guide has no serve:{name} block"
     return found.group(1).replace("\\\n", " ").strip()
+
+
+#: The guide's prefill side channel, block size, and the tiny model's KV bytes a token (2
+#: layers x K and V x 2 KV heads x 64 dims x 4 bytes: harness.write_model's Llama in float32).
+SIDE_CHANNEL_PORT = 5600
+BLOCK_SIZE = 32
+TOKEN_BYTES = 2 * 2 * 2 * 64 * 4
+#: The guide's decode server's TP size, and the tokens of its client prompt.
+DECODE_TP = 2
+CLIENT_PROMPT_TOKENS = 6
+
+
+def metric_values(url: str, name: str) -> dict[str, float]:
+    """Each sample of a metric on ``url``'s ``/metrics`` whose name starts ``name``, summed
+    over the engine labels and keyed by name and its other labels (``cause``)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        found = re.match(r"^([\w:]+)(?:\{(.*)\})? ([-+\w.]+)$", line)
+        if not found or not found.group(1).startswith(name):
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group(2) or ""))
+        key = found.group(1) + ("{" + f'cause="{labels["cause"]}"' + "}" if "cause" in labels
+                                else "")  # fmt: skip
+        out[key] = out.get(key, 0.0) + float(found.group(3))
+    return out
+
+
+def metrics_until(
+    url: str, expected: dict[str, float], seconds: float = 30, at_least: bool = False
+) -> dict[str, float]:
+    """The metrics named in ``expected`` once they equal it (or, ``at_least``, reach it: vLLM
+    exports a step's counts after the step), or as they stand after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        seen = {}
+        for name in expected:
+            seen.update(metric_values(url, name.split("{")[0]))
+        seen = {name: seen.get(name, 0.0) for name in expected}
+        reached = all(seen[k] >= v for k, v in expected.items()) if at_least else seen == expected
+        if reached or time.monotonic() > deadline:
+            return seen
+        time.sleep(1)
 
 
 def wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 300) -> None:
@@ -58,12 +102,15 @@ def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
 
     try:
         wait_healthy("http://127.0.0.1:8100", start("prefill"))
+        # A hostile client first: the prefill rank refuses it all and serves on.
+        refused = hostile_client(SIDE_CHANNEL_PORT)
         wait_healthy("http://127.0.0.1:8200", start("decode"))
         start("proxy")
         time.sleep(2)
         client = subprocess.run(["bash", "-c", guide_command("client")], cwd=ROOT, env=env,
                                 capture_output=True, check=True, timeout=300)  # fmt: skip
         assert json.loads(client.stdout)["choices"][0]["token_ids"]
+        lengths = [CLIENT_PROMPT_TOKENS, *LENGTHS]
         for prompt in prompts_of(LENGTHS):
             body = {"model": str(model), "prompt": prompt, "max_tokens": MAX_TOKENS,
                     "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
@@ -73,6 +120,19 @@ def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
             with urllib.request.urlopen(request, timeout=300) as response:
                 answer = json.loads(response.read())
             assert answer["choices"][0]["token_ids"] == reference[tuple(prompt)]
+        # Every request's pages, read by the decode ranks together (each its KV heads), and
+        # each request counted by each decode rank.
+        pages = sum(-(-n // BLOCK_SIZE) for n in lengths)
+        expected = {"vllm:pdplan_requests_read_total": len(lengths) * DECODE_TP,
+                    "vllm:pdplan_bytes_read_total": pages * BLOCK_SIZE * TOKEN_BYTES}  # fmt: skip
+        assert metrics_until("http://127.0.0.1:8200", expected) == expected
+        # Each hostile request was refused and counted by its cause; more are (libzmq reads a
+        # raw connection's random bytes as ZMTP 1.0 frames, which reach the server too).
+        refusals = {f'vllm:pdplan_refused_side_channel_requests_total{{cause="{cause}"}}': n
+                    for cause, n in refused.items()}  # fmt: skip
+        counted = metrics_until("http://127.0.0.1:8100", refusals, at_least=True)
+        assert all(counted[k] >= n for k, n in refusals.items()), (counted, refusals)
+        assert not metric_values("http://127.0.0.1:8200", "vllm:pdplan_failed_requests_total")
     finally:
         for process in reversed(processes):
             process.terminate()

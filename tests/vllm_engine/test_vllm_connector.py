@@ -31,7 +31,7 @@ pytestmark = pytest.mark.vllm
 
 _ports = itertools.count(5800, 20)
 #: What the connector logs when it hands blocks back to vLLM to recompute.
-RECOMPUTED = "reported for vLLM to recompute"
+RECOMPUTED = "reported for the runtime to recompute"
 
 
 def pair(model: Path, logs: Path, name: str, prefill_tp: int, decode_tp: int,

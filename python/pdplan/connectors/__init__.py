@@ -1,4 +1,4 @@
-"""pdplan inside serving engines: connectors that move a request's KV by pdplan's plans.
-
-``pdplan.connectors.vllm.PdplanConnector`` is vLLM's (``kv_connector_module_path``). The
-connector modules import their engine; this package imports nothing."""
+"""pdplan inside serving engines: each runtime's adapter over the transfer session
+(``pdplan.session``). ``pdplan.connectors.vllm.PdplanConnector`` is vLLM's
+(``kv_connector_module_path``). An adapter module imports its engine; this package imports
+nothing."""

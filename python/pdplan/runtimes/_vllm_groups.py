@@ -20,7 +20,7 @@ NULL_BLOCK = 0
 #: NixlConnector's ``_prefill_backoff`` does.
 STATE_BACKOFF = 1
 
-#: vLLM's spec classes by the kind of blocks a group keeps (``pdplan.connectors._block_pairs``'
+#: vLLM's spec classes by the kind of blocks a group keeps (``pdplan.session._block_pairs``'
 #: ``GroupKind``). MLA is full attention over a latent; a sliding-window MLA group keeps a
 #: window like any other.
 _KINDS: dict[str, Literal["attention", "window", "state"]] = {

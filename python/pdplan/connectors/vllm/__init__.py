@@ -10,7 +10,7 @@ Load it with ``kv_transfer_config={"kv_connector": "PdplanConnector",
 from __future__ import annotations
 
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.connectors._settings import Settings
+from pdplan.session._settings import Settings
 
 #: The vLLM releases the connector is tested against: ``>= low, < high``.
 SUPPORTED_VLLM = ((0, 32), (0, 33))

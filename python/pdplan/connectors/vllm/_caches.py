@@ -11,9 +11,7 @@ for the model's config (``ModelShape.from_hf_config``, ``state_specs``)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -22,38 +20,8 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._layouts import ModelShape
 from pdplan._model import BufferKind
 from pdplan.runtimes import vllm as vllm_adapter
-from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._vllm_groups import CacheGroup, cache_groups
-
-
-@dataclass(frozen=True)
-class GroupCache:
-    """One KV cache group on this rank: the group, the buffers it owns, and how its block ids
-    name cache pages (its ``block_size`` and its tensors' page)."""
-
-    group: CacheGroup
-    buffers: tuple[int, ...]
-    rules: RuntimeConventions
-
-
-@dataclass(frozen=True)
-class WorkerCache:
-    """A rank's buffers, each KV cache group's, and its identity: what must match the peer's
-    for the two to pair (the model, its dtype, the groups vLLM made)."""
-
-    cache: CacheBuffers
-    groups: tuple[GroupCache, ...]
-    identity: dict[str, Any]
-    family: str
-    """The model's architecture, as refusals name it."""
-
-    @property
-    def rules(self) -> RuntimeConventions:
-        """vLLM's planning rules (the replica rule; the blocks of the first group)."""
-        return self.groups[0].rules
-
-    def identity_bytes(self) -> bytes:
-        return json.dumps(self.identity, sort_keys=True).encode()
+from pdplan.session import GroupCache, WorkerCache
 
 
 def _attention_backend(vllm_config: Any, names: Sequence[str]) -> str | None:
@@ -186,7 +154,7 @@ def _group_caches(groups: tuple[CacheGroup, ...], cache: CacheBuffers) -> tuple[
                 f"{sorted(pages)} tokens; PdplanConnector reads one page size a group"
             )
         rules = vllm_adapter.conventions(block_size=group.block_size, kernel_block_size=kernel)
-        owned.append(GroupCache(group, mine, rules))
+        owned.append(GroupCache(mine, rules))
     every = sorted(i for g in owned for i in g.buffers)
     if every != list(range(len(cache.buffers))):
         raise UnsupportedPDLayoutError(

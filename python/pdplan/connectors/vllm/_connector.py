@@ -1,5 +1,6 @@
 """``PdplanConnector``: vLLM's connector interface mapped onto the scheduler side
-(``_scheduler``) and the worker side (``_prefill`` serves, ``_decode`` pulls)."""
+(``_scheduler``) and the worker side: the transfer session's ``PrefillRank`` serves and its
+``DecodeRank`` pulls (``pdplan.session``), over the cache ``_caches`` describes."""
 
 from __future__ import annotations
 
@@ -15,16 +16,33 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.connectors._engines import TransferEngine, make_engine
-from pdplan.connectors._settings import Settings
 from pdplan.connectors.vllm._caches import describe, regions
-from pdplan.connectors.vllm._decode import DecodeRank
 from pdplan.connectors.vllm._metadata import StepMetadata
-from pdplan.connectors.vllm._prefill import PrefillRank
 from pdplan.connectors.vllm._scheduler import SchedulerSide
+from pdplan.connectors.vllm._stats import PdplanPromMetrics, PdplanStats
 from pdplan.runtimes import vllm as vllm_adapter
+from pdplan.session import (
+    DecodeRank,
+    PrefillRank,
+    SessionStats,
+    Settings,
+    SettingsFault,
+    TransferEngine,
+    make_engine,
+)
+from pdplan.session._metrics import is_empty
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
+
+
+def _session_logs_under_vllm() -> None:
+    """The session logs to ``pdplan``; inside vLLM its lines go where vLLM's go."""
+    session, engine = logging.getLogger("pdplan"), logging.getLogger("vllm")
+    if not session.handlers and engine.handlers:
+        for handler in engine.handlers:
+            session.addHandler(handler)
+        session.setLevel(engine.getEffectiveLevel())
+        session.propagate = False
 
 
 class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
@@ -36,7 +54,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._settings = Settings.of(transfer.kv_connector_extra_config)
         device = str(getattr(transfer, "kv_buffer_device", "cpu") or "cpu")
         if device != "cpu":
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 f"PdplanConnector registers host memory; kv_buffer_device={shown(device)} is not "
                 "supported yet (use 'cpu' with the CPU backend)"
             )
@@ -49,7 +67,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._decode: DecodeRank | None = None
         self._engine: TransferEngine | None = None
         self._load_errors: set[int] = set()
+        self._stats = SessionStats()
         self._layer_of: dict[str, int | None] = {}  # model layer by vLLM layer name
+        _session_logs_under_vllm()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
                 self._engine_id, self._settings, int(parallel.tensor_parallel_size),
@@ -76,12 +96,12 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         model = self._settings.cost_model()
         if self._producer:
             port = self._settings.side_channel_port
-            self._prefill = PrefillRank(cache, rank, size, self._engine, host, port)
+            self._prefill = PrefillRank(cache, rank, size, self._engine, host, port, self._stats)
         if self._consumer:
             self._decode = DecodeRank(
                 cache, rank, size, self._engine,
                 self._settings.handshake_timeout_seconds,
-                self._settings.transfer_timeout_seconds, strided, model,
+                self._settings.transfer_timeout_seconds, strided, model, self._stats,
             )  # fmt: skip
         logger.info(
             "pdplan: rank %d of %d registered %d buffers (%s, %s%s)",
@@ -151,6 +171,22 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         results = self.get_transfer_results(finished_req_ids)
         return results.finished_sending, results.finished_recving
+
+    def get_kv_connector_stats(self) -> PdplanStats | None:
+        """The worker's counts since the last step (vLLM adds up its workers')."""
+        taken = self._stats.take()
+        return None if is_empty(taken) else PdplanStats(data=taken)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> PdplanStats:
+        return PdplanStats(data=data or {})
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: Any, metric_types: Any, labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> PdplanPromMetrics:  # fmt: skip
+        return PdplanPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         blocks, self._load_errors = self._load_errors, set()

@@ -9,23 +9,23 @@ import time
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.connectors._block_pairs import kept_blocks, paired_blocks
-from pdplan.connectors._progress import StreamTracker
-from pdplan.connectors._settings import Settings
-from pdplan.connectors._transfer_params import (
+from pdplan.connectors.vllm._metadata import StepMetadata
+from pdplan.connectors.vllm._stream_tracker import StreamTracker
+from pdplan.connectors.vllm._transfer_params import (
     REMOTE_KEYS,
-    block_groups,
+    remote_block_groups,
     remote_of,
     stream_of,
     streamed_remote_of,
 )
-from pdplan.connectors.vllm._metadata import Receive, StepMetadata, Stream
 from pdplan.runtimes._vllm_groups import (
     NULL_BLOCK,
     backoff,
     cache_groups,
     transfer_block_ids,
 )
+from pdplan.session import Receive, Settings, Stream
+from pdplan.session._block_pairs import kept_blocks, paired_blocks
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
@@ -85,7 +85,7 @@ class SchedulerSide:
                     streamed_remote_of(params)
                 else:
                     remote_of(params)
-                    block_groups(params.get("remote_block_ids"))
+                    remote_block_groups(params.get("remote_block_ids"))
             except UnsupportedPDLayoutError as error:
                 logger.error("pdplan: request %s is computed here: %s", request.request_id, error)
                 params["do_remote_prefill"] = False
@@ -118,7 +118,7 @@ class SchedulerSide:
             local = tuple(tuple(g) for g in self._transfer_ids(unhashed))
         try:
             remote = remote_of(params)
-            groups = block_groups(params.get("remote_block_ids"))
+            groups = remote_block_groups(params.get("remote_block_ids"))
             if local:
                 local = self._kept(local)
             wanted = self._pair(local, groups) if local else ()
@@ -217,7 +217,7 @@ class SchedulerSide:
         from vllm.v1.request import RequestStatus
 
         try:
-            groups = self._kept(self._transfer_ids(block_groups(block_ids, "block_ids")))
+            groups = self._kept(self._transfer_ids(remote_block_groups(block_ids, "block_ids")))
         except UnsupportedPDLayoutError as error:  # never fails the engine: nothing is sent
             logger.error("pdplan: request %s is not sent: %s", request.request_id, error)
             return False, None

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from pdplan._bounded import shown
-from pdplan._core import UnsupportedPDLayoutError
+from pdplan.session._faults import SettingsFault
 
 Addresses = npt.NDArray[np.uint64]
 #: NIXL 1.5's strided rows: ``(address, length, device, stride, count)``, N x 5.
@@ -99,7 +99,7 @@ class NixlEngine:
             try:
                 import nixl_cu12._api as api
             except ImportError:
-                raise UnsupportedPDLayoutError(
+                raise SettingsFault(
                     "engine='nixl' needs NIXL's Python package (pip install nixl), or set "
                     "kv_connector_extra_config engine='mooncake'"
                 ) from None
@@ -172,20 +172,20 @@ class MooncakeEngine:
         try:
             from mooncake.engine import TransferEngine as Mooncake
         except ImportError:
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 "engine='mooncake' needs Mooncake's transfer engine (pip install "
                 "mooncake-transfer-engine, and Debian's libibverbs1)"
             ) from None
         self._engine = Mooncake()
         if self._engine.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
-            raise UnsupportedPDLayoutError(f"Mooncake's transfer engine did not start on {host}")
+            raise SettingsFault(f"Mooncake's transfer engine did not start on {host}")
         self._host = host
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdplan-mooncake")
 
     def register(self, regions: list[tuple[int, int]]) -> None:
         for address, size in regions:
             if self._engine.register_memory(address, size) != 0:
-                raise UnsupportedPDLayoutError(f"Mooncake could not register {size} bytes")
+                raise SettingsFault(f"Mooncake could not register {size} bytes")
 
     def metadata(self) -> bytes:
         return f"{self._host}:{self._engine.get_rpc_port()}".encode()
@@ -194,7 +194,7 @@ class MooncakeEngine:
         return self._pool.submit(self._read, peer.decode(), local, remote, lengths)
 
     def read_strided(self, peer: bytes, local: Rows, remote: Rows) -> Any:
-        raise UnsupportedPDLayoutError("Mooncake's transfer engine reads flat descriptors only")
+        raise SettingsFault("Mooncake's transfer engine reads flat descriptors only")
 
     def _read(self, peer: str, local: Addresses, remote: Addresses, lengths: Addresses) -> int:
         for start in range(0, len(lengths), MOONCAKE_BATCH):
@@ -226,7 +226,7 @@ def make_engine(
         return NixlEngine(name, nixl_progress_delay_us)
     if kind == "mooncake":
         return MooncakeEngine(host)
-    raise UnsupportedPDLayoutError(
+    raise SettingsFault(
         f"kv_connector_extra_config engine={shown(kind)} is not one pdplan drives: use 'nixl' or "
         "'mooncake'"
     )

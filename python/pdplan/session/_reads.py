@@ -13,7 +13,7 @@ import numpy as np
 
 from pdplan._descriptors import StridedDescriptors, TransferDescriptors
 from pdplan._staging import CostModel
-from pdplan.connectors._engines import TransferEngine
+from pdplan.session._engines import TransferEngine
 
 
 class Reads:
@@ -23,6 +23,8 @@ class Reads:
         self.strided = strided
         self.model = model or _DEFAULT_MODEL
         self._parts: list[tuple[Any, ...]] = []
+        #: What ``start`` posted: bytes, flat descriptors, strided rows.
+        self.posted = (0, 0, 0)
 
     def add(self, source: Any, *pages: Any, **request: Any) -> None:
         """A request's (or a slice's) descriptors: of a ``PreparedTransfer`` and its pages
@@ -49,6 +51,7 @@ class Reads:
             return None
         columns = [np.concatenate(column) for column in zip(*self._parts)]
         if not self.strided:
+            self.posted = (int(columns[2].sum()), len(columns[2]), 0)
             return engine.read(peer, columns[0], columns[1], columns[2])
         local, remote = columns
         blocks = int(local[:, 4].sum())
@@ -57,7 +60,9 @@ class Reads:
         choice = self.model.choose_form_counts(counts, strided=(len(local), blocks), staging=False)
         if choice.form == "flat":
             flat = StridedDescriptors(remote, local).expand()
+            self.posted = (moved, len(flat.lengths), 0)
             return engine.read(peer, flat.dst_addrs, flat.src_addrs, flat.lengths)
+        self.posted = (moved, 0, len(local))
         return engine.read_strided(peer, local, remote)
 
 

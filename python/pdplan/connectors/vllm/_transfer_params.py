@@ -5,31 +5,18 @@ connector acts on it, and a bad one is refused naming the key."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan.limits import MAX_WORLD_SIZE
+from pdplan.session._requests import Remote, block_groups
 
 #: Keys a decode request's ``kv_transfer_params`` must carry to pull.
 REMOTE_KEYS = ("remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host",
                "remote_port")  # fmt: skip
 
-#: Longest string value read, KV cache groups and blocks a group at most.
+#: Longest string value read.
 MAX_TEXT = 256
-MAX_GROUPS = 64
-MAX_BLOCKS = 1 << 22
-
-
-@dataclass(frozen=True)
-class Remote:
-    """Where a decode request's KV is: the prefill instance and its request."""
-
-    engine_id: str
-    request_id: str
-    host: str
-    port: int
-    tp_size: int
 
 
 def _text(params: Mapping[str, Any], key: str) -> str:
@@ -91,20 +78,8 @@ def streamed_remote_of(params: Mapping[str, Any]) -> Remote:
     )
 
 
-def block_groups(block_ids: Any, key: str = "remote_block_ids") -> tuple[tuple[int, ...], ...]:
-    """Block ids per KV cache group, whether given as one list or one per group."""
-    if not isinstance(block_ids, (list, tuple)):
-        raise UnsupportedPDLayoutError(f"kv_transfer_params {key} must be a list")
-    if not block_ids:
-        return ()
-    groups = [block_ids] if not isinstance(block_ids[0], (list, tuple)) else list(block_ids)
-    if len(groups) > MAX_GROUPS:
-        raise UnsupportedPDLayoutError(f"{key} holds over {MAX_GROUPS} KV cache groups")
-    out = []
-    for group in groups:
-        if not isinstance(group, (list, tuple)) or len(group) > MAX_BLOCKS:
-            raise UnsupportedPDLayoutError(f"{key} must hold lists of at most {MAX_BLOCKS} ids")
-        if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in group):
-            raise UnsupportedPDLayoutError(f"{key} must hold non-negative integers")
-        out.append(tuple(group))
-    return tuple(out)
+def remote_block_groups(
+    block_ids: Any, key: str = "remote_block_ids"
+) -> tuple[tuple[int, ...], ...]:
+    """Block ids of ``kv_transfer_params`` per KV cache group, read strictly."""
+    return block_groups(block_ids, f"kv_transfer_params {key}")

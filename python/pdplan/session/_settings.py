@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pdplan._bounded import shown
-from pdplan._core import UnsupportedPDLayoutError
 from pdplan._staging import CostModel
+from pdplan.session._faults import SettingsFault
 
 _DEFAULTS = CostModel()
 
@@ -60,14 +60,14 @@ class Settings:
     @classmethod
     def of(cls, extra: Mapping[str, Any] | None) -> Settings:
         if extra is not None and not isinstance(extra, Mapping):
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 f"kv_connector_extra_config must be a mapping, got {type(extra).__name__}"
             )
         given = dict(extra or {})
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(given) - set(known))
         if unknown:
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 f"kv_connector_extra_config has keys PdplanConnector does not read: {unknown}; "
                 f"known: {sorted(known)}"
             )
@@ -77,28 +77,26 @@ class Settings:
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if not isinstance(value, kind) or isinstance(value, bool):
-                raise UnsupportedPDLayoutError(
+                raise SettingsFault(
                     f"kv_connector_extra_config {name}={shown(value)} must be a {kind.__name__}"
                 )
             values[name] = value
         settings = cls(**values)
         if not 0 < settings.side_channel_port < 65536:
-            raise UnsupportedPDLayoutError(
-                f"side_channel_port={settings.side_channel_port} is not a TCP port"
-            )
+            raise SettingsFault(f"side_channel_port={settings.side_channel_port} is not a TCP port")
         for name in ("kv_lease_seconds", "handshake_timeout_seconds", "transfer_timeout_seconds"):
             if not getattr(settings, name) > 0:
-                raise UnsupportedPDLayoutError(f"{name} must be positive")
+                raise SettingsFault(f"{name} must be positive")
         if settings.descriptors not in ("auto", "strided", "flat"):
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 f"descriptors={shown(settings.descriptors)} must be 'auto', 'strided' or 'flat'"
             )
         if settings.descriptors == "strided" and settings.engine == "mooncake":
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 "descriptors='strided' needs NIXL: Mooncake reads flat descriptors (use 'auto')"
             )
         if not 0 <= settings.nixl_progress_delay_us <= 1_000_000:
-            raise UnsupportedPDLayoutError(
+            raise SettingsFault(
                 f"nixl_progress_delay_us={settings.nixl_progress_delay_us} must be 0 to "
                 "1,000,000 (a second)"
             )

@@ -1,5 +1,6 @@
-"""The vLLM connector's parts that need no engine: the version gate, the settings reader and
-the identity check (the real-engine tests are tests/vllm_engine)."""
+"""The transfer session's parts that need no engine or peer: the settings reader, the identity
+check, the protocol's progress replies and the slices a stream reads; and the vLLM connector's
+version gate (vLLM's own adapter units: tests/vllm_engine/test_adapter_units.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_vllm_outside_the_tested_range_is_refused_naming_it(
 
 
 def test_settings_take_known_keys_and_refuse_others() -> None:
-    from pdplan.connectors._settings import Settings
+    from pdplan.session._settings import Settings
 
     assert Settings.of(None).engine == "nixl"
     assert Settings.of({"kv_lease_seconds": 5}).kv_lease_seconds == 5.0
@@ -40,7 +41,7 @@ def test_settings_take_known_keys_and_refuse_others() -> None:
 
 
 def test_an_identity_that_differs_is_refused_naming_the_first_field() -> None:
-    from pdplan.connectors._identity import check_identity
+    from pdplan.session._protocol import check_identity
 
     own = {"model": "m", "dtype": "float32", "num_layers": 2}
     check_identity(own, json.dumps(own).encode(), "decode")
@@ -51,30 +52,6 @@ def test_an_identity_that_differs_is_refused_naming_the_first_field() -> None:
         check_identity(own, b"x" * 5000, "prefill")
     with pytest.raises(UnsupportedPDLayoutError, match=r"not JSON"):
         check_identity(own, b"{", "prefill")
-
-
-GOOD = {"remote_engine_id": "e", "remote_request_id": "r", "remote_host": "127.0.0.1",
-        "remote_port": 5600, "tp_size": 2, "remote_block_ids": [[3, 4]]}  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "message"),
-    [
-        ("remote_port", 70000, r"remote_port must be an integer in \[1, 65535\]"),
-        ("remote_port", "5600", r"remote_port must be an integer"),
-        ("tp_size", True, r"tp_size must be an integer"),
-        ("tp_size", 10**9, r"tp_size must be an integer in \[1, "),
-        ("remote_host", "h" * 1000, r"remote_host must be a string of 1 to 256"),
-        ("remote_engine_id", None, r"remote_engine_id must be a string"),
-    ],
-)
-def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, message: str) -> None:
-    """They come from a client through a proxy: a bad value is refused naming its key."""
-    from pdplan.connectors._transfer_params import remote_of
-
-    assert remote_of(GOOD).port == 5600
-    with pytest.raises(UnsupportedPDLayoutError, match=message):
-        remote_of({**GOOD, key: value})
 
 
 @pytest.mark.parametrize(
@@ -88,7 +65,7 @@ def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, mes
     ],
 )
 def test_block_ids_must_be_lists_of_non_negative_ints(blocks: object, message: str) -> None:
-    from pdplan.connectors._transfer_params import block_groups
+    from pdplan.session._requests import block_groups
 
     assert block_groups([5, 6]) == ((5, 6),)
     assert block_groups([[5], [7, 8]]) == ((5,), (7, 8))
@@ -97,7 +74,7 @@ def test_block_ids_must_be_lists_of_non_negative_ints(blocks: object, message: s
 
 
 def test_a_peer_s_progress_reply_is_read_strictly() -> None:
-    from pdplan.connectors._progress import notices_of
+    from pdplan.session._protocol import notices_of
 
     good = {"s": ["req-1", [[3, 4]], 64, 150]}
     notice = notices_of([json.dumps(good).encode()])["s"]
@@ -124,7 +101,8 @@ def test_a_peer_s_progress_reply_is_read_strictly() -> None:
 
 
 def test_a_step_s_saved_layers_travel_with_its_progress() -> None:
-    from pdplan.connectors._progress import Progress, encode_progress, notices_of
+    from pdplan.session._progress import Progress
+    from pdplan.session._protocol import encode_progress, notices_of
 
     running = Progress("req-1", ((3, 4),), 64, 150, ahead=(128, (1, 0)))
     (back,) = notices_of([encode_progress({"s": running})]).values()
@@ -142,7 +120,7 @@ def test_layer_slices_read_each_layer_s_tokens_once_and_only_once_final(
     one by one while it runs, every notice seen or missed at random, some seen twice, the
     decode side's buffers knowing every layer or none: the slices read every (layer, token)
     of the prompt exactly once, none before that layer's forward pass made it final."""
-    from pdplan.connectors._progress import Progress, next_slices
+    from pdplan.session._progress import Progress, next_slices
 
     layers = tuple(range(num_layers))
     known = layers if data.draw(st.booleans(), label="layers known") else None
@@ -178,51 +156,3 @@ def test_layer_slices_read_each_layer_s_tokens_once_and_only_once_final(
         if seen_last is not None and data.draw(st.booleans(), label="stale again"):
             see(seen_last)
     assert reads == [[1] * length for _ in layers]
-
-
-def test_a_streaming_prefill_request_s_progress_follows_its_chunks() -> None:
-    """The scheduler side's progress: blocks as vLLM hands them out chunk by chunk (new
-    requests' whole lists, cached requests' additions), final tokens after each step."""
-    from pdplan.connectors._progress import StreamTracker
-
-    side = StreamTracker()
-    side.add("r", "s", ([7, 8],), 150)
-    first = types.SimpleNamespace(
-        num_scheduled_tokens={"r": 64},
-        scheduled_new_reqs=[types.SimpleNamespace(req_id="r", block_ids=([7, 8],),
-                                                  num_computed_tokens=0)],
-        scheduled_cached_reqs=None,
-    )  # fmt: skip
-    progress = side.step(first)["s"]
-    assert (progress.request_id, progress.blocks, progress.final_tokens) == ("r", ((7, 8),), 64)
-    assert progress.final_length == 150
-    cached = types.SimpleNamespace(
-        req_ids=["r"], resumed_req_ids=set(), new_block_ids=[([9, 10, 11],)],
-        num_computed_tokens=[128],
-    )  # fmt: skip
-    last = types.SimpleNamespace(
-        num_scheduled_tokens={"r": 64}, scheduled_new_reqs=[], scheduled_cached_reqs=cached
-    )
-    progress = side.step(last)["s"]
-    # Capped at the prompt: the step's 64 tokens past 128 end at 150.
-    assert (progress.blocks, progress.final_tokens) == (((7, 8, 9, 10, 11),), 150)
-    # A request not scheduled this step makes no progress.
-    idle = types.SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
-                                 scheduled_cached_reqs=None)  # fmt: skip
-    assert side.step(idle) == {}
-    assert side.drop("r") and not side.drop("r")
-
-
-def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
-    from pdplan.connectors._transfer_params import stream_of, streamed_remote_of
-
-    params = {"stream_id": "s-1", "remote_engine_id": "e", "remote_host": "h",
-              "remote_port": 5600, "tp_size": 2}  # fmt: skip
-    assert stream_of(params) == "s-1" and stream_of({}) is None
-    assert streamed_remote_of(params).request_id == "s-1"
-    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be a string"):
-        stream_of({"stream_id": ""})
-    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be one line"):
-        stream_of({"stream_id": "a\nb"})
-    with pytest.raises(UnsupportedPDLayoutError, match="remote_port"):
-        streamed_remote_of({**params, "remote_port": 0})

@@ -1,6 +1,6 @@
-"""A prefill rank's side of the connector: its side-channel server (the handshake and the
-decode side's "done"), and the requests whose blocks it holds until every decode rank that
-reads or must notify it is done, or their lease runs out."""
+"""A prefill rank's side of the session: its side-channel server (the handshake, the decode
+side's "done", streams' progress), and the requests whose blocks it holds until every decode
+rank that reads or must notify it is done, or their lease runs out."""
 
 from __future__ import annotations
 
@@ -10,23 +10,31 @@ import time
 from collections import OrderedDict
 from dataclasses import replace
 
-from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import decode_layout, encode_layout
 from pdplan._model import ParallelLayout
-from pdplan.connectors._engines import TransferEngine
-from pdplan.connectors._identity import check_identity
-from pdplan.connectors._progress import Progress, encode_progress
-from pdplan.connectors._side_channel import SideChannelServer
-from pdplan.connectors.vllm._caches import WorkerCache
 from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
+from pdplan.session._cache import WorkerCache
+from pdplan.session._engines import TransferEngine
+from pdplan.session._faults import ProtocolFault
+from pdplan.session._metrics import SessionStats
+from pdplan.session._progress import Progress
+from pdplan.session._protocol import (
+    DONE,
+    HELLO,
+    PROGRESS,
+    check_identity,
+    done_lines,
+    encode_progress,
+    hello_fields,
+    progress_names,
+)
+from pdplan.session._side_channel import SideChannelServer
 
-logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
+logger = logging.getLogger("pdplan.session")
 
 #: "done" messages kept for requests this rank has not heard of yet (they can arrive before
 #: the scheduler's lease): the oldest are dropped past this.
 MAX_EARLY_NOTICES = 65536
-#: Requests one "done" message may name (the decode side sends at most this many).
-MAX_NOTICES_A_MESSAGE = 1024
 #: Streams whose progress a rank keeps (the oldest are dropped past this).
 MAX_STREAMS = 4096
 
@@ -42,6 +50,7 @@ class PrefillRank:
         engine: TransferEngine,
         host: str,
         port: int,
+        stats: SessionStats | None = None,
     ) -> None:
         self._cache = cache
         self._tp_rank = tp_rank
@@ -60,32 +69,33 @@ class PrefillRank:
         self._expected: dict[str, Progress] = {}
         self._saved: set[int] = set()  # model layers the running step has written
         self._progress: OrderedDict[str, Progress] = OrderedDict()
-        self._server = SideChannelServer(host, port + tp_rank, self._answer)
+        self.stats = stats or SessionStats()
+        self._server = SideChannelServer(host, port + tp_rank, self._answer, self.stats.refused)
 
-    def _answer(self, frames: list[bytes]) -> list[bytes]:
-        if frames[:1] == [b"hello"] and len(frames) == 4:
-            return self._hello(frames[1], frames[2], frames[3])
-        if frames[:1] == [b"done"] and len(frames) == 2:
-            self._done(frames[1])
+    @property
+    def serving(self) -> bool:
+        """Whether the side channel still answers."""
+        return self._server.serving
+
+    def _answer(self, verb: bytes, frames: list[bytes]) -> list[bytes]:
+        if verb == HELLO:
+            return self._hello(*hello_fields(frames))
+        if verb == DONE:
+            self._done(done_lines(frames))
             return []
-        if frames[:1] == [b"progress"] and len(frames) == 2:
-            return self._streams(frames[1])
-        raise UnsupportedPDLayoutError("expected a hello, a done or a progress request")
+        if verb == PROGRESS:
+            return self._streams(progress_names(frames))
+        raise ProtocolFault("expected a hello, a done or a progress request")
 
-    def _streams(self, payload: bytes) -> list[bytes]:
+    def _streams(self, names: list[str]) -> list[bytes]:
         """Streams' progress on this rank, for stream ids a line each: one JSON object by
         stream id of ``[request id, blocks per group, final tokens, length]``, naming only
         the streams this rank has run or runs; one whose step runs, and some of whose layers
         that step has saved, adds ``[tokens once the step is done, those layers]``."""
-        names = payload.split(b"\n")
-        if len(names) > MAX_NOTICES_A_MESSAGE:
-            raise UnsupportedPDLayoutError(
-                f"a progress request names {len(names)} streams, more than {MAX_NOTICES_A_MESSAGE}"
-            )
         known = {}
         with self._lock:
             saved = tuple(sorted(self._saved))
-            for stream_id in (n.decode(errors="replace")[:256] for n in names):
+            for stream_id in names:
                 done = self._progress.get(stream_id)
                 running = self._expected.get(stream_id) if saved else None
                 if running is not None:
@@ -124,6 +134,7 @@ class PrefillRank:
             self._saved = set()
 
     def _hello(self, identity: bytes, version: bytes, payload: bytes) -> list[bytes]:
+        """Checks a decode rank's identity and layout, and answers with this rank's."""
         check_identity(self._cache.identity, identity, "decode")
         peer = decode_layout(version, payload, max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
         planner = self._cache.rules.planner(
@@ -139,24 +150,9 @@ class PrefillRank:
             planner.fingerprint.encode(),
         ]
 
-    def _done(self, payload: bytes) -> None:
-        """A decode rank's "done" for requests, a line each: ``request_id<TAB>count`` (how
-        many decode ranks this rank waits for)."""
-        lines = payload.split(b"\n")
-        if len(lines) > MAX_NOTICES_A_MESSAGE:
-            raise UnsupportedPDLayoutError(
-                f"a done message names {len(lines)} requests, more than {MAX_NOTICES_A_MESSAGE}"
-            )
-        heard = []
-        for line in lines:
-            name, tab, expected = line.partition(b"\t")
-            try:
-                count = int(expected[:16]) if tab else -1
-            except ValueError:
-                count = -1
-            if count < 0:
-                raise UnsupportedPDLayoutError("a done line is not request_id<TAB>count")
-            heard.append((name.decode(errors="replace")[:256], count))
+    def _done(self, heard: list[tuple[str, int]]) -> None:
+        """A decode rank's "done" for requests, with how many decode ranks this rank waits
+        for each."""
         with self._lock:
             for request_id, count in heard:
                 seen = self._notices.setdefault(request_id, [0, count])
@@ -185,6 +181,7 @@ class PrefillRank:
                         "blocks are freed",
                         request_id,
                     )
+                    self.stats.expired()
                     done.add(request_id)
             for request_id in done:
                 del self._leases[request_id]

@@ -1,0 +1,262 @@
+"""A decode rank's side of the session: per request the runtime's block ids turned into
+descriptors by the planner both sides built (``PreparedTransfer.from_layouts``) and read
+through the engine; then every prefill rank that holds the request's blocks hears "done", off
+the step's path. Nothing here waits on the network: a request waits (up to its transfer
+timeout) while its peer connects in the background, the others go on. A prefill rank that does
+not answer is read around where another holds its bytes; what no rank can give is reported as
+blocks the runtime must recompute, never decoded from stale memory."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pdplan._model import ParallelLayout
+from pdplan._staging import CostModel
+from pdplan.session._cache import WorkerCache
+from pdplan.session._engines import TransferEngine
+from pdplan.session._faults import (
+    LayoutRefused,
+    PeerGone,
+    SettingsFault,
+    TransferFailed,
+    cause_of,
+)
+from pdplan.session._metrics import SessionStats
+from pdplan.session._notices import DoneNotices
+from pdplan.session._peers import Peer, Peers
+from pdplan.session._reads import Reads
+from pdplan.session._requests import Receive
+from pdplan.session._streams import Following, Streams
+
+logger = logging.getLogger("pdplan.session")
+
+
+@dataclass
+class Pull:
+    """One step's reads in flight, and the requests they serve (each with its peer)."""
+
+    requests: list[tuple[Receive, Peer]]
+    handles: list[Any]
+    deadline: float
+    started: float
+
+
+class DecodeRank:
+    """Pulls requests' KV into this rank's cache."""
+
+    def __init__(
+        self, cache: WorkerCache, tp_rank: int, tp_size: int, engine: TransferEngine,
+        handshake_timeout: float, transfer_timeout: float, strided: bool = False,
+        model: CostModel | None = None, stats: SessionStats | None = None,
+    ) -> None:  # fmt: skip
+        self._cache = cache
+        self._engine = engine
+        self._form = (strided, model)  # strided rows where the cost model weighs them less
+        self._transfer_timeout = transfer_timeout
+        self.stats = stats or SessionStats()
+        self._peers = Peers(cache, ParallelLayout("decode", tp_size), tp_rank, handshake_timeout)
+        self._notices = DoneNotices(handshake_timeout, lambda m: logger.warning("pdplan: %s", m))
+        self._streams = Streams(cache, engine, self._peers, transfer_timeout, self._form,
+                                self._posted)  # fmt: skip
+        self._waiting: list[tuple[Receive, float]] = []  # for their peer, until a deadline
+        self._pulls: list[Pull] = []
+        self._load_errors: set[int] = set()
+        self._finished: set[str] = set()
+        self._failed: set[str] = set()
+        self._released: set[str] = set()
+
+    # -- per request --------------------------------------------------------------------
+
+    def start(self, receives: list[Receive]) -> None:
+        """Takes a step's requests: each starts once its peer is connected (``poll``)."""
+        deadline = time.monotonic() + self._transfer_timeout
+        for receive in receives:
+            if receive.remote is None:
+                self._fail(receive, SettingsFault(receive.refused))
+            else:
+                self._waiting.append((receive, deadline))
+        self._start_ready()
+
+    def _start_ready(self) -> None:
+        """Starts the reads of every waiting request whose peer is connected: one engine read
+        a source rank for all of them (each read's fixed cost paid once a step, not once a
+        request)."""
+        batch: list[tuple[Receive, Peer]] = []
+        parts: dict[tuple[str, int], tuple[Peer, Reads]] = {}
+        waiting, self._waiting = self._waiting, []
+        now = time.monotonic()
+        for receive, deadline in waiting:
+            assert receive.remote is not None  # only requests with a remote wait
+            try:
+                peer = self._peers.connected(receive.remote)
+                if peer is None:
+                    if now > deadline:
+                        raise PeerGone("the prefill instance did not finish its handshake within "
+                                       f"{self._transfer_timeout} s")  # fmt: skip
+                    self._waiting.append((receive, deadline))
+                    continue
+                if peer.lost:
+                    self._fail(
+                        receive,
+                        PeerGone(
+                            f"prefill ranks {sorted(peer.gone)} are gone "
+                            "and hold bytes no other rank holds"
+                        ),
+                    )
+                    self._notices.add(peer, receive.remote.request_id)
+                    continue
+                if receive.stream is not None:
+                    self._streams.follow(receive, peer)
+                    continue
+                if not receive.local_blocks:  # nothing to read: the prefill side may free it
+                    self._done(receive)
+                    self._notices.add(peer, receive.remote.request_id)
+                    continue
+                pages = self._pages(receive)
+                reads = [(rank, self._descriptors(peer, rank, pages)) for rank in peer.sources]
+            except Exception as error:  # a request's fault fails the request, never the engine
+                self._fail(receive, error)
+                continue
+            batch.append((receive, peer))
+            for rank, read in reads:
+                key = (receive.remote.engine_id, rank)
+                parts.setdefault(key, (peer, Reads(*self._form)))[1].extend(read)
+        self._notices.flush()
+        if not batch:
+            return
+        handles = []
+        for (_, rank), (peer, gathered) in parts.items():
+            if gathered:
+                handles.append(gathered.start(self._engine, peer.ranks[rank].engine))
+                self._posted(gathered)
+        self._pulls.append(Pull(batch, handles, now + self._transfer_timeout, now))
+
+    def _posted(self, reads: Reads) -> None:
+        self.stats.posted(*reads.posted)
+
+    def _pages(self, receive: Receive) -> list[tuple[Any, Any, tuple[int, ...]]]:
+        """Per KV cache group, the request's pages on the prefill side and here (each group's
+        blocks span its own pages), and the group's buffers: the same for every source rank,
+        computed once."""
+        if len(receive.remote_blocks) != len(self._cache.groups):
+            raise LayoutRefused(
+                f"request {receive.request_id}: the prefill side sent blocks of "
+                f"{len(receive.remote_blocks)} KV cache groups for {len(self._cache.groups)} here"
+            )
+        pages = []
+        for number, (local, remote, group) in enumerate(
+            zip(receive.local_blocks, receive.remote_blocks, self._cache.groups)
+        ):
+            if len(remote) != len(local):
+                raise LayoutRefused(
+                    f"request {receive.request_id}: the prefill side holds {len(remote)} "
+                    f"blocks of group {number} for {len(local)} here"
+                )
+            pages.append((group.rules.pages(remote), group.rules.pages(local), group.buffers))
+        return pages
+
+    def _descriptors(
+        self, peer: Peer, rank: int, pages: list[tuple[Any, Any, tuple[int, ...]]]
+    ) -> Reads:
+        """What this rank reads of source ``rank``, per KV cache group."""
+        own = self._cache.cache
+        prepared = peer.transfer(rank, own.base_ptrs, own.limits)
+        reads = Reads(*self._form)
+        for remote, local, buffers in pages:
+            reads.add(prepared, remote, local, buffers=buffers)
+        return reads
+
+    def _fail(self, receive: Receive, error: BaseException | str) -> None:
+        """Logs the request's fault once, with its peer, and reports its blocks for the
+        runtime to recompute."""
+        cause = error if isinstance(error, str) else cause_of(error)
+        remote = receive.remote
+        where = f" from {remote.host}:{remote.port}" if remote is not None else ""
+        blocks = {b for group in receive.local_blocks for b in group}
+        if cause == "internal" and not isinstance(error, str):
+            logger.error("pdplan: request %s%s failed in the session", receive.request_id,
+                         where, exc_info=error)  # fmt: skip
+        else:
+            logger.error("pdplan: request %s%s cannot be read (%s): %s; its %d blocks are "
+                         "reported for the runtime to recompute", receive.request_id, where, cause,
+                         error if not isinstance(error, str) else "", len(blocks))  # fmt: skip
+        self.stats.failed(cause, len(blocks))
+        if blocks:
+            self._failed.add(receive.request_id)
+        self._load_errors.update(blocks)
+        self._done(receive)
+
+    def _done(self, receive: Receive) -> None:
+        # Only a request parked waiting for its blocks is reported: one without local blocks
+        # (aborted before allocation, a full local hit) only notifies.
+        if receive.local_blocks:
+            self._finished.add(receive.request_id)
+
+    def cancel(self, request_ids: list[str]) -> None:
+        """Streamed requests that ended (aborted): their reads stop, their blocks are released
+        once those in flight land (``take_released``)."""
+        cancelled = set(request_ids)
+        self._waiting = [(r, d) for r, d in self._waiting if r.request_id not in cancelled]
+        for request_id in request_ids:
+            if not self._streams.cancel(request_id):
+                self._released.add(request_id)
+
+    def take_released(self) -> set[str]:
+        """Cancelled streamed requests whose reads have all landed."""
+        released, self._released = self._released, set()
+        return released
+
+    def _ended(self, following: Following, cause: str | None) -> None:
+        """A stream that ended: read, failed, or cancelled (its blocks released)."""
+        if cause == "cancelled":
+            self._released.add(following.receive.request_id)
+        elif cause is None and following.prefill_request is not None:
+            done = following.finished_receive()
+            self._done(done)
+            self._notices.add(following.peer, following.prefill_request)
+            return
+        else:
+            self._fail(following.receive, cause or PeerGone.cause)
+        if following.prefill_request is not None:  # its prefill ranks may free it
+            self._notices.add(following.peer, following.prefill_request)
+
+    def poll(self) -> None:
+        """Starts the requests whose peer connected, and completes those whose reads are done,
+        failed or timed out."""
+        self._start_ready()
+        if self._streams:
+            for following, cause in self._streams.advance():
+                self._ended(following, cause)
+        now = time.monotonic()
+        waiting = []
+        for pull in self._pulls:
+            states = [self._engine.state(h) for h in pull.handles]
+            pull.handles = [h for h, s in zip(pull.handles, states) if s == "PROC"]
+            failed = "ERR" in states or (pull.handles and now > pull.deadline)
+            if pull.handles and not failed:
+                waiting.append(pull)
+                continue
+            if not failed:
+                self.stats.read(len(pull.requests), now - pull.started)
+            for receive, peer in pull.requests:
+                if failed:
+                    self._fail(receive, TransferFailed("a read failed or timed out"))
+                else:
+                    self._done(receive)
+                assert receive.remote is not None
+                self._notices.add(peer, receive.remote.request_id)
+        self._pulls = waiting
+        self._notices.flush()
+
+    def take_finished(self) -> tuple[set[str], set[str], set[int]]:
+        """Requests done since the last call, those of them that failed, and their blocks."""
+        done, failed, blocks = self._finished, self._failed, self._load_errors
+        self._finished, self._failed, self._load_errors = set(), set(), set()
+        return done, failed, blocks
+
+    def close(self) -> None:
+        self._peers.close()
+        self._notices.close()

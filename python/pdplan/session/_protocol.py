@@ -1,0 +1,251 @@
+"""The side channel's protocol, defined once: its version, its verbs, the frames of each
+message and the bounds every message is read within. Both sides build and read messages only
+here; every reader treats the bytes as a peer's (bounded first, then parsed strictly), and a
+message that is not the protocol is a ``ProtocolFault``.
+
+A request is ``[PROTOCOL, verb, ...]``; a reply ``[OK, ...]`` or ``[REFUSED, reason]``.
+
+- ``hello``: ``identity, layout version, layout payload`` -> ``identity, layout version,
+  layout payload (with base addresses), engine metadata, planner fingerprint``.
+- ``done``: one line a request, ``request_id<TAB>decode ranks the prefill rank waits for``.
+- ``progress``: one stream id a line -> one JSON object (``encode_progress``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pdplan._bounded import shown
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan._exchange import decode_layout
+from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
+from pdplan.session._faults import (
+    LayoutRefused,
+    ProtocolFault,
+    VersionSkew,
+    cause_of,
+    fault_of,
+)
+from pdplan.session._progress import Progress
+from pdplan.session._requests import block_groups
+
+#: The protocol's first frame: a peer speaking another version is refused by it.
+PROTOCOL = b"pdplan-side/1"
+HELLO, DONE, PROGRESS = b"hello", b"done", b"progress"
+OK, REFUSED = b"ok", b"refused"
+
+#: Frames a message carries at most, and bytes it may take (a layout frame of a large model
+#: is well below a MiB; pdplan.limits bounds the layout itself).
+MAX_FRAMES = 8
+MAX_MESSAGE_BYTES = 4 << 20
+#: The longest refusal reason sent or read, identity, and request or stream id.
+MAX_REASON_BYTES = 4096
+MAX_IDENTITY_BYTES = 4096
+MAX_ID_CHARS = 256
+#: Requests one "done" message names at most, and streams one progress request asks for (a
+#: reply names every block of each: 64 streams of 32k blocks stay under 4 MiB).
+MAX_NOTICES_A_MESSAGE = 1024
+MAX_STREAMS_ASKED = 64
+#: Layers one progress entry names ahead at most (pdplan's bound on a model's layers).
+MAX_AHEAD_LAYERS = 4096
+
+
+# -- replies ---------------------------------------------------------------------------------
+
+
+def refusal(error: BaseException) -> list[bytes]:
+    """A reply refusing a request: its reason, bounded, and its cause (``faults``)."""
+    reason = str(error).encode(errors="replace")[:MAX_REASON_BYTES]
+    return [REFUSED, reason, cause_of(error).encode()]
+
+
+def reply_body(reply: list[bytes], where: str) -> list[bytes]:
+    """A reply's frames after ``OK``; a refusal or a reply that is not the protocol raises."""
+    if len(reply) > MAX_FRAMES + 1:
+        raise ProtocolFault(f"the peer at {where} sent {len(reply)} frames")
+    if reply[:1] == [OK]:
+        return reply[1:]
+    if reply[:1] == [REFUSED]:
+        reason = reply[1][:MAX_REASON_BYTES].decode(errors="replace") if len(reply) > 1 else ""
+        cause = reply[2][:32].decode(errors="replace") if len(reply) > 2 else ""
+        raise fault_of(cause, f"the prefill rank at {where} refused: {reason or 'no reason'}")
+    raise ProtocolFault(f"the peer at {where} does not answer in {PROTOCOL.decode()}")
+
+
+def request_body(frames: list[bytes]) -> tuple[bytes, list[bytes]]:
+    """A request's verb and its frames, or a ``ProtocolFault`` (any bytes may arrive)."""
+    if not frames or frames[0] != PROTOCOL:
+        raise VersionSkew(f"not a pdplan side-channel request (protocol {PROTOCOL.decode()})")
+    if len(frames) < 2 or len(frames) > MAX_FRAMES:
+        raise ProtocolFault(f"a side-channel request has 2 to {MAX_FRAMES} frames")
+    return frames[1], frames[2:]
+
+
+# -- hello ------------------------------------------------------------------------------------
+
+
+def identity_bytes(identity: dict[str, Any]) -> bytes:
+    return json.dumps(identity, sort_keys=True).encode()
+
+
+def check_identity(own: dict[str, Any], peer_bytes: bytes, peer_role: str) -> None:
+    """Refuses a peer whose identity differs from ``own``, naming the first differing field."""
+    if len(peer_bytes) > MAX_IDENTITY_BYTES:
+        raise ProtocolFault(f"the {peer_role} peer's identity is over 4 KiB")
+    try:
+        peer = json.loads(peer_bytes)
+    except (ValueError, RecursionError):
+        raise ProtocolFault(f"the {peer_role} peer's identity is not JSON") from None
+    if not isinstance(peer, dict):
+        raise ProtocolFault(f"the {peer_role} peer's identity is not an object")
+    for key in sorted(set(own) | set(peer)):
+        if own.get(key) != peer.get(key):
+            # Fields of our own are named as they are; one only the peer sends, bounded.
+            field = key if key in own else shown(key)
+            raise LayoutRefused(
+                f"the {peer_role} instance differs in {field}: {shown(peer.get(key))} there, "
+                f"{shown(own.get(key))} here; both instances must serve the same model the same "
+                "way"
+            )
+
+
+def hello(identity: bytes, layout_frames: Sequence[bytes]) -> list[bytes]:
+    """A decode rank's handshake request."""
+    return [HELLO, identity, *layout_frames]
+
+
+def hello_fields(body: list[bytes]) -> tuple[bytes, bytes, bytes]:
+    """A handshake request's identity, layout version and layout payload."""
+    if len(body) != 3:
+        raise ProtocolFault("a hello is identity, layout version, layout payload")
+    return body[0], body[1], body[2]
+
+
+@dataclass(frozen=True)
+class PrefillRankInfo:
+    """What one prefill rank told in its handshake."""
+
+    bases: tuple[int, ...]
+    limits: tuple[int, ...]
+    engine: bytes
+
+
+def rank_info(frames: list[bytes]) -> PrefillRankInfo:
+    """A handshake reply's addresses and engine metadata (``identity, version, payload,
+    engine, fingerprint``)."""
+    if len(frames) != 5:
+        raise ProtocolFault(f"a handshake reply has {len(frames)} frames, not 5")
+    layout = decode_layout(frames[1], frames[2], max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
+    if layout.base_ptrs is None or layout.limits is None:
+        raise ProtocolFault("the prefill rank sent no base addresses")
+    return PrefillRankInfo(tuple(layout.base_ptrs), tuple(layout.limits), frames[3])
+
+
+# -- done -------------------------------------------------------------------------------------
+
+
+def done_messages(lines: list[tuple[str, int]]) -> list[list[bytes]]:
+    """ "done" messages for ``(request id, decode ranks waited for)``, as many as the bound
+    on one message needs."""
+    text = [f"{request_id}\t{count}" for request_id, count in lines]
+    return [
+        [DONE, "\n".join(text[start : start + MAX_NOTICES_A_MESSAGE]).encode()]
+        for start in range(0, len(text), MAX_NOTICES_A_MESSAGE)
+    ]
+
+
+def done_lines(body: list[bytes]) -> list[tuple[str, int]]:
+    """A "done" message's requests and counts, read strictly."""
+    if len(body) != 1:
+        raise ProtocolFault("a done message is one frame of lines")
+    lines = body[0].split(b"\n", MAX_NOTICES_A_MESSAGE)
+    if len(lines) > MAX_NOTICES_A_MESSAGE:
+        raise ProtocolFault(f"a done message names more than {MAX_NOTICES_A_MESSAGE} requests")
+    heard = []
+    for line in lines:
+        name, tab, expected = line.partition(b"\t")
+        count = int(expected) if tab and expected.isdigit() and len(expected) <= 6 else -1
+        if count < 0:
+            raise ProtocolFault("a done line is not request_id<TAB>count")
+        heard.append((name.decode(errors="replace")[:MAX_ID_CHARS], count))
+    return heard
+
+
+# -- progress ---------------------------------------------------------------------------------
+
+
+def progress_request(stream_ids: list[str]) -> list[bytes]:
+    return [PROGRESS, "\n".join(stream_ids).encode()]
+
+
+def progress_names(body: list[bytes]) -> list[str]:
+    """The stream ids a progress request asks for."""
+    if len(body) != 1:
+        raise ProtocolFault("a progress request is one frame of stream ids")
+    names = body[0].split(b"\n", MAX_NOTICES_A_MESSAGE)
+    if len(names) > MAX_NOTICES_A_MESSAGE:
+        raise ProtocolFault(f"a progress request names over {MAX_NOTICES_A_MESSAGE} streams")
+    return [n.decode(errors="replace")[:MAX_ID_CHARS] for n in names]
+
+
+def encode_progress(known: dict[str, Progress]) -> bytes:
+    """The reply a prefill rank gives for the streams it has run."""
+    out: dict[str, list[Any]] = {}
+    for stream_id, p in known.items():
+        entry: list[Any] = [p.request_id, [list(g) for g in p.blocks], p.final_tokens]
+        entry.append(p.final_length)
+        if p.ahead is not None:
+            entry.append([p.ahead[0], list(p.ahead[1])])
+        out[stream_id] = entry
+    return json.dumps(out).encode()
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ahead_of(given: Any, final_tokens: int, final_length: int) -> tuple[int, tuple[int, ...]]:
+    """A progress entry's ``[tokens, [layers]]`` read strictly."""
+    bad = ProtocolFault(
+        "a progress entry's ahead is not [tokens, layers] with final <= tokens <= length"
+    )
+    if not isinstance(given, list) or len(given) != 2 or not isinstance(given[1], list):
+        raise bad
+    tokens, layers = given
+    if not _int(tokens) or not final_tokens <= tokens <= final_length:
+        raise bad
+    if len(layers) > MAX_AHEAD_LAYERS or any(not _int(v) or v < 0 for v in layers):
+        raise bad
+    return tokens, tuple(sorted(set(layers)))
+
+
+def notices_of(reply: list[bytes]) -> dict[str, Progress]:
+    """A progress reply read strictly (it comes from a peer): the streams the rank has run."""
+    if len(reply) != 1 or len(reply[0]) > MAX_MESSAGE_BYTES:
+        raise ProtocolFault("a progress reply is not one JSON object")
+    try:
+        given = json.loads(reply[0])
+    except (ValueError, RecursionError):
+        raise ProtocolFault("a progress reply does not parse") from None
+    if not isinstance(given, dict) or len(given) > MAX_STREAMS_ASKED:
+        raise ProtocolFault("a progress reply is not one object of streams")
+    out = {}
+    for stream_id, entry in given.items():
+        if not isinstance(entry, list) or len(entry) not in (4, 5) or not isinstance(entry[0], str):
+            raise ProtocolFault(
+                "a progress entry is not request, blocks, tokens, length (and ahead)"
+            )
+        try:
+            blocks = block_groups(entry[1], "a progress reply's blocks")
+        except UnsupportedPDLayoutError as error:
+            raise ProtocolFault(str(error)) from None
+        final_tokens, final_length = entry[2], entry[3]
+        if not (_int(final_tokens) and _int(final_length) and 0 <= final_tokens <= final_length):
+            raise ProtocolFault("a progress entry's tokens are not 0 <= final <= length")
+        ahead = _ahead_of(entry[4], final_tokens, final_length) if len(entry) == 5 else None
+        out[str(stream_id)[:MAX_ID_CHARS]] = Progress(
+            entry[0][:MAX_ID_CHARS], blocks, final_tokens, final_length, ahead
+        )
+    return out

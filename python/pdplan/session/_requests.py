@@ -1,0 +1,71 @@
+"""What a decode rank is asked to pull, as the session sees a request whatever the runtime:
+its blocks here, where the prefill side keeps the same tokens, and whether it streams. A
+runtime's adapter fills these from its own request protocol (vLLM: ``kv_transfer_params``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pdplan._core import UnsupportedPDLayoutError
+
+#: KV cache groups a request names at most, and blocks a group.
+MAX_GROUPS = 64
+MAX_BLOCKS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Remote:
+    """Where a decode request's KV is: the prefill instance and its request."""
+
+    engine_id: str
+    request_id: str
+    host: str
+    port: int
+    tp_size: int
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A decode request that streams: the stream's id, the tokens the decode side holds
+    already (its prefix hit) and the prompt's length."""
+
+    stream_id: str
+    decode_prefix: int
+    final_length: int
+
+
+@dataclass(frozen=True)
+class Receive:
+    """One decode request to pull: its local blocks (per KV cache group) and where the prefill
+    side keeps the same tokens. Empty ``local_blocks``: nothing to read, only tell the
+    prefill ranks they may free the request (an aborted request, a full local hit).
+    ``refused``: why the request's parameters cannot be read (``remote`` is then None); the
+    decode rank reports its blocks for the runtime to recompute."""
+
+    request_id: str
+    local_blocks: tuple[tuple[int, ...], ...]
+    remote_blocks: tuple[tuple[int, ...], ...]
+    remote: Remote | None
+    refused: str = ""
+    stream: Stream | None = None
+
+
+def block_groups(block_ids: Any, key: str = "remote_block_ids") -> tuple[tuple[int, ...], ...]:
+    """Block ids per KV cache group, whether given as one list or one per group, read
+    strictly (they come from a client or a peer)."""
+    if not isinstance(block_ids, (list, tuple)):
+        raise UnsupportedPDLayoutError(f"{key} must be a list")
+    if not block_ids:
+        return ()
+    groups = [block_ids] if not isinstance(block_ids[0], (list, tuple)) else list(block_ids)
+    if len(groups) > MAX_GROUPS:
+        raise UnsupportedPDLayoutError(f"{key} holds over {MAX_GROUPS} KV cache groups")
+    out = []
+    for group in groups:
+        if not isinstance(group, (list, tuple)) or len(group) > MAX_BLOCKS:
+            raise UnsupportedPDLayoutError(f"{key} must hold lists of at most {MAX_BLOCKS} ids")
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in group):
+            raise UnsupportedPDLayoutError(f"{key} must hold non-negative integers")
+        out.append(tuple(group))
+    return tuple(out)

@@ -1,0 +1,290 @@
+"""A decode rank following streams: a request whose prefill still runs is read slice by slice,
+the tokens each prefill step makes final, as the prefill ranks' progress notices say (pull with
+progress notices: the decode side's blocks are allocated when its request arrives, the prefill
+side's as its chunks are scheduled, so the decode side asks and reads). Slices are pdplan's
+(``descriptors(..., tokens=, final_length=, decode_prefix=)``): each byte once, once final.
+Progress is asked in the background, one ask at a time for every idle stream; a step only
+reads what the last answer said."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from pdplan._core import UnsupportedPDLayoutError
+from pdplan._staging import CostModel
+from pdplan.session._cache import GroupCache, WorkerCache
+from pdplan.session._engines import TransferEngine
+from pdplan.session._faults import PeerGone, ProtocolFault, TransferFailed, cause_of
+from pdplan.session._peers import Peer, Peers
+from pdplan.session._progress import Progress, Slice, next_slices
+from pdplan.session._protocol import MAX_STREAMS_ASKED, notices_of, progress_request
+from pdplan.session._reads import Reads
+from pdplan.session._requests import Receive
+
+logger = logging.getLogger("pdplan.session")
+
+#: How long a prefill rank that did not answer a progress request is not asked again.
+RETRY_QUIET_SECONDS = 5.0
+
+Endpoint = tuple[str, int]
+
+
+@dataclass
+class Following:
+    """One streamed request this rank reads: how far its reads have gone, and those in
+    flight."""
+
+    receive: Receive
+    peer: Peer
+    sources: list[int]
+    read_to: int
+    deadline: float
+    prefill_request: str | None = None
+    handles: list[Any] = field(default_factory=list)
+    #: Its request ended (aborted): no more reads; released once those in flight land.
+    cancelled: bool = False
+    #: Model layers read past ``read_to`` (their step's layers saved ahead), to which token.
+    ahead: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def stream(self) -> Any:
+        assert self.receive.stream is not None
+        return self.receive.stream
+
+    def finished_receive(self) -> Receive:
+        """The request, naming the prefill side's own request id (its "done" notice)."""
+        remote = self.receive.remote
+        assert remote is not None and self.prefill_request is not None
+        return replace(self.receive, remote=replace(remote, request_id=self.prefill_request))
+
+    def slices(self, notice: Progress, layers: tuple[int, ...] | None) -> list[Slice]:
+        """What to read of ``notice`` (``next_slices``), the marks moved as if read."""
+        slices, self.read_to, self.ahead = next_slices(self.read_to, self.ahead, notice, layers)
+        return slices
+
+    def endpoints(self) -> list[Endpoint]:
+        return [(self.peer.host, self.peer.port + rank) for rank in self.sources]
+
+
+def ask_progress(
+    asked: dict[Endpoint, list[str]], ask: Callable[[str, int, list[bytes]], list[bytes]]
+) -> tuple[dict[str, Progress], set[Endpoint]]:
+    """Each stream's progress on every source rank it reads, one request a rank for all of
+    them (in batches a reply can hold): the least of its ranks' (a token is final once every
+    rank holding its bytes has run it). A stream some rank has not run yet, or whose rank did
+    not answer, is left out. Returns the ranks that did not answer too. Runs in the
+    background."""
+    least: dict[str, Progress] = {}
+    missing: set[str] = set()
+    failed: set[Endpoint] = set()
+    for (host, port), streams in asked.items():
+        for start in range(0, len(streams), MAX_STREAMS_ASKED):
+            part = streams[start : start + MAX_STREAMS_ASKED]
+            try:
+                found = notices_of(ask(host, port, progress_request(part)))
+            except UnsupportedPDLayoutError:  # PeerGone too: only this rank's streams wait
+                failed.add((host, port))
+                missing.update(streams)
+                break
+            for stream_id in part:
+                notice = found.get(stream_id)
+                if notice is None:
+                    missing.add(stream_id)
+                elif stream_id not in least or notice.final_tokens < least[stream_id].final_tokens:
+                    least[stream_id] = notice
+    return {k: v for k, v in least.items() if k not in missing}, failed
+
+
+def slice_reads(
+    following: Following,
+    notice: Progress,
+    prepared_of: Any,
+    groups: tuple[GroupCache, ...],
+    slices: list[Slice],
+    form: tuple[bool, CostModel | None],
+) -> list[tuple[int, Reads]]:
+    """Each source rank's reads of ``slices`` of the stream, in ``form`` (strided where the
+    engine takes them, and the cost model that weighs them: ``Reads``' arguments)."""
+    stream = following.stream
+    receive = following.receive
+    if len(notice.blocks) != len(receive.local_blocks):
+        raise ProtocolFault(
+            f"request {receive.request_id}: the prefill side streams {len(notice.blocks)} KV "
+            f"cache groups for {len(receive.local_blocks)} here"
+        )
+    out = []
+    for rank in following.sources:
+        prepared = prepared_of(rank)
+        reads = Reads(*form)
+        for group, theirs, ours in zip(groups, notice.blocks, receive.local_blocks):
+            pages = group.rules.pages
+            request = prepared.request(pages(theirs), pages(ours))  # read once a step
+            for layers, start, stop in slices:
+                reads.add(
+                    request, buffers=group.buffers, layers=layers, tokens=range(start, stop),
+                    final_length=stream.final_length, decode_prefix=stream.decode_prefix,
+                )  # fmt: skip
+        out.append((rank, reads))
+    return out
+
+
+#: A stream that ended: None when it read everything, else why not (``faults`` causes;
+#: ``"cancelled"`` for a request that ended first).
+Ended = tuple[Following, str | None]
+
+
+class Streams:
+    """The streamed requests one decode rank follows."""
+
+    def __init__(
+        self, cache: WorkerCache, engine: TransferEngine, peers: Peers,
+        transfer_timeout: float, form: tuple[bool, CostModel | None],
+        on_reads: Callable[[Reads], None],
+    ) -> None:  # fmt: skip
+        self._cache = cache
+        self._engine = engine
+        self._peers = peers
+        self._transfer_timeout = transfer_timeout
+        self._form = form
+        self._on_reads = on_reads
+        self._layers = cache.layers
+        self._following: dict[str, Following] = {}
+        self._asking: Future[tuple[dict[str, Progress], set[Endpoint]]] | None = None
+        # Prefill ranks that did not answer a progress request, since when (skipped a while).
+        self._quiet: dict[Endpoint, float] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._following)
+
+    def follow(self, receive: Receive, peer: Peer) -> None:
+        """Starts following a streamed request: its reads start as its prefill's progress
+        notices come."""
+        assert receive.stream is not None
+        deadline = time.monotonic() + self._transfer_timeout
+        self._following[receive.request_id] = Following(receive, peer, peer.sources, 0, deadline)
+        logger.info("pdplan: request %s streams from %s:%d (decode prefix %d of %d tokens)",
+                    receive.request_id, peer.host, peer.port, receive.stream.decode_prefix,
+                    receive.stream.final_length)  # fmt: skip
+
+    def cancel(self, request_id: str) -> bool:
+        """Stops a stream's reads (its request ended); False when it is not followed."""
+        following = self._following.get(request_id)
+        if following is not None:
+            following.cancelled = True
+        return following is not None
+
+    def advance(self) -> list[Ended]:
+        """Reads what each stream's prefill made final since its last slice, as the last
+        progress answer says, and asks again in the background; returns the streams that
+        ended."""
+        notices = self._answered()
+        ended: list[Ended] = []
+        for request_id, following in list(self._following.items()):
+            if following.cancelled:
+                if self._landed(following):
+                    del self._following[request_id]
+                    ended.append((following, "cancelled"))
+                continue
+            try:
+                outcome = self._advance_one(following, notices.get(following.stream.stream_id))
+            except Exception as error:  # a connector fault fails the request, never the engine
+                logger.exception("pdplan: request %s failed while streaming", request_id)
+                outcome = cause_of(error)
+            if outcome != "":
+                del self._following[request_id]
+                ended.append((following, outcome))
+        self._ask()
+        return ended
+
+    def _answered(self) -> dict[str, Progress]:
+        """The last progress answer, once it is in (empty while it is asked)."""
+        asking = self._asking
+        if asking is None or not asking.done():
+            return {}
+        self._asking = None
+        try:
+            notices, failed = asking.result()
+        except Exception:  # the ask's own fault: every stream waits for the next
+            logger.exception("pdplan: a progress ask failed")
+            return {}
+        now = time.monotonic()
+        self._quiet.update(dict.fromkeys(failed, now))
+        return notices
+
+    def _ask(self) -> None:
+        """One progress ask in the background for the streams with no reads in flight."""
+        if self._asking is not None:
+            return
+        now = time.monotonic()
+        self._quiet = {k: t for k, t in self._quiet.items() if now - t < RETRY_QUIET_SECONDS}
+        asked: dict[Endpoint, list[str]] = {}
+        for following in self._following.values():
+            if following.handles or following.cancelled:
+                continue
+            endpoints = following.endpoints()
+            if any(e in self._quiet for e in endpoints):
+                continue
+            for endpoint in endpoints:
+                asked.setdefault(endpoint, []).append(following.stream.stream_id)
+        if asked:
+            self._asking = self._peers.run(ask_progress, asked, self._peers.ask)
+
+    def _landed(self, following: Following) -> bool:
+        """Whether a stream's reads in flight have all ended (landed or failed)."""
+        states = [self._engine.state(h) for h in following.handles]
+        following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
+        return not following.handles
+
+    def _advance_one(self, following: Following, notice: Progress | None) -> str | None:
+        """None when the stream read everything, a cause when it failed, "" while it goes."""
+        states = [self._engine.state(h) for h in following.handles]
+        if "ERR" in states:
+            return TransferFailed.cause
+        following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
+        final = following.stream.final_length
+        if notice is not None:  # the prefill side runs it: waiting is not stalling
+            following.deadline = time.monotonic() + self._transfer_timeout
+        over = time.monotonic() > following.deadline
+        late = PeerGone.cause if over else ""
+        if following.handles:
+            return TransferFailed.cause if over else ""
+        if following.read_to >= final:
+            return None
+        if notice is None:
+            return late
+        if notice.final_length != final:
+            raise ProtocolFault(
+                f"the prefill side streams {notice.final_length} tokens for {final} here"
+            )
+        was = following.read_to
+        slices = following.slices(notice, self._layers)
+        if not slices:
+            return late
+        following.prefill_request = notice.request_id
+        own = self._cache.cache
+        reads = slice_reads(
+            following, notice,
+            lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
+            self._cache.groups, slices, self._form,
+        )  # fmt: skip
+        for rank, read in reads:
+            if read:
+                engine = following.peer.ranks[rank].engine
+                following.handles.append(read.start(self._engine, engine))
+                self._on_reads(read)
+        request = following.receive.request_id
+        if was < following.read_to < final:
+            logger.info("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",
+                        request, was, following.read_to, final)  # fmt: skip
+        for layers, start, stop in slices:
+            if layers is not None and stop > following.read_to:
+                logger.info("pdplan: request %s: layers %s, tokens %d-%d of %d read while "
+                            "their step runs", request, list(layers), start, stop,
+                            final)  # fmt: skip
+        following.deadline = time.monotonic() + self._transfer_timeout
+        return None if not following.handles and following.read_to >= final else ""

@@ -1,0 +1,85 @@
+"""vLLM's adapter's parts that need no engine: ``kv_transfer_params`` read strictly (they come
+from a client through a proxy) and a streaming prefill request's progress from vLLM's
+scheduler output. Run by scripts/test_vllm.sh (CI), which installs vLLM."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from pdplan import UnsupportedPDLayoutError
+
+pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+GOOD = {"remote_engine_id": "e", "remote_request_id": "r", "remote_host": "127.0.0.1",
+        "remote_port": 5600, "tp_size": 2, "remote_block_ids": [[3, 4]]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("remote_port", 70000, r"remote_port must be an integer in \[1, 65535\]"),
+        ("remote_port", "5600", r"remote_port must be an integer"),
+        ("tp_size", True, r"tp_size must be an integer"),
+        ("tp_size", 10**9, r"tp_size must be an integer in \[1, "),
+        ("remote_host", "h" * 1000, r"remote_host must be a string of 1 to 256"),
+        ("remote_engine_id", None, r"remote_engine_id must be a string"),
+    ],
+)
+def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, message: str) -> None:
+    """They come from a client through a proxy: a bad value is refused naming its key."""
+    from pdplan.connectors.vllm._transfer_params import remote_of
+
+    assert remote_of(GOOD).port == 5600
+    with pytest.raises(UnsupportedPDLayoutError, match=message):
+        remote_of({**GOOD, key: value})
+
+
+def test_a_streaming_prefill_request_s_progress_follows_its_chunks() -> None:
+    """The scheduler side's progress: blocks as vLLM hands them out chunk by chunk (new
+    requests' whole lists, cached requests' additions), final tokens after each step."""
+    from pdplan.connectors.vllm._stream_tracker import StreamTracker
+
+    side = StreamTracker()
+    side.add("r", "s", ([7, 8],), 150)
+    first = types.SimpleNamespace(
+        num_scheduled_tokens={"r": 64},
+        scheduled_new_reqs=[types.SimpleNamespace(req_id="r", block_ids=([7, 8],),
+                                                  num_computed_tokens=0)],
+        scheduled_cached_reqs=None,
+    )  # fmt: skip
+    progress = side.step(first)["s"]
+    assert (progress.request_id, progress.blocks, progress.final_tokens) == ("r", ((7, 8),), 64)
+    assert progress.final_length == 150
+    cached = types.SimpleNamespace(
+        req_ids=["r"], resumed_req_ids=set(), new_block_ids=[([9, 10, 11],)],
+        num_computed_tokens=[128],
+    )  # fmt: skip
+    last = types.SimpleNamespace(
+        num_scheduled_tokens={"r": 64}, scheduled_new_reqs=[], scheduled_cached_reqs=cached
+    )
+    progress = side.step(last)["s"]
+    # Capped at the prompt: the step's 64 tokens past 128 end at 150.
+    assert (progress.blocks, progress.final_tokens) == (((7, 8, 9, 10, 11),), 150)
+    # A request not scheduled this step makes no progress.
+    idle = types.SimpleNamespace(num_scheduled_tokens={}, scheduled_new_reqs=[],
+                                 scheduled_cached_reqs=None)  # fmt: skip
+    assert side.step(idle) == {}
+    assert side.drop("r") and not side.drop("r")
+
+
+def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
+    from pdplan.connectors.vllm._transfer_params import stream_of, streamed_remote_of
+
+    params = {"stream_id": "s-1", "remote_engine_id": "e", "remote_host": "h",
+              "remote_port": 5600, "tp_size": 2}  # fmt: skip
+    assert stream_of(params) == "s-1" and stream_of({}) is None
+    assert streamed_remote_of(params).request_id == "s-1"
+    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be a string"):
+        stream_of({"stream_id": ""})
+    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be one line"):
+        stream_of({"stream_id": "a\nb"})
+    with pytest.raises(UnsupportedPDLayoutError, match="remote_port"):
+        streamed_remote_of({**params, "remote_port": 0})
