@@ -143,7 +143,7 @@ def test_a_silent_prefill_rank_is_read_around_from_its_replica() -> None:
         assert not decode[[0, 1, 2, 3, 5, 7]].any()
         counts = puller.stats.take()["counts"]
         assert counts["bytes_read"] == decode[[4, 6]].nbytes
-        assert counts["requests_read"] == 1
+        assert (counts["requests_read"], counts["transfers"], counts["reads_posted"]) == (1, 1, 1)
         deadline = time.monotonic() + 10
         while "req-1" not in ranks[1].freed():
             assert time.monotonic() < deadline, "rank 1 never heard done"
@@ -299,10 +299,14 @@ def test_faults_come_by_type_and_stay_unsupported_layout_errors(
     kinds = [PeerGone, ProtocolFault, LayoutRefused, VersionSkew]
     assert all(issubclass(kind, TransferFault) for kind in kinds)
     assert issubclass(TransferFault, UnsupportedPDLayoutError)
-    # Another model: the prefill rank refuses, and the decode side hears it as its type.
-    puller, seen = pull(port, cache_array(), "other-model", model="other")
-    assert seen["failed"] == {"other-model"}
-    assert puller.stats.take()["failures"]["requests:layout"] == 1
+    # Another model: the prefill rank refuses, and the decode side hears it as its type;
+    # every request waiting for that instance fails with it, from one handshake.
+    puller = DecodeRank(worker_cache(cache_array(), 1, model="other"), 0, 1, Loopback(), 2, 20)
+    names = {"a", "b", "c"}
+    puller.start([Receive(n, ((4,),), ((1,),), Remote("p", n, HOST, port, 1)) for n in names])
+    seen = finished(puller, names)
+    assert seen["failed"] == names and seen["blocks"] == {4}
+    assert puller.stats.take()["failures"]["requests:layout"] == 3
     puller.close()
     with pytest.raises(LayoutRefused, match="differs in model"):
         ask(HOST, port, [b"hello", identity_bytes({**IDENTITY, "model": "x"}), b"", b""], 2.0)

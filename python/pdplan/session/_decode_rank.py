@@ -42,6 +42,7 @@ class Pull:
     handles: list[Any]
     deadline: float
     started: float
+    moved_bytes: int
 
 
 class DecodeRank:
@@ -60,7 +61,7 @@ class DecodeRank:
         self._peers = Peers(cache, ParallelLayout("decode", tp_size), tp_rank, handshake_timeout)
         self._notices = DoneNotices(handshake_timeout, lambda m: logger.warning("pdplan: %s", m))
         self._streams = Streams(cache, engine, self._peers, transfer_timeout, self._form,
-                                self._posted)  # fmt: skip
+                                self.stats)  # fmt: skip
         self._waiting: list[tuple[Receive, float]] = []  # for their peer, until a deadline
         self._pulls: list[Pull] = []
         self._load_errors: set[int] = set()
@@ -128,14 +129,13 @@ class DecodeRank:
         if not batch:
             return
         handles = []
+        moved = 0
         for (_, rank), (peer, gathered) in parts.items():
             if gathered:
                 handles.append(gathered.start(self._engine, peer.ranks[rank].engine))
-                self._posted(gathered)
-        self._pulls.append(Pull(batch, handles, now + self._transfer_timeout, now))
-
-    def _posted(self, reads: Reads) -> None:
-        self.stats.posted(*reads.posted)
+                self.stats.posted(*gathered.posted[1:])
+                moved += gathered.posted[0]
+        self._pulls.append(Pull(batch, handles, now + self._transfer_timeout, now, moved))
 
     def _pages(self, receive: Receive) -> list[tuple[Any, Any, tuple[int, ...]]]:
         """Per KV cache group, the request's pages on the prefill side and here (each group's
@@ -240,7 +240,7 @@ class DecodeRank:
                 waiting.append(pull)
                 continue
             if not failed:
-                self.stats.read(len(pull.requests), now - pull.started)
+                self.stats.read(len(pull.requests), pull.moved_bytes, now - pull.started)
             for receive, peer in pull.requests:
                 if failed:
                     self._fail(receive, TransferFailed("a read failed or timed out"))

@@ -22,16 +22,16 @@ class SessionStats:
         self._failures: Counter[str] = Counter()
         self._times: list[float] = []
 
-    def posted(self, moved_bytes: int, descriptors: int, rows: int) -> None:
-        """An engine read posted: its bytes, flat descriptors and strided rows."""
+    def posted(self, descriptors: int, rows: int) -> None:
+        """An engine read posted: its flat descriptors and strided rows."""
         with self._lock:
-            self._counts.update(reads_posted=1, bytes_read=moved_bytes,
-                                descriptors_posted=descriptors, rows_posted=rows)  # fmt: skip
+            self._counts.update(reads_posted=1, descriptors_posted=descriptors, rows_posted=rows)
 
-    def read(self, requests: int, seconds: float) -> None:
-        """Reads of ``requests`` requests landed, ``seconds`` after they were posted."""
+    def read(self, requests: int, moved_bytes: int, seconds: float) -> None:
+        """A step's reads landed (of every source rank), ``seconds`` after they were posted:
+        their bytes, and the requests they completed."""
         with self._lock:
-            self._counts.update(transfers=1, requests_read=requests)
+            self._counts.update(transfers=1, requests_read=requests, bytes_read=moved_bytes)
             self._counts["transfer_microseconds"] += round(seconds * 1e6)
             if len(self._times) < MAX_TIMES_KEPT:
                 self._times.append(seconds)

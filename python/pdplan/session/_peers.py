@@ -20,20 +20,29 @@ from pdplan._model import ParallelLayout, RankTransferPlan
 from pdplan._planner import PDTransferPlanner
 from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
 from pdplan.session._cache import WorkerCache
-from pdplan.session._faults import LayoutRefused, PeerGone, VersionSkew
+from pdplan.session._faults import (
+    LayoutRefused,
+    PeerGone,
+    SettingsFault,
+    TransferFault,
+    VersionSkew,
+)
 from pdplan.session._protocol import PrefillRankInfo, check_identity, hello, rank_info
 from pdplan.session._requests import Remote
 from pdplan.session._side_channel import ask
 
 logger = logging.getLogger("pdplan.session")
 
-#: How long an instance none of whose ranks answered is taken as gone before it is asked
-#: again (each ask waits the handshake timeout).
-RETRY_SILENT_SECONDS = 30.0
+#: How long an instance whose handshake failed (none of its ranks answered, or it refused)
+#: fails its requests with that fault before it is asked again (each ask waits the handshake
+#: timeout).
+RETRY_FAILED_SECONDS = 30.0
 #: Ranks asked for a first handshake at most, when the first ones do not answer.
 MAX_FIRST_TRIES = 8
-#: Instances connected at once (each connection waits on the network, not a core).
-HANDSHAKE_THREADS = 4
+#: Instances connected at once (each connection waits on the network, not a core), and
+#: instances waiting to connect at most (their engine ids come from clients).
+HANDSHAKE_THREADS = 8
+MAX_CONNECTING = 256
 
 
 @dataclass
@@ -128,8 +137,12 @@ class Peers:
         self._frames = encode_layout(layout, cache.cache.buffers)
         self._peers: dict[str, Peer] = {}
         self._connecting: dict[str, Future[Peer]] = {}
-        self._silent: dict[str, float] = {}  # instances that did not answer, since when
+        # Instances whose handshake failed: the fault, and since when.
+        self._failed: dict[str, tuple[TransferFault, float]] = {}
         self._executor = ThreadPoolExecutor(HANDSHAKE_THREADS, "pdplan-handshake")
+        # Progress asks have a thread of their own: handshakes to dead instances never
+        # hold them up.
+        self._asks = ThreadPoolExecutor(1, "pdplan-progress")
 
     def connected(self, remote: Remote) -> Peer | None:
         """The instance's peer once connected, None while it connects; its fault when it
@@ -139,10 +152,11 @@ class Peers:
             return peer
         future = self._connecting.get(remote.engine_id)
         if future is None:
-            since = self._silent.get(remote.engine_id)
-            if since is not None and time.monotonic() - since < RETRY_SILENT_SECONDS:
-                raise PeerGone(f"the prefill instance at {remote.host}:{remote.port} did not "
-                               "answer lately")  # fmt: skip
+            failed = self._failed.get(remote.engine_id)
+            if failed is not None and time.monotonic() - failed[1] < RETRY_FAILED_SECONDS:
+                raise type(failed[0])(str(failed[0]))
+            if len(self._connecting) >= MAX_CONNECTING:
+                raise SettingsFault(f"{MAX_CONNECTING} prefill instances are connecting already")
             self._connecting[remote.engine_id] = self._executor.submit(self._connect, remote, peer)
             return None
         if not future.done():
@@ -150,9 +164,10 @@ class Peers:
         del self._connecting[remote.engine_id]
         try:
             peer = future.result()
-        except PeerGone:
-            self._silent[remote.engine_id] = time.monotonic()
-            raise
+        except Exception as error:  # every request waiting for the instance fails with it
+            fault = error if isinstance(error, TransferFault) else TransferFault(str(error))
+            self._failed[remote.engine_id] = (fault, time.monotonic())
+            raise fault from None
         self._peers[remote.engine_id] = peer
         return peer
 
@@ -190,7 +205,7 @@ class Peers:
             try:
                 peer = self._peer_of(reply, host, port, rank)
             except UnsupportedPDLayoutError as error:
-                kind = type(error) if isinstance(error, VersionSkew) else LayoutRefused
+                kind = type(error) if isinstance(error, TransferFault) else LayoutRefused
                 raise kind(
                     f"{self._cache.family}, prefill TP {remote.tp_size} -> decode TP "
                     f"{self._layout.world_size}: {error}"
@@ -222,8 +237,9 @@ class Peers:
         return peer
 
     def run(self, job: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Runs ``job`` on the executor (a network wait off the step's path)."""
-        return self._executor.submit(job, *args)
+        """Runs a progress ask on its own thread (a network wait off the step's path)."""
+        return self._asks.submit(job, *args)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._asks.shutdown(wait=False, cancel_futures=True)

@@ -1,9 +1,10 @@
 """The side channel between a decode rank and a prefill rank: a ZeroMQ request/reply over TCP.
 The prefill rank's server thread answers whatever reaches its port: a message is read a frame
-at a time within the protocol's bounds (frames past them are drained, never kept), and any
-fault while answering (malformed, hostile, or a bug) becomes a refusal, so no client can stop
-the thread. The decode rank asks with a timeout: a peer that does not answer is a ``PeerGone``,
-never a hang."""
+at a time within the protocol's bounds (frames past them are drained, never kept in Python;
+libzmq bounds each frame, ``MAXMSGSIZE``, and holds a message's frames until its last one
+arrives), and any fault while answering (malformed, hostile, or a bug) becomes a refusal, so no
+client can stop the thread. The decode rank asks with a timeout: a peer that does not answer is
+a ``PeerGone``, never a hang."""
 
 from __future__ import annotations
 
@@ -143,7 +144,8 @@ class SideChannelServer:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2)
-        self._socket.close()
+        if not self._thread.is_alive():  # a ZeroMQ socket is closed by its own thread only
+            self._socket.close()
 
 
 def ask(host: str, port: int, frames: list[bytes], timeout_seconds: float) -> list[bytes]:

@@ -20,6 +20,7 @@ from pdplan._staging import CostModel
 from pdplan.session._cache import GroupCache, WorkerCache
 from pdplan.session._engines import TransferEngine
 from pdplan.session._faults import PeerGone, ProtocolFault, TransferFailed, cause_of
+from pdplan.session._metrics import SessionStats
 from pdplan.session._peers import Peer, Peers
 from pdplan.session._progress import Progress, Slice, next_slices
 from pdplan.session._protocol import MAX_STREAMS_ASKED, notices_of, progress_request
@@ -50,6 +51,8 @@ class Following:
     cancelled: bool = False
     #: Model layers read past ``read_to`` (their step's layers saved ahead), to which token.
     ahead: dict[int, int] = field(default_factory=dict)
+    #: The reads in flight: their bytes, and when they were posted.
+    in_flight: tuple[int, float] = (0, 0.0)
 
     @property
     def stream(self) -> Any:
@@ -144,14 +147,14 @@ class Streams:
     def __init__(
         self, cache: WorkerCache, engine: TransferEngine, peers: Peers,
         transfer_timeout: float, form: tuple[bool, CostModel | None],
-        on_reads: Callable[[Reads], None],
+        stats: SessionStats,
     ) -> None:  # fmt: skip
         self._cache = cache
         self._engine = engine
         self._peers = peers
         self._transfer_timeout = transfer_timeout
         self._form = form
-        self._on_reads = on_reads
+        self._stats = stats
         self._layers = cache.layers
         self._following: dict[str, Following] = {}
         self._asking: Future[tuple[dict[str, Progress], set[Endpoint]]] | None = None
@@ -246,6 +249,11 @@ class Streams:
         if "ERR" in states:
             return TransferFailed.cause
         following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
+        if states and not following.handles:  # the reads in flight landed
+            moved, posted_at = following.in_flight
+            done = following.read_to >= following.stream.final_length
+            self._stats.read(int(done), moved, time.monotonic() - posted_at)
+            following.in_flight = (0, 0.0)
         final = following.stream.final_length
         if notice is not None:  # the prefill side runs it: waiting is not stalling
             following.deadline = time.monotonic() + self._transfer_timeout
@@ -272,11 +280,14 @@ class Streams:
             lambda rank: following.peer.transfer(rank, own.base_ptrs, own.limits),
             self._cache.groups, slices, self._form,
         )  # fmt: skip
+        moved = 0
         for rank, read in reads:
             if read:
                 engine = following.peer.ranks[rank].engine
                 following.handles.append(read.start(self._engine, engine))
-                self._on_reads(read)
+                self._stats.posted(*read.posted[1:])
+                moved += read.posted[0]
+        following.in_flight = (moved, time.monotonic())
         request = following.receive.request_id
         if was < following.read_to < final:
             logger.info("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",

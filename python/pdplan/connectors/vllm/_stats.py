@@ -17,10 +17,10 @@ from pdplan.session._metrics import add, is_empty
 
 #: Counts exported as Prometheus counters: the session's name -> what the counter says.
 COUNTERS = {
-    "transfers": "Engine reads of KV that landed (one a source rank a step).",
+    "transfers": "A step's reads of KV that landed (every source rank's), or a stream's slice.",
     "requests_read": "Requests whose KV landed, counted by each decode rank that read them.",
     "reads_posted": "Engine reads posted.",
-    "bytes_read": "Bytes of KV read from prefill ranks.",
+    "bytes_read": "Bytes of KV read from prefill ranks, counted once landed.",
     "descriptors_posted": "Flat (src, dst, length) descriptors posted to the engine.",
     "rows_posted": "Strided rows posted to the engine.",
     "leases_expired": "Requests a prefill rank freed at their lease's end, unread.",
