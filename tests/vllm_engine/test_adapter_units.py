@@ -83,3 +83,35 @@ def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
         stream_of({"stream_id": "a\nb"})
     with pytest.raises(UnsupportedPDLayoutError, match="remote_port"):
         streamed_remote_of({**params, "remote_port": 0})
+
+
+class _DeviceTensor:
+    """A tensor as ``regions`` reads it (its device, its storage's address and size): no
+    CUDA device is lent to this machine, so a device cache is described, not allocated."""
+
+    def __init__(self, kind: str, index: int | None, address: int, size: int) -> None:
+        self.device = types.SimpleNamespace(type=kind, index=index)
+        self._storage = types.SimpleNamespace(data_ptr=lambda: address, nbytes=lambda: size)
+
+    def untyped_storage(self) -> types.SimpleNamespace:
+        return self._storage
+
+
+def test_a_device_cache_registers_where_it_lives() -> None:
+    from pdplan.connectors.vllm._caches import regions
+    from pdplan.session import HOST, Memory
+
+    cuda = {
+        "model.layers.0.self_attn.attn": _DeviceTensor("cuda", 1, 0x7F00_0000, 4096),
+        # A layer viewing the same storage (KV sharing) registers it once.
+        "model.layers.1.self_attn.attn": _DeviceTensor("cuda", 1, 0x7F00_0000, 4096),
+        "model.layers.2.self_attn.attn": [_DeviceTensor("cuda", 1, 0x7F10_0000, 8192)],
+    }
+    assert regions(cuda, "cuda") == ([(0x7F00_0000, 4096), (0x7F10_0000, 8192)], Memory("VRAM", 1))
+    host = {"model.layers.0.self_attn.attn": _DeviceTensor("cpu", None, 0x1000, 64)}
+    assert regions(host, "cpu") == ([(0x1000, 64)], HOST)
+    # No staging buffers: kv_buffer_device must be the cache's own device.
+    with pytest.raises(UnsupportedPDLayoutError, match="set kv_buffer_device to 'cuda'"):
+        regions(cuda, "cpu")
+    with pytest.raises(UnsupportedPDLayoutError, match="spans devices"):
+        regions({**cuda, "x": _DeviceTensor("cuda", 0, 0x9000, 64)}, "cuda")

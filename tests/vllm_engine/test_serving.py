@@ -88,7 +88,13 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 30
 def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
     model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]]
 ) -> None:
-    env = {**os.environ, "MODEL": str(model)}
+    # The guide's own model block writes $MODEL: the same tiny model (same seed) the
+    # reference tokens come from, or they differ.
+    guide_model = logs / "guide-model" / model.name
+    env = {**os.environ, "MODEL": str(guide_model)}
+    subprocess.run(["bash", "-c", guide_command("model")], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    assert (guide_model / "config.json").is_file()
     processes: list[subprocess.Popen[bytes]] = []
     files = []
 
@@ -105,14 +111,19 @@ def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
         # A hostile client first: the prefill rank refuses it all and serves on.
         refused = hostile_client(SIDE_CHANNEL_PORT)
         wait_healthy("http://127.0.0.1:8200", start("decode"))
-        start("proxy")
-        time.sleep(2)
+        proxy = start("proxy")
+        # The proxy says where it listens (the first thing a new user looks for).
+        listening = "proxy listening on http://127.0.0.1:8000"
+        deadline = time.monotonic() + 60
+        while listening not in (logs / "serve-proxy.log").read_text(errors="replace"):
+            assert proxy.poll() is None and time.monotonic() < deadline, "the proxy never listened"
+            time.sleep(0.2)
         client = subprocess.run(["bash", "-c", guide_command("client")], cwd=ROOT, env=env,
                                 capture_output=True, check=True, timeout=300)  # fmt: skip
         assert json.loads(client.stdout)["choices"][0]["token_ids"]
         lengths = [CLIENT_PROMPT_TOKENS, *LENGTHS]
         for prompt in prompts_of(LENGTHS):
-            body = {"model": str(model), "prompt": prompt, "max_tokens": MAX_TOKENS,
+            body = {"model": str(guide_model), "prompt": prompt, "max_tokens": MAX_TOKENS,
                     "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
             request = urllib.request.Request("http://127.0.0.1:8000/v1/completions",
                                              json.dumps(body).encode(),
@@ -133,6 +144,13 @@ def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
         counted = metrics_until("http://127.0.0.1:8100", refusals, at_least=True)
         assert all(counted[k] >= n for k, n in refusals.items()), (counted, refusals)
         assert not metric_values("http://127.0.0.1:8200", "vllm:pdplan_failed_requests_total")
+        # One INFO line a request on each decode rank, naming its blocks and bytes: together
+        # the bytes /metrics counted.
+        decode_log = (logs / "serve-decode.log").read_text(errors="replace")
+        lines = re.findall(r"pdplan: request (\S+) read ([0-9]+) blocks \(([0-9]+) bytes\)",
+                           decode_log)  # fmt: skip
+        assert len(lines) == len(lengths) * DECODE_TP, lines
+        assert sum(int(moved) for *_, moved in lines) == expected["vllm:pdplan_bytes_read_total"]
     finally:
         for process in reversed(processes):
             process.terminate()

@@ -22,7 +22,7 @@ def demo() -> None:
     shape = ModelShape.preset(DEMO_MODEL)
     planner = Deployment(prefill_tp=8, decode_tp=2).planner(shape)
     print(f"pdplan {__version__} demo: {DEMO_MODEL}")
-    print_table(shape, planner, CostModel(), None)
+    print_table(shape, planner, CostModel(), None, name=DEMO_MODEL)
     tokens = 32768
     pages = tokens // shape.page_size
     print()

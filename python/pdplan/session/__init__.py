@@ -26,6 +26,7 @@ from pdplan.session._faults import (
     TransferFault,
     VersionSkew,
 )
+from pdplan.session._memory import HOST, Memory
 from pdplan.session._metrics import SessionStats
 from pdplan.session._prefill_rank import PrefillRank
 from pdplan.session._progress import Progress
@@ -33,9 +34,11 @@ from pdplan.session._requests import Receive, Remote, Stream
 from pdplan.session._settings import Settings
 
 __all__ = [
+    "HOST",
     "DecodeRank",
     "GroupCache",
     "LayoutRefused",
+    "Memory",
     "PeerGone",
     "PrefillRank",
     "Progress",

@@ -38,7 +38,7 @@ logger = logging.getLogger("pdplan.session")
 class Pull:
     """One step's reads in flight, and the requests they serve (each with its peer)."""
 
-    requests: list[tuple[Receive, Peer]]
+    requests: list[tuple[Receive, Peer, int]]  # each with the bytes read for it
     handles: list[Any]
     deadline: float
     started: float
@@ -85,10 +85,13 @@ class DecodeRank:
         """Starts the reads of every waiting request whose peer is connected: one engine read
         a source rank for all of them (each read's fixed cost paid once a step, not once a
         request)."""
-        batch: list[tuple[Receive, Peer]] = []
+        batch: list[tuple[Receive, Peer, int]] = []
         parts: dict[tuple[str, int], tuple[Peer, Reads]] = {}
         waiting, self._waiting = self._waiting, []
         now = time.monotonic()
+        for stale in self._peers.take_stale():
+            for info in stale.ranks.values():
+                self._engine.forget(info.engine)
         for receive, deadline in waiting:
             assert receive.remote is not None  # only requests with a remote wait
             try:
@@ -121,7 +124,7 @@ class DecodeRank:
             except Exception as error:  # a request's fault fails the request, never the engine
                 self._fail(receive, error)
                 continue
-            batch.append((receive, peer))
+            batch.append((receive, peer, sum(read.bytes for _, read in reads)))
             for rank, read in reads:
                 key = (receive.remote.engine_id, rank)
                 parts.setdefault(key, (peer, Reads(*self._form)))[1].extend(read)
@@ -189,6 +192,16 @@ class DecodeRank:
         self._load_errors.update(blocks)
         self._done(receive)
 
+    @staticmethod
+    def _read(receive: Receive, moved: int, seconds: float, how: str = "") -> None:
+        """The one line a request that was read logs (a failed one logs ``_fail``'s)."""
+        remote = receive.remote
+        assert remote is not None  # only requests with a remote are read
+        blocks = sum(len(group) for group in receive.local_blocks)
+        logger.info("pdplan: request %s read %d blocks (%d bytes) from %s:%d in %.1f ms%s",
+                    receive.request_id, blocks, moved, remote.host, remote.port,
+                    seconds * 1e3, f"; {how}" if how else "")  # fmt: skip
+
     def _done(self, receive: Receive) -> None:
         # Only a request parked waiting for its blocks is reported: one without local blocks
         # (aborted before allocation, a full local hit) only notifies.
@@ -215,6 +228,8 @@ class DecodeRank:
             self._released.add(following.receive.request_id)
         elif cause is None and following.prefill_request is not None:
             done = following.finished_receive()
+            self._read(following.receive, following.read_bytes,
+                       time.monotonic() - following.started, following.summary())  # fmt: skip
             self._done(done)
             self._notices.add(following.peer, following.prefill_request)
             return
@@ -241,10 +256,11 @@ class DecodeRank:
                 continue
             if not failed:
                 self.stats.read(len(pull.requests), pull.moved_bytes, now - pull.started)
-            for receive, peer in pull.requests:
+            for receive, peer, moved in pull.requests:
                 if failed:
                     self._fail(receive, TransferFailed("a read failed or timed out"))
                 else:
+                    self._read(receive, moved, now - pull.started)
                     self._done(receive)
                 assert receive.remote is not None
                 self._notices.add(peer, receive.remote.request_id)

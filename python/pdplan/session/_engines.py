@@ -1,6 +1,7 @@
 """The transfer engines a connector reads through: NIXL (UCX) and Mooncake's transfer engine,
 behind one small interface. The decode rank reads (pulls) the prefill rank's bytes; memory is
-registered once, whole tensors."""
+registered whole tensors at a time, host or device memory (``Memory``), and again after a
+runtime took it back (``deregister``, then ``register``: sleep mode, weight reloads)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy.typing as npt
 
 from pdplan._bounded import shown
 from pdplan.session._faults import SettingsFault
+from pdplan.session._memory import HOST, Memory, tagged, untagged
 
 Addresses = npt.NDArray[np.uint64]
 #: NIXL 1.5's strided rows: ``(address, length, device, stride, count)``, N x 5.
@@ -27,10 +29,17 @@ class TransferEngine(Protocol):
     """What the connector needs of an engine."""
 
     def register(self, regions: list[tuple[int, int]]) -> None:
-        """Registers host memory regions ``(address, bytes)``."""
+        """Registers the cache's memory regions ``(address, bytes)`` (all in the memory the
+        engine was made for)."""
+
+    def deregister(self) -> None:
+        """Drops every registration (a peer's reads of it fail, never read stale memory)."""
 
     def metadata(self) -> bytes:
-        """What a peer needs to reach this engine."""
+        """What a peer needs to reach this engine (its memory tagged ahead)."""
+
+    def forget(self, peer: bytes) -> None:
+        """Drops what was loaded of a peer's metadata (it registered its memory anew)."""
 
     #: Whether the engine takes strided lists (``read_strided``).
     takes_strided: bool
@@ -84,58 +93,88 @@ def _paced_agent(api: Any, name: str, delay_us: int) -> Any:
             bound.nixlAgent = original
 
 
+def _nixl_agent(name: str, progress_delay_us: int) -> Any:
+    _skip_absent_infiniband()
+    try:
+        import nixl._api as api
+    except ImportError:
+        try:
+            import nixl_cu12._api as api
+        except ImportError:
+            raise SettingsFault(
+                "engine='nixl' needs NIXL's Python package (pip install nixl), or set "
+                "kv_connector_extra_config engine='mooncake'"
+            ) from None
+    return _paced_agent(api, name, progress_delay_us)
+
+
 class NixlEngine:
-    """A NIXL agent with the UCX backend over host (DRAM) memory. Strided lists are prepared
-    per read (``prep_xfer_dlist`` of N x 5 rows on each side) and read block by block by
-    index; the prepared lists are released with the read."""
+    """A NIXL agent with the UCX backend over host (DRAM) or device (VRAM) memory, each
+    side's descriptors naming its own memory and device. Strided lists are prepared per read
+    (``prep_xfer_dlist`` of N x 5 rows on each side) and read block by block by index; the
+    prepared lists are released with the read."""
 
     takes_strided = True
 
-    def __init__(self, name: str, progress_delay_us: int = 10) -> None:
-        _skip_absent_infiniband()
-        try:
-            import nixl._api as api
-        except ImportError:
-            try:
-                import nixl_cu12._api as api
-            except ImportError:
-                raise SettingsFault(
-                    "engine='nixl' needs NIXL's Python package (pip install nixl), or set "
-                    "kv_connector_extra_config engine='mooncake'"
-                ) from None
-        self._agent = _paced_agent(api, name, progress_delay_us)
-        self._peers: dict[bytes, str] = {}
+    def __init__(self, name: str, progress_delay_us: int = 10, memory: Memory = HOST,
+                 agent: Any = None) -> None:  # fmt: skip
+        """``agent``: a NIXL agent made elsewhere (one is made by ``name`` otherwise)."""
+        if agent is None:
+            agent = _nixl_agent(name, progress_delay_us)
+        self._agent = agent
+        self.memory = memory
+        self._registered: Any = None
+        self._peers: dict[bytes, tuple[str, Memory]] = {}
         self._lock = threading.Lock()
         self._lists: dict[int, tuple[Any, Any]] = {}  # a strided read's prepared lists
 
     def register(self, regions: list[tuple[int, int]]) -> None:
-        rows = np.array([[address, size, 0] for address, size in regions], dtype=np.uint64)
-        self._agent.register_memory(rows, "DRAM")
+        device = self.memory.device
+        rows = np.array([[address, size, device] for address, size in regions], dtype=np.uint64)
+        self._registered = self._agent.register_memory(rows, self.memory.kind)
+
+    def deregister(self) -> None:
+        if self._registered is not None:
+            self._agent.deregister_memory(self._registered)
+            self._registered = None
 
     def metadata(self) -> bytes:
-        return bytes(self._agent.get_agent_metadata())
+        return tagged(self.memory, bytes(self._agent.get_agent_metadata()))
 
-    def _peer(self, metadata: bytes) -> str:
+    def _peer(self, metadata: bytes) -> tuple[str, Memory]:
         with self._lock:
             if metadata not in self._peers:
-                name = self._agent.add_remote_agent(metadata)
-                self._peers[metadata] = name.decode() if isinstance(name, bytes) else name
+                memory, own = untagged(metadata)
+                name = self._agent.add_remote_agent(own)
+                name = name.decode() if isinstance(name, bytes) else name
+                self._peers[metadata] = (name, memory)
             return self._peers[metadata]
 
+    def forget(self, peer: bytes) -> None:
+        with self._lock:
+            known = self._peers.pop(peer, None)
+            if known is not None:
+                self._agent.remove_remote_agent(known[0])
+
     def read(self, peer: bytes, local: Addresses, remote: Addresses, lengths: Addresses) -> Any:
-        zeros = np.zeros_like(lengths)
-        dst = self._agent.get_xfer_descs(np.column_stack((local, lengths, zeros)), "DRAM")
-        src = self._agent.get_xfer_descs(np.column_stack((remote, lengths, zeros)), "DRAM")
-        handle = self._agent.initialize_xfer("READ", dst, src, self._peer(peer))
+        name, theirs = self._peer(peer)
+        own = self.memory
+        mine = np.full_like(lengths, own.device)
+        dst = self._agent.get_xfer_descs(np.column_stack((local, lengths, mine)), own.kind)
+        yours = np.full_like(lengths, theirs.device)
+        src = self._agent.get_xfer_descs(np.column_stack((remote, lengths, yours)), theirs.kind)
+        handle = self._agent.initialize_xfer("READ", dst, src, name)
         if self._agent.transfer(handle) == "ERR":
             self._agent.release_xfer_handle(handle)
             return None
         return handle
 
     def read_strided(self, peer: bytes, local: Rows, remote: Rows) -> Any:
-        name = self._peer(peer)
-        mine = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, "DRAM")
-        theirs = self._agent.prep_xfer_dlist(name, remote, "DRAM")
+        name, memory = self._peer(peer)
+        local, remote = local.copy(), remote.copy()
+        local[:, 2], remote[:, 2] = self.memory.device, memory.device  # each row's device
+        mine = self._agent.prep_xfer_dlist("NIXL_INIT_AGENT", local, self.memory.kind)
+        theirs = self._agent.prep_xfer_dlist(name, remote, memory.kind)
         every = np.arange(int(local[:, 4].sum()), dtype=np.int32)
         handle = self._agent.make_prepped_xfer("READ", mine, every, theirs, every)
         self._lists[id(handle)] = (mine, theirs)
@@ -164,11 +203,12 @@ class NixlEngine:
 class MooncakeEngine:
     """Mooncake's transfer engine (TCP transport, P2P handshake): reads run synchronously on
     a worker thread, so the engine step is never blocked. It has no strided form: it reads
-    flat descriptors."""
+    flat descriptors. Device memory is registered at its location (``cuda:N``), which only
+    Mooncake's CUDA build can."""
 
     takes_strided = False
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, memory: Memory = HOST) -> None:
         try:
             from mooncake.engine import TransferEngine as Mooncake
         except ImportError:
@@ -176,6 +216,14 @@ class MooncakeEngine:
                 "engine='mooncake' needs Mooncake's transfer engine (pip install "
                 "mooncake-transfer-engine, and Debian's libibverbs1)"
             ) from None
+        if memory.kind == "VRAM" and _mooncake_without_cuda():
+            raise SettingsFault(
+                "this KV cache is in device memory and the Mooncake installed is its "
+                "non-CUDA build (mooncake-transfer-engine-non-cuda), which registers host "
+                "memory only: install mooncake-transfer-engine, or use engine='nixl'"
+            )
+        self.memory = memory
+        self._regions: list[int] = []
         self._engine = Mooncake()
         if self._engine.initialize(host, "P2PHANDSHAKE", "tcp", "") != 0:
             raise SettingsFault(f"Mooncake's transfer engine did not start on {host}")
@@ -183,15 +231,27 @@ class MooncakeEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdplan-mooncake")
 
     def register(self, regions: list[tuple[int, int]]) -> None:
+        location = "*" if self.memory.kind == "DRAM" else f"cuda:{self.memory.device}"
         for address, size in regions:
-            if self._engine.register_memory(address, size) != 0:
-                raise SettingsFault(f"Mooncake could not register {size} bytes")
+            if self._engine.register_memory(address, size, location) != 0:
+                raise SettingsFault(f"Mooncake could not register {size} bytes at {location}")
+            self._regions.append(address)
+
+    def deregister(self) -> None:
+        for address in self._regions:
+            self._engine.unregister_memory(address)
+        self._regions = []
 
     def metadata(self) -> bytes:
-        return f"{self._host}:{self._engine.get_rpc_port()}".encode()
+        return tagged(self.memory, f"{self._host}:{self._engine.get_rpc_port()}".encode())
+
+    def forget(self, peer: bytes) -> None:
+        return None  # Mooncake resolves a peer's segment by name, on each read
 
     def read(self, peer: bytes, local: Addresses, remote: Addresses, lengths: Addresses) -> Any:
-        return self._pool.submit(self._read, peer.decode(), local, remote, lengths)
+        _, address = untagged(peer)
+        return self._pool.submit(self._read, address.decode(errors="replace"), local, remote,
+                                 lengths)  # fmt: skip
 
     def read_strided(self, peer: bytes, local: Rows, remote: Rows) -> Any:
         raise SettingsFault("Mooncake's transfer engine reads flat descriptors only")
@@ -218,14 +278,24 @@ class MooncakeEngine:
         self._pool.shutdown(wait=False)
 
 
+def _mooncake_without_cuda() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("mooncake-transfer-engine")
+    except PackageNotFoundError:
+        return True
+    return False
+
+
 def make_engine(
-    kind: str, name: str, host: str, nixl_progress_delay_us: int = 10
+    kind: str, name: str, host: str, nixl_progress_delay_us: int = 10, memory: Memory = HOST
 ) -> TransferEngine:
-    """The engine ``kind`` names (``"nixl"`` or ``"mooncake"``)."""
+    """The engine ``kind`` names (``"nixl"`` or ``"mooncake"``), registering ``memory``."""
     if kind == "nixl":
-        return NixlEngine(name, nixl_progress_delay_us)
+        return NixlEngine(name, nixl_progress_delay_us, memory)
     if kind == "mooncake":
-        return MooncakeEngine(host)
+        return MooncakeEngine(host, memory)
     raise SettingsFault(
         f"kv_connector_extra_config engine={shown(kind)} is not one pdplan drives: use 'nixl' or "
         "'mooncake'"

@@ -55,6 +55,8 @@ class Peer:
     decode_rank: int
     ranks: dict[int, PrefillRankInfo] = field(default_factory=dict)
     gone: set[int] = field(default_factory=set)
+    #: The instance's registration generation the handshake met.
+    generation: int = 0
     prepared: dict[int, PreparedTransfer] = field(default_factory=dict)
     _plan: RankTransferPlan | None = None
     _waits: dict[int, int] | None = None
@@ -136,6 +138,9 @@ class Peers:
         self._timeout = timeout_seconds
         self._frames = encode_layout(layout, cache.cache.buffers)
         self._peers: dict[str, Peer] = {}
+        # Peers met again after their instance registered its memory anew: what the engine
+        # loaded of them is dropped (``take_stale``).
+        self._stale: list[Peer] = []
         self._connecting: dict[str, Future[Peer]] = {}
         # Instances whose handshake failed: the fault, and since when.
         self._failed: dict[str, tuple[TransferFault, float]] = {}
@@ -148,6 +153,17 @@ class Peers:
         """The instance's peer once connected, None while it connects; its fault when it
         could not be (each request waiting for it fails with it)."""
         peer = self._peers.get(remote.engine_id)
+        if peer is not None and remote.generation > peer.generation:
+            # It registered its memory again (it slept, or reloaded weights): handshake anew.
+            self._stale.append(self._peers.pop(remote.engine_id))
+            self._failed.pop(remote.engine_id, None)
+            peer = None
+        if peer is not None and remote.generation < peer.generation:
+            raise PeerGone(
+                f"the prefill instance registered its cache again (generation "
+                f"{peer.generation}) after this request's blocks were written (generation "
+                f"{remote.generation}): they are gone"
+            )
         if peer is not None and peer.ready:
             return peer
         future = self._connecting.get(remote.engine_id)
@@ -170,6 +186,11 @@ class Peers:
             raise fault from None
         self._peers[remote.engine_id] = peer
         return peer
+
+    def take_stale(self) -> list[Peer]:
+        """Peers replaced by a handshake with a newer registration generation."""
+        stale, self._stale = self._stale, []
+        return stale
 
     def ask(self, host: str, port: int, frames: list[bytes]) -> list[bytes]:
         """One request to a prefill rank, waiting the handshake timeout at most."""
@@ -212,6 +233,7 @@ class Peers:
                 ) from None
             for silent in range(rank):
                 peer.lose(silent)
+            peer.generation = remote.generation
             return peer
         raise first_error or PeerGone(f"no prefill rank at {host}:{port}")
 

@@ -55,6 +55,7 @@ class PrefillRank:
         self._cache = cache
         self._tp_rank = tp_rank
         self._layout = ParallelLayout("prefill", tp_size)
+        self._engine = engine
         self._engine_metadata = engine.metadata()
         self._frames = encode_layout(
             self._layout,
@@ -71,6 +72,11 @@ class PrefillRank:
         self._progress: OrderedDict[str, Progress] = OrderedDict()
         self.stats = stats or SessionStats()
         self._server = SideChannelServer(host, port + tp_rank, self._answer, self.stats.refused)
+
+    def registered_again(self) -> None:
+        """The engine registered the cache anew: handshakes from now on give its metadata
+        (decode ranks meet it when a request names the newer registration generation)."""
+        self._engine_metadata = self._engine.metadata()
 
     @property
     def serving(self) -> bool:

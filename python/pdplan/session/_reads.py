@@ -23,6 +23,8 @@ class Reads:
         self.strided = strided
         self.model = model or _DEFAULT_MODEL
         self._parts: list[tuple[Any, ...]] = []
+        #: Bytes its parts move (a request's share of a read, for its log line).
+        self.bytes = 0
         #: What ``start`` posted: bytes, flat descriptors, strided rows.
         self.posted = (0, 0, 0)
 
@@ -33,14 +35,17 @@ class Reads:
             rows: StridedDescriptors = source.strided_descriptors(*pages, **request)
             if rows.num_entries:
                 self._parts.append((rows.dst, rows.src))  # read: local is the decode side
+                self.bytes += int((rows.dst[:, 1] * rows.dst[:, 4]).sum())
         else:
             flat: TransferDescriptors = source.descriptors(*pages, **request)
             if flat.num_descriptors:
                 self._parts.append((flat.dst_addrs, flat.src_addrs, flat.lengths))
+                self.bytes += int(flat.lengths.sum())
 
     def extend(self, other: Reads) -> None:
         """Takes in ``other``'s parts (read by this one's form and model)."""
         self._parts += other._parts
+        self.bytes += other.bytes
 
     def __bool__(self) -> bool:
         return bool(self._parts)

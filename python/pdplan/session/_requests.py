@@ -23,6 +23,9 @@ class Remote:
     host: str
     port: int
     tp_size: int
+    #: How many times the prefill instance has registered its memory, as it last said: a
+    #: newer one than the handshake met means its engine metadata changed (re-handshake).
+    generation: int = 0
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,19 @@ class Following:
     ahead: dict[int, int] = field(default_factory=dict)
     #: The reads in flight: their bytes, and when they were posted.
     in_flight: tuple[int, float] = (0, 0.0)
+    #: Bytes landed so far, and when it started being followed (its one log line).
+    read_bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    #: Slices read while its prefill still ran, and layers read while their step ran.
+    early: int = 0
+    read_ahead: int = 0
+
+    def summary(self) -> str:
+        """How it streamed, for its one log line."""
+        stream = self.stream
+        return (f"streamed: decode prefix {stream.decode_prefix} of {stream.final_length} "
+                f"tokens, {self.early} slices read while its prefill runs, {self.read_ahead} layer "
+                f"slices read while their step runs")  # fmt: skip
 
     @property
     def stream(self) -> Any:
@@ -170,7 +183,7 @@ class Streams:
         assert receive.stream is not None
         deadline = time.monotonic() + self._transfer_timeout
         self._following[receive.request_id] = Following(receive, peer, peer.sources, 0, deadline)
-        logger.info("pdplan: request %s streams from %s:%d (decode prefix %d of %d tokens)",
+        logger.debug("pdplan: request %s streams from %s:%d (decode prefix %d of %d tokens)",
                     receive.request_id, peer.host, peer.port, receive.stream.decode_prefix,
                     receive.stream.final_length)  # fmt: skip
 
@@ -253,6 +266,7 @@ class Streams:
             moved, posted_at = following.in_flight
             done = following.read_to >= following.stream.final_length
             self._stats.read(int(done), moved, time.monotonic() - posted_at)
+            following.read_bytes += moved
             following.in_flight = (0, 0.0)
         final = following.stream.final_length
         if notice is not None:  # the prefill side runs it: waiting is not stalling
@@ -290,11 +304,13 @@ class Streams:
         following.in_flight = (moved, time.monotonic())
         request = following.receive.request_id
         if was < following.read_to < final:
-            logger.info("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",
+            following.early += 1
+            logger.debug("pdplan: request %s: tokens %d-%d of %d read while its prefill runs",
                         request, was, following.read_to, final)  # fmt: skip
         for layers, start, stop in slices:
             if layers is not None and stop > following.read_to:
-                logger.info("pdplan: request %s: layers %s, tokens %d-%d of %d read while "
+                following.read_ahead += 1
+                logger.debug("pdplan: request %s: layers %s, tokens %d-%d of %d read while "
                             "their step runs", request, list(layers), start, stop,
                             final)  # fmt: skip
         following.deadline = time.monotonic() + self._transfer_timeout

@@ -13,7 +13,7 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan.session._settings import Settings
 
 #: The vLLM releases the connector is tested against: ``>= low, < high``.
-SUPPORTED_VLLM = ((0, 32), (0, 33))
+SUPPORTED_VLLM = ((0, 32), (0, 35))
 
 
 def _check_vllm() -> None:
@@ -21,7 +21,7 @@ def _check_vllm() -> None:
         import vllm
     except ImportError:
         raise UnsupportedPDLayoutError(
-            "pdplan.connectors.vllm needs vLLM 0.32 (pip install 'pdplan[vllm]')"
+            "pdplan.connectors.vllm needs vLLM 0.32 to 0.34 (pip install 'pdplan[vllm]')"
         ) from None
     version = str(getattr(vllm, "__version__", "0"))
     try:

@@ -21,7 +21,7 @@ from pdplan._layouts import ModelShape
 from pdplan._model import BufferKind
 from pdplan.runtimes import vllm as vllm_adapter
 from pdplan.runtimes._vllm_groups import CacheGroup, cache_groups
-from pdplan.session import GroupCache, WorkerCache
+from pdplan.session import GroupCache, Memory, WorkerCache
 
 
 def _attention_backend(vllm_config: Any, names: Sequence[str]) -> str | None:
@@ -164,20 +164,29 @@ def _group_caches(groups: tuple[CacheGroup, ...], cache: CacheBuffers) -> tuple[
     return tuple(owned)
 
 
-def regions(kv_caches: dict[str, Any]) -> list[tuple[int, int]]:
-    """Each backing storage once, ``(address, bytes)``: layers that view one storage (KV
-    sharing, hybrid groups) register it once. Only host memory is read: caches on a device
-    are refused (NixlConnector stages them through host buffers; pdplan does not yet)."""
+def regions(kv_caches: dict[str, Any], buffer_device: str) -> tuple[list[tuple[int, int]], Memory]:
+    """Each backing storage once, ``(address, bytes)``, and the memory they are all in:
+    layers that view one storage (KV sharing, hybrid groups) register it once. A cache in
+    host memory or on one CUDA device is registered where it lives (no staging through host
+    buffers), so ``kv_buffer_device`` must name the cache's own device."""
     seen: dict[int, int] = {}
+    devices = set()
     for value in kv_caches.values():
         for tensor in value if isinstance(value, (list, tuple)) else [value]:
-            if str(tensor.device.type) != "cpu":
-                raise UnsupportedPDLayoutError(
-                    f"PdplanConnector moves host (cpu) KV caches; this one is on "
-                    f"{tensor.device}: run the CPU backend, or use NixlConnector for device "
-                    "memory until pdplan registers it"
-                )
+            devices.add((str(tensor.device.type), tensor.device.index))
             storage = tensor.untyped_storage()
             address, size = int(storage.data_ptr()), int(storage.nbytes())
             seen[address] = max(size, seen.get(address, 0))
-    return sorted(seen.items())
+    if len(devices) != 1:
+        raise UnsupportedPDLayoutError(
+            f"this rank's KV cache spans devices {sorted(map(str, devices))[:4]}; "
+            "PdplanConnector registers one rank's cache on one device"
+        )
+    kind, index = devices.pop()
+    if kind != buffer_device:
+        raise UnsupportedPDLayoutError(
+            f"the KV cache is in {kind} memory and kv_buffer_device is {buffer_device!r}: "
+            f"PdplanConnector reads the cache where it lives (no staging buffers), so set "
+            f"kv_buffer_device to {kind!r}"
+        )
+    return sorted(seen.items()), Memory.of_device(kind, index)

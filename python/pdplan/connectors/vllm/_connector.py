@@ -5,10 +5,12 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
     SupportsHMA,
@@ -35,6 +37,14 @@ from pdplan.session._metrics import is_empty
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
 
+@dataclass
+class Registration(KVConnectorHandshakeMetadata):  # type: ignore[misc]
+    """What a worker tells its scheduler after registering the cache: how many times it
+    has (``restore_kv_caches`` registers again)."""
+
+    generation: int
+
+
 def _session_logs_under_vllm() -> None:
     """The session logs to ``pdplan``; inside vLLM its lines go where vLLM's go."""
     session, engine = logging.getLogger("pdplan"), logging.getLogger("vllm")
@@ -53,11 +63,12 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         transfer = vllm_config.kv_transfer_config
         self._settings = Settings.of(transfer.kv_connector_extra_config)
         device = str(getattr(transfer, "kv_buffer_device", "cpu") or "cpu")
-        if device != "cpu":
+        if device not in ("cpu", "cuda"):
             raise SettingsFault(
-                f"PdplanConnector registers host memory; kv_buffer_device={shown(device)} is not "
-                "supported yet (use 'cpu' with the CPU backend)"
+                f"PdplanConnector registers the KV cache where it lives, host (cpu) or CUDA "
+                f"device memory; kv_buffer_device={shown(device)} is neither"
             )
+        self._buffer_device = device
         self._producer = bool(transfer.is_kv_producer)
         self._consumer = bool(transfer.is_kv_consumer)
         self._engine_id = str(transfer.engine_id)
@@ -69,6 +80,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._load_errors: set[int] = set()
         self._stats = SessionStats()
         self._layer_of: dict[str, int | None] = {}  # model layer by vLLM layer name
+        # The regions registered, and how many times (a restore registers them again).
+        self._regions: list[tuple[int, int]] = []
+        self._generation = 0
         _session_logs_under_vllm()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
@@ -87,11 +101,13 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
         cache = describe(self._vllm_config, self._kv_cache_config, kv_caches)
         host = self._settings.side_channel_host
+        self._regions, memory = regions(kv_caches, self._buffer_device)
         self._engine = make_engine(
             self._settings.engine, f"{self._engine_id}-{rank}", host,
-            self._settings.nixl_progress_delay_us,
+            self._settings.nixl_progress_delay_us, memory,
         )  # fmt: skip
-        self._engine.register(regions(kv_caches))
+        self._engine.register(self._regions)
+        self._generation = 1
         strided = self._settings.descriptors != "flat" and self._engine.takes_strided
         model = self._settings.cost_model()
         if self._producer:
@@ -104,11 +120,61 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 self._settings.transfer_timeout_seconds, strided, model, self._stats,
             )  # fmt: skip
         logger.info(
-            "pdplan: rank %d of %d registered %d buffers (%s, %s%s)",
-            rank, size, len(cache.cache.buffers), self._settings.engine,
+            "pdplan: rank %d of %d registered %d buffers in %s (%s, %s%s)",
+            rank, size, len(cache.cache.buffers), memory.tag().decode(), self._settings.engine,
             "producer" if self._producer else "consumer",
             ", strided reads where the cost model says" if self._consumer and strided else "",
         )  # fmt: skip
+
+    # -- registered memory: vLLM 0.33's sleep mode, 0.34's extensible cache ---------------
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> Any:
+        """vLLM 0.34: the cache is registered with an RDMA engine, so each layer's region
+        must be one allocation (vLLM's extensible cache defragments it for such
+        connectors)."""
+        from vllm.config.kv_transfer import KVCacheAccess
+
+        return KVCacheAccess.REGISTERS
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM 0.33+: declined. Sleep gives the cache's pages back and wakes on zeroed ones;
+        a decode side may hold a request written before sleep and read it after, and only
+        the registration generation (which it learns from newer requests) tells it that those
+        blocks are gone. vLLM then refuses ``enable_sleep_mode`` at startup, naming this
+        connector."""
+        return False
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM 0.34's weight reload lends the cache out (it calls this whether or not sleep
+        mode is supported): the registration is dropped until ``restore_kv_caches``."""
+        if self._engine is not None and self._regions:
+            self._engine.deregister()
+            logger.info("pdplan: the KV cache's registration dropped (sleep or reload)")
+
+    def restore_kv_caches(self) -> None:
+        """The cache is back: the same regions are registered again and the registration
+        generation moves on. vLLM asks the workers for their handshake metadata again, the
+        scheduler side puts the new generation in ``kv_transfer_params``; a decode side that
+        met the old one handshakes anew, and fails (recomputes) a request of an older one."""
+        if self._engine is None or not self._regions:
+            return
+        self._engine.deregister()  # idempotent: restore without unregister registers once
+        self._engine.register(self._regions)
+        self._generation += 1
+        if self._prefill is not None:
+            self._prefill.registered_again()
+        logger.info("pdplan: the KV cache registered again (generation %d)", self._generation)
+
+    def get_handshake_metadata(self) -> Registration | None:
+        return None if self._engine is None else Registration(self._generation)
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
+        if self._scheduler is not None:
+            self._scheduler.registered(
+                [m.generation for m in metadata.values() if isinstance(m, Registration)]
+            )
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)

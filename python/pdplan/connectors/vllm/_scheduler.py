@@ -13,6 +13,7 @@ from pdplan.connectors.vllm._metadata import StepMetadata
 from pdplan.connectors.vllm._stream_tracker import StreamTracker
 from pdplan.connectors.vllm._transfer_params import (
     REMOTE_KEYS,
+    prefill_params,
     remote_block_groups,
     remote_of,
     stream_of,
@@ -24,7 +25,7 @@ from pdplan.runtimes._vllm_groups import (
     cache_groups,
     transfer_block_ids,
 )
-from pdplan.session import Receive, Settings, Stream
+from pdplan.session import Receive, Remote, Settings, Stream
 from pdplan.session._block_pairs import kept_blocks, paired_blocks
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
@@ -47,6 +48,9 @@ class SchedulerSide:
         self.groups = groups = cache_groups(kv_cache_config)
         # Prompt tokens the prefill side leaves for the decode side to compute.
         self.backoff = backoff(groups)
+        # How many times the workers registered the cache (``registered``): a decode side
+        # that met an older registration handshakes anew.
+        self.generation = 0
         self._receives: list[Receive] = []
         self._leases: dict[str, float] = {}
         self._held: set[str] = set()
@@ -233,17 +237,15 @@ class SchedulerSide:
         self._held.add(request.request_id)
         if not completed:
             return True, None
-        return True, {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_block_ids": [list(g) for g in groups],
-            "remote_engine_id": self.engine_id,
-            "remote_request_id": request.request_id,
-            "remote_host": self.settings.side_channel_host,
-            "remote_port": self.settings.side_channel_port,
-            "tp_size": self.tp_size,
-            "remote_num_tokens": int(request.num_computed_tokens),
-        }
+        here = Remote(self.engine_id, request.request_id, self.settings.side_channel_host,
+                      self.settings.side_channel_port, self.tp_size, self.generation)  # fmt: skip
+        expiry = self._leases[request.request_id]
+        return True, prefill_params(here, groups, int(request.num_computed_tokens), expiry)
+
+    def registered(self, generations: list[int]) -> None:
+        """The workers' registration generations, as their handshake metadata tells."""
+        if generations:
+            self.generation = max(self.generation, *generations)
 
     def step(self, scheduler_output: Any = None) -> StepMetadata:
         progress = self._streams.step(scheduler_output)

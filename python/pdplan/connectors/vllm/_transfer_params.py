@@ -37,15 +37,67 @@ def _int(params: Mapping[str, Any], key: str, low: int, high: int, default: int 
     return value
 
 
-def remote_of(params: Mapping[str, Any]) -> Remote:
-    """The prefill instance and request a decode request reads from."""
+#: NixlConnector's request protocol as vLLM 0.32 to 0.34 speak it (its versions 14 to 16): a
+#: proxy copies the prefill side's params into the decode request verbatim. Version 15 (vLLM
+#: 0.33) added the registration generation; 16 (0.34) changed NIXL's handshake only. A
+#: request without the generation (a 0.32 prefill side) reads as generation 0.
+GENERATION_KEY = "remote_registration_generation"
+#: The highest registration generation read.
+MAX_GENERATION = (1 << 31) - 1
+#: What this connector transfers by: the decode side pulls (NixlConnector's ``pull`` mode).
+TRANSFER_MODE = "pull"
+
+
+def _single(params: Mapping[str, Any], key: str) -> None:
+    # The prefill side runs one pipeline stage and no decode context parallelism: its
+    # ranks are TP ranks (all the side channel's handshake knows).
+    if _int(params, key, 1, MAX_WORLD_SIZE, 1) != 1:
+        raise UnsupportedPDLayoutError(
+            f"kv_transfer_params {key}={params.get(key)}: PdplanConnector reads prefill "
+            f"instances with {key} 1 (TP only)"
+        )
+
+
+def _remote(params: Mapping[str, Any], request_id: str) -> Remote:
+    _single(params, "pp_size")
+    _single(params, "dcp_size")
     return Remote(
         engine_id=_text(params, "remote_engine_id"),
-        request_id=_text(params, "remote_request_id"),
+        request_id=request_id,
         host=_text(params, "remote_host"),
         port=_int(params, "remote_port", 1, 65535, None),
         tp_size=_int(params, "tp_size", 1, MAX_WORLD_SIZE, 1),
+        generation=_int(params, GENERATION_KEY, 0, MAX_GENERATION, 0),
     )
+
+
+def remote_of(params: Mapping[str, Any]) -> Remote:
+    """The prefill instance and request a decode request reads from."""
+    return _remote(params, _text(params, "remote_request_id"))
+
+
+def prefill_params(
+    remote: Remote, blocks: tuple[tuple[int, ...], ...], num_tokens: int, expires_at: float
+) -> dict[str, Any]:
+    """What a prefill request that finished returns for its decode request: every key a
+    NixlConnector of vLLM 0.32 to 0.34 returns, so proxies and routers that read them (a
+    request's tokens, its blocks' expiry) find them."""
+    return {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "remote_block_ids": [list(g) for g in blocks],
+        "remote_engine_id": remote.engine_id,
+        "remote_request_id": remote.request_id,
+        "remote_host": remote.host,
+        "remote_port": remote.port,
+        "tp_size": remote.tp_size,
+        "dcp_size": 1,
+        "pp_size": 1,
+        "remote_num_tokens": num_tokens,
+        "remote_blocks_expiry_time": expires_at,
+        GENERATION_KEY: remote.generation,
+        "transfer_mode": TRANSFER_MODE,
+    }
 
 
 #: What a streamed request names instead of the prefill side's request and blocks: a stream
@@ -69,13 +121,7 @@ def streamed_remote_of(params: Mapping[str, Any]) -> Remote:
     stream's until the first progress notice names the prefill side's own."""
     stream_id = stream_of(params)
     assert stream_id is not None  # a streamed request names one
-    return Remote(
-        engine_id=_text(params, "remote_engine_id"),
-        request_id=stream_id,
-        host=_text(params, "remote_host"),
-        port=_int(params, "remote_port", 1, 65535, None),
-        tp_size=_int(params, "tp_size", 1, MAX_WORLD_SIZE, 1),
-    )
+    return _remote(params, stream_id)
 
 
 def remote_block_groups(

@@ -1,0 +1,166 @@
+"""Drives PdplanConnector's scheduler side inside one vLLM release's real ``Scheduler`` (its
+model runner's output written by hand, as vLLM's own connector unit tests do), and prints what
+it saw as JSON. Run by ``test_releases.py`` under each supported release: 0.32 as installed,
+0.33 and 0.34 from their CUDA wheels' Python (their schedulers and connector API import and
+run on a CPU; their workers need the CUDA build's compiled ops).
+
+    python release_scheduler.py MODEL_FOLDER"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from typing import Any
+
+import torch
+import vllm
+from vllm import SamplingParams
+from vllm.config import (
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    KVCacheTensor,
+)
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+from pdplan.connectors.vllm import PdplanConnector
+from pdplan.connectors.vllm._connector import Registration
+
+BLOCKS, BLOCK = 64, 32
+LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+PROMPT = list(range(1, 71))  # 70 tokens: 3 blocks
+
+
+def config(model: str, role: str) -> VllmConfig:
+    transfer = KVTransferConfig(
+        kv_connector="PdplanConnector", kv_connector_module_path="pdplan.connectors.vllm",
+        kv_role=role, kv_buffer_device="cpu",
+        kv_connector_extra_config={"side_channel_port": 5990},
+    )  # fmt: skip
+    scheduler = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8, max_model_len=512,
+                                is_encoder_decoder=False)  # fmt: skip
+    out = VllmConfig(
+        model_config=ModelConfig(
+            model=model, skip_tokenizer_init=True, dtype="float32", max_model_len=512
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=False),
+        scheduler_config=scheduler, kv_transfer_config=transfer, device_config=DeviceConfig("cpu"),
+    )  # fmt: skip
+    out.cache_config.num_gpu_blocks = BLOCKS
+    return out
+
+
+def scheduler(vllm_config: VllmConfig) -> Scheduler:
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    size = spec.page_size_bytes * BLOCKS
+    tensors = [KVCacheTensor(size=size, layers=[n], layer_stride=size,
+                             block_stride=spec.page_size_bytes) for n in LAYERS]  # fmt: skip
+    cache = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors,
+                          kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])  # fmt: skip
+    args: dict[str, Any] = dict(vllm_config=vllm_config, kv_cache_config=cache,
+                                structured_output_manager=StructuredOutputManager(vllm_config),
+                                block_size=BLOCK)  # fmt: skip
+    if "hash_block_size" in inspect.signature(Scheduler.__init__).parameters:
+        args["hash_block_size"] = BLOCK
+    return Scheduler(**args)
+
+
+def runner_output(step: Any, kv: KVConnectorOutput | None = None) -> ModelRunnerOutput:
+    """What the model runner returns: one token a scheduled request (fields by release)."""
+    ids = list(step.num_scheduled_tokens)
+    fields = dict(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                  sampled_token_ids=[[7] for _ in ids], logprobs=None, prompt_logprobs_dict={},
+                  pooler_output=[None] * len(ids), kv_connector_output=kv)  # fmt: skip
+    known = inspect.signature(ModelRunnerOutput).parameters
+    return ModelRunnerOutput(**{k: v for k, v in fields.items() if k in known})
+
+
+def request(name: str, params: dict[str, Any], max_tokens: int) -> Request:
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                              extra_args={"kv_transfer_params": params})  # fmt: skip
+    made = Request(name, list(PROMPT), sampling, None)
+    if made.kv_transfer_params is None:
+        made.kv_transfer_params = params
+    return made
+
+
+def overridden_signatures() -> dict[str, list[str]]:
+    """The base's methods the connector overrides whose parameters differ from the base's."""
+    differing = {}
+    for name, ours in vars(PdplanConnector).items():
+        base = getattr(KVConnectorBase_V1, name, None)
+        if name.startswith("_") or base is None:
+            continue
+        ours_fn = ours.__func__ if isinstance(ours, classmethod) else ours
+        if not callable(ours_fn) or not callable(base):
+            continue
+        mine = list(inspect.signature(ours_fn).parameters)
+        theirs = list(inspect.signature(base).parameters)
+        if isinstance(ours, classmethod):
+            mine = mine[1:]
+        if mine != theirs:
+            differing[name] = [str(mine), str(theirs)]
+    return differing
+
+
+def main() -> None:
+    model = sys.argv[1]
+    seen: dict[str, Any] = {"version": vllm.__version__}
+    prefill_config = config(model, "kv_producer")
+    transfer = prefill_config.kv_transfer_config
+    seen["supports_sleep_mode"] = PdplanConnector.supports_sleep_mode(transfer)
+    access = getattr(transfer, "registers_kv_cache_memory", None)
+    seen["registers_kv_cache_memory"] = None if access is None else bool(access())
+    seen["base_hooks"] = sorted(n for n in ("kv_cache_access", "unregister_kv_caches",
+                                            "restore_kv_caches", "supports_sleep_mode")
+                                if hasattr(KVConnectorBase_V1, n))  # fmt: skip
+    seen["differing_signatures"] = overridden_signatures()
+
+    # The prefill instance: its workers registered twice (a weight reload), as their
+    # handshake metadata tells the scheduler.
+    prefill = scheduler(prefill_config)
+    prefill.connector.set_xfer_handshake_metadata({0: Registration(2), 1: Registration(1)})
+    first = request("p-1", {"do_remote_decode": True}, 1)
+    prefill.add_request(first)
+    step = prefill.schedule()
+    outputs = prefill.update_from_output(step, runner_output(step))
+    finished = [o for batch in outputs.values() for o in batch.outputs]
+    params = finished[0].kv_transfer_params
+    seen["prefill_params"] = params
+    seen["prefill_blocks_held"] = prefill.connector.has_pending_block_frees()
+
+    # The decode instance: the proxy copies the params verbatim.
+    decode = scheduler(config(model, "kv_consumer"))
+    second = request("d-1", dict(params), 4)
+    decode.add_request(second)
+    step = decode.schedule()
+    receives = step.kv_connector_metadata.receives
+    seen["decode_waiting"] = str(second.status)
+    seen["decode_receives"] = [
+        [r.request_id, [list(g) for g in r.local_blocks], [list(g) for g in r.remote_blocks],
+         r.remote.request_id, r.remote.port, r.remote.generation] for r in receives
+    ]  # fmt: skip
+    decode.update_from_output(
+        step, runner_output(step, KVConnectorOutput(finished_recving={"d-1"}))
+    )
+    step = decode.schedule()
+    seen["decode_scheduled"] = dict(step.num_scheduled_tokens)
+    seen["decode_computed"] = int(second.num_computed_tokens)
+    print("RESULT " + json.dumps(seen, default=str))
+
+
+if __name__ == "__main__":
+    main()
