@@ -374,3 +374,60 @@ def test_faults_come_by_type_and_stay_unsupported_layout_errors(
         other.close()
     with pytest.raises(PeerGone, match="did not answer within"):
         ask(HOST, next(_ports), [b"hello"], 0.2)
+
+
+def test_a_progress_round_takes_each_stream_s_least_and_never_waits() -> None:
+    """Streams' progress asked on non-blocking sockets: a stream's progress is the least its
+    source ranks report, a stream a rank has not run is left out, and a rank that never
+    answers holds nothing up: every poll returns at once, and the round ends at its timeout
+    with that rank failed."""
+    from pdplan.session import Progress
+    from pdplan.session._progress_asks import AskSockets, ProgressRound
+
+    port = next(_ports)
+    ranks = [PrefillRank(worker_cache(cache_array(r), 2), r, 2, Loopback(), HOST, port)
+             for r in range(2)]  # fmt: skip
+    silent_port = next(_ports)
+    silent = zmq.Context.instance().socket(zmq.ROUTER)
+    silent.setsockopt(zmq.LINGER, 0)
+    silent.bind(f"tcp://{HOST}:{silent_port}")
+    sockets = AskSockets(1.0)
+    try:
+        blocks = ((1, 2, 3),)
+        ranks[0].expect({"both": Progress("p-both", blocks, 96, 100),
+                         "one": Progress("p-one", blocks, 64, 100)})  # fmt: skip
+        ranks[1].expect({"both": Progress("p-both", blocks, 64, 100)})
+        for rank in ranks:
+            rank.publish()
+        asked = {(HOST, port): ["both", "one"], (HOST, port + 1): ["both", "one"]}
+        answered = ProgressRound(sockets, asked, 5.0)
+        deadline = time.monotonic() + 10
+        while (notices := answered.poll()) is None:
+            assert time.monotonic() < deadline, "the ranks' replies never came"
+            time.sleep(0.001)
+        # "both": the least of 96 and 64; "one": rank 1 has not run it.
+        assert {k: v.final_tokens for k, v in notices.items()} == {"both": 64}
+        assert answered.failed == set()
+
+        # With a rank that never answers: polls return at once, then the round times out.
+        quiet = ProgressRound(sockets, {**asked, (HOST, silent_port): ["both"]}, 0.5)
+        polls = 0
+        while (notices := quiet.poll()) is None:
+            polls += 1
+            assert polls < 100_000, "the round never timed out"
+            time.sleep(0.001)
+        assert polls > 10  # each poll came back while the silent rank still owed its reply
+        assert quiet.failed == {(HOST, silent_port)}
+        assert notices == {}  # "both" is read from the silent rank too: left out
+        # The next round asks the answering ranks again on the same sockets.
+        again = ProgressRound(sockets, asked, 5.0)
+        deadline = time.monotonic() + 10
+        while (notices := again.poll()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        assert {k: v.final_tokens for k, v in notices.items()} == {"both": 64}
+    finally:
+        sockets.close()
+        silent.close()
+        for rank in ranks:
+            rank.close()

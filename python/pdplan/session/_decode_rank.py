@@ -274,5 +274,6 @@ class DecodeRank:
         return done, failed, blocks
 
     def close(self) -> None:
+        self._streams.close()
         self._peers.close()
         self._notices.close()

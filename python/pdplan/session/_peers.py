@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,7 +134,7 @@ class Peers:
         self._cache = cache
         self._layout = layout
         self._rank = rank
-        self._timeout = timeout_seconds
+        self.timeout = timeout_seconds
         self._frames = encode_layout(layout, cache.cache.buffers)
         self._peers: dict[str, Peer] = {}
         # Peers met again after their instance registered its memory anew: what the engine
@@ -145,9 +144,6 @@ class Peers:
         # Instances whose handshake failed: the fault, and since when.
         self._failed: dict[str, tuple[TransferFault, float]] = {}
         self._executor = ThreadPoolExecutor(HANDSHAKE_THREADS, "pdplan-handshake")
-        # Progress asks have a thread of their own: handshakes to dead instances never
-        # hold them up.
-        self._asks = ThreadPoolExecutor(1, "pdplan-progress")
 
     def connected(self, remote: Remote) -> Peer | None:
         """The instance's peer once connected, None while it connects; its fault when it
@@ -194,7 +190,7 @@ class Peers:
 
     def ask(self, host: str, port: int, frames: list[bytes]) -> list[bytes]:
         """One request to a prefill rank, waiting the handshake timeout at most."""
-        return ask(host, port, frames, self._timeout)
+        return ask(host, port, frames, self.timeout)
 
     def _hello(self, host: str, port: int) -> list[bytes]:
         return self.ask(host, port, hello(self._cache.identity_bytes(), self._frames))
@@ -258,10 +254,5 @@ class Peers:
         peer.ranks[rank] = info
         return peer
 
-    def run(self, job: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Runs a progress ask on its own thread (a network wait off the step's path)."""
-        return self._asks.submit(job, *args)
-
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._asks.shutdown(wait=False, cancel_futures=True)

@@ -3,19 +3,17 @@ the tokens each prefill step makes final, as the prefill ranks' progress notices
 progress notices: the decode side's blocks are allocated when its request arrives, the prefill
 side's as its chunks are scheduled, so the decode side asks and reads). Slices are pdplan's
 (``descriptors(..., tokens=, final_length=, decode_prefix=)``): each byte once, once final.
-Progress is asked in the background, one ask at a time for every idle stream; a step only
-reads what the last answer said."""
+Progress is asked one round at a time for every idle stream, on non-blocking sockets a step
+sends on and a later step reads from (``_progress_asks``); a step only reads what the last
+round said."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdplan._core import UnsupportedPDLayoutError
 from pdplan._staging import CostModel
 from pdplan.session._cache import GroupCache, WorkerCache
 from pdplan.session._engines import TransferEngine
@@ -23,7 +21,7 @@ from pdplan.session._faults import PeerGone, ProtocolFault, TransferFailed, caus
 from pdplan.session._metrics import SessionStats
 from pdplan.session._peers import Peer, Peers
 from pdplan.session._progress import Progress, Slice, next_slices
-from pdplan.session._protocol import MAX_STREAMS_ASKED, notices_of, progress_request
+from pdplan.session._progress_asks import AskSockets, Endpoint, ProgressRound
 from pdplan.session._reads import Reads
 from pdplan.session._requests import Receive
 
@@ -31,8 +29,6 @@ logger = logging.getLogger("pdplan.session")
 
 #: How long a prefill rank that did not answer a progress request is not asked again.
 RETRY_QUIET_SECONDS = 5.0
-
-Endpoint = tuple[str, int]
 
 
 @dataclass
@@ -85,35 +81,6 @@ class Following:
 
     def endpoints(self) -> list[Endpoint]:
         return [(self.peer.host, self.peer.port + rank) for rank in self.sources]
-
-
-def ask_progress(
-    asked: dict[Endpoint, list[str]], ask: Callable[[str, int, list[bytes]], list[bytes]]
-) -> tuple[dict[str, Progress], set[Endpoint]]:
-    """Each stream's progress on every source rank it reads, one request a rank for all of
-    them (in batches a reply can hold): the least of its ranks' (a token is final once every
-    rank holding its bytes has run it). A stream some rank has not run yet, or whose rank did
-    not answer, is left out. Returns the ranks that did not answer too. Runs in the
-    background."""
-    least: dict[str, Progress] = {}
-    missing: set[str] = set()
-    failed: set[Endpoint] = set()
-    for (host, port), streams in asked.items():
-        for start in range(0, len(streams), MAX_STREAMS_ASKED):
-            part = streams[start : start + MAX_STREAMS_ASKED]
-            try:
-                found = notices_of(ask(host, port, progress_request(part)))
-            except UnsupportedPDLayoutError:  # PeerGone too: only this rank's streams wait
-                failed.add((host, port))
-                missing.update(streams)
-                break
-            for stream_id in part:
-                notice = found.get(stream_id)
-                if notice is None:
-                    missing.add(stream_id)
-                elif stream_id not in least or notice.final_tokens < least[stream_id].final_tokens:
-                    least[stream_id] = notice
-    return {k: v for k, v in least.items() if k not in missing}, failed
 
 
 def slice_reads(
@@ -170,7 +137,8 @@ class Streams:
         self._stats = stats
         self._layers = cache.layers
         self._following: dict[str, Following] = {}
-        self._asking: Future[tuple[dict[str, Progress], set[Endpoint]]] | None = None
+        self._sockets = AskSockets(peers.timeout)
+        self._asking: ProgressRound | None = None
         # Prefill ranks that did not answer a progress request, since when (skipped a while).
         self._quiet: dict[Endpoint, float] = {}
 
@@ -218,22 +186,21 @@ class Streams:
         return ended
 
     def _answered(self) -> dict[str, Progress]:
-        """The last progress answer, once it is in (empty while it is asked)."""
+        """The last round's progress, once every rank answered (empty while it is out)."""
         asking = self._asking
-        if asking is None or not asking.done():
+        if asking is None:
+            return {}
+        notices = asking.poll()
+        if notices is None:
             return {}
         self._asking = None
-        try:
-            notices, failed = asking.result()
-        except Exception:  # the ask's own fault: every stream waits for the next
-            logger.exception("pdplan: a progress ask failed")
-            return {}
         now = time.monotonic()
-        self._quiet.update(dict.fromkeys(failed, now))
+        self._quiet.update(dict.fromkeys(asking.failed, now))
         return notices
 
     def _ask(self) -> None:
-        """One progress ask in the background for the streams with no reads in flight."""
+        """One round of progress asks for the streams with no reads in flight (its replies
+        picked up by later polls)."""
         if self._asking is not None:
             return
         now = time.monotonic()
@@ -248,7 +215,10 @@ class Streams:
             for endpoint in endpoints:
                 asked.setdefault(endpoint, []).append(following.stream.stream_id)
         if asked:
-            self._asking = self._peers.run(ask_progress, asked, self._peers.ask)
+            self._asking = ProgressRound(self._sockets, asked, self._peers.timeout)
+
+    def close(self) -> None:
+        self._sockets.close()
 
     def _landed(self, following: Following) -> bool:
         """Whether a stream's reads in flight have all ended (landed or failed)."""
