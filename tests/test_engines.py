@@ -5,9 +5,9 @@
   (NIXL pairs a descriptor with the registration of that kind and device).
 - A peer's memory travels tagged ahead of its engine metadata, read strictly.
 - With a real NIXL agent (``nixl``): after the prefill side drops its registration and
-  registers again, a decode side that forgets the old metadata reads the new registration
-  byte for byte (UCX over loopback still reads a dropped registration: the session's
-  registration generations, not the transport, keep stale blocks from being read).
+  registers its cache again elsewhere, the old metadata cannot reach it (NIXL refuses the
+  read), and a decode side that forgets the old metadata reads the new registration byte
+  for byte.
   Mooncake's non-CUDA build refuses device memory by name (``mooncake``)."""
 
 from __future__ import annotations
@@ -154,22 +154,28 @@ def test_a_registration_made_again_is_read_after_the_old_is_forgotten() -> None:
     prefill.register([(source.ctypes.data, source.nbytes)])
     decode.register([(target.ctypes.data, target.nbytes)])
 
-    def read(peer: bytes) -> str:
+    def read(peer: bytes, array: np.ndarray) -> str:
         local = np.array([target.ctypes.data + 32], np.uint64)
-        remote = np.array([source.ctypes.data], np.uint64)
+        remote = np.array([array.ctypes.data], np.uint64)
         return _wait(decode, decode.read(peer, local, remote, np.array([4096], np.uint64)))
 
     first = prefill.metadata()
-    assert read(first) == "DONE"
+    assert read(first, source) == "DONE"
     np.testing.assert_array_equal(target[32:-32], source)
     target[:] = 0
+    # A reload: the registration dropped, the cache registered again at another address.
     prefill.deregister()
-    source[:] = 7  # what sleep or a weight reload leaves: other bytes at the same addresses
-    prefill.register([(source.ctypes.data, source.nbytes)])
+    moved = (np.arange(4096) * 7 % 251).astype(np.uint8)
+    prefill.register([(moved.ctypes.data, moved.nbytes)])
     again = prefill.metadata()
+    assert again != first
+    # The old metadata cannot reach the new registration: NIXL refuses the read.
+    with pytest.raises(Exception, match="NOT_FOUND"):
+        read(first, moved)
+    assert not target.any()
     decode.forget(first)
-    assert read(again) == "DONE"
-    np.testing.assert_array_equal(target[32:-32], source)
+    assert read(again, moved) == "DONE"
+    np.testing.assert_array_equal(target[32:-32], moved)
     assert not target[:32].any() and not target[-32:].any()
 
 

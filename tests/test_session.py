@@ -44,6 +44,7 @@ from pdplan.session import (
     VersionSkew,
     WorkerCache,
 )
+from pdplan.session._memory import Memory, tagged
 from pdplan.session._protocol import MAX_MESSAGE_BYTES, PROTOCOL, identity_bytes
 from pdplan.session._side_channel import ask
 
@@ -69,7 +70,7 @@ class Loopback:
         return None
 
     def metadata(self) -> bytes:
-        return b"loopback-%d" % self.registrations
+        return tagged(Memory(), b"loopback-%d" % self.registrations)  # host memory
 
     def forget(self, peer: bytes) -> None:
         self.forgotten.append(peer)
@@ -134,37 +135,48 @@ def test_a_prefill_instance_that_registered_again_is_met_again(
     prefill: tuple[PrefillRank, np.ndarray, int],
 ) -> None:
     """vLLM 0.34's weight reload (``restore_kv_caches``): the prefill rank registers its cache
-    again and its requests name the next generation. A decode rank handshakes anew for the
-    newer generation (forgetting the old engine metadata) and reads byte for byte; a request
-    of the older generation, whose blocks the reload overwrote, fails and is recomputed."""
+    again, its handshakes say generation 2 and its requests name it. A decode rank
+    handshakes anew for a newer generation (the old engine metadata forgotten at once) and
+    reads byte for byte; a request of an older generation, whose blocks the reload
+    overwrote, fails and is recomputed, also when it is the first a decode rank sees; a
+    request that names none (0: a streamed one) reads."""
     rank, pages, port = prefill
     decode = cache_array()
     engine = Loopback()
     puller = DecodeRank(worker_cache(decode, 1), 0, 1, engine, 2.0, 20.0)
 
-    def request(name: str, generation: int, src: int, dst: int) -> dict[str, set[Any]]:
+    def request(reader: DecodeRank, name: str, generation: int, src: int,
+                dst: int) -> dict[str, set[Any]]:  # fmt: skip
         remote = Remote(f"prefill-{port}", name, HOST, port, 1, generation)
-        puller.start([Receive(name, ((dst,),), ((src,),), remote)])
-        return finished(puller, {name})
+        reader.start([Receive(name, ((dst,),), ((src,),), remote)])
+        return finished(reader, {name})
 
+    fresh = DecodeRank(worker_cache(cache_array(), 1), 0, 1, Loopback(), 2.0, 20.0)
     try:
-        first = request("gen-1", 1, 1, 4)
-        assert first["failed"] == set()
+        assert request(puller, "gen-1", 1, 1, 4)["failed"] == set()
         np.testing.assert_array_equal(decode[4], pages[1])
         rank._engine.register([])  # the same regions, registered again
-        rank.registered_again()
+        rank.registered_again(2)
         pages[2] += 1.0  # the reload's new bytes
-        second = request("gen-2", 2, 2, 5)
-        assert second["failed"] == set()
+        assert request(puller, "gen-2", 2, 2, 5)["failed"] == set()
         np.testing.assert_array_equal(decode[5], pages[2])
-        assert engine.forgotten == [b"loopback-1"]  # the old registration's metadata
-        stale = request("late-gen-1", 1, 3, 6)
+        # The old registration's metadata, forgotten.
+        assert engine.forgotten == [tagged(Memory(), b"loopback-1")]
+        stale = request(puller, "late-gen-1", 1, 3, 6)
         assert (stale["failed"], stale["blocks"]) == ({"late-gen-1"}, {6})
         assert not decode[6].any()
+        unknown = request(puller, "no-generation", 0, 3, 7)
+        assert unknown["failed"] == set()
+        np.testing.assert_array_equal(decode[7], pages[3])
         failures = puller.stats.take()["failures"]
         assert failures == {"requests:peer_gone": 1, "recomputed_blocks:peer_gone": 1}, failures
+        # A decode rank whose first request is of the older generation: the handshake
+        # says 2, and the request fails.
+        first = request(fresh, "first-gen-1", 1, 1, 4)
+        assert (first["failed"], first["blocks"]) == ({"first-gen-1"}, {4})
     finally:
         puller.close()
+        fresh.close()
 
 
 def pull(port: int, decode: np.ndarray, request: str, prefill_tp: int = 1,
@@ -367,7 +379,7 @@ def test_faults_come_by_type_and_stay_unsupported_layout_errors(
         answer = threading.Thread(target=lambda: other.send_multipart(
             [*other.recv_multipart()[:2], b"HTTP/1.1 400"]))  # fmt: skip
         answer.start()
-        with pytest.raises(ProtocolFault, match="does not answer in pdplan-side/1"):
+        with pytest.raises(ProtocolFault, match=f"does not answer in {PROTOCOL.decode()}"):
             ask(HOST, other_port, [b"hello"], 2.0)
         answer.join()
     finally:

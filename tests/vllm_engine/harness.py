@@ -228,8 +228,9 @@ def hostile_client(port: int, seed: int = 0) -> dict[str, int]:
 
     import zmq
 
+    from pdplan.session._protocol import PROTOCOL as protocol
+
     rng = random.Random(seed)
-    protocol = b"pdplan-side/1"
     requests = [
         ([protocol, b"hello", b"[" * 4096, b"1", b"x"], "protocol"),
         ([protocol, *[b"x"] * 10000], "protocol"),

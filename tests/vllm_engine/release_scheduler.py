@@ -37,7 +37,7 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
 from pdplan.connectors.vllm import PdplanConnector
-from pdplan.connectors.vllm._connector import Registration
+from pdplan.connectors.vllm._connector import RegisteredAgain, Registration
 
 BLOCKS, BLOCK = 64, 32
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
@@ -141,6 +141,23 @@ def main() -> None:
     params = finished[0].kv_transfer_params
     seen["prefill_params"] = params
     seen["prefill_blocks_held"] = prefill.connector.has_pending_block_frees()
+
+    # A weight reload: a worker registers again and says so with a step's output, which
+    # vLLM hands its scheduler; the next request names the new generation.
+    reloaded = request("p-2", {"do_remote_decode": True}, 1)
+    prefill.add_request(reloaded)
+    step = prefill.schedule()
+    told = KVConnectorOutput(kv_connector_worker_meta=RegisteredAgain(3))
+    outputs = prefill.update_from_output(step, runner_output(step, told))
+    step = prefill.schedule()  # the generation is the scheduler's from this step on
+    again = request("p-3", {"do_remote_decode": True}, 1)
+    prefill.add_request(again)
+    step = prefill.schedule()
+    outputs = prefill.update_from_output(step, runner_output(step))
+    finished = [o for batch in outputs.values() for o in batch.outputs]
+    seen["generation_after_reload"] = [
+        o.kv_transfer_params["remote_registration_generation"] for o in finished
+    ]
 
     # The decode instance: the proxy copies the params verbatim.
     decode = scheduler(config(model, "kv_consumer"))

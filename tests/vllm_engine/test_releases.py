@@ -94,6 +94,8 @@ def test_a_request_crosses_the_release_s_scheduler_by_nixl_s_protocol(
     assert params["remote_registration_generation"] == 2
     assert params["transfer_mode"] == "pull"
     assert got["prefill_blocks_held"] is True  # held for the decode side
+    # A worker's step output after a reload carries its new generation to the scheduler.
+    assert got["generation_after_reload"] == [3]
     assert got["decode_waiting"].endswith("WAITING_FOR_REMOTE_KVS")
     [receive] = got["decode_receives"]
     name, local, remote, remote_request, port, generation = receive

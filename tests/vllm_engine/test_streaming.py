@@ -178,7 +178,7 @@ def test_a_windowed_hybrid_model_streams_what_one_instance_decodes(
     assert [d["tokens"] for d in decoded] == want
     log = decode.tail(2000)
     assert RECOMPUTED not in log, log
-    assert EARLY in log, "no slice was read while its prefill ran"
+    assert EARLY.search(log), "no slice was read while its prefill ran"
 
 
 def test_a_model_with_state_streams_what_one_instance_decodes(
@@ -212,4 +212,4 @@ def test_a_model_with_state_streams_what_one_instance_decodes(
     assert [d["tokens"] for d in decoded] == want
     log = decode.tail(2000)
     assert RECOMPUTED not in log, log
-    assert EARLY in log, "no slice was read while its prefill ran"
+    assert EARLY.search(log), "no slice was read while its prefill ran"

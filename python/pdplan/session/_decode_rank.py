@@ -58,7 +58,8 @@ class DecodeRank:
         self._form = (strided, model)  # strided rows where the cost model weighs them less
         self._transfer_timeout = transfer_timeout
         self.stats = stats or SessionStats()
-        self._peers = Peers(cache, ParallelLayout("decode", tp_size), tp_rank, handshake_timeout)
+        self._peers = Peers(cache, ParallelLayout("decode", tp_size), tp_rank, handshake_timeout,
+                            self._forget)  # fmt: skip
         self._notices = DoneNotices(handshake_timeout, lambda m: logger.warning("pdplan: %s", m))
         self._streams = Streams(cache, engine, self._peers, transfer_timeout, self._form,
                                 self.stats)  # fmt: skip
@@ -89,9 +90,6 @@ class DecodeRank:
         parts: dict[tuple[str, int], tuple[Peer, Reads]] = {}
         waiting, self._waiting = self._waiting, []
         now = time.monotonic()
-        for stale in self._peers.take_stale():
-            for info in stale.ranks.values():
-                self._engine.forget(info.engine)
         for receive, deadline in waiting:
             assert receive.remote is not None  # only requests with a remote wait
             try:
@@ -135,7 +133,12 @@ class DecodeRank:
         moved = 0
         for (_, rank), (peer, gathered) in parts.items():
             if gathered:
-                handles.append(gathered.start(self._engine, peer.ranks[rank].engine))
+                try:
+                    handle = gathered.start(self._engine, peer.ranks[rank].engine)
+                except Exception:  # the engine refused the read: its requests fail below
+                    logger.exception("pdplan: a read of prefill rank %d could not start", rank)
+                    handle = None
+                handles.append(handle)
                 self.stats.posted(*gathered.posted[1:])
                 moved += gathered.posted[0]
         self._pulls.append(Pull(batch, handles, now + self._transfer_timeout, now, moved))
@@ -208,6 +211,14 @@ class DecodeRank:
         if receive.local_blocks:
             self._finished.add(receive.request_id)
 
+    def _forget(self, peer: Peer) -> None:
+        """A peer dropped: the engine forgets its ranks' metadata before a new handshake's."""
+        for info in peer.ranks.values():
+            try:
+                self._engine.forget(info.engine)
+            except Exception:  # never the step: the next handshake loads it anew
+                logger.exception("pdplan: forgetting prefill rank metadata failed")
+
     def cancel(self, request_ids: list[str]) -> None:
         """Streamed requests that ended (aborted): their reads stop, their blocks are released
         once those in flight land (``take_released``)."""
@@ -259,6 +270,9 @@ class DecodeRank:
             for receive, peer, moved in pull.requests:
                 if failed:
                     self._fail(receive, TransferFailed("a read failed or timed out"))
+                    # Met anew at its next request (its registration may have changed).
+                    assert receive.remote is not None
+                    self._peers.drop(receive.remote.engine_id)
                 else:
                     self._read(receive, moved, now - pull.started)
                     self._done(receive)

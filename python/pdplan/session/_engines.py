@@ -231,10 +231,12 @@ class MooncakeEngine:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdplan-mooncake")
 
     def register(self, regions: list[tuple[int, int]]) -> None:
-        location = "*" if self.memory.kind == "DRAM" else f"cuda:{self.memory.device}"
+        device = self.memory.kind == "VRAM"
+        # Host memory as every Mooncake build takes it; a device's location only where it is.
+        where = (f"cuda:{self.memory.device}",) if device else ()
         for address, size in regions:
-            if self._engine.register_memory(address, size, location) != 0:
-                raise SettingsFault(f"Mooncake could not register {size} bytes at {location}")
+            if self._engine.register_memory(address, size, *where) != 0:
+                raise SettingsFault(f"Mooncake could not register {size} bytes {where}")
             self._regions.append(address)
 
     def deregister(self) -> None:
@@ -269,6 +271,8 @@ class MooncakeEngine:
         return 0
 
     def state(self, handle: Any) -> str:
+        if handle is None:
+            return "ERR"
         future: Future[int] = handle
         if not future.done():
             return "PROC"

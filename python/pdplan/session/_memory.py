@@ -49,7 +49,7 @@ class Memory:
             len(tag) > MAX_TAG
             or not colon
             or kind not in KINDS
-            or not device.isdigit()
+            or not (device.isascii() and device.isdecimal())
             or int(device) > MAX_DEVICE
         ):
             raise ProtocolFault(f"the peer's engine names its memory {shown(tag)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,8 +55,10 @@ class Peer:
     decode_rank: int
     ranks: dict[int, PrefillRankInfo] = field(default_factory=dict)
     gone: set[int] = field(default_factory=set)
-    #: The instance's registration generation the handshake met.
+    #: The instance's registration generation, as its first handshake reply said.
     generation: int = 0
+    #: Dropped for a newer registration (or a failed read): its streams end, no read starts.
+    stale: bool = False
     prepared: dict[int, PreparedTransfer] = field(default_factory=dict)
     _plan: RankTransferPlan | None = None
     _waits: dict[int, int] | None = None
@@ -125,21 +128,33 @@ class Peer:
         return prepared
 
 
+def _check_generation(remote: Remote, peer: Peer) -> None:
+    """A request whose blocks were written before its instance registered its cache again
+    fails: they are gone. Generation 0 is a request that does not know (a streamed one, or
+    one from a runtime without generations)."""
+    if 0 < remote.generation < peer.generation:
+        raise PeerGone(
+            f"the prefill instance registered its cache again (generation {peer.generation}) "
+            f"after this request's blocks were written (generation {remote.generation}): "
+            "they are gone"
+        )
+
+
 class Peers:
     """The prefill instances one decode rank reads, each connected in the background:
     ``connected`` never waits on the network."""
 
     def __init__(self, cache: WorkerCache, layout: ParallelLayout, rank: int,
-                 timeout_seconds: float) -> None:  # fmt: skip
+                 timeout_seconds: float,
+                 on_dropped: Callable[[Peer], None] = lambda peer: None) -> None:  # fmt: skip
         self._cache = cache
         self._layout = layout
         self._rank = rank
         self.timeout = timeout_seconds
         self._frames = encode_layout(layout, cache.cache.buffers)
         self._peers: dict[str, Peer] = {}
-        # Peers met again after their instance registered its memory anew: what the engine
-        # loaded of them is dropped (``take_stale``).
-        self._stale: list[Peer] = []
+        # Told of a peer dropped (its engine metadata to forget before the next handshake).
+        self._on_dropped = on_dropped
         self._connecting: dict[str, Future[Peer]] = {}
         # Instances whose handshake failed: the fault, and since when.
         self._failed: dict[str, tuple[TransferFault, float]] = {}
@@ -149,18 +164,12 @@ class Peers:
         """The instance's peer once connected, None while it connects; its fault when it
         could not be (each request waiting for it fails with it)."""
         peer = self._peers.get(remote.engine_id)
-        if peer is not None and remote.generation > peer.generation:
+        if peer is not None and 0 < peer.generation < remote.generation:
             # It registered its memory again (it slept, or reloaded weights): handshake anew.
-            self._stale.append(self._peers.pop(remote.engine_id))
-            self._failed.pop(remote.engine_id, None)
+            self.drop(remote.engine_id)
             peer = None
-        if peer is not None and remote.generation < peer.generation:
-            raise PeerGone(
-                f"the prefill instance registered its cache again (generation "
-                f"{peer.generation}) after this request's blocks were written (generation "
-                f"{remote.generation}): they are gone"
-            )
         if peer is not None and peer.ready:
+            _check_generation(remote, peer)
             return peer
         future = self._connecting.get(remote.engine_id)
         if future is None:
@@ -181,12 +190,16 @@ class Peers:
             self._failed[remote.engine_id] = (fault, time.monotonic())
             raise fault from None
         self._peers[remote.engine_id] = peer
+        _check_generation(remote, peer)
         return peer
 
-    def take_stale(self) -> list[Peer]:
-        """Peers replaced by a handshake with a newer registration generation."""
-        stale, self._stale = self._stale, []
-        return stale
+    def drop(self, engine_id: str) -> None:
+        """Forgets an instance's peer (its next request handshakes anew)."""
+        peer = self._peers.pop(engine_id, None)
+        self._failed.pop(engine_id, None)
+        if peer is not None:
+            peer.stale = True
+            self._on_dropped(peer)
 
     def ask(self, host: str, port: int, frames: list[bytes]) -> list[bytes]:
         """One request to a prefill rank, waiting the handshake timeout at most."""
@@ -229,7 +242,6 @@ class Peers:
                 ) from None
             for silent in range(rank):
                 peer.lose(silent)
-            peer.generation = remote.generation
             return peer
         raise first_error or PeerGone(f"no prefill rank at {host}:{port}")
 
@@ -250,7 +262,7 @@ class Peers:
                 f"{shown(reply[4])}, here {shown(planner.fingerprint)}); run one pdplan version "
                 "on both sides"
             )
-        peer = Peer(host, port, planner, self._rank)
+        peer = Peer(host, port, planner, self._rank, generation=info.generation)
         peer.ranks[rank] = info
         return peer
 

@@ -25,6 +25,7 @@ from pdplan.session._protocol import (
     check_identity,
     done_lines,
     encode_progress,
+    generation_frame,
     hello_fields,
     progress_names,
 )
@@ -51,8 +52,10 @@ class PrefillRank:
         host: str,
         port: int,
         stats: SessionStats | None = None,
+        generation: int = 1,
     ) -> None:
         self._cache = cache
+        self._generation = generation
         self._tp_rank = tp_rank
         self._layout = ParallelLayout("prefill", tp_size)
         self._engine = engine
@@ -73,10 +76,17 @@ class PrefillRank:
         self.stats = stats or SessionStats()
         self._server = SideChannelServer(host, port + tp_rank, self._answer, self.stats.refused)
 
-    def registered_again(self) -> None:
-        """The engine registered the cache anew: handshakes from now on give its metadata
-        (decode ranks meet it when a request names the newer registration generation)."""
+    def registered_again(self, generation: int) -> None:
+        """The engine registered the cache anew, ``generation`` times in all: handshakes
+        from now on give its metadata and generation (a decode rank handshakes anew when a
+        request names a newer one, or a read of the old registration fails)."""
         self._engine_metadata = self._engine.metadata()
+        self._generation = generation
+
+    @property
+    def streaming(self) -> bool:
+        """Whether the running step makes some stream's tokens final."""
+        return bool(self._expected)
 
     @property
     def serving(self) -> bool:
@@ -154,6 +164,7 @@ class PrefillRank:
             *self._frames,
             self._engine_metadata,
             planner.fingerprint.encode(),
+            generation_frame(self._generation),
         ]
 
     def _done(self, heard: list[tuple[str, int]]) -> None:

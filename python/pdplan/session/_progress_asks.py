@@ -38,8 +38,12 @@ class AskSockets:
         socket = self._sockets.get(endpoint)
         if socket is None:
             socket = zmq.Context.instance().socket(zmq.DEALER)
-            configure(socket, self._timeout)
-            socket.connect(f"tcp://{endpoint[0]}:{endpoint[1]}")
+            try:
+                configure(socket, self._timeout)
+                socket.connect(f"tcp://{endpoint[0]}:{endpoint[1]}")
+            except Exception:
+                socket.close()
+                raise
             self._sockets[endpoint] = socket
         # A DEALER speaks to the server's ROUTER as a REQ would: an empty delimiter first.
         socket.send_multipart([b"", PROTOCOL, *frames], zmq.NOBLOCK)
@@ -63,9 +67,13 @@ class AskSockets:
         if socket is not None:
             socket.close()
 
-    def close(self) -> None:
-        for endpoint in list(self._sockets):
+    def keep(self, endpoints: set[Endpoint]) -> None:
+        """Closes the sockets of ranks not in ``endpoints`` (no stream asks them now)."""
+        for endpoint in [e for e in self._sockets if e not in endpoints]:
             self.reset(endpoint)
+
+    def close(self) -> None:
+        self.keep(set())
 
 
 class ProgressRound:

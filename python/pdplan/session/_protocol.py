@@ -28,11 +28,14 @@ from pdplan.session._faults import (
     cause_of,
     fault_of,
 )
+from pdplan.session._memory import untagged
 from pdplan.session._progress import Progress
 from pdplan.session._requests import block_groups
 
-#: The protocol's first frame: a peer speaking another version is refused by it.
-PROTOCOL = b"pdplan-side/1"
+#: The protocol's first frame: a peer speaking another version is refused by it. Version 2:
+#: a handshake reply names the rank's registration generation, and its engine metadata the
+#: memory it registered.
+PROTOCOL = b"pdplan-side/2"
 HELLO, DONE, PROGRESS = b"hello", b"done", b"progress"
 OK, REFUSED = b"ok", b"refused"
 
@@ -125,22 +128,43 @@ def hello_fields(body: list[bytes]) -> tuple[bytes, bytes, bytes]:
 
 @dataclass(frozen=True)
 class PrefillRankInfo:
-    """What one prefill rank told in its handshake."""
+    """What one prefill rank told in its handshake: its buffers' addresses, its engine's
+    metadata (the memory it registered tagged ahead), and how many times it has registered
+    its cache."""
 
     bases: tuple[int, ...]
     limits: tuple[int, ...]
     engine: bytes
+    generation: int
+
+
+#: Digits a registration generation takes at most.
+MAX_GENERATION_DIGITS = 10
+
+
+def generation_frame(generation: int) -> bytes:
+    return str(generation).encode()
+
+
+def generation_of(frame: bytes) -> int:
+    """A registration generation, read strictly (ASCII digits, bounded)."""
+    if not (0 < len(frame) <= MAX_GENERATION_DIGITS and frame.isdigit()):
+        raise ProtocolFault(f"a registration generation is 1 to {MAX_GENERATION_DIGITS} digits")
+    return int(frame)
 
 
 def rank_info(frames: list[bytes]) -> PrefillRankInfo:
-    """A handshake reply's addresses and engine metadata (``identity, version, payload,
-    engine, fingerprint``)."""
-    if len(frames) != 5:
-        raise ProtocolFault(f"a handshake reply has {len(frames)} frames, not 5")
+    """A handshake reply's addresses, engine metadata and registration generation
+    (``identity, version, payload, engine, fingerprint, generation``), each checked here, so
+    a bad one fails the handshake, never a read."""
+    if len(frames) != 6:
+        raise ProtocolFault(f"a handshake reply has {len(frames)} frames, not 6")
     layout = decode_layout(frames[1], frames[2], max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
     if layout.base_ptrs is None or layout.limits is None:
         raise ProtocolFault("the prefill rank sent no base addresses")
-    return PrefillRankInfo(tuple(layout.base_ptrs), tuple(layout.limits), frames[3])
+    untagged(frames[3])  # the memory it registered, named as the protocol says
+    return PrefillRankInfo(tuple(layout.base_ptrs), tuple(layout.limits), frames[3],
+                           generation_of(frames[5]))  # fmt: skip
 
 
 # -- done -------------------------------------------------------------------------------------

@@ -190,7 +190,12 @@ class Streams:
         asking = self._asking
         if asking is None:
             return {}
-        notices = asking.poll()
+        try:
+            notices = asking.poll()
+        except Exception:  # the round's own fault: every stream waits for the next round
+            logger.exception("pdplan: a progress ask failed")
+            self._asking = None
+            return {}
         if notices is None:
             return {}
         self._asking = None
@@ -214,6 +219,7 @@ class Streams:
                 continue
             for endpoint in endpoints:
                 asked.setdefault(endpoint, []).append(following.stream.stream_id)
+        self._sockets.keep(set(asked))  # a rank no stream reads any more: its socket closed
         if asked:
             self._asking = ProgressRound(self._sockets, asked, self._peers.timeout)
 
@@ -228,6 +234,8 @@ class Streams:
 
     def _advance_one(self, following: Following, notice: Progress | None) -> str | None:
         """None when the stream read everything, a cause when it failed, "" while it goes."""
+        if following.peer.stale:  # its instance registered anew: what it read is gone
+            return PeerGone.cause if self._landed(following) else ""
         states = [self._engine.state(h) for h in following.handles]
         if "ERR" in states:
             return TransferFailed.cause

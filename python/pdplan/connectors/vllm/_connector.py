@@ -13,6 +13,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorHandshakeMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
     SupportsHMA,
 )
 
@@ -40,9 +41,22 @@ logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 @dataclass
 class Registration(KVConnectorHandshakeMetadata):  # type: ignore[misc]
     """What a worker tells its scheduler after registering the cache: how many times it
-    has (``restore_kv_caches`` registers again)."""
+    has (``restore_kv_caches`` registers again). vLLM collects it at start and after a
+    wake-up."""
 
     generation: int
+
+
+@dataclass
+class RegisteredAgain(KVConnectorWorkerMetadata):  # type: ignore[misc]
+    """The same, with a step's output, once after each registration (a weight reload
+    re-registers without vLLM collecting handshake metadata again)."""
+
+    generation: int
+
+    def aggregate(self, other: Any) -> RegisteredAgain:
+        theirs = other.generation if isinstance(other, RegisteredAgain) else 0
+        return RegisteredAgain(max(self.generation, theirs))
 
 
 def _session_logs_under_vllm() -> None:
@@ -83,6 +97,8 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         # The regions registered, and how many times (a restore registers them again).
         self._regions: list[tuple[int, int]] = []
         self._generation = 0
+        self._generation_told = 1  # the first is told through the handshake metadata
+        self._on_device = False
         _session_logs_under_vllm()
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
@@ -102,6 +118,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         cache = describe(self._vllm_config, self._kv_cache_config, kv_caches)
         host = self._settings.side_channel_host
         self._regions, memory = regions(kv_caches, self._buffer_device)
+        self._on_device = memory.kind == "VRAM"
         self._engine = make_engine(
             self._settings.engine, f"{self._engine_id}-{rank}", host,
             self._settings.nixl_progress_delay_us, memory,
@@ -112,7 +129,8 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         model = self._settings.cost_model()
         if self._producer:
             port = self._settings.side_channel_port
-            self._prefill = PrefillRank(cache, rank, size, self._engine, host, port, self._stats)
+            self._prefill = PrefillRank(cache, rank, size, self._engine, host, port, self._stats,
+                                        self._generation)  # fmt: skip
         if self._consumer:
             self._decode = DecodeRank(
                 cache, rank, size, self._engine,
@@ -164,11 +182,17 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._engine.register(self._regions)
         self._generation += 1
         if self._prefill is not None:
-            self._prefill.registered_again()
+            self._prefill.registered_again(self._generation)
         logger.info("pdplan: the KV cache registered again (generation %d)", self._generation)
 
     def get_handshake_metadata(self) -> Registration | None:
         return None if self._engine is None else Registration(self._generation)
+
+    def build_connector_worker_meta(self) -> RegisteredAgain | None:
+        if self._generation <= self._generation_told:
+            return None
+        self._generation_told = self._generation
+        return RegisteredAgain(self._generation)
 
     def set_xfer_handshake_metadata(self, metadata: dict[int, Any]) -> None:
         if self._scheduler is not None:
@@ -209,14 +233,20 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
                 except UnsupportedPDLayoutError:  # never fails the forward pass: not read ahead
                     self._layer_of[layer_name] = None
             layer = self._layer_of[layer_name]
-            if layer is not None:
+            # A device's layer kernels may still run when it is handed over: its tokens are
+            # published with the step's (``wait_for_save``), not read ahead.
+            if layer is not None and not self._on_device:
                 self._prefill.saved(layer)
 
     def wait_for_save(self) -> None:
-        # The step's forward pass is done: its streams' tokens are final in the cache (the
-        # CPU backend computes synchronously; a device cache, which the connector refuses,
-        # would need the step's event first).
+        # The step's forward pass is done: its streams' tokens are final in the cache once
+        # its kernels are (the CPU backend computes synchronously; a device's are waited for,
+        # only in steps that run streams).
         if self._prefill is not None:
+            if self._on_device and self._prefill.streaming:
+                import torch
+
+                torch.cuda.current_stream().synchronize()
             self._prefill.publish()
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
@@ -293,6 +323,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         return self._side().step(scheduler_output)
 
     def update_connector_output(self, connector_output: Any) -> None:
+        told = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(told, RegisteredAgain):
+            self._side().registered([told.generation])
         self._side().freed(
             set(getattr(connector_output, "finished_sending", None) or ()),
             set(getattr(connector_output, "finished_recving", None) or ()),
