@@ -1,12 +1,14 @@
 """The connector under each vLLM release it supports: 0.32 (installed, as the real-engine
 tests run it), 0.33 and 0.34 (their CUDA wheels' Python, unpacked by scripts/test_vllm.sh:
-no CPU build of them exists, and their workers need CUDA's compiled ops, but their schedulers
-and connector API import and run here). In each, ``release_scheduler.py`` drives the
-connector's scheduler side inside the release's real ``Scheduler``: a prefill request
-finishes with NixlConnector's request protocol of that release, a decode request copied from
-it waits for its KV and runs once the worker reports it read. The oracle: the releases' own
-key sets (NixlConnector's ``request_finished``, versions 14 to 16), the prompt's length and
-blocks, and the base class's own hooks and signatures."""
+no CPU build of them exists, and their model runners need CUDA's compiled ops, but their
+schedulers, connector API and distributed state import and run here). In each,
+``release_connector.py`` drives the connector's scheduler side inside the release's real
+``Scheduler``: a prefill request finishes with NixlConnector's request protocol of that
+release, a decode request copied from it waits for its KV and runs once the worker reports it
+read; then the connector's worker side, a prefill and a decode worker, moves that request's
+blocks through NIXL. The oracle: the releases' own key sets (NixlConnector's
+``request_finished``, versions 14 to 16), the prompt's length and blocks, the base class's
+own hooks and signatures, and the caches' bytes."""
 
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def seen(model: Path) -> dict[str, dict[str, Any]]:
     for release in RELEASES:
         paths = [overlay(release), os.environ.get("PYTHONPATH", "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-        run = subprocess.run([sys.executable, str(HERE / "release_scheduler.py"), str(model)],
+        run = subprocess.run([sys.executable, str(HERE / "release_connector.py"), str(model)],
                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
         lines = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
         assert run.returncode == 0 and lines, run.stderr[-4000:]
@@ -104,3 +106,20 @@ def test_a_request_crosses_the_release_s_scheduler_by_nixl_s_protocol(
     # Once read, the decode request runs from the prompt's end: one token scheduled.
     assert got["decode_computed"] == PROMPT_TOKENS
     assert got["decode_scheduled"] == {"d-1": 1}
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_release_s_workers_move_the_request_exactly(
+    seen: dict[str, dict[str, Any]], release: str
+) -> None:
+    """The worker side under the release's distributed state: the decode worker reads the
+    scheduler's request through NIXL from the prefill worker, in caches shaped as vLLM's CPU
+    backend shapes them (random prefill pages, a zeroed decode cache)."""
+    got = seen[release]["worker"]
+    assert got["received"] == ["d-1"]
+    assert got["exact"] is True  # its blocks equal the prefill side's, byte for byte
+    assert got["untouched"] is True  # and no other block was written
+    blocks = -(-PROMPT_TOKENS // BLOCK)
+    # Blocks x layers x (block size x KV heads x 2 x head size) float32s.
+    assert got["bytes_read"] == blocks * 2 * BLOCK * 2 * 2 * 64 * 4
+    assert got["load_errors"] == []

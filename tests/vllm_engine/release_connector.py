@@ -1,16 +1,21 @@
-"""Drives PdplanConnector's scheduler side inside one vLLM release's real ``Scheduler`` (its
-model runner's output written by hand, as vLLM's own connector unit tests do), and prints what
-it saw as JSON. Run by ``test_releases.py`` under each supported release: 0.32 as installed,
-0.33 and 0.34 from their CUDA wheels' Python (their schedulers and connector API import and
-run on a CPU; their workers need the CUDA build's compiled ops).
+"""Drives PdplanConnector inside one vLLM release and prints what it saw as JSON: its
+scheduler side inside the release's real ``Scheduler`` (its model runner's output written by
+hand, as vLLM's own connector unit tests do), then its worker side under the release's
+distributed state, a prefill and a decode worker in this process moving the request's blocks
+through NIXL, caches shaped as vLLM's CPU backend shapes them. Run by ``test_releases.py``
+under each supported release: 0.32 as installed, 0.33 and 0.34 from their CUDA wheels' Python
+(their schedulers, connector API and distributed state import and run on a CPU; their model
+runners need the CUDA build's compiled ops).
 
-    python release_scheduler.py MODEL_FOLDER"""
+    python release_connector.py MODEL_FOLDER"""
 
 from __future__ import annotations
 
 import inspect
 import json
+import os
 import sys
+import time
 from typing import Any
 
 import torch
@@ -63,13 +68,17 @@ def config(model: str, role: str) -> VllmConfig:
     return out
 
 
-def scheduler(vllm_config: VllmConfig) -> Scheduler:
+def scheduler_cache_config() -> KVCacheConfig:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
     size = spec.page_size_bytes * BLOCKS
     tensors = [KVCacheTensor(size=size, layers=[n], layer_stride=size,
                              block_stride=spec.page_size_bytes) for n in LAYERS]  # fmt: skip
-    cache = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors,
-                          kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])  # fmt: skip
+    return KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=tensors,
+                         kv_cache_groups=[KVCacheGroupSpec(LAYERS, spec)])  # fmt: skip
+
+
+def scheduler(vllm_config: VllmConfig) -> Scheduler:
+    cache = scheduler_cache_config()
     args: dict[str, Any] = dict(vllm_config=vllm_config, kv_cache_config=cache,
                                 structured_output_manager=StructuredOutputManager(vllm_config),
                                 block_size=BLOCK)  # fmt: skip
@@ -95,6 +104,72 @@ def request(name: str, params: dict[str, Any], max_tokens: int) -> Request:
     if made.kv_transfer_params is None:
         made.kv_transfer_params = params
     return made
+
+
+def workers(model: str, leases: Any, receiving: Any) -> dict[str, Any]:
+    """A prefill and a decode worker in this process: the prefill one serves ``leases``'
+    blocks, the decode one reads ``receiving``'s through NIXL; the decode cache's blocks are
+    compared with the prefill cache's."""
+    import socket
+    import types
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.parallel_state import (
+        ensure_model_parallel_initialized,
+        init_distributed_environment,
+    )
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as backend
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(config(model, "kv_both")):  # as a worker starts
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"tcp://127.0.0.1:{free}")  # fmt: skip
+        ensure_model_parallel_initialized(1, 1)
+    torch.manual_seed(0)
+    caches = {}
+    connectors = {}
+    for role, kind in (("kv_producer", "prefill"), ("kv_consumer", "decode")):
+        vllm_config = config(model, role)
+        # The layers as the model runner registers them: each names its attention backend.
+        vllm_config.compilation_config.static_forward_context = {
+            name: types.SimpleNamespace(attn_backend=backend) for name in LAYERS
+        }
+        made = scheduler_cache_config()
+        connector = PdplanConnector(vllm_config, KVConnectorRole.WORKER, made)
+        # vLLM's CPU backend: (blocks, KV heads, block size, 2 x head size) a layer.
+        shape = (BLOCKS, 2, BLOCK, 2 * 64)
+        tensors = {n: (torch.randn(shape) if kind == "prefill" else torch.zeros(shape))
+                   for n in LAYERS}  # fmt: skip
+        connector.register_kv_caches(tensors)
+        caches[kind], connectors[kind] = tensors, connector
+    prefill, decode = connectors["prefill"], connectors["decode"]
+    prefill.bind_connector_metadata(leases)
+    prefill.start_load_kv(None)
+    prefill.wait_for_save()
+    prefill.clear_connector_metadata()
+    decode.bind_connector_metadata(receiving)
+    decode.start_load_kv(None)
+    decode.clear_connector_metadata()
+    received: set[str] = set()
+    deadline = time.monotonic() + 60
+    while "d-1" not in received and time.monotonic() < deadline:
+        received |= decode.get_finished(set())[1] or set()
+        time.sleep(0.01)
+    [receive] = receiving.receives
+    local, remote = list(receive.local_blocks[0]), list(receive.remote_blocks[0])
+    exact = all(
+        torch.equal(caches["decode"][n][local], caches["prefill"][n][remote]) for n in LAYERS
+    )
+    others = [b for b in range(BLOCKS) if b not in local]
+    untouched = all(not caches["decode"][n][others].any() for n in LAYERS)
+    stats = decode.get_kv_connector_stats()
+    return {"received": sorted(received), "exact": exact, "untouched": untouched,
+            "bytes_read": stats.data["counts"].get("bytes_read") if stats else None,
+            "load_errors": sorted(decode.get_block_ids_with_load_errors())}  # fmt: skip
 
 
 def overridden_signatures() -> dict[str, list[str]]:
@@ -147,6 +222,7 @@ def main() -> None:
     reloaded = request("p-2", {"do_remote_decode": True}, 1)
     prefill.add_request(reloaded)
     step = prefill.schedule()
+    leases = step.kv_connector_metadata  # p-1's blocks held for the decode side
     told = KVConnectorOutput(kv_connector_worker_meta=RegisteredAgain(3))
     outputs = prefill.update_from_output(step, runner_output(step, told))
     step = prefill.schedule()  # the generation is the scheduler's from this step on
@@ -164,7 +240,8 @@ def main() -> None:
     second = request("d-1", dict(params), 4)
     decode.add_request(second)
     step = decode.schedule()
-    receives = step.kv_connector_metadata.receives
+    receiving = step.kv_connector_metadata
+    receives = receiving.receives
     seen["decode_waiting"] = str(second.status)
     seen["decode_receives"] = [
         [r.request_id, [list(g) for g in r.local_blocks], [list(g) for g in r.remote_blocks],
@@ -176,7 +253,9 @@ def main() -> None:
     step = decode.schedule()
     seen["decode_scheduled"] = dict(step.num_scheduled_tokens)
     seen["decode_computed"] = int(second.num_computed_tokens)
-    print("RESULT " + json.dumps(seen, default=str))
+    seen["worker"] = workers(model, leases, receiving)
+    print("RESULT " + json.dumps(seen, default=str), flush=True)
+    os._exit(0)  # NIXL's agents crash the interpreter at exit; the result is out
 
 
 if __name__ == "__main__":
