@@ -17,8 +17,8 @@ if ! "$venv/bin/python" -c "import vllm, nixl._api" >/dev/null 2>&1; then
   "$venv/bin/python" -m pip install -q --upgrade pip packaging
   scripts/install_vllm.sh "$venv/bin/python"
 fi
-# vLLM 0.33 and 0.34 exist only as CUDA wheels: their Python (schedulers, connector API) is
-# unpacked beside the venv for tests/vllm_engine/test_releases.py to run on this CPU.
+# vLLM 0.33 and 0.34 exist only as CUDA wheels: their Python (schedulers, connector API,
+# distributed state) is unpacked beside the venv for tests/vllm_engine/test_releases.py.
 for release in 0.33.0 0.34.0; do
   if [ ! -f "$cache/vllm-$release/vllm/__init__.py" ]; then
     "$venv/bin/python" -m pip download -q --no-deps "vllm==$release" -d "$cache/wheels-gpu"
