@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -43,6 +44,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 from pdplan.connectors.vllm import PdplanConnector
 from pdplan.connectors.vllm._connector import RegisteredAgain, Registration
+from pdplan.connectors.vllm._metadata import StepMetadata
 
 BLOCKS, BLOCK = 64, 32
 LAYERS = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
@@ -167,9 +169,42 @@ def workers(model: str, leases: Any, receiving: Any) -> dict[str, Any]:
     others = [b for b in range(BLOCKS) if b not in local]
     untouched = all(not caches["decode"][n][others].any() for n in LAYERS)
     stats = decode.get_kv_connector_stats()
-    return {"received": sorted(received), "exact": exact, "untouched": untouched,
-            "bytes_read": stats.data["counts"].get("bytes_read") if stats else None,
-            "load_errors": sorted(decode.get_block_ids_with_load_errors())}  # fmt: skip
+    out = {"received": sorted(received), "exact": exact, "untouched": untouched,
+           "bytes_read": stats.data["counts"].get("bytes_read") if stats else None,
+           "load_errors": sorted(decode.get_block_ids_with_load_errors())}  # fmt: skip
+
+    # A weight reload: the prefill worker drops and remakes its registration, tells its
+    # scheduler once, and its pages change; a request naming the new generation is read
+    # through the new registration (the decode worker handshakes anew).
+    prefill.unregister_kv_caches()
+    prefill.restore_kv_caches()
+    told = [prefill.build_connector_worker_meta(), prefill.build_connector_worker_meta()]
+    out["told_after_reload"] = [None if t is None else t.generation for t in told]
+    out["handshake_generation"] = prefill.get_handshake_metadata().generation
+    for name in LAYERS:
+        caches["prefill"][name].copy_(torch.randn(caches["prefill"][name].shape))
+        caches["decode"][name].zero_()
+    newer = replace(receive, request_id="d-2", remote=replace(receive.remote, generation=2))
+    older = replace(receive, request_id="d-3", remote=replace(receive.remote, generation=1))
+    for reading in (newer, older):
+        decode.bind_connector_metadata(StepMetadata(receives=[reading]))
+        decode.start_load_kv(None)
+        decode.clear_connector_metadata()
+        got: set[str] = set()
+        deadline = time.monotonic() + 60
+        while reading.request_id not in got and time.monotonic() < deadline:
+            got |= decode.get_finished(set())[1] or set()
+            time.sleep(0.01)
+        out[f"{reading.request_id}_received"] = sorted(got)
+        out[f"{reading.request_id}_load_errors"] = sorted(decode.get_block_ids_with_load_errors())
+        out[f"{reading.request_id}_exact"] = all(
+            torch.equal(caches["decode"][n][local], caches["prefill"][n][remote]) for n in LAYERS
+        )
+        if reading is newer:
+            for name in LAYERS:
+                caches["decode"][name].zero_()
+    out["older_left_zero"] = all(not caches["decode"][n].any() for n in LAYERS)
+    return out
 
 
 def overridden_signatures() -> dict[str, list[str]]:

@@ -26,6 +26,13 @@ GOOD = {"remote_engine_id": "e", "remote_request_id": "r", "remote_host": "127.0
         ("tp_size", 10**9, r"tp_size must be an integer in \[1, "),
         ("remote_host", "h" * 1000, r"remote_host must be a string of 1 to 256"),
         ("remote_engine_id", None, r"remote_engine_id must be a string"),
+        ("remote_registration_generation", -1, r"remote_registration_generation must be an "),
+        ("remote_registration_generation", True, r"remote_registration_generation must be "),
+        ("remote_registration_generation", "2", r"remote_registration_generation must be "),
+        ("remote_registration_generation", 1 << 40, r"generation must be an integer in \[0, "),
+        ("pp_size", 2, r"pp_size=2: PdplanConnector reads prefill instances with pp_size 1"),
+        ("dcp_size", 4, r"dcp_size=4: PdplanConnector reads prefill instances with dcp_size 1"),
+        ("pp_size", [2], r"pp_size must be an integer"),
     ],
 )
 def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, message: str) -> None:
@@ -33,6 +40,8 @@ def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, mes
     from pdplan.connectors.vllm._transfer_params import remote_of
 
     assert remote_of(GOOD).port == 5600
+    assert remote_of(GOOD).generation == 0  # a 0.32 prefill side names none
+    assert remote_of({**GOOD, "remote_registration_generation": 3}).generation == 3
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         remote_of({**GOOD, key: value})
 

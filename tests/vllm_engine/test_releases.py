@@ -108,6 +108,11 @@ def test_a_request_crosses_the_release_s_scheduler_by_nixl_s_protocol(
     assert got["decode_scheduled"] == {"d-1": 1}
 
 
+def local_blocks(got: dict[str, Any]) -> list[int]:
+    [receive] = got["decode_receives"]
+    return [b for group in receive[1] for b in group]
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_the_release_s_workers_move_the_request_exactly(
     seen: dict[str, dict[str, Any]], release: str
@@ -123,3 +128,12 @@ def test_the_release_s_workers_move_the_request_exactly(
     # Blocks x layers x (block size x KV heads x 2 x head size) float32s.
     assert got["bytes_read"] == blocks * 2 * BLOCK * 2 * 2 * 64 * 4
     assert got["load_errors"] == []
+    # A weight reload: registered again, told to the scheduler once, said in handshakes.
+    assert got["told_after_reload"] == [2, None]
+    assert got["handshake_generation"] == 2
+    # A request of the new generation is read, byte for byte, from the reloaded pages.
+    assert (got["d-2_received"], got["d-2_load_errors"], got["d-2_exact"]) == (["d-2"], [], True)
+    # One of the old generation (written before the reload) is recomputed, never read.
+    assert got["d-3_received"] == ["d-3"]
+    assert got["d-3_load_errors"] == sorted(local_blocks(seen[release]))
+    assert got["older_left_zero"] is True

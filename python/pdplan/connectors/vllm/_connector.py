@@ -173,9 +173,11 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
 
     def restore_kv_caches(self) -> None:
         """The cache is back: the same regions are registered again and the registration
-        generation moves on. vLLM asks the workers for their handshake metadata again, the
-        scheduler side puts the new generation in ``kv_transfer_params``; a decode side that
-        met the old one handshakes anew, and fails (recomputes) a request of an older one."""
+        generation moves on. The scheduler side learns it from the next step's output
+        (``build_connector_worker_meta``; after a wake-up vLLM also collects the handshake
+        metadata again) and puts it in ``kv_transfer_params``; each handshake says it too. A
+        decode side that met the old one handshakes anew, and fails (recomputes) a request of
+        an older one."""
         if self._engine is None or not self._regions:
             return
         self._engine.deregister()  # idempotent: restore without unregister registers once
