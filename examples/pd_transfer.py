@@ -63,6 +63,7 @@ class Buffer:
     parts: tuple[int, ...] | None = None
     layer: int | None = None
     page_sizes: tuple[int, int] | None = None
+    groups: tuple[int, ...] | None = None  # each part's groups (copied below that many shards)
     planes: int = 0
     decode_planes: int | None = None  # None: as `planes`
     sliding_window: int | None = None  # a window layer's: a request moves its last tokens
@@ -76,7 +77,9 @@ class Buffer:
             unit = self.unit_bytes * page_size
             planes = self.planes if side == 0 or self.decode_planes is None else self.decode_planes
             rows = planes * page_size if planes else 1
-        row = self.logical_size // shards * unit // rows + self.padding
+        held = sum(len(run) for run in held_runs(self.logical_size, self.parts, self.groups,
+                                                  shards, 0))  # fmt: skip
+        row = held * unit // rows + self.padding
         return BufferLayout(
             self.index,
             self.kind,
@@ -91,6 +94,7 @@ class Buffer:
             self.layer,
             self.sliding_window,
             self.attention_chunk,
+            logical_part_groups=self.groups,
         )
 
 
@@ -338,16 +342,36 @@ def kv_cache(
     )
 
 
+def held_runs(
+    logical_size: int,
+    parts: tuple[int, ...] | None,
+    groups: tuple[int, ...] | None,
+    shards: int,
+    shard: int,
+) -> list[range]:
+    """The logical units shard ``shard`` of ``shards`` holds of each part, in its item's order:
+    each part cut into one equal run a shard, or, where the part has fewer groups than there
+    are shards, the whole group the shard's heads read (group ``shard * groups // shards``)."""
+    runs, start = [], 0
+    for i, size in enumerate(parts or (logical_size,)):
+        pieces = shards if groups is None or groups[i] >= shards else groups[i]
+        piece = shard * pieces // shards
+        runs.append(range(start + piece * size // pieces, start + (piece + 1) * size // pieces))
+        start += size
+    return runs
+
+
 def held_units(buffer: BufferLayout, tp: int, tp_rank: int) -> np.ndarray:
     """The logical units a rank holds, in its item's order: ranks in replica groups share a
-    shard; each part of the axis is cut into one equal run per group, part after part."""
-    units = np.arange(buffer.logical_size)
+    shard; each part of the axis is cut into one equal run per shard (or copied, a group a
+    shard, where it has fewer groups than shards), part after part."""
     if buffer.logical_axis == "replicated":
-        return units
-    groups = tp // buffer.tp_replica_group_size
-    parts = np.split(units, np.cumsum(buffer.logical_parts or (buffer.logical_size,))[:-1])
-    group = tp_rank // buffer.tp_replica_group_size
-    return np.concatenate([np.split(part, groups)[group] for part in parts])
+        return np.arange(buffer.logical_size)
+    shards = tp // buffer.tp_replica_group_size
+    shard = tp_rank // buffer.tp_replica_group_size
+    runs = held_runs(buffer.logical_size, buffer.logical_parts, buffer.logical_part_groups,
+                     shards, shard)  # fmt: skip
+    return np.concatenate([np.arange(r.start, r.stop) for r in runs])
 
 
 def content(buffer_index: int, pages: np.ndarray, global_bytes: np.ndarray) -> np.ndarray:

@@ -416,25 +416,32 @@ fn logical(
         1
     };
     let shards = tp / replica;
-    if logical % shards != 0 || logical / shards != units {
+    let share = spec
+        .logical_parts
+        .check_cuts(logical, shards)
+        .ok()
+        .map(|()| spec.logical_parts.shard_units(logical, shards));
+    if share != Some(units) {
         // Mamba2 below n_groups: vLLM and SGLang copy B and C's groups onto every rank.
-        let copied_parts = if spec.logical_parts.given().is_empty() || units * shards <= logical {
+        let copied_parts = if spec.logical_parts.given().is_empty()
+            || !spec.logical_parts.groups().is_empty()
+            || units * shards <= logical
+        {
             ""
         } else {
             "; a rank holding more than its share of the parts is a state whose parts are \
-             copied to every rank (Mamba2's B and C when n_groups is below TP), which pdplan \
-             does not plan: use a TP size that divides n_groups on this side"
+             copied to every rank (Mamba2's B and C when n_groups is below TP): name each \
+             part's groups (logical_part_groups, n_groups for B and C)"
         };
         bail!(
             "{} holds {units} units, but a rank of TP {tp} holds {} of the buffer's \
              logical_size={logical}; check logical_size (the whole model's, not the rank's) \
              and tp_size{copied_parts}",
             unit_axis.describe(),
-            if logical % shards == 0 {
-                (logical / shards).to_string()
-            } else {
-                format!("{logical}/{shards} (not whole)")
-            }
+            share.map_or_else(
+                || format!("{logical}/{shards} (not whole)"),
+                |n| n.to_string()
+            )
         );
     }
     Ok((axis, logical, replica))

@@ -10,7 +10,7 @@ use crate::context::{shares_meet, CpSplit, TokenDeal, TokenShare};
 use crate::error::{bail, PlanResult};
 use crate::layout::{BufferLayout, ContextParallel, ParallelLayout};
 use crate::ranks::Slot;
-use crate::routing::{replicated_source, Class, DecodeReplicas, Sharding};
+use crate::routing::{replicated_source, Class, DecodeReplicas, Sharding, Units};
 
 /// One side's token dealing: its context fields and the deal they make.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,13 +49,6 @@ impl SideTokens {
     pub const fn share(&self, slot: Slot) -> TokenShare {
         self.context.share(self.deal, slot)
     }
-}
-
-/// Which units of a class a need is for: a shard of a split axis, or a replicated buffer whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Units {
-    Shard(u64),
-    Whole,
 }
 
 /// Both sides' token dealing, and the prefill ranks that hold each need.
@@ -117,7 +110,10 @@ impl Holders {
         let dcp = self.prefill.context.dcp_size;
         let k = if dcp > 1 { share } else { 0 };
         if let (
-            Units::Shard(src_shard),
+            Units::Shard(src_shard)
+            | Units::Copy {
+                chosen: src_shard, ..
+            },
             Sharding::Split {
                 prefill_replica, ..
             },
@@ -159,8 +155,8 @@ impl Holders {
     }
 
     /// The prefill slots a spread may choose from for `units` and `share`, the default first:
-    /// under `DecodeReplicas::All` every holder, under `First` the CP replicas of the default
-    /// TP rank (replicated CP), else only the default.
+    /// under `DecodeReplicas::All` every holder (of a copied slice, every copy), under `First`
+    /// the CP replicas of the default TP rank (replicated CP), else only the default.
     pub fn choices(
         &self,
         class: &Class,
@@ -169,6 +165,10 @@ impl Holders {
         share: u64,
         replicas: DecodeReplicas,
     ) -> Vec<Slot> {
+        if replicas == DecodeReplicas::All && matches!(units, Units::Copy { .. }) {
+            // Any copy serves: a spread may even out the copies' readers.
+            return self.every_holder(class, units, decode_tp_rank, share);
+        }
         let (first_tp, tp_count, step) = self.tp_holders(class, units, decode_tp_rank, share);
         let tp_count = if replicas == DecodeReplicas::All {
             tp_count
@@ -201,9 +201,20 @@ impl Holders {
     ) -> Vec<Slot> {
         let (first_tp, count, step) = self.tp_holders(class, units, decode_tp_rank, share);
         // A replicated buffer is held by every TP rank of its share, not only the default.
-        let (start, count) = match units {
-            Units::Whole => (first_tp % step, self.prefill_tp / step),
-            Units::Shard(_) => (first_tp, count),
+        let (start, count) = match (units, class.sharding) {
+            (
+                Units::Copy {
+                    first, count: n, ..
+                },
+                Sharding::Split {
+                    prefill_replica, ..
+                },
+            ) => (
+                first * prefill_replica + first_tp % step,
+                n * prefill_replica / step,
+            ),
+            (Units::Whole | Units::Copy { .. }, _) => (first_tp % step, self.prefill_tp / step),
+            (Units::Shard(_), _) => (first_tp, count),
         };
         let (cp_start, cp_count) = self.cp_holders(share);
         let default = self.default_holder(class, units, decode_tp_rank, share);

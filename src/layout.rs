@@ -3,7 +3,8 @@
 
 use crate::context::{CpKv, CpSplit, TokenDeal, TokenShare};
 use crate::error::{bail, quoted, PlanError, PlanResult};
-use crate::limits::{self, MAX_PARTS, MAX_VALUE};
+use crate::limits::{self, MAX_VALUE};
+pub use crate::parts::{LogicalParts, PartCut};
 use crate::ranks::{index_below, RankCoord, RankSpace, Slot};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -357,47 +358,6 @@ fn check_context(role: Role, ranks: RankSpace, context: &ContextParallel) -> Pla
         );
     }
     Ok(())
-}
-
-/// The parts a split axis is made of, each split evenly over the TP shards: a rank holds its
-/// shard of part 0, then its shard of part 1, and so on (Mamba2's conv state is `x | B | C`).
-/// Empty means one part, the whole axis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct LogicalParts {
-    count: usize,
-    sizes: [u64; MAX_PARTS],
-}
-
-impl LogicalParts {
-    /// The axis is one part.
-    pub const WHOLE: Self = Self {
-        count: 0,
-        sizes: [0; MAX_PARTS],
-    };
-
-    pub fn new(sizes: &[u64]) -> PlanResult<Self> {
-        limits::PARTS.check("len(logical_parts)", sizes.len() as u64)?;
-        let mut parts = Self::WHOLE;
-        for (slot, &size) in parts.sizes.iter_mut().zip(sizes) {
-            if size == 0 || size > MAX_VALUE {
-                bail!("logical_parts sizes must be positive and below 2^63, got {sizes:?}");
-            }
-            *slot = size;
-        }
-        parts.count = sizes.len();
-        Ok(parts)
-    }
-
-    /// The sizes as given (empty for a whole axis).
-    pub fn given(&self) -> &[u64] {
-        self.sizes.get(..self.count).unwrap_or(&[])
-    }
-
-    /// The part sizes of an axis of `logical_size` units: the given ones, or the whole axis.
-    pub fn sizes(&self, logical_size: u64) -> impl Iterator<Item = u64> + '_ {
-        let whole = (self.count == 0).then_some(logical_size);
-        self.given().iter().copied().chain(whole)
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -115,6 +115,13 @@ fn write_buffer(out: &mut String, b: &BufferLayout) {
         let _ = write!(out, ",\"{name}\":");
         push_optional(out, value);
     }
+    // Written only where given: a layout without groups keeps the text (and fingerprint) it
+    // had before parts could name them.
+    let groups = b.logical_parts.groups();
+    if !groups.is_empty() {
+        out.push_str(",\"logical_part_groups\":");
+        push_list(out, Some(groups));
+    }
     out.push('}');
 }
 
@@ -215,6 +222,8 @@ struct BufferWire {
     sliding_window: Option<u64>,
     attention_chunk_size: Option<u64>,
     page_bytes: Option<u64>,
+    #[serde(default)]
+    logical_part_groups: Option<Vec<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -237,9 +246,14 @@ struct LayoutWire {
 
 impl BufferWire {
     fn into_buffer(self, position: usize) -> PlanResult<BufferLayout> {
-        let parts = match self.logical_parts {
-            None => LogicalParts::WHOLE,
-            Some(parts) => LogicalParts::new(&parts)?,
+        let parts = match (self.logical_parts, self.logical_part_groups) {
+            (None, None) => LogicalParts::WHOLE,
+            (Some(parts), None) => LogicalParts::new(&parts)?,
+            (Some(parts), Some(groups)) => LogicalParts::new(&parts)?.with_groups(&groups)?,
+            (None, Some(_)) => bail!(
+                "layout buffer {position}: logical_part_groups names the groups of \
+                 logical_parts, which it lacks"
+            ),
         };
         let buffer = BufferLayout {
             buffer_index: self.buffer_index,

@@ -24,6 +24,7 @@ pub mod model;
 pub mod notify;
 pub mod page;
 pub mod pairs;
+pub mod parts;
 pub mod planner;
 pub mod posting;
 pub mod prepared;

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 
 use crate::context::shares_meet;
 use crate::holders::Holders;
-use crate::layout::{BufferLayout, LogicalAxis};
+use crate::layout::{BufferLayout, LogicalAxis, LogicalParts};
 use crate::ranks::{RankSpace, Slot};
 
 /// What decides whether two ranks hold common bytes of a buffer pair: the stages holding
@@ -17,7 +17,8 @@ use crate::ranks::{RankSpace, Slot};
 pub struct Holding {
     stages: (u64, u64),
     axis: LogicalAxis,
-    parts: Vec<u64>,
+    logical_size: u64,
+    parts: LogicalParts,
     replicas: (u64, u64),
 }
 
@@ -26,7 +27,8 @@ impl Holding {
         Self {
             stages,
             axis: p.logical_axis,
-            parts: p.part_sizes().collect(),
+            logical_size: p.logical_size,
+            parts: p.logical_parts,
             replicas: (p.tp_replica_group_size, d.tp_replica_group_size),
         }
     }
@@ -36,12 +38,9 @@ impl Holding {
     fn units(&self, tp: u64, replica: u64, tp_rank: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
         let shards = (tp / replica.max(1)).max(1);
         let shard = tp_rank / replica.max(1);
-        let mut offset = 0;
-        self.parts.iter().map(move |&part| {
-            let per_shard = part / shards;
-            let start = offset + shard * per_shard;
-            offset += part;
-            (start, start + per_shard)
+        self.parts.cuts(self.logical_size, shards).map(move |cut| {
+            let (start, len) = cut.held(shard, shards);
+            (start, start + len)
         })
     }
 

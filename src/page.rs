@@ -455,6 +455,7 @@ mod tests {
             src_local: 0,
             dst_local: 1,
             len: 1,
+            copies: None,
         };
         let span = Span::of_units(&one_head, &buffer(1), &buffer(4));
         assert_eq!(

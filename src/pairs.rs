@@ -165,6 +165,11 @@ pub fn validate_pairs(
             p.logical_parts.given(),
             d.logical_parts.given(),
         )?;
+        same.check(
+            "logical part groups",
+            p.logical_parts.groups(),
+            d.logical_parts.groups(),
+        )?;
         same.check("sliding windows", p.sliding_window, d.sliding_window)?;
         same.check(
             "attention chunks",
@@ -237,23 +242,20 @@ pub fn validate_alignment(layout: &ParallelLayout, buffer: &BufferLayout) -> Pla
         );
     }
     let effective_tp = tp / replica;
-    for part in buffer.part_sizes() {
-        if part % effective_tp != 0 {
-            let what = if buffer.logical_parts.given().is_empty() {
-                "logical_size"
-            } else {
-                "a logical part of"
-            };
-            bail!(
-                "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
-                 {what}={part} is not divisible by effective_tp_size={effective_tp} \
-                 (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size \
-                 whose shard count divides {part}, or a replica group that makes it so"
-            );
-        }
+    if let Err(why) = buffer
+        .logical_parts
+        .check_cuts(buffer.logical_size, effective_tp)
+    {
+        bail!(
+            "non-aligned TP heterogeneous mapping for buffer_kind={kind} on the {role} side: \
+             {why} (tp_size_per_dp={tp} / tp_replica_group_size={replica}); choose a TP size \
+             whose shard count divides it, or a replica group that makes it so"
+        );
     }
     let item_units = buffer.page_extent() / buffer.bytes_per_logical_unit;
-    let required_units = buffer.logical_size / effective_tp;
+    let required_units = buffer
+        .logical_parts
+        .shard_units(buffer.logical_size, effective_tp);
     if item_units < required_units {
         bail!(
             "buffer item is smaller than its logical shard for buffer_kind={kind} on the \

@@ -6,7 +6,7 @@
 //! every part, part after part), and every rank of a replica group holds its group's shard.
 
 use crate::interval::Interval;
-use crate::layout::{BufferLayout, LogicalAxis, LogicalParts};
+use crate::layout::{BufferLayout, LogicalAxis, LogicalParts, PartCut};
 
 /// Which decode ranks of a replica group receive a sharded buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -83,6 +83,21 @@ pub const fn replicated_source(prefill_tp: u64, decode_tp: u64, decode_tp_rank: 
     (decode_tp_rank * prefill_tp) / decode_tp
 }
 
+/// Which units of a class a need is for: a shard of a split axis, a slice several shards hold
+/// (copies), or a replicated buffer whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Units {
+    Shard(u64),
+    /// A slice of a part that prefill shards `first..first + count` all hold (a part of fewer
+    /// groups than shards, copied), read by default from shard `chosen` among them.
+    Copy {
+        first: u64,
+        count: u64,
+        chosen: u64,
+    },
+    Whole,
+}
+
 /// A run of units a source shard and a destination both hold, placed in each rank's own unit
 /// order (a rank's item holds its shard of part 0, then of part 1, ...).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +113,28 @@ pub struct UnitOverlap {
     /// Index of the run's first unit among the units the destination rank holds.
     pub dst_local: u64,
     pub len: u64,
+    /// For a slice of a part several prefill shards hold (copies): those shards, `(first,
+    /// count)`, any of which could serve it. `None`: only `src_shard` holds these units.
+    pub copies: Option<(u64, u64)>,
+}
+
+impl UnitOverlap {
+    /// The need this run is: the units of one prefill shard, or a copied slice.
+    pub const fn units(&self) -> Units {
+        match self.copies {
+            None => Units::Shard(self.src_shard),
+            Some((first, count)) => Units::Copy {
+                first,
+                count,
+                chosen: self.src_shard,
+            },
+        }
+    }
+}
+
+/// A shard index as a position (shards are at most `MAX_WORLD_SIZE`, 2^20).
+fn usize_of(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
 /// What one decode TP rank needs of one sharding, prefill shards ascending.
@@ -139,34 +176,47 @@ pub fn route(
         return Route::Nothing;
     }
     // Shard s of S covers the fraction [s/S, (s+1)/S) of every part, so which shards overlap
-    // is the same for every part.
+    // is the same for every part; a part copied onto several of them (fewer groups than
+    // shards) is read from the first that holds the slice needed.
     let first = dst_shard * src_shards / dst_shards;
     let last = ((dst_shard + 1) * src_shards - 1) / dst_shards;
-    let mut overlaps = Vec::new();
-    for src_shard in first..=last {
-        // Round-robin position of this decode rank among the shard's readers.
-        let first_reader = src_shard * dst_shards / src_shards;
-        let reader = (dst_shard - first_reader) * decode_replica + replica_index;
-        let (mut src_base, mut dst_base, mut part_start) = (0, 0, 0);
-        for part in parts.sizes(logical_size) {
-            let (src_len, dst_len) = (part / src_shards, part / dst_shards);
-            let src = Interval::new(src_shard * src_len, (src_shard + 1) * src_len);
-            let dst = Interval::new(dst_shard * dst_len, (dst_shard + 1) * dst_len);
+    let src_cuts: Vec<PartCut> = parts.cuts(logical_size, src_shards).collect();
+    let dst_cuts = parts.cuts(logical_size, dst_shards);
+    let mut by_shard: Vec<Vec<UnitOverlap>> = vec![Vec::new(); usize_of(last - first + 1)];
+    let (mut src_base, mut dst_base) = (0, 0);
+    for (src_cut, dst_cut) in src_cuts.iter().zip(dst_cuts) {
+        let (dst_first, dst_len) = dst_cut.held(dst_shard, dst_shards);
+        let dst = Interval::new(dst_first, dst_first + dst_len);
+        for src_shard in first..=last {
+            let slice = src_cut.slice_of(src_shard, src_shards);
+            if src_shard > first && src_cut.slice_of(src_shard - 1, src_shards) == slice {
+                continue; // a copy of the slice a shard before it serves
+            }
+            let (src_first, src_len) = src_cut.held(src_shard, src_shards);
+            let src = Interval::new(src_first, src_first + src_len);
             if let Some(common) = src.intersect(dst) {
-                overlaps.push(UnitOverlap {
+                // Round-robin position of this decode rank among the shard's readers.
+                let first_reader = src_shard * dst_shards / src_shards;
+                // Shards holding one slice are consecutive: slices divide the shards.
+                let per_slice = src_shards / src_cut.slices;
+                let copies = src_cut
+                    .copied(src_shards)
+                    .then_some((slice * per_slice, per_slice));
+                by_shard[usize_of(src_shard - first)].push(UnitOverlap {
                     src_shard,
-                    reader,
-                    unit: part_start + common.start,
+                    reader: dst_shard.saturating_sub(first_reader) * decode_replica + replica_index,
+                    unit: common.start,
                     src_local: src_base + (common.start - src.start),
                     dst_local: dst_base + (common.start - dst.start),
                     len: common.len(),
+                    copies,
                 });
             }
-            src_base += src_len;
-            dst_base += dst_len;
-            part_start += part;
         }
+        src_base += src_cut.slice_len();
+        dst_base += dst_len;
     }
+    let overlaps: Vec<UnitOverlap> = by_shard.into_iter().flatten().collect();
     Route::Units(overlaps)
 }
 
@@ -239,5 +289,52 @@ mod tests {
         };
         let r = route(sharding, (1, 2), 1, DecodeReplicas::First, 1);
         assert_eq!(units(&r), vec![(0, 4, 0, 4), (0, 10, 4, 2), (0, 14, 6, 2)]);
+    }
+
+    fn one_group() -> Sharding {
+        // x | B | C = 8 | 4 | 4 channels, B and C one group each (Mamba2 with n_groups 1).
+        Sharding::Split {
+            logical_size: 16,
+            parts: LogicalParts::new(&[8, 4, 4])
+                .and_then(|p| p.with_groups(&[8, 1, 1]))
+                .unwrap(),
+            prefill_replica: 1,
+            decode_replica: 1,
+        }
+    }
+
+    #[test]
+    fn a_copied_part_is_written_on_every_decode_rank_from_one_prefill_copy() {
+        let first = |p, d, rank| route(one_group(), (p, d), rank, DecodeReplicas::First, 1);
+        // TP 1 -> 2: decode rank 1 holds x[4..8], then B and C whole (local 4..8, 8..12).
+        assert_eq!(
+            units(&first(1, 2, 1)),
+            vec![(0, 4, 0, 4), (0, 8, 4, 4), (0, 12, 8, 4)]
+        );
+        // TP 2 -> 1: x from both prefill ranks, B and C once, from the first (its copy at
+        // local 4..12 after its half of x), none from the second.
+        assert_eq!(
+            units(&first(2, 1, 0)),
+            vec![(0, 0, 0, 4), (0, 4, 8, 4), (0, 8, 12, 4), (1, 0, 4, 4)]
+        );
+        // TP 4 -> 2: decode rank 1 reads prefill ranks 2 and 3 only, its copy from rank 2.
+        let r = first(4, 2, 1);
+        assert_eq!(
+            units(&r),
+            vec![(2, 0, 0, 2), (2, 2, 4, 4), (2, 6, 8, 4), (3, 0, 2, 2)]
+        );
+        let Route::Units(overlaps) = r else {
+            panic!("routed");
+        };
+        // The copies are any of the four prefill shards; x is shard 2's alone.
+        assert_eq!(
+            overlaps[1].units(),
+            Units::Copy {
+                first: 0,
+                count: 4,
+                chosen: 2
+            }
+        );
+        assert_eq!(overlaps[0].units(), Units::Shard(2));
     }
 }

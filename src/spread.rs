@@ -13,8 +13,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::holders::Units;
 use crate::ranks::{RankSpace, Slot};
+use crate::routing::Units;
 
 /// One need of one decode rank: (decode slot, class, units, prefill token share).
 pub type NeedKey = (Slot, usize, Units, u64);

@@ -72,21 +72,31 @@ def dealt_units(buffer: BufferLayout, tp_size: int, tp_rank: int) -> np.ndarray 
 
     Ranks form replica groups of `tp_replica_group_size` consecutive ranks; each part of the
     axis (the whole axis unless `logical_parts` says otherwise) is split into one equal
-    contiguous run per group, and every rank of a group holds its runs, part after part.
+    contiguous run per group, and every rank of a group holds its runs, part after part. A
+    part of `logical_part_groups[i]` groups, fewer than the replica groups, is not split but
+    copied: replica group `g` of `G` holds its group `g * groups // G` whole (Mamba2's B and C
+    below n_groups ranks); a part's groups are never split and deal evenly or not at all.
     """
     if buffer.logical_axis == "replicated":
         return np.arange(buffer.logical_size)
     replica = buffer.tp_replica_group_size
-    groups, stray = divmod(tp_size, replica)
-    if stray or groups == 0:
+    shards, stray = divmod(tp_size, replica)
+    if stray or shards == 0:
         return None  # some ranks would belong to no whole replica group
     units = np.arange(buffer.logical_size)
     parts = buffer.logical_parts or (buffer.logical_size,)
+    groups = buffer.logical_part_groups or (None,) * len(parts)
+    shard = tp_rank // replica
     held = []
-    for part in np.split(units, np.cumsum(parts)[:-1]):
-        if len(part) % groups:
-            return None  # the part cannot be split evenly over the groups
-        held.append(np.split(part, groups)[tp_rank // replica])
+    for part, count in zip(np.split(units, np.cumsum(parts)[:-1]), groups):
+        if count is not None and count < shards:
+            if shards % count:
+                return None  # copies cannot be dealt evenly
+            held.append(np.split(part, count)[shard * count // shards])
+            continue
+        if len(part) % shards or (count is not None and count % shards):
+            return None  # the part (or its groups) cannot be split evenly over the shards
+        held.append(np.split(part, shards)[shard])
     return np.concatenate(held)
 
 
@@ -116,6 +126,7 @@ def layout_is_valid(
         "bytes_per_logical_unit",
         "rows_per_page",
         "logical_parts",
+        "logical_part_groups",
         "layer",
     )
     for p, d in zip(prefill_buffers, decode_buffers):
@@ -165,21 +176,42 @@ def page_labels(buffer: BufferLayout, units: np.ndarray, item_bytes: int) -> np.
 
 def first_holder(buffer: BufferLayout, tp_size: int, unit: int) -> int:
     """The lowest TP rank holding `unit`: the one that sends it (reference semantics)."""
-    return min(
+    return min(holders(buffer, tp_size, unit))
+
+
+def holders(buffer: BufferLayout, tp_size: int, unit: int) -> list[int]:
+    """Every TP rank holding `unit`, ascending."""
+    return [
         rank
         for rank in range(tp_size)
         if unit in set(dealt_units(buffer, tp_size, rank).tolist())  # type: ignore[union-attr]
-    )
+    ]
+
+
+def sender(p: BufferLayout, ptp: int, unit: int, d: BufferLayout, dtp: int, d_rank: int) -> int:
+    """The prefill TP rank that sends decode TP rank `d_rank` the unit: its first holder; for a
+    copied unit (several shards hold it), the first holder whose shard sits where the decode
+    rank's does (its fraction of the shards overlaps the decode shard's), so that a copy never
+    adds a source the decode rank's own share would not."""
+    have = holders(p, ptp, unit)
+    p_shards, d_shards = ptp // p.tp_replica_group_size, dtp // d.tp_replica_group_size
+    mine = d_rank // d.tp_replica_group_size
+    aligned = [
+        r
+        for r in have
+        if (r // p.tp_replica_group_size) * d_shards < (mine + 1) * p_shards
+        and mine * p_shards < (r // p.tp_replica_group_size + 1) * d_shards
+    ]
+    return min(aligned or have)
 
 
 def receives(buffer: BufferLayout, tp_size: int, tp_rank: int, replicas: str = "first") -> bool:
     """Whether a decode rank receives this buffer: every rank under ``"all"``; under
-    ``"first"`` only the first holder of its units (the runtime copies inside the group)."""
+    ``"first"`` only the first rank of its replica group (the runtime copies inside the
+    group)."""
     if buffer.logical_axis == "replicated" or replicas == "all":
         return True
-    units = dealt_units(buffer, tp_size, tp_rank)
-    assert units is not None
-    return first_holder(buffer, tp_size, int(units[0])) == tp_rank
+    return tp_rank % buffer.tp_replica_group_size == 0
 
 
 def expected_fanout(
@@ -211,7 +243,9 @@ def expected_fanout(
                     continue
                 units = dealt_units(d, dtp, tp_rank)
                 assert units is not None
-                sources.update(p_stage * ptp + first_holder(p, ptp, int(u)) for u in units)
+                sources.update(
+                    p_stage * ptp + sender(p, ptp, int(u), d, dtp, tp_rank) for u in units
+                )
             for source in sources:
                 readers[source] += 1
         for source, count in readers.items():
@@ -269,10 +303,11 @@ def expected_routing(
                 by_holder: dict[int, set[int]] = {}
                 units = dealt_units(d, dtp, tp_rank)
                 assert units is not None
+                source = {u: sender(p, ptp, u, d, dtp, tp_rank) for u in units.tolist()}
                 for unit in units.tolist():
-                    by_holder.setdefault(first_holder(p, ptp, unit), set()).add(part_of(p, unit))
+                    by_holder.setdefault(source[unit], set()).add(part_of(p, unit))
                 for holder, parts in by_holder.items():
-                    count = sum(first_holder(p, ptp, u) == holder for u in units.tolist())
+                    count = sum(source[u] == holder for u in units.tolist())
                     send(p_stage, holder, len(parts), count * p.bytes_per_logical_unit)
         rows.extend((rank, source, f, b) for source, (f, b) in sorted(sent.items()))
     return rows

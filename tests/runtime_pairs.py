@@ -225,13 +225,22 @@ def state_label(layer: int, tensor: int, channel: int, rest: int) -> int:
     return ((layer * 4 + tensor) * 4096 + channel) * 1024 + rest + 7
 
 
-def global_channel(local: int, rank: int, tp: int, parts: tuple[int, ...]) -> int:
-    """Which model channel a rank's local channel is: each part split over TP on its own."""
+def global_channel(
+    local: int, rank: int, tp: int, parts: tuple[int, ...], copied: tuple[int, ...] = ()
+) -> int:
+    """Which model channel a rank's local channel is: each part split over TP on its own, but
+    a part of ``copied[i]`` groups below TP (Mamba2's B and C, n_groups 1) is held whole by
+    every rank, as vLLM's ``extra_groups_for_head_shards`` extends n_groups to TP (rank ``r``
+    holding group ``r * groups // tp``, all of group 0 for one group)."""
     offset = 0
-    for part in parts:
-        share = part // tp
+    for number, part in enumerate(parts):
+        groups = copied[number] if number < len(copied) else 0
+        if groups and groups < tp:
+            share, start = part // groups, rank * groups // tp * (part // groups)
+        else:
+            share, start = part // tp, rank * (part // tp)
         if local < share:
-            return offset + rank * share + local
+            return offset + start + local
         local -= share
         offset += part
     raise AssertionError("local channel past the rank's share")

@@ -164,6 +164,7 @@ def test_public_names() -> None:
                 ("sliding_window", None),
                 ("attention_chunk_size", None),
                 ("page_bytes", None),
+                ("logical_part_groups", None),
             ],
         ),
         (

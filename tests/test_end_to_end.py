@@ -53,6 +53,16 @@ def conv_state(index: int) -> Buffer:
     )
 
 
+def copied_conv_state(index: int, groups: int) -> Buffer:
+    """Mamba2's conv state with B and C in ``groups`` groups: at a TP above ``groups`` each
+    rank holds its share of x and a whole copy of its heads' group of B and C (vLLM's and
+    SGLang's ``extra_groups_for_head_shards``)."""
+    return Buffer(
+        index, BufferKind.MAMBA_STATE, "state_channel", 16, 3 * 2, padding=4, parts=(8, 4, 4),
+        groups=(8, groups, groups),
+    )  # fmt: skip
+
+
 CASES = [
     Scenario("tp8_to_tp2", 8, 2, kv_cache(2, 8, UNIT), **SHUFFLED),
     Scenario("tp2_to_tp8", 2, 8, kv_cache(2, 8, UNIT), **SHUFFLED),
@@ -119,6 +129,14 @@ CASES = [
     Scenario("mamba2_conv_parts_tp1_to_tp2", 1, 2, (conv_state(0), conv_state(1)), **SHUFFLED),
     Scenario("mamba2_conv_parts_tp2_to_tp4", 2, 4, (conv_state(0),)),
     Scenario("mamba2_conv_parts_tp4_to_tp1", 4, 1, (conv_state(0),), **SHUFFLED),
+    # n_groups below TP: one group copied onto every rank, two onto each half of the ranks.
+    Scenario("mamba2_one_group_tp1_to_tp2", 1, 2, (copied_conv_state(0, 1),), **SHUFFLED),
+    Scenario("mamba2_one_group_tp2_to_tp1", 2, 1, (copied_conv_state(0, 1),), **SHUFFLED),
+    Scenario("mamba2_one_group_tp2_to_tp4", 2, 4, (copied_conv_state(0, 1),)),
+    Scenario("mamba2_one_group_tp4_to_tp2", 4, 2, (copied_conv_state(0, 1),), **SHUFFLED),
+    Scenario("mamba2_two_groups_tp1_to_tp4", 1, 4, (copied_conv_state(0, 2),), **SHUFFLED),
+    Scenario("mamba2_two_groups_tp8_to_tp2", 8, 2, (copied_conv_state(0, 2),)),
+    Scenario("mamba2_two_groups_tp4_to_tp8", 4, 8, (copied_conv_state(0, 2),), **SHUFFLED),
     # Pipeline stages: each stage holds its layers' caches; a decode rank reads each layer from
     # the prefill stage holding it.
     Scenario(
@@ -350,6 +368,7 @@ def model_buffers(shape: ModelShape, prefill_tp: int, decode_tp: int) -> tuple[B
             b.bytes_per_logical_unit,
             parts=b.logical_parts,
             layer=b.layer,
+            groups=b.logical_part_groups,
         )
         for b in prefill
     )

@@ -1414,6 +1414,50 @@ def test_every_family_has_a_case_and_every_case_cites_its_rule() -> None:
     assert all(case.source for case in CASES.values())
 
 
+#: The layer-kind names transformers 5 writes in place of older ones whenever it loads a config
+#: (and so whenever a model is saved again): ``_LEGACY_LAYER_TYPE_REMAP`` in transformers 5.19's
+#: ``configuration_utils.py``, applied to every config's ``layer_types`` at ``__init__``.
+TRANSFORMERS_5_LAYER_TYPES = {
+    "mamba": "linear_attention",
+    "attention": "full_attention",
+    "deepseek_sparse_attention": "indexed_attention",
+    "qwen_sparse_attention": "indexed_attention",
+}
+
+
+def resaved(config: dict[str, Any]) -> dict[str, Any] | None:
+    """``config`` as transformers 5 saves it again (its ``layer_types`` renamed), or None when
+    nothing in it is renamed."""
+    out = json.loads(json.dumps(config))
+    holder = out.get("text_config") or out
+    types = holder.get("layer_types")
+    if not isinstance(types, list) or not set(types) & set(TRANSFORMERS_5_LAYER_TYPES):
+        return None
+    holder["layer_types"] = [TRANSFORMERS_5_LAYER_TYPES.get(t, t) for t in types]
+    return out
+
+
+RESAVED = sorted(name for name, case in CASES.items() if resaved(case.config) is not None)
+
+
+def test_some_published_configs_use_names_transformers_5_renames() -> None:
+    assert "granite-4.0-h-small" in RESAVED, RESAVED
+
+
+@pytest.mark.parametrize("name", RESAVED)
+def test_a_config_transformers_5_saved_again_reads_as_the_published_one(
+    tmp_path: Path, name: str
+) -> None:
+    """vLLM reads a model whichever names its ``layer_types`` hold (Granite 4.0-H's
+    ``granitemoehybrid.py`` matches ``linear_attention`` / ``full_attention``, which
+    transformers 5 gives a published file's ``mamba`` / ``attention``), so pdplan does too."""
+    case = CASES[name]
+    config = resaved(case.config)
+    assert config is not None
+    shape = ModelShape.from_hf_config(write(tmp_path, config, case.infinity))
+    assert (shape.family, rows(shape)) == (case.family, case.rows), case.source
+
+
 def test_the_registry_names_its_families_architectures_and_keys() -> None:
     families = model_families()
     for family in families:

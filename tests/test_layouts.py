@@ -369,12 +369,31 @@ def test_every_preset_plans_with_pipeline_stages(
     assert plans[0] == plans[1]
 
 
-def test_one_group_mamba2_at_tp_above_one_is_refused_by_name() -> None:
-    with pytest.raises(
-        UnsupportedPDLayoutError,
-        match=r"layer 0 .*n_groups=1 does not split over TP 2.*divides n_groups=1",
-    ):
-        model_buffer_layouts(ModelShape.preset("falcon-h1-7b"), 2, 1)
+@pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 1), (1, 2), (1, 4), (4, 2)])
+def test_one_group_mamba2_above_tp_one_copies_b_and_c_onto_every_rank(
+    prefill_tp: int, decode_tp: int
+) -> None:
+    """Falcon-H1-7B keeps one B/C group: vLLM's ``mamba2_state_shape`` extends n_groups by
+    ``extra_groups_for_head_shards`` (1 -> TP), so a rank's conv state holds its share of x
+    and a whole copy of B and C: ``(d_ssm + 2 * TP * d_state) / TP`` channels of 3 taps. Each
+    side's items hold that, and every decode rank's copy is written (the brute-force check)."""
+    d_ssm, d_state, taps, bf16 = 3072, 256, 3, 2
+    prefill, decode = model_buffer_layouts(ModelShape.preset("falcon-h1-7b"), prefill_tp, decode_tp)
+    for tp, buffers in ((prefill_tp, prefill), (decode_tp, decode)):
+        conv = next(b for b in buffers if b.logical_parts)
+        assert conv.item_stride_bytes == (d_ssm + 2 * tp * d_state) // tp * taps * bf16
+    planner = PDTransferPlanner(
+        prefill_layout=ParallelLayout("prefill", prefill_tp),
+        decode_layout=ParallelLayout("decode", decode_tp),
+        prefill_buffers=prefill,
+        decode_buffers=decode,
+    )
+    planner.verify()
+    # B and C come from one prefill rank each: decode rank 0 reads x from the ranks holding
+    # its share and nothing more.
+    assert planner.plan_for_decode_rank(0).target_prefill_ranks == tuple(
+        range(max(1, prefill_tp // decode_tp))
+    )
 
 
 @pytest.mark.parametrize(

@@ -72,9 +72,12 @@ def layouts(draw: Any, max_tp: int = 8) -> tuple[Any, ...]:
         layer = layers - 1 if index == count - 1 else draw(st.integers(0, layers - 1))
         kind = draw(st.sampled_from(list(BufferKind)))
         axis = draw(st.sampled_from(["kv_head", "state_channel", "replicated"]))
-        parts = None
+        parts = groups = None
         if axis != "replicated" and draw(st.integers(0, 3)) == 0:
             parts = tuple(draw(st.lists(st.sampled_from([1, 2, 4, 8]), min_size=2, max_size=3)))
+            if draw(st.booleans()):  # each part's groups, a divisor of it: copied below them
+                groups = tuple(draw(st.sampled_from([g for g in (1, 2, 4, 8) if n % g == 0]))
+                               for n in parts)  # fmt: skip
         size = sum(parts) if parts else draw(st.sampled_from([1, 2, 4, 8] * 3 + [3, 6, 12, 24]))
         rows = draw(st.sampled_from([1] * 3 + [2, 4]))
         bpu = draw(st.integers(1, 3)) * rows
@@ -83,12 +86,17 @@ def layouts(draw: Any, max_tp: int = 8) -> tuple[Any, ...]:
             natural = tp // size if tp > size and tp % size == 0 else 1
             replica = draw(st.sampled_from([natural] * 4 + [1, 2]))
             shards = max(1, tp // replica)
-            stride = size * bpu if axis == "replicated" else -(-size // shards) * bpu
+            held = dealt_units(
+                BufferLayout(index, kind, axis, size, 16, bpu, size * bpu, replica, rows, parts,
+                             logical_part_groups=groups), tp, 0)  # fmt: skip
+            units = -(-size // shards) if held is None else len(held)
+            stride = size * bpu if axis == "replicated" else units * bpu
             stride += rows * draw(st.sampled_from([0] * 5 + [1, bpu, -1]))
             stride = max(rows, stride)
             buffer = BufferLayout(
-                index, kind, axis, size, 16, bpu, stride, replica, rows, parts, layer
-            )
+                index, kind, axis, size, 16, bpu, stride, replica, rows, parts, layer,
+                logical_part_groups=groups,
+            )  # fmt: skip
             sides.append(buffer)
         prefill_buffers.append(sides[0])
         decode_buffers.append(sides[1])

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from runtime_caches import prepared_between, sglang_mha, vllm_kv, vllm_mla
+from runtime_caches import guarded, prepared_between, sglang_mha, vllm_kv, vllm_mla
 
 from pdplan import (
     BufferKind,
@@ -42,6 +42,39 @@ def test_a_name_without_one_layer_number_is_refused_naming_it(name: str) -> None
     with pytest.raises(UnsupportedPDLayoutError, match="names no layer"):
         vllm.buffers({name: vllm_mla(layers=1, blocks=2, block_size=4, width=8).tensors[0]},
                      backend="FLASHMLA", tp_size=1)  # fmt: skip
+
+
+def test_falcon_h1_s_mixers_numbered_past_the_layers_are_read_as_their_layers() -> None:
+    """vLLM's ``falcon_h1.py`` names layer ``i``'s attention ``model.layers.{i}.attn`` and its
+    Mamba mixer ``model.{num_hidden_layers + i}.mixer``: each layer's state is that layer's,
+    and a name numbered past the model otherwise (a draft model's layer) is refused."""
+    from pdplan import StateSpec
+
+    layers = 2
+    kv = vllm_kv(layers=layers, blocks=4, block_size=16, heads=2, dim=4)
+    states = [[guarded((4, 3, 24))[0], guarded((4, 4, 4, 4))[0]] for _ in range(layers)]
+    caches: dict[str, object] = {}
+    for i in range(layers):
+        caches[f"model.layers.{i}.attn"] = kv.tensors[i]
+        caches[f"model.{layers + i}.mixer"] = states[i]
+    numbering = vllm.LayerNumbering.of("FalconH1ForCausalLM", layers)
+    specs = (StateSpec(48, (32, 8, 8)), StateSpec(8))
+    cache = vllm.buffers(caches, backend="FLASH_ATTN", tp_size=2, num_kv_heads=4,
+                         states=specs, numbering=numbering)  # fmt: skip
+    assert [(b.layer, b.buffer_kind.value) for b in cache.buffers] == [
+        (0, "target_k"), (0, "target_v"), (1, "target_k"), (1, "target_v"),
+        (0, "mamba_state"), (0, "mamba_state"), (1, "mamba_state"), (1, "mamba_state"),
+    ]  # fmt: skip
+    # Layer 1's states are the tensors named model.3.mixer.
+    assert cache.base_ptrs[6] == states[1][0].ctypes.data
+    # Other models' names past their layers are no layer of theirs.
+    with pytest.raises(UnsupportedPDLayoutError, match=r"numbered 2, past the model's 2 layers"):
+        vllm.buffers(caches, backend="FLASH_ATTN", tp_size=2, num_kv_heads=4, states=specs,
+                     numbering=vllm.LayerNumbering.of("LlamaForCausalLM", layers))  # fmt: skip
+    draft = {**caches, "model.layers.4.self_attn.attn": kv.tensors[0]}
+    with pytest.raises(UnsupportedPDLayoutError, match="draft model's layer"):
+        vllm.buffers(draft, backend="FLASH_ATTN", tp_size=2, num_kv_heads=4, states=specs,
+                     numbering=numbering)  # fmt: skip
 
 
 def test_a_dict_in_any_order_gives_the_buffers_of_model_order() -> None:

@@ -233,8 +233,9 @@ MAMBA = Mamba2Layer(heads=8, head_dim=4, state_size=4, groups=2, conv_kernel=4)
 
 def test_state_specs_follow_the_model_code_and_tensors_find_their_channel_axis() -> None:
     conv, temporal = pdplan.state_specs(MAMBA)
-    # x (heads x head_dim) | B (groups x state) | C (groups x state), then heads.
-    assert conv == StateSpec(32 + 8 + 8, (32, 8, 8))
+    # x (heads x head_dim) | B (groups x state) | C (groups x state), then heads; x in its
+    # heads, B and C in their groups.
+    assert conv == StateSpec(32 + 8 + 8, (32, 8, 8), (8, 2, 2))
     assert temporal == StateSpec(8)
     dim_first, _ = guarded((9, 24, 3))  # SGLang / vLLM dim-first: (slots, channels, taps)
     dim_last, _ = guarded((9, 3, 24))  # vLLM's default: (slots, taps, channels)
@@ -253,6 +254,7 @@ def test_state_specs_follow_the_model_code_and_tensors_find_their_channel_axis()
             24 * 3 * 8,
             logical_parts=(32, 8, 8),
             layer=0,
+            logical_part_groups=(8, 2, 2),
         ),
         BufferLayout(1, BufferKind.MAMBA_STATE, "state_channel", 8, 1, 16 * 8, 4 * 16 * 8, layer=0),
     )

@@ -215,16 +215,18 @@ def test_dim_first_conv_states_of_other_taps_are_refused_naming_the_taps() -> No
     assert "8 bytes on the prefill side and 6 on the decode side" in str(refused.value)
 
 
-def test_mamba2_groups_copied_to_every_rank_are_refused_naming_n_groups() -> None:
+def test_mamba2_groups_copied_to_every_rank_need_the_specs_groups() -> None:
     """Below n_groups ranks vLLM copies B and C's groups onto every rank
     (``extra_groups_for_head_shards``: n_groups=1 at TP 2 holds 2 groups, one per rank), so a
-    rank's conv holds x/TP + 2 * state_size channels, more than its share: refused naming
-    n_groups, never planned as if B and C were split."""
+    rank's conv holds x/TP + 2 * state_size channels, more than its share. ``state_specs``
+    names the groups and the tensor reads (test_vllm_packed_states moves its bytes); a spec
+    without them is refused naming them, never planned as if B and C were split."""
     import pdplan
-    from pdplan import Mamba2Layer
+    from pdplan import Mamba2Layer, StateSpec
 
     heads, head_dim, state, tp = 4, 2, 3, 2
     specs = pdplan.state_specs(Mamba2Layer(heads=heads, head_dim=head_dim, state_size=state))
+    assert specs[0].part_groups == (heads, 1, 1)
     copied = heads * head_dim // tp + 2 * state  # x's share, B and C whole
     cache = {
         "model.layers.0.mixer": [
@@ -232,8 +234,11 @@ def test_mamba2_groups_copied_to_every_rank_are_refused_naming_n_groups() -> Non
             np.zeros((6, heads // tp, head_dim, state), np.float32),
         ]
     }
-    with pytest.raises(UnsupportedPDLayoutError, match=r"copied to every rank.*n_groups"):
-        vllm.buffers(cache, backend="FLASH_ATTN", tp_size=tp, states=specs)
+    conv = vllm.buffers(cache, backend="FLASH_ATTN", tp_size=tp, states=specs).buffers[0]
+    assert conv.item_stride_bytes == copied * 3 * 2
+    ungrouped = (StateSpec(specs[0].logical_size, specs[0].logical_parts), specs[1])
+    with pytest.raises(UnsupportedPDLayoutError, match=r"copied to every rank.*part_groups"):
+        vllm.buffers(cache, backend="FLASH_ATTN", tp_size=tp, states=ungrouped)
 
 
 def test_kda_s_fused_conv_moves_each_of_q_k_v_by_its_own_split() -> None:

@@ -49,6 +49,24 @@ class Rank:
         return self.pages[:, offset : offset + size].view(dtype).reshape(BLOCKS, *shape)
 
 
+def copied_groups(layer: object, tp: int) -> tuple[int, ...]:
+    """A Mamba2 conv state's parts that every rank holds whole at TP ``tp``: B and C when
+    n_groups is below TP (vLLM's ``mamba2_state_shape`` extends n_groups by
+    ``extra_groups_for_head_shards``: ``tp - n_groups`` more, so each rank's share is
+    ``intermediate / tp + 2 * state`` channels for one group)."""
+    if isinstance(layer, Mamba2Layer) and layer.groups % tp:
+        return (0, layer.groups, layer.groups)
+    return ()
+
+
+def conv_share(layer: object, spec: pdplan.StateSpec, tp: int) -> int:
+    """A rank's channels of a conv state, as vLLM's ``MambaStateShapeCalculator`` gives them."""
+    if isinstance(layer, Mamba2Layer):
+        groups = layer.groups + (tp - layer.groups if layer.groups % tp else 0)
+        return (layer.heads * layer.head_dim + 2 * groups * layer.state_size) // tp
+    return spec.logical_size // tp
+
+
 def states_of(
     layer: object, tp: int, dim_first: bool
 ) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[type]]:
@@ -59,7 +77,7 @@ def states_of(
     parts, shapes, dtypes = [], [], []
     for number, spec in enumerate(specs):
         parts.append(spec.logical_parts or (spec.logical_size,))
-        share = spec.logical_size // tp
+        share = conv_share(layer, spec, tp)
         if number < len(specs) - 1 or isinstance(layer, ShortConvLayer):
             taps = layer.conv_kernel - 1  # type: ignore[attr-defined]
             shapes.append((share, taps) if dim_first else (taps, share))
@@ -94,7 +112,8 @@ def fill(rank: Rank, tp: int, index: int, layer: object, dim_first: bool, block:
         moved = np.moveaxis(view[block], axis, 0)
         inner = math.prod(moved.shape[1:])
         for local in range(moved.shape[0]):
-            channel = global_channel(local, index, tp, part)
+            copied = copied_groups(layer, tp) if number < conv_states else ()
+            channel = global_channel(local, index, tp, part, copied)
             moved[local] = (channel * 1000 + np.arange(inner) % 997).reshape(moved.shape[1:])
         offset += math.prod(shape) * np.dtype(dtype).itemsize
 
@@ -112,12 +131,16 @@ def describe(rank: Rank, tp: int, layer: object, dim_first: bool) -> pdplan.Cach
 
 LAYERS = [
     Mamba2Layer(heads=8, head_dim=4, state_size=4, groups=2, conv_kernel=4),
+    # One B/C group (Granite-4.0-H, Falcon-H1, Mamba2-2.7B): copied onto both TP 2 ranks.
+    Mamba2Layer(heads=8, head_dim=4, state_size=4, groups=1, conv_kernel=4),
     GatedDeltaNetLayer(key_heads=2, value_heads=4, key_head_dim=8, value_head_dim=4, conv_kernel=4),
     ShortConvLayer(channels=32, conv_kernel=3),
 ]
 
 
-@pytest.mark.parametrize("layer", LAYERS, ids=lambda layer: type(layer).__name__)
+@pytest.mark.parametrize(
+    "layer", LAYERS, ids=lambda layer: f"{type(layer).__name__}{getattr(layer, 'groups', '')}"
+)
 @pytest.mark.parametrize("dim_first", [False, True], ids=["SD", "DS"])
 @pytest.mark.parametrize(("prefill_tp", "decode_tp"), [(2, 1), (1, 2), (2, 2)])
 def test_packed_state_pages_move_every_channel_to_its_place(

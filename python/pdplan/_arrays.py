@@ -32,6 +32,7 @@ def buffer_from_array(
     sliding_window: int | None = None,
     attention_chunk_size: int | None = None,
     logical_parts: Sequence[int] | None = None,
+    logical_part_groups: Sequence[int] | None = None,
 ) -> tuple[BufferLayout, int, int]:
     """The ``BufferLayout`` one cache array holds, its base address and its limit (the bytes
     from the base its own view reaches), ready for ``PDTransferPlanner`` and
@@ -68,6 +69,8 @@ def buffer_from_array(
     :param attention_chunk_size: A chunked local-attention layer's chunk
         (``BufferLayout.attention_chunk_size``).
     :param logical_parts: The split axis's parts (``BufferLayout.logical_parts``).
+    :param logical_part_groups: Each part's groups (``BufferLayout.logical_part_groups``): a
+        part of fewer groups than TP shards is held whole by each shard of its group.
     """
     layout, base, limit = _core.buffer_from_array(
         buffer_index,
@@ -81,6 +84,7 @@ def buffer_from_array(
         sliding_window=sliding_window,
         attention_chunk_size=attention_chunk_size,
         logical_parts=logical_parts,
+        logical_part_groups=logical_part_groups,
     )
     return layout, base, limit
 
@@ -95,6 +99,10 @@ class StateSpec:
     """The tensor's channels (or heads) across all TP ranks."""
     logical_parts: tuple[int, ...] | None = None
     """The parts the channels concatenate, each split over TP on its own; None: one part."""
+    part_groups: tuple[int, ...] | None = None
+    """Each part's groups (``BufferLayout.logical_part_groups``: Mamba2's B and C in
+    ``n_groups`` groups, copied onto the ranks of their heads where TP exceeds them); None: the
+    parts split evenly."""
 
 
 def state_specs(
@@ -117,7 +125,9 @@ def state_specs(
     shape = ModelShape(layer_kinds=(layer,), dtype=dtype)
     prefill, _ = model_buffer_layouts(shape, 1, 1)
     states = tuple(
-        StateSpec(b.logical_size, b.logical_parts) for b in prefill if not b.is_token_indexed
+        StateSpec(b.logical_size, b.logical_parts, b.logical_part_groups)
+        for b in prefill
+        if not b.is_token_indexed
     )
     if not states:
         raise UnsupportedPDLayoutError(f"{shown(layer)} caches no state; it has no state specs")

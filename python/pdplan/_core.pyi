@@ -280,6 +280,7 @@ def buffer_from_array(
     sliding_window: int | None = None,
     attention_chunk_size: int | None = None,
     logical_parts: Sequence[int] | None = None,
+    logical_part_groups: Sequence[int] | None = None,
 ) -> tuple[BufferLayout, int, int]: ...
 
 @final

@@ -213,10 +213,18 @@ class BufferLayout:
     rows_per_page`` apart); the rest of ``item_stride_bytes`` belongs to other buffers: K and V
     of one fused page (FlashInfer) are two buffers, each a page stride of the fused page and
     ``page_bytes`` of its half. None: the whole stride."""
+    logical_part_groups: tuple[int, ...] | None = None
+    """The groups each of ``logical_parts`` is made of, one count a part: runs of units a rank
+    keeps whole (Mamba2's B and C are ``n_groups`` groups of ``state_size`` channels). A side
+    with more TP shards than a part has groups copies the part: shard ``s`` of ``S`` holds group
+    ``s * groups // S``, the group its heads read (vLLM's and SGLang's Mamba2 below
+    ``n_groups``); each decode rank's copy is written, read from one prefill copy. With as
+    many groups or more, a part splits at group boundaries. None: parts split evenly."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.logical_parts, list):
-            object.__setattr__(self, "logical_parts", tuple(self.logical_parts))
+        for name in ("logical_parts", "logical_part_groups"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         _core.check_buffer_layout(self)
         _coerce_kind(self)
 

@@ -187,7 +187,9 @@ impl Layer {
             Self::GatedDeltaNet(g) => gated_deltanet(g, cache, out),
             Self::Kda(k) => kda(k, cache, out),
             Self::Lightning(l) => lightning(l, cache, out),
-            Self::ShortConv(c) => conv(&[c.channels], c.conv_kernel, cache).map(|b| out.push(b)),
+            Self::ShortConv(c) => {
+                conv(&[c.channels], None, c.conv_kernel, cache).map(|b| out.push(b))
+            }
             Self::AttentionMamba2(a, m) => {
                 attention(a, cache, KV_KINDS, out)?;
                 mamba2(m, cache, out)
@@ -421,20 +423,39 @@ fn mla(m: &MlaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<(
 
 /// A state buffer of `parts` channels (each split evenly over TP) of `unit` bytes each.
 fn state(parts: &[u64], unit: u64, cache: &Cache, what: &str) -> PlanResult<BufferLayout> {
-    for &part in parts {
-        if part % cache.tp != 0 {
-            bail!(
-                "{what}: {part} channels do not split evenly over TP {}; use a TP size that \
-                 divides {part}",
-                cache.tp
-            );
-        }
-    }
+    grouped_state(parts, None, unit, cache, what)
+}
+
+/// A state buffer of `parts` channels of `unit` bytes each, each part in `groups` groups where
+/// given (a part of fewer groups than TP ranks copied onto the ranks of each group).
+fn grouped_state(
+    parts: &[u64],
+    groups: Option<&[u64]>,
+    unit: u64,
+    cache: &Cache,
+    what: &str,
+) -> PlanResult<BufferLayout> {
     let channels = parts
         .iter()
         .try_fold(0u64, |sum, &p| sum.checked_add(p))
         .filter(|&v| v <= MAX_VALUE)
         .ok_or_else(|| PlanError::new(format!("{what}: channels overflow")))?;
+    let mut logical_parts = if parts.len() > 1 || groups.is_some() {
+        LogicalParts::new(parts)?
+    } else {
+        LogicalParts::WHOLE
+    };
+    if let Some(groups) = groups {
+        logical_parts = logical_parts.with_groups(groups)?;
+    }
+    if let Err(why) = logical_parts.check_cuts(channels, cache.tp) {
+        bail!(
+            "{what}: the channels do not split over TP {}: {why}; use a TP size that divides \
+             them",
+            cache.tp
+        );
+    }
+    let share = logical_parts.shard_units(channels, cache.tp);
     Ok(BufferLayout {
         buffer_index: 0,
         buffer_kind: BufferKind::MambaState,
@@ -442,16 +463,12 @@ fn state(parts: &[u64], unit: u64, cache: &Cache, what: &str) -> PlanResult<Buff
         logical_size: channels,
         page_size: 1,
         bytes_per_logical_unit: unit,
-        item_stride_bytes: product(&[channels / cache.tp, unit], what)?,
+        item_stride_bytes: product(&[share, unit], what)?,
         tp_replica_group_size: 1,
         layer: None,
         rows_per_page: 1,
         page_bytes: None,
-        logical_parts: if parts.len() > 1 {
-            LogicalParts::new(parts)?
-        } else {
-            LogicalParts::WHOLE
-        },
+        logical_parts,
         sliding_window: None,
         attention_chunk_size: None,
     })
@@ -470,13 +487,18 @@ fn split_heads(heads: u64, name: &str, cache: &Cache, what: &str) -> PlanResult<
 }
 
 /// The conv state: `parts` channels, each holding `conv_kernel - 1` inputs of the model's dtype.
-fn conv(parts: &[u64], conv_kernel: u64, cache: &Cache) -> PlanResult<BufferLayout> {
+fn conv(
+    parts: &[u64],
+    groups: Option<&[u64]>,
+    conv_kernel: u64,
+    cache: &Cache,
+) -> PlanResult<BufferLayout> {
     let what = "the conv state";
     if conv_kernel < 2 {
         bail!("{what}: conv_kernel={conv_kernel} keeps no inputs; it must be at least 2");
     }
     let unit = cache.dtype.bytes_of(conv_kernel - 1, what)?;
-    state(parts, unit, cache, what)
+    grouped_state(parts, groups, unit, cache, what)
 }
 
 fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<()> {
@@ -491,13 +513,11 @@ fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanRe
         what,
     )?;
     split_heads(m.heads, "heads", cache, what)?;
-    if m.groups % cache.tp != 0 {
+    if m.heads % m.groups != 0 {
         bail!(
-            "{what}: n_groups={} does not split over TP {}; at this TP vLLM and SGLang copy \
-             the B and C groups onto every rank, which pdplan does not plan yet: use a TP size \
-             that divides n_groups={}",
-            m.groups,
-            cache.tp,
+            "{what}: {} heads do not split into n_groups={} groups (each group serves whole \
+             heads)",
+            m.heads,
             m.groups
         );
     }
@@ -507,7 +527,10 @@ fn mamba2(m: &Mamba2Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanRe
     out.push(state(&[m.heads], ssm, cache, what)?);
     let inner = product(&[m.heads, m.head_dim], what)?;
     let bc = product(&[m.groups, m.state_size], what)?;
-    out.push(conv(&[inner, bc, bc], m.conv_kernel, cache)?);
+    // x by heads, B and C by group: below n_groups TP ranks, vLLM and SGLang copy each group
+    // onto the ranks of its heads (`extra_groups_for_head_shards`).
+    let groups = [m.heads, m.groups, m.groups];
+    out.push(conv(&[inner, bc, bc], Some(&groups), m.conv_kernel, cache)?);
     Ok(())
 }
 
@@ -519,7 +542,7 @@ fn mamba1(m: &Mamba1Shape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanRe
     )?;
     let ssm = cache.state.bytes_of(m.state_size, what)?;
     out.push(state(&[m.inner_size], ssm, cache, what)?);
-    out.push(conv(&[m.inner_size], m.conv_kernel, cache)?);
+    out.push(conv(&[m.inner_size], None, m.conv_kernel, cache)?);
     Ok(())
 }
 
@@ -546,7 +569,7 @@ fn gated_deltanet(
     out.push(state(&[g.value_heads], recurrent, cache, what)?);
     let qk = product(&[g.key_heads, g.key_head_dim], what)?;
     let v = product(&[g.value_heads, g.value_head_dim], what)?;
-    out.push(conv(&[qk, qk, v], g.conv_kernel, cache)?);
+    out.push(conv(&[qk, qk, v], None, g.conv_kernel, cache)?);
     Ok(())
 }
 
@@ -565,7 +588,7 @@ fn kda(k: &KdaShape, cache: &Cache, out: &mut Vec<BufferLayout>) -> PlanResult<(
     out.push(square_state(k.heads, k.head_dim, cache, what)?);
     let channels = product(&[k.heads, k.head_dim], what)?;
     for _ in ["q", "k", "v"] {
-        out.push(conv(&[channels], k.conv_kernel, cache)?);
+        out.push(conv(&[channels], None, k.conv_kernel, cache)?);
     }
     Ok(())
 }

@@ -3,9 +3,9 @@
 
 use super::Planner;
 use crate::failover::Rehoming;
-use crate::holders::Units;
 use crate::ranks::RankSpace;
 use crate::routing::Route;
+use crate::routing::Units;
 
 impl Planner {
     /// Decode ranks that receive nothing at all under this planner's mode (non-first ranks of
@@ -85,7 +85,7 @@ impl Planner {
                     Route::WholeItem => count(Units::Whole),
                     Route::Units(overlaps) => {
                         for overlap in &overlaps {
-                            count(Units::Shard(overlap.src_shard));
+                            count(overlap.units());
                         }
                     }
                 }

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use super::Planner;
 use crate::error::PlanResult;
 use crate::failover::{merge_lost, Failover, GoneRanks, LostRange, Rehoming};
-use crate::holders::Units;
 use crate::ranks::Slot;
 use crate::routing::Route;
+use crate::routing::Units;
 use crate::spread::{Need, NeedKey};
 
 impl Planner {
@@ -119,7 +119,7 @@ impl Planner {
                 }
                 Some(Some(Route::Units(overlaps))) => overlaps
                     .iter()
-                    .map(|o| (Units::Shard(o.src_shard), o.unit, o.unit + o.len))
+                    .map(|o| (o.units(), o.unit, o.unit + o.len))
                     .collect(),
                 _ => Vec::new(),
             };

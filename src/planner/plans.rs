@@ -8,11 +8,11 @@ use super::{BufferPair, PlanKind, Planner, RankPlan, RoutingTable, SourcePlan};
 use crate::error::PlanResult;
 use crate::failover::Rehoming;
 use crate::fragment::Fragment;
-use crate::holders::Units;
 use crate::limits;
 use crate::page::Span;
 use crate::ranks::Slot;
 use crate::routing::Route;
+use crate::routing::Units;
 
 impl Planner {
     /// The fragments decode rank `decode_rank` receives, by prefill rank, for both plan kinds:
@@ -84,7 +84,9 @@ impl Planner {
                 let len = pair.prefill.page_extent().min(pair.decode.page_extent());
                 // Token by token: every unit the rank holds (no replica groups here).
                 let units = if pair.prefill.logical_axis.is_sharded() {
-                    pair.prefill.logical_size / self.prefill_ranks().tp_size()
+                    pair.prefill
+                        .logical_parts
+                        .shard_units(pair.prefill.logical_size, self.prefill_ranks().tp_size())
                 } else {
                     1
                 };
@@ -118,7 +120,7 @@ impl Planner {
                         let units = (overlap.src_local, overlap.dst_local, overlap.len);
                         let span = pair.tokenized(span, units);
                         for &share in &shares {
-                            let units = Units::Shard(overlap.src_shard);
+                            let units = overlap.units();
                             let source = self.source(at, pair.class, units, share, rehoming);
                             visit(source, pair, span);
                         }

@@ -3,8 +3,8 @@
 
 use super::Planner;
 use crate::failover::Rehoming;
-use crate::holders::Units;
 use crate::ranks::Slot;
+use crate::routing::Units;
 use crate::routing::{route, Route, Sharding};
 use crate::spread::{Need, NeedKey};
 
@@ -77,10 +77,7 @@ impl Planner {
             let units: Vec<(Units, u64)> = match &routed {
                 Route::Nothing => Vec::new(),
                 Route::WholeItem => vec![(Units::Whole, at.tp_rank)],
-                Route::Units(overlaps) => overlaps
-                    .iter()
-                    .map(|o| (Units::Shard(o.src_shard), o.reader))
-                    .collect(),
+                Route::Units(overlaps) => overlaps.iter().map(|o| (o.units(), o.reader)).collect(),
             };
             for (units, reader) in units {
                 for &share in &shares {

@@ -21,7 +21,7 @@ use super::to_py_err;
 /// `pdplan.buffer_from_array`: the `BufferLayout` a runtime's cache array holds, with its base
 /// address and the bytes its view reaches.
 #[pyfunction]
-#[pyo3(signature = (buffer_index, buffer_kind, array, axes, *, logical_size=None, tp_size=None, page_size=None, layer=None, sliding_window=None, attention_chunk_size=None, logical_parts=None))]
+#[pyo3(signature = (buffer_index, buffer_kind, array, axes, *, logical_size=None, tp_size=None, page_size=None, layer=None, sliding_window=None, attention_chunk_size=None, logical_parts=None, logical_part_groups=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn buffer_from_array<'py>(
     py: Python<'py>,
@@ -36,6 +36,7 @@ pub fn buffer_from_array<'py>(
     sliding_window: Option<&Bound<'py, PyAny>>,
     attention_chunk_size: Option<&Bound<'py, PyAny>>,
     logical_parts: Option<&Bound<'py, PyAny>>,
+    logical_part_groups: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<(Bound<'py, PyAny>, u64, u64)> {
     let convert = || -> Converted<_> {
         if axes.is_instance_of::<pyo3::types::PyString>() {
@@ -44,11 +45,18 @@ pub fn buffer_from_array<'py>(
         let names = each(axes, "axes", &crate::limits::ARRAY_AXES, |a| {
             Axis::parse(&string_arg(a, "an axis name")?)
         })?;
-        let parts = match logical_parts.filter(|p| !p.is_none()) {
-            None => LogicalParts::WHOLE,
-            Some(p) => LogicalParts::new(&each(p, "logical_parts", &crate::limits::PARTS, |v| {
-                to_u64(v, "a part")
-            })?)?,
+        let counts = |list: &Bound<'py, PyAny>, what: &str| {
+            each(list, what, &crate::limits::PARTS, |v| to_u64(v, "a part"))
+        };
+        let groups = logical_part_groups.filter(|g| !g.is_none());
+        let parts = match (logical_parts.filter(|p| !p.is_none()), groups) {
+            (None, None) => LogicalParts::WHOLE,
+            (None, Some(_)) => {
+                bail!("logical_part_groups names the groups of logical_parts; give logical_parts")
+            }
+            (Some(p), None) => LogicalParts::new(&counts(p, "logical_parts")?)?,
+            (Some(p), Some(g)) => LogicalParts::new(&counts(p, "logical_parts")?)?
+                .with_groups(&counts(g, "logical_part_groups")?)?,
         };
         let spec = ArraySpec {
             buffer_index: to_u64(buffer_index, "buffer_index")?,

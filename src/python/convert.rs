@@ -175,12 +175,25 @@ impl<'py> Fields<'_, 'py> {
 
     fn parts(&self, name: &Bound<'py, PyString>) -> Converted<LogicalParts> {
         let Some(value) = self.optional(name) else {
+            if self
+                .optional(&PyString::new(name.py(), "logical_part_groups"))
+                .is_some()
+            {
+                bail!("logical_part_groups names the groups of logical_parts; give logical_parts");
+            }
             return Ok(LogicalParts::WHOLE);
         };
         let sizes = each(&value, "logical_parts", &limits::PARTS, |v| {
             to_u64(v, "logical_parts item")
         })?;
-        LogicalParts::new(&sizes)
+        let parts = LogicalParts::new(&sizes)?;
+        let Some(groups) = self.optional(&PyString::new(value.py(), "logical_part_groups")) else {
+            return Ok(parts);
+        };
+        let groups = each(&groups, "logical_part_groups", &limits::PARTS, |v| {
+            to_u64(v, "logical_part_groups item")
+        })?;
+        parts.with_groups(&groups)
     }
 
     fn string(&self, name: &Bound<'py, PyString>) -> Converted<String> {

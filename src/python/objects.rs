@@ -300,7 +300,7 @@ where
 }
 
 /// `BufferLayout` fields in dataclass order (a test holds this to `dataclasses.fields`).
-pub const BUFFER_LAYOUT_FIELDS: [&str; 14] = [
+pub const BUFFER_LAYOUT_FIELDS: [&str; 15] = [
     "buffer_index",
     "buffer_kind",
     "logical_axis",
@@ -315,6 +315,7 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 14] = [
     "sliding_window",
     "attention_chunk_size",
     "page_bytes",
+    "logical_part_groups",
 ];
 
 /// A `BufferLayout` the core made and validated: built without running `__post_init__`, which
@@ -322,7 +323,15 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 14] = [
 pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<Bound<'py, PyAny>> {
     let types = model_types(py)?;
     let parts = b.logical_parts.given();
-    let values: [Bound<'py, PyAny>; 14] = [
+    let groups = b.logical_parts.groups();
+    let optional_tuple = |values: &[u64]| -> PyResult<Bound<'py, PyAny>> {
+        Ok(if values.is_empty() {
+            py.None().into_bound(py)
+        } else {
+            PyTuple::new(py, values)?.into_any()
+        })
+    };
+    let values: [Bound<'py, PyAny>; 15] = [
         b.buffer_index.into_pyobject(py)?.into_any(),
         types.kind_object(py, b.buffer_kind)?,
         PyString::new(py, b.logical_axis.as_str()).into_any(),
@@ -332,15 +341,12 @@ pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<
         b.item_stride_bytes.into_pyobject(py)?.into_any(),
         b.tp_replica_group_size.into_pyobject(py)?.into_any(),
         b.rows_per_page.into_pyobject(py)?.into_any(),
-        if parts.is_empty() {
-            py.None().into_bound(py)
-        } else {
-            PyTuple::new(py, parts)?.into_any()
-        },
+        optional_tuple(parts)?,
         b.layer.into_pyobject(py)?.into_any(),
         b.sliding_window.into_pyobject(py)?.into_any(),
         b.attention_chunk_size.into_pyobject(py)?.into_any(),
         b.page_bytes.into_pyobject(py)?.into_any(),
+        optional_tuple(groups)?,
     ];
     let names = BUFFER_LAYOUT_FIELDS.map(|name| PyString::intern(py, name));
     frozen_instance(

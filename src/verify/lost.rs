@@ -114,7 +114,8 @@ impl Check<'_> {
             stage,
             p.logical_axis,
             p.tp_replica_group_size,
-            p.part_sizes().collect::<Vec<_>>(),
+            p.logical_size,
+            p.logical_parts,
         );
         if let Some(found) = self.available.borrow().get(&key) {
             return found.clone();

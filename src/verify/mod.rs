@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::error::{bail, PlanResult};
 use crate::holders::Holders;
-use crate::layout::{BufferLayout, IndexSpace, LogicalAxis};
+use crate::layout::{BufferLayout, IndexSpace, LogicalAxis, LogicalParts};
 use crate::planner::{Planner, SourcePlan};
 use crate::routing::DecodeReplicas;
 use crate::stages::{buffer_stages, layer_count};
@@ -25,22 +25,18 @@ mod fragments;
 mod lost;
 
 /// The logical units a rank holds, in its item's order, as runs `(first unit, count)`: its
-/// shard of each part in turn (any rank of a replica group holds the group's), or everything.
+/// shard of each part in turn (any rank of a replica group holds the group's; a part of fewer
+/// groups than shards, its group's copy), or everything.
 fn held_units(buffer: &BufferLayout, tp_size: u64, tp_rank: u64) -> Vec<(u64, u64)> {
     match buffer.logical_axis {
         LogicalAxis::Replicated => vec![(0, buffer.logical_size)],
         LogicalAxis::KvHead | LogicalAxis::StateChannel => {
             let shards = tp_size / buffer.tp_replica_group_size;
             let shard = tp_rank / buffer.tp_replica_group_size;
-            let mut part_start = 0;
             buffer
-                .part_sizes()
-                .map(|part| {
-                    let len = part / shards;
-                    let run = (part_start + shard * len, len);
-                    part_start += part;
-                    run
-                })
+                .logical_parts
+                .cuts(buffer.logical_size, shards)
+                .map(|cut| cut.held(shard, shards))
                 .collect()
         }
     }
@@ -110,8 +106,9 @@ struct Check<'a> {
 /// (logical unit, token share tag) pairs some ranks hold.
 type Held = HashSet<(u64, u64)>;
 
-/// A DP group, a stage and the shape of a buffer's axis: what decides who holds its units.
-type AvailableKey = (u64, u64, LogicalAxis, u64, Vec<u64>);
+/// A DP group, a stage and the shape of a buffer's axis (its kind, replicas, size and parts):
+/// what decides who holds its units.
+type AvailableKey = (u64, u64, LogicalAxis, u64, u64, LogicalParts);
 
 impl<'a> Check<'a> {
     fn of(planner: &'a Planner, num_tokens: Option<u64>) -> PlanResult<Self> {

@@ -2,7 +2,8 @@
 with transformers' own config and model classes: each with the KV cache groups and the cache
 kind its family gives vLLM (sliding windows mixed with full attention, every layer sliding,
 MLA, Mamba2, Gated DeltaNet and short-conv state beside attention, Mamba2 alone, one KV head;
-Gemma-2's head dim is other than hidden / heads).
+Gemma-2's head dim is other than hidden / heads; Falcon-H1 and Granite-4.0-H with one B/C group,
+which vLLM copies onto every TP rank).
 
 Weights are scaled up from transformers' initialisation so that greedy tokens depend on the
 whole context (each family's control in test_model_families.py corrupts one kind of cache and
@@ -41,6 +42,13 @@ class Family:
     block_size: int = 32
     scale: float = 16.0
     env: tuple[tuple[str, str], ...] = ()
+    #: Channels at the end of a rank's Mamba2 conv state that every TP rank holds whole (B and
+    #: C of one group, ``2 * state_size``): a control at every TP pair corrupts just them.
+    copied_channels: int = 0
+    #: The attention backend asked of vLLM, where its own choice depends on the machine: an
+    #: fp32 MLA model needs CPU_MLA (vLLM picks AMX_MLA wherever the CPU has AMX tiles, and
+    #: AMX_MLA loads bf16 weights only).
+    attention_backend: str | None = None
 
 
 def _scaled(model: Any, folder: Path, scale: float) -> Path:
@@ -155,9 +163,41 @@ def _lfm2(config: dict[str, Any]) -> Any:
     import transformers
 
     # conv_dim and block_dim: the keys published LFM2 configs carry and vLLM's model reads.
+    # Two attention layers beside two convs (one KV cache group and one state group of two
+    # layers each, sharing their memory), as issue 58 found decoding otherwise.
     return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
-        **{**config, "num_hidden_layers": 3}, layer_types=["conv", "full_attention", "conv"],
+        **{**config, "num_hidden_layers": 4},
+        layer_types=["conv", "full_attention", "conv", "full_attention"],
         conv_L_cache=3, conv_dim=config["hidden_size"], block_dim=config["hidden_size"],
+    ))  # fmt: skip
+
+
+#: Falcon-H1's and Granite-4.0-H's Mamba2 mixers as published: one B/C group (n_groups 1),
+#: which vLLM copies onto every TP rank; a state of 16 (B and C: 32 channels a rank).
+ONE_GROUP_STATE = 16
+
+
+def _falcon_h1(config: dict[str, Any]) -> Any:
+    import transformers
+
+    # Attention and a Mamba2 mixer side by side in every layer; vLLM names layer i's mixer
+    # model.{num_hidden_layers + i}.mixer.
+    return transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+        **config, mamba_d_ssm=256, mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1,
+        mamba_d_state=ONE_GROUP_STATE, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=64,
+    ))  # fmt: skip
+
+
+def _granite_hybrid(config: dict[str, Any]) -> Any:
+    import transformers
+
+    # Written as published (mamba / attention); transformers 5 saves them as linear_attention
+    # / full_attention, the names vLLM's granitemoehybrid.py matches.
+    return transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+        **{**config, "num_hidden_layers": 3}, layer_types=["mamba", "attention", "mamba"],
+        mamba_n_heads=8, mamba_d_head=32, mamba_n_groups=1, mamba_d_state=ONE_GROUP_STATE,
+        mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=64, num_local_experts=0,
+        shared_intermediate_size=512,
     ))  # fmt: skip
 
 
@@ -201,7 +241,9 @@ FAMILIES = {
         _family("gemma2", _gemma2, kinds=("window", "attention"), scale=8.0),
         _family("gemma3", _gemma3, kinds=("window", "attention"), scale=8.0),
         _family("one-kv-head", _one_head, scale=16.0),
-        _family("deepseek-v3", _deepseek(3), kinds=("mla",), scale=16.0),
+        _family(
+            "deepseek-v3", _deepseek(3), kinds=("mla",), scale=16.0, attention_backend="CPU_MLA"
+        ),
         _family("deepseek-v2", _deepseek(2), dtype="bfloat16", kinds=("mla",), scale=16.0),
         # Its conv state dim-first, as vLLM stores it when NixlConnector is configured.
         _family(
@@ -214,6 +256,18 @@ FAMILIES = {
             "qwen3-next", _qwen3_next, dtype="bfloat16", kinds=("state", "attention"), scale=16.0
         ),
         _family("lfm2", _lfm2, kinds=("state", "attention"), scale=16.0),
+        _family(
+            "falcon-h1",
+            _falcon_h1,
+            kinds=("state", "attention"),
+            copied_channels=2 * ONE_GROUP_STATE,
+        ),
+        _family(
+            "granite-hybrid",
+            _granite_hybrid,
+            kinds=("state", "attention"),
+            copied_channels=2 * ONE_GROUP_STATE,
+        ),
         _family("mamba2", _mamba2, kinds=("state",), scale=16.0),
     )
 }

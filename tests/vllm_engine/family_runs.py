@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import landed
+import numpy as np
 from families import Family
 from harness import MAX_TOKENS, Instance, decode_params, llm_args, pdplan_connector, prompts_of
 
@@ -51,6 +53,26 @@ class Decoded:
     loaded: int
     prefilled: list[dict[str, Any]]
     seconds: float
+    #: With ``bytes=True`` (TP 1 -> 1): each request's blocks, per layer, as the prefill side
+    #: held them before the read and as they landed on the decode side before any forward
+    #: pass read them (``landed.block_bytes``: a list a block of the layer's tensors).
+    held: list[dict[str, Any]] = field(default_factory=list)
+    landed: list[dict[str, Any]] = field(default_factory=list)
+
+    def differing_bytes(self) -> list[tuple[int, str, int]]:
+        """(prompt, layer, block from the end) of every block whose bytes landed otherwise
+        than the prefill side held them: blocks pair from the tail (a decode side may keep
+        fewer of a window's)."""
+        differing = []
+        for prompt, (held, arrived) in enumerate(zip(self.held, self.landed)):
+            assert set(held) == set(arrived), (sorted(held), sorted(arrived))
+            for layer, blocks in arrived.items():
+                theirs = held[layer][len(held[layer]) - len(blocks) :]
+                assert len(theirs) == len(blocks), (layer, len(held[layer]), len(blocks))
+                for back, (mine, source) in enumerate(zip(blocks[::-1], theirs[::-1])):
+                    if any(not np.array_equal(a, b) for a, b in zip(mine, source)):
+                        differing.append((prompt, layer, back))
+        return differing
 
 
 @dataclass
@@ -62,6 +84,8 @@ class FamilyRun:
     connector: str
     logs: Path
     env: dict[str, str]
+    #: Where the decode workers write the bytes that landed (``landed``).
+    landed: Path
     instances: dict[str, Instance] = field(default_factory=dict)
     #: Instances without a connector whose steps take a given number of tokens.
     stepped: dict[int, Instance] = field(default_factory=dict)
@@ -109,21 +133,38 @@ class FamilyRun:
         self, target: Instance, batch: list[list[int]], prefilled: list[dict[str, Any]]
     ) -> Decoded:
         loaded = target.call("external_tokens")
+        landed.read(str(self.landed))  # what earlier reads left
         started = time.perf_counter()
         outputs = target.generate(batch, decode_params(prefilled, MAX_TOKENS))
         seconds = time.perf_counter() - started
         loaded = target.call("external_tokens") - loaded
-        return Decoded([o["tokens"] for o in outputs], loaded, prefilled, seconds)
+        decoded = Decoded([o["tokens"] for o in outputs], loaded, prefilled, seconds)
+        workers = landed.read(str(self.landed))
+        if len(workers) == 1:  # one decode worker: its requests in the order they were added
+            ids = sorted(workers[0], key=lambda r: int(r.split("-")[0]))
+            decoded.landed = [workers[0][r] for r in ids[-len(batch) :]]
+        return decoded
 
-    def pair(self, prefill_tp: int, decode_tp: int, batch: list[list[int]]) -> Decoded:
+    def pair(
+        self, prefill_tp: int, decode_tp: int, batch: list[list[int]], with_bytes: bool = False
+    ) -> Decoded:
         source, target = self.source_and_target(prefill_tp, decode_tp)
-        return self.decode(target, batch, self.prefill(source, batch))
+        prefilled = self.prefill(source, batch)
+        held = []
+        if with_bytes:  # the prefill side's blocks, read before the decode side frees them
+            held = [source.call("block_bytes", p["kv_transfer_params"]["remote_block_ids"])[0]
+                    for p in prefilled]  # fmt: skip
+        decoded = self.decode(target, batch, prefilled)
+        decoded.held = held
+        return decoded
 
 
 def _args(family: Family, model: Path, tp: int, connector: dict[str, Any] | None) -> dict[str, Any]:
     args = llm_args(model, tp=tp, connector=connector, block_size=family.block_size)
     args["dtype"] = family.dtype
     args["disable_log_stats"] = False  # vLLM counts the prompt tokens a connector loads
+    if family.attention_backend is not None:
+        args["attention_backend"] = family.attention_backend
     return args
 
 
@@ -138,7 +179,10 @@ def family_run(
     # A bf16 instance can die of SIGILL in oneDNN unless AMX is set up first.
     env = {"PDPLAN_INIT_AMX": "1"} if family.dtype == "bfloat16" else {}
     env.update(family.env)
-    run = FamilyRun(family, model, connector, logs, env)
+    folder_landed = logs / f"{family.name}-{connector}-landed"
+    folder_landed.mkdir(exist_ok=True)
+    env[landed.ENV] = str(folder_landed)
+    run = FamilyRun(family, model, connector, logs, env, folder_landed)
     try:
         for number, (name, tp) in enumerate(INSTANCES):
             side = port + 10 * number

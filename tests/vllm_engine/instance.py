@@ -13,10 +13,12 @@ import time
 from multiprocessing.connection import Client
 from typing import Any
 
+import landed
 import timing
 
 # At the top, so workers vLLM forks or spawns (which import this module) are timed too.
 timing.install()
+landed.install()
 
 
 def free_blocks(llm: Any) -> int:
@@ -44,9 +46,11 @@ def group_layers(worker: Any, specs: list[str] | None) -> list[str]:
     return names
 
 
-def corrupt_kv(llm: Any, specs: list[str] | None = None) -> None:
+def corrupt_kv(llm: Any, specs: list[str] | None = None, conv_tail: int = 0) -> None:
     """Overwrites every block of the layers of the groups of ``specs`` (every layer: None)
-    with noise, through the layers' own views (the control)."""
+    with noise, through the layers' own views (the control). ``conv_tail``: only the last
+    ``conv_tail`` channels of a recurrent layer's conv state (its first tensor, channels
+    last: Mamba2's B and C), on every rank."""
 
     def scramble(worker: Any) -> int:
         import torch
@@ -55,7 +59,10 @@ def corrupt_kv(llm: Any, specs: list[str] | None = None) -> None:
         names = group_layers(worker, specs)
         for name in names:
             cache = layers[name].kv_cache
-            for t in cache if isinstance(cache, (list, tuple)) else [cache]:
+            tensors = list(cache) if isinstance(cache, (list, tuple)) else [cache]
+            if conv_tail:
+                tensors = [tensors[0][..., -conv_tail:]]
+            for t in tensors:
                 t.copy_((torch.randn_like(t.float()) * 3).to(t.dtype))
         return len(names)
 
@@ -114,6 +121,11 @@ def all_token_rows(llm: Any) -> list[list[set[str]]]:
     return llm.collective_rpc(digest)
 
 
+def _block_bytes(worker: Any, groups: list[list[int]]) -> dict[str, list[Any]]:
+    runner = worker.model_runner
+    return landed.block_bytes(worker.vllm_config, runner.kv_cache_config, groups)
+
+
 def generate_aborting(
     llm: Any, prompts: list[list[int]], params: list[dict[str, Any]], abort: list[int],
     after_steps: int = 0,
@@ -168,12 +180,17 @@ def main() -> None:
         elif command == "step_until":
             conn.send(step_until(llm, args["free"], args["seconds"]))
         elif command == "corrupt":
-            corrupt_kv(llm, args)
+            if isinstance(args, dict):
+                corrupt_kv(llm, args["specs"], args.get("conv_tail", 0))
+            else:
+                corrupt_kv(llm, args)
             conn.send(True)
         elif command == "external_tokens":
             conn.send(external_tokens(llm))
         elif command == "token_rows":
             conn.send(token_rows(llm, args["blocks"], args["tokens"]))
+        elif command == "block_bytes":
+            conn.send(llm.collective_rpc(_block_bytes, args=(args,)))
         elif command == "all_token_rows":
             conn.send(all_token_rows(llm))
         elif command == "exit":

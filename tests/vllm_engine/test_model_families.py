@@ -39,7 +39,7 @@ pytestmark = pytest.mark.vllm
 CI_FAMILIES = {
     "gemma2": "nixl", "mistral": "mooncake", "deepseek-v3": "nixl", "deepseek-v2": "mooncake",
     "nemotron-h": "nixl", "qwen3-next": "nixl", "lfm2": "mooncake", "mamba2": "nixl",
-    "one-kv-head": "nixl",
+    "one-kv-head": "nixl", "falcon-h1": "nixl", "granite-hybrid": "nixl",
 }  # fmt: skip
 #: vLLM's spec classes of each kind of cache, for the control.
 SPECS = {
@@ -86,6 +86,21 @@ def as_the_two_sides_compute(
     return out
 
 
+def copied_groups_control(
+    run: FamilyRun, pair: tuple[int, int], batch: list[list[int]], good: list[list[int]]
+) -> None:
+    """The control of a pair whose ranks hold copies of Mamba2's B and C (n_groups below TP):
+    the same prompts again with only those channels of the prefill side's conv states made
+    noise on every rank; the decode side must decode otherwise, so a copy read wrong (or not
+    written on a decode rank) would show."""
+    source, target = run.source_and_target(*pair)
+    prefilled = run.prefill(source, batch)
+    source.call("corrupt", {"specs": SPECS["state"], "conv_tail": run.family.copied_channels})
+    decoded = run.decode(target, batch, prefilled)
+    differing = [got != ref for got, ref in zip(decoded.tokens, good)]
+    assert all(differing), (pair, differing)
+
+
 @pytest.mark.parametrize("name", list(CI_FAMILIES))
 def test_a_family_decodes_through_the_connector_what_one_instance_decodes(
     name: str, tmp_path: Path, logs: Path
@@ -108,9 +123,14 @@ def test_a_family_decodes_through_the_connector_what_one_instance_decodes(
         across = [agreed(one, two) for one, two in zip(want, run.alone(batch, "tp2"))]
         assert mla or min(across) >= 1, ("TP 1 and TP 2 decode other first tokens", across)
         for pair in PAIRS:
-            decoded = run.pair(*pair, batch)
+            decoded = run.pair(*pair, batch, with_bytes=pair == (1, 1))
             target = run.source_and_target(*pair)[1]
             assert RECOMPUTED not in target.tail(3000), (pair, target.tail())
+            if pair == (1, 1):
+                # Every block of every layer landed as the prefill side held it, before any
+                # forward pass read it: where tokens differ, the bytes do not.
+                assert len(decoded.landed) == len(batch), "the decode worker saw no reads land"
+                assert not decoded.differing_bytes(), decoded.differing_bytes()[:8]
             # vLLM took every prompt token from the connector; with state, all but the last,
             # which the prefill side leaves to the decode side (the state stands before it).
             backoff = 1 if "state" in family.kinds else 0
@@ -124,6 +144,8 @@ def test_a_family_decodes_through_the_connector_what_one_instance_decodes(
             if backoff:
                 expected = as_the_two_sides_compute(run, batch, expected, got)
             assert got == expected, (pair, got, expected)
+            if family.copied_channels:
+                copied_groups_control(run, pair, batch, decoded.tokens)
         # The control: the prefill side's cache of the family's kind made noise after its
         # forward pass; the decode side decodes that noise.
         kind = family.kinds[0]

@@ -37,37 +37,48 @@ def state_buffer(
 ) -> tuple[BufferLayout, int, int]:
     """One state tensor of one layer, ``(request slots, ...)``, as a buffer."""
     shape = shape_of(array, f"state tensor {buffer_index}")
-    share = spec.logical_size // tp_size if tp_size > 0 else 0
-    channel = next((i for i, n in enumerate(shape) if i > 0 and n == share), None)
-    if channel is None or channel > 2:
-        raise UnsupportedPDLayoutError(
-            f"state tensor {buffer_index} of shape {shape}: no axis holds this rank's "
-            f"{share} of {spec.logical_size} channels (TP {tp_size}) right after the slot "
-            "axis or one row axis; check the state spec and tp_size"
-            + _copied_parts(shape, spec, share)
-        )
-    axes = ["page"] + ["row"] * (channel - 1) + ["channel"] + ["dim"] * (len(shape) - 1 - channel)
-    return buffer_from_array(
-        buffer_index,
-        BufferKind.MAMBA_STATE,
-        array,
-        axes,
-        logical_size=spec.logical_size,
-        tp_size=tp_size,
-        logical_parts=spec.logical_parts,
-        layer=layer,
+    # The channel axis is right after the slot axis or one row axis (a conv state's taps):
+    # the first the core reads as holding this rank's channels (its share of each part).
+    refusals = []
+    for channel in range(1, min(3, len(shape))):
+        inner = ["dim"] * (len(shape) - 1 - channel)
+        axes = ["page", *["row"] * (channel - 1), "channel", *inner]
+        try:
+            return buffer_from_array(
+                buffer_index,
+                BufferKind.MAMBA_STATE,
+                array,
+                axes,
+                logical_size=spec.logical_size,
+                tp_size=tp_size,
+                logical_parts=spec.logical_parts,
+                logical_part_groups=spec.part_groups,
+                layer=layer,
+            )
+        except UnsupportedPDLayoutError as error:
+            refusals.append(str(error))
+    raise UnsupportedPDLayoutError(
+        f"state tensor {buffer_index} of shape {shape}: no axis right after the slot axis or "
+        f"one row axis holds this rank's share of {spec.logical_size} channels (TP {tp_size}); "
+        f"check the state spec and tp_size ({refusals[0] if refusals else 'no such axis'})"
+        + _copied_parts(shape, spec, tp_size)
     )
 
 
-def _copied_parts(shape: tuple[int, ...], spec: StateSpec, share: int) -> str:
+def _copied_parts(shape: tuple[int, ...], spec: StateSpec, tp_size: int) -> str:
     """Why a rank holds more than its share of a state with parts: the runtime copied some
     parts onto every rank (Mamba2's B and C groups below n_groups ranks)."""
-    if not spec.logical_parts or not any(share < n < spec.logical_size for n in shape[1:3]):
+    share = spec.logical_size // max(tp_size, 1)
+    if (
+        not spec.logical_parts
+        or spec.part_groups
+        or not any(share < n < spec.logical_size for n in shape[1:3])
+    ):
         return ""
     return (
         "; a rank holding more than its share of the parts is a state whose parts are copied "
-        "to every rank (Mamba2's B and C when n_groups is below TP), which pdplan does not "
-        "plan: use a TP size that divides n_groups on this side"
+        "to every rank (Mamba2's B and C when n_groups is below TP): give the spec each "
+        "part's groups (StateSpec.part_groups; pdplan.state_specs gives Mamba2's)"
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pdplan._arrays import CacheBuffers, buffer_from_array
@@ -25,7 +25,9 @@ from pdplan.runtimes._states import StateSpecs, shape_of, state_buffers
 __all__ = [
     "BACKENDS",
     "CONNECTOR_VIEW",
+    "NUMBERED_PAST_THE_LAYERS",
     "REFUSED",
+    "LayerNumbering",
     "buffers",
     "conventions",
     "indexer_parts",
@@ -107,7 +109,52 @@ def layer_index(name: str) -> int:
     return numbers[0]
 
 
-def _entries(kv_caches: Sequence[Any] | Mapping[str, Any]) -> list[tuple[int, str | None, Any]]:
+#: vLLM models that number part of a model layer past the model's layers in its cache names,
+#: by architecture: Falcon-H1's layer ``i`` keeps its attention as ``model.layers.{i}.attn``
+#: and its Mamba mixer as ``model.{num_hidden_layers + i}.mixer`` (vLLM's ``falcon_h1.py``,
+#: ``FalconH1ParallelHybrid``: "In V1 all attention/ssm layers must have different index in
+#: prefix").
+NUMBERED_PAST_THE_LAYERS = frozenset({"FalconH1ForCausalLM"})
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerNumbering:
+    """How one vLLM model numbers the layers in its cache names: ``numbering(name)`` is the
+    model layer a ``kv_caches`` key names (``layer_index``, read back where the model numbers
+    a layer's part past its layers, ``NUMBERED_PAST_THE_LAYERS``). A name numbered past the
+    model's layers otherwise (a draft model's MTP or EAGLE layer) is refused naming it: its
+    cache is no layer of the model's config.
+
+    :param num_layers: The model's layers (``num_hidden_layers``); None: names are not checked.
+    :param past_the_layers: Whether a name numbered ``num_layers + i`` is part of layer ``i``.
+    """
+
+    num_layers: int | None = None
+    past_the_layers: bool = False
+
+    @classmethod
+    def of(cls, architecture: str | None, num_layers: int | None) -> LayerNumbering:
+        """The numbering of the model ``architecture`` (its config's first architecture) of
+        ``num_layers`` layers."""
+        return cls(num_layers, architecture in NUMBERED_PAST_THE_LAYERS)
+
+    def __call__(self, name: str) -> int:
+        number = layer_index(name)
+        layers = self.num_layers
+        if layers is None or number < layers:
+            return number
+        if self.past_the_layers and number < 2 * layers:
+            return number - layers
+        raise UnsupportedPDLayoutError(
+            f"kv_caches key {shown(name)} is numbered {number}, past the model's {layers} "
+            "layers: a draft model's layer (MTP, EAGLE) or a numbering pdplan does not read; "
+            "serve without speculative decoding, or ask for this model's numbering"
+        )
+
+
+def _entries(
+    kv_caches: Sequence[Any] | Mapping[str, Any], numbering: Callable[[str], int] = layer_index
+) -> list[tuple[int, str | None, Any]]:
     """``(model layer, name, tensor or state list)`` of every layer, in model order. A dict is
     ordered by each name's layer (vLLM fills it cache group by cache group, so a hybrid
     model's dict is not in model order); a list is taken as given, entry ``i`` being layer
@@ -115,7 +162,7 @@ def _entries(kv_caches: Sequence[Any] | Mapping[str, Any]) -> list[tuple[int, st
     if isinstance(kv_caches, Mapping):
         named = bounded_tuple(kv_caches.items(), "kv_caches", "MAX_LAYOUT_BUFFERS")
         found: list[tuple[int, str | None, Any]] = [
-            (layer_index(name), str(name), entry) for name, entry in named
+            (numbering(name), str(name), entry) for name, entry in named
         ]
         found.sort(key=lambda item: (item[0], item[1] or ""))
         return found
@@ -294,6 +341,7 @@ def buffers(
     num_kv_heads: int | Mapping[int, int] | None = None,
     states: StateSpecs | None = None,
     sliding_windows: Mapping[int, int] | None = None,
+    numbering: Callable[[str], int] = layer_index,
 ) -> CacheBuffers:
     """The buffers of one vLLM rank's KV cache.
 
@@ -324,10 +372,13 @@ def buffers(
         vLLM 0.32 hands a connector).
     :param sliding_windows: The window of each sliding-window attention layer, by its model
         layer (``layer_index`` of its name; its position in a list).
+    :param numbering: The model layer of a ``kv_caches`` key: ``layer_index``, or the model's
+        ``LayerNumbering`` (``LayerNumbering.of(architecture, num_hidden_layers)``), which also
+        reads Falcon-H1's mixers back and refuses a draft model's layers.
     """
     if kv_layout not in ("NHD", "HND"):
         raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {shown(kv_layout)}")
-    entries = _entries(kv_caches)
+    entries = _entries(kv_caches, numbering)
     windows = dict(sliding_windows or {})
     built: list[tuple[BufferLayout, int, int]] = []
     # A layer sharing another's cache (KV sharing) is handed the same tensor object: described

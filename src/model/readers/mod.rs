@@ -175,7 +175,27 @@ pub fn uniform(count: u64, layer: Layer) -> Vec<Layer> {
     (0..count).map(|_| layer).collect()
 }
 
-/// A list of layer-kind names (`layer_types`), each mapped by `names` to a kind index.
+/// The layer-kind names transformers 5 writes for older ones when it loads a config (and so
+/// when it saves one again): `_LEGACY_LAYER_TYPE_REMAP` in transformers'
+/// `configuration_utils.py`, applied to every config's `layer_types`. vLLM's models read
+/// whichever name the file holds, so a reader knowing one name knows both.
+const LEGACY_LAYER_TYPES: &[(&str, &str)] = &[
+    ("mamba", "linear_attention"),
+    ("attention", "full_attention"),
+    ("deepseek_sparse_attention", "indexed_attention"),
+    ("qwen_sparse_attention", "indexed_attention"),
+];
+
+/// A layer-kind name as transformers 5 writes it (`LEGACY_LAYER_TYPES`).
+fn current_layer_type(name: &str) -> &str {
+    LEGACY_LAYER_TYPES
+        .iter()
+        .find(|(old, _)| *old == name)
+        .map_or(name, |(_, new)| new)
+}
+
+/// A list of layer-kind names (`layer_types`), each mapped by `names` to a kind index; a
+/// name and the one transformers 5 writes for it (`LEGACY_LAYER_TYPES`) are one kind.
 pub fn named_kinds<'a>(
     key: &str,
     list: &'a [Value],
@@ -188,10 +208,10 @@ pub fn named_kinds<'a>(
             .ok()
             .and_then(|at| list.get(at))
             .ok_or_else(|| PlanError::new(format!("config.json: {key} has no layer {i}")))?;
-        let name = value.as_str().unwrap_or("");
+        let name = current_layer_type(value.as_str().unwrap_or(""));
         names
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| current_layer_type(n) == name)
             .map(|(_, k)| *k)
             .ok_or_else(|| {
                 let known: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();

@@ -71,12 +71,24 @@ def _state_specs(model_config: Any, layers: set[int]) -> dict[int, tuple[StateSp
     return specs
 
 
+def numbering(vllm_config: Any) -> vllm_adapter.LayerNumbering:
+    """How the served model numbers the layers in its cache names."""
+    hf_config = vllm_config.model_config.hf_config
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    architectures = getattr(hf_config, "architectures", None) or [None]
+    layers = getattr(text, "num_hidden_layers", None)
+    return vllm_adapter.LayerNumbering.of(
+        architectures[0], int(layers) if isinstance(layers, int) else None
+    )
+
+
 def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) -> WorkerCache:
     """The rank's cache, or a refusal naming what pdplan does not read."""
     from vllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 
     tp_size = get_tensor_model_parallel_world_size()
     model = vllm_config.model_config
+    layer_of = numbering(vllm_config)
     groups = cache_groups(kv_cache_config)
     group_of = {name: g for g in groups for name in g.layers}
     unknown = sorted(set(kv_caches) - set(group_of))
@@ -95,7 +107,7 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         spec = _group_spec(kv_cache_config, name)
         itemsizes = [int(dtype.itemsize) for dtype in spec.dtypes]
         entries[name] = vllm_adapter.packed_states(tensor, spec.shapes, itemsizes)
-        recurrent.add(vllm_adapter.layer_index(name))
+        recurrent.add(layer_of(name))
     attention = [name for name in kv_caches if group_of[name].kind != "state"]
     cache = vllm_adapter.buffers(
         entries,
@@ -103,12 +115,13 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         tp_size=tp_size,
         num_kv_heads=model.get_total_num_kv_heads() if attention else None,
         states=_state_specs(model, recurrent),
+        numbering=layer_of,
     )
     architectures = getattr(model.hf_config, "architectures", None) or ["a model"]
     return WorkerCache(
         cache=cache,
         family=str(architectures[0])[:64],
-        groups=_group_caches(groups, cache),
+        groups=_group_caches(groups, cache, layer_of),
         identity={
             # The model's name, not where it lies: hosts keep one model at different paths.
             "model": PurePath(str(model.model)).name,
@@ -131,12 +144,14 @@ def _group_spec(kv_cache_config: Any, name: str) -> Any:
     raise UnsupportedPDLayoutError(f"layer {name} is in no KV cache group")
 
 
-def _group_caches(groups: tuple[CacheGroup, ...], cache: CacheBuffers) -> tuple[GroupCache, ...]:
+def _group_caches(
+    groups: tuple[CacheGroup, ...], cache: CacheBuffers, layer_of: vllm_adapter.LayerNumbering
+) -> tuple[GroupCache, ...]:
     """Each group's buffers (a layer's state buffers are its state group's, its KV buffers
     its attention group's) and its block-to-page rule; every buffer owned once."""
     owned: list[GroupCache] = []
     for group in groups:
-        layers = {vllm_adapter.layer_index(name) for name in group.layers}
+        layers = {layer_of(name) for name in group.layers}
         state = group.kind == "state"
         mine = tuple(
             b.buffer_index

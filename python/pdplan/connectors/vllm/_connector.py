@@ -19,11 +19,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.connectors.vllm._caches import describe, regions
+from pdplan.connectors.vllm._caches import describe, numbering, regions
 from pdplan.connectors.vllm._metadata import StepMetadata
 from pdplan.connectors.vllm._scheduler import SchedulerSide
 from pdplan.connectors.vllm._stats import PdplanPromMetrics, PdplanStats
-from pdplan.runtimes import vllm as vllm_adapter
 from pdplan.session import (
     DecodeRank,
     PrefillRank,
@@ -94,6 +93,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._load_errors: set[int] = set()
         self._stats = SessionStats()
         self._layer_of: dict[str, int | None] = {}  # model layer by vLLM layer name
+        self._numbering = numbering(vllm_config)
         # The regions registered, and how many times (a restore registers them again).
         self._regions: list[tuple[int, int]] = []
         self._generation = 0
@@ -231,7 +231,7 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if self._prefill is not None:
             if layer_name not in self._layer_of:
                 try:
-                    self._layer_of[layer_name] = vllm_adapter.layer_index(layer_name)
+                    self._layer_of[layer_name] = self._numbering(layer_name)
                 except UnsupportedPDLayoutError:  # never fails the forward pass: not read ahead
                     self._layer_of[layer_name] = None
             layer = self._layer_of[layer_name]
