@@ -264,19 +264,28 @@ def hybrid_moves(
         mover(prepared.descriptors([states[0]], [states[1]], buffers=state_buffers))
 
 
-def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> None:
-    layer = Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2, conv_kernel=4)
+def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(
+    mover: Mover, groups: int = 2
+) -> None:
+    """With ``groups=1`` each vLLM TP 2 rank holds a copy of B and C (its conv state is
+    ``x / 2 + 2 * state`` channels, vLLM's ``extra_groups_for_head_shards``), and SGLang's TP 1
+    pool one: each channel must arrive once, from one copy."""
+    layer = Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=groups, conv_kernel=4)
     specs = pdplan.state_specs(layer)
     conv_spec = specs[0]
     conv_parts = conv_spec.logical_parts
     assert conv_parts is not None
     ptp, dtp, slots_p, slots_d = 2, 1, 6, 5
+    copied = (0, groups, groups) if groups % ptp else ()
+    # vLLM's mamba2_state_shape: n_groups extended to a multiple of TP, conv channels / TP.
+    extended = groups + (ptp - groups if groups % ptp else 0)
+    conv_share = (4 * 2 + 2 * extended * 3) // ptp
 
     def vllm_rank(rank: int) -> tuple[list[Any], Side, list[list[np.ndarray]]]:
         kv = vllm_kv(layers=2, blocks=12, block_size=16, heads=4 // ptp, dim=4)
         states = []
         for _ in range(2):  # vLLM's dim-first conv layout, the same as SGLang's
-            conv = kv.keep(guarded((slots_p, conv_spec.logical_size // ptp, 3)))
+            conv = kv.keep(guarded((slots_p, conv_share, 3)))
             ssm = kv.keep(guarded((slots_p, 4 // ptp, 2, 3)))
             states.append([conv, ssm])
         caches = [kv.tensors[0], states[0], kv.tensors[1], states[1]]
@@ -316,7 +325,7 @@ def a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover: Mover) -> 
         RankCache.of_vllm(kv, "FLASH_ATTN", 16).fill(src, heads_of(rank, ptp, 4))
         for li, (conv, ssm) in enumerate(states):
             for c in range(conv.shape[1]):
-                channel = global_channel(c, rank, ptp, conv_parts)
+                channel = global_channel(c, rank, ptp, conv_parts, copied)
                 conv[src_state, c] = [state_label(li, 0, channel, x) for x in range(3)]
             for h in range(ssm.shape[1]):
                 ssm[src_state, h] = np.array(
@@ -449,6 +458,9 @@ PAIRS: dict[str, Callable[[Mover], None]] = {
         flashinfer_fused_pages_into_flash_attention_split_pages
     ),
     "vllm_mla_to_sglang_mla_pool": vllm_mla_into_an_sglang_mla_pool,
+    "vllm_one_group_mamba_hybrid_to_sglang_mamba_pool": (
+        lambda mover: a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool(mover, 1)
+    ),
     "vllm_mamba_hybrid_to_sglang_mamba_pool": (
         a_hybrid_moves_vllm_state_tensors_into_sglang_s_mamba_pool
     ),
