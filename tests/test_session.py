@@ -45,7 +45,7 @@ from pdplan.session import (
     WorkerCache,
 )
 from pdplan.session._memory import Memory, tagged
-from pdplan.session._protocol import MAX_MESSAGE_BYTES, PROTOCOL, identity_bytes
+from pdplan.session._protocol import BLOCK_SIZES, MAX_MESSAGE_BYTES, PROTOCOL, identity_bytes
 from pdplan.session._side_channel import ask
 
 BLOCKS, BLOCK, HEAD = 8, 32, 16
@@ -267,13 +267,20 @@ def exchange(port: int, frames: list[bytes], wait_ms: int = 2000) -> list[bytes]
 
 def hostile_requests(version: bytes, payload: bytes) -> list[tuple[list[bytes], bytes]]:
     """REQ-shaped requests no prefill rank may act on, and the cause each is refused with."""
-    identity = identity_bytes(IDENTITY)
+    identity = identity_bytes({**IDENTITY, BLOCK_SIZES: [[BLOCK, BLOCK]]})
     return [
         ([b"", PROTOCOL, b"hello", b"[" * 4000, version, payload], b"protocol"),  # nested
         ([b"", PROTOCOL, b"hello", b"{" * 4096, version, payload], b"protocol"),
         ([b"", PROTOCOL, b"hello", identity, b"v999", payload], b"layout"),
         ([b"", PROTOCOL, b"hello", identity, version, os.urandom(2048)], b"layout"),
         ([b"", PROTOCOL, b"hello", identity, version, payload[: len(payload) // 2]], b"layout"),
+        ([b"", PROTOCOL, b"hello", identity_bytes(IDENTITY), version, payload], b"protocol"),
+        *[
+            ([b"", PROTOCOL, b"hello", identity_bytes({**IDENTITY, BLOCK_SIZES: bad}), version,
+              payload], b"protocol")
+            for bad in ([[BLOCK, BLOCK]] * 2, [[0, 1]], [[32, 5]], [[True, 1]], [["32", 32]],
+                        [[2**40, 32]], "32", [[32, 32, 32]])
+        ],  # fmt: skip
         ([b"", PROTOCOL, b"hello"], b"protocol"),
         ([b"", PROTOCOL], b"protocol"),
         ([b"", PROTOCOL, b"shutdown"], b"protocol"),

@@ -61,7 +61,9 @@ def test_each_spec_class_reads_as_what_its_blocks_keep() -> None:
     assert [g.block_size for g in groups] == [32, 32, 512, 32, 16]
     assert groups[2].scratch_blocks == 2
     assert backoff(groups) == 1 and backoff(groups[:2]) == 0
-    assert groups[0].identity() == ["SlidingWindowSpec", 32, 48, 0]
+    # The block size is no part of what both sides must share: it may differ (the session
+    # states each side's apart, and groups of other sizes pair token by token).
+    assert groups[0].identity() == ["SlidingWindowSpec", 48, 0]
 
 
 def test_groups_outside_transfer_are_left_out_with_their_blocks() -> None:

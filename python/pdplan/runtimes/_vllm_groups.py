@@ -47,8 +47,9 @@ class CacheGroup:
     scratch_blocks: int = 0
 
     def identity(self) -> list[Any]:
-        """What the two sides' groups must agree on (their layers are checked as buffers)."""
-        return [self.spec, self.block_size, self.window, self.scratch_blocks]
+        """What the two sides' groups must agree on (their layers are checked as buffers);
+        not the block size: the sides may differ in it (the session states it apart)."""
+        return [self.spec, self.window, self.scratch_blocks]
 
 
 def _spec_of(group: Any) -> Any:
@@ -110,6 +111,22 @@ def transfer_block_ids(kv_cache_config: Any, block_ids: Any) -> Any:
     if not block_ids or not isinstance(block_ids[0], (list, tuple)):
         return block_ids
     return select(block_ids)
+
+
+def first_needed(group: CacheGroup, prompt: int, first_block: int) -> int:
+    """The first token a decode request of ``prompt`` tokens needs of ``group``, whose first
+    block to fill starts at token ``first_block`` (past its prefix hit): that block's first
+    for full attention; for a sliding window, the oldest token the prompt's last token attends
+    to (vLLM's ``SlidingWindowManager`` keeps tokens from ``computed - window + 1``, and the
+    decode side computes the last prompt token, at ``prompt - 1``); for chunked local
+    attention, the last token's chunk; never before the first block to fill."""
+    if group.kind == "window" and group.window:
+        if group.spec == "ChunkedLocalAttentionSpec":
+            kept = (prompt - 1) // group.window * group.window
+        else:
+            kept = prompt - group.window
+        return max(kept, first_block)
+    return first_block
 
 
 def backoff(groups: tuple[CacheGroup, ...]) -> int:

@@ -27,6 +27,7 @@ __all__ = [
     "CONNECTOR_VIEW",
     "NUMBERED_PAST_THE_LAYERS",
     "REFUSED",
+    "WHOLE_PAGES",
     "LayerNumbering",
     "buffers",
     "conventions",
@@ -72,6 +73,13 @@ BACKENDS: Mapping[str, str] = {
 #: layer, an MLA latent with one head, a recurrent layer's states packed into one int8 row a
 #: block (``packed_states``).
 CONNECTOR_VIEW = "[blocks, heads, block_size, width]"
+
+#: Backends whose pages move only whole, never token by token (so a pair whose blocks hold
+#: other token counts is refused), and why.
+WHOLE_PAGES: Mapping[str, str] = {
+    "CPU_ATTN": "vLLM's CPU backend keeps each block's K transposed (a head's dims the block's "
+    "tokens apart), so where a token's bytes lie depends on the block size",
+}
 
 #: Backends whose tensors pdplan refuses, and why: their pages are not what their shape says.
 REFUSED: Mapping[str, str] = {

@@ -14,8 +14,12 @@ side's null blocks."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
+import numpy.typing as npt
+
+from pdplan._context import token_slots
 from pdplan._core import UnsupportedPDLayoutError
 
 #: How a group holds a request's blocks: every token's (``"attention"``), the tokens of a
@@ -73,3 +77,62 @@ def paired_blocks(
             "needs (a window or state kept differently on the two sides)"
         )
     return tuple(local), tuple(remote[len(remote) - len(local) :])
+
+
+def paired_slots(
+    local: Sequence[int],
+    local_tokens: tuple[int, int],
+    local_block: int,
+    remote: Sequence[int],
+    remote_block: int,
+    num_tokens: int,
+    group: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The two sides' slot maps of a group whose blocks hold other token counts on the two
+    sides, ``(remote, local)``, each ``num_tokens`` long (-1 where a side does not hold a
+    token): a token moves where both hold it, from the first the decode side needs.
+
+    The prefill side's kept blocks are the tail of its list over ``[0, num_tokens)``; the
+    decode side's start at ``local_tokens[0]`` and it needs the group's tokens from
+    ``local_tokens[1]`` (its prefix hit, a window's first kept token) up to ``num_tokens``.
+
+    :param local: The decode side's blocks to fill.
+    :param local_tokens: The token its first block starts at, and the first token it needs.
+    :param local_block: Tokens a decode block holds (the scheduler's).
+    :param remote: The prefill side's kept blocks.
+    :param remote_block: Tokens a prefill block holds.
+    :param num_tokens: The tokens the prefill side holds.
+    :param group: The group's number, for the refusal.
+    """
+    first, needed = local_tokens
+    blocks_over = -(-num_tokens // remote_block)
+    remote_first = (blocks_over - len(remote)) * remote_block
+    if remote_first < 0:
+        raise UnsupportedPDLayoutError(
+            f"KV cache group {group}: the prefill side sent {len(remote)} blocks of "
+            f"{remote_block} tokens for {num_tokens} tokens"
+        )
+    if first % local_block or first > needed:
+        raise UnsupportedPDLayoutError(
+            f"KV cache group {group}: the decode side's blocks start at token {first}, which "
+            f"is no block boundary at or before the first token it needs ({needed})"
+        )
+    if remote_first > needed or first + len(local) * local_block < num_tokens:
+        raise UnsupportedPDLayoutError(
+            f"KV cache group {group}: the decode side needs tokens {needed}..{num_tokens}, the "
+            f"prefill side keeps {remote_first}..{num_tokens} and the decode side's blocks "
+            f"hold {first}..{first + len(local) * local_block}: the prefill side freed bytes "
+            "the decode side needs (a window kept differently on the two sides)"
+        )
+
+    def slots(blocks: Sequence[int], start: int, block: int, wanted: range) -> Any:
+        table = np.concatenate(
+            [np.full(start // block, -1, np.int64), np.asarray(blocks, np.int64)]
+        )
+        return token_slots(table, block, num_tokens, tokens=wanted)
+
+    wanted = range(needed, num_tokens)
+    return (
+        slots(remote, remote_first, remote_block, wanted),
+        slots(local, first, local_block, wanted),
+    )

@@ -5,12 +5,13 @@ two instances must share to pair."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pdplan._arrays import CacheBuffers
 from pdplan.runtimes._conventions import RuntimeConventions
-from pdplan.session._protocol import identity_bytes
+from pdplan.session._faults import LayoutRefused
+from pdplan.session._protocol import BLOCK_SIZES, identity_bytes
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,35 @@ class WorkerCache:
     identity: dict[str, Any]
     family: str
     """The model's architecture, as refusals name it."""
+    whole_pages: str = ""
+    """Why this cache's pages move only whole, never token by token (a layout whose token
+    bytes depend on its block size); empty where tokens move between any block sizes."""
+
+    def peer_rules(
+        self, block_sizes: tuple[tuple[int, int], ...]
+    ) -> tuple[RuntimeConventions, ...]:
+        """The peer's groups' rules: ours with its ``(block, page)`` tokens (the identity's
+        ``BLOCK_SIZES``); a peer whose blocks differ from ours where only whole pages move is
+        refused naming why."""
+        rules = tuple(
+            replace(g.rules, block_size=block, kernel_block_size=page)
+            for g, (block, page) in zip(self.groups, block_sizes)
+        )
+        if self.whole_pages and self.token_maps(rules):
+            raise LayoutRefused(
+                f"the two instances' blocks differ ({[list(s) for s in block_sizes]} there, "
+                f"{[[g.rules.block_size, g.rules.kernel_block_size] for g in self.groups]} "
+                f"here), and {self.whole_pages}: serve both with one block size"
+            )
+        return rules
+
+    def token_maps(self, peer_rules: tuple[RuntimeConventions, ...]) -> bool:
+        """Whether a pair with a peer of these rules moves some group token by token (their
+        blocks hold other token counts): both sides plan with token maps then."""
+        return any(
+            (r.block_size, r.kernel_block_size) != (g.rules.block_size, g.rules.kernel_block_size)
+            for g, r in zip(self.groups, peer_rules)
+        )
 
     @property
     def rules(self) -> RuntimeConventions:
@@ -39,7 +69,9 @@ class WorkerCache:
         return self.groups[0].rules
 
     def identity_bytes(self) -> bytes:
-        return identity_bytes(self.identity)
+        """The identity, with each group's blocks stated for the peer (``BLOCK_SIZES``)."""
+        blocks = [[g.rules.block_size, g.rules.kernel_block_size] for g in self.groups]
+        return identity_bytes({**self.identity, BLOCK_SIZES: blocks})
 
     @property
     def layers(self) -> tuple[int, ...] | None:

@@ -13,8 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pdplan._model import ParallelLayout
+from pdplan._model import BufferKind, ParallelLayout
 from pdplan._staging import CostModel
+from pdplan.session._block_pairs import paired_blocks, paired_slots
 from pdplan.session._cache import WorkerCache
 from pdplan.session._engines import TransferEngine
 from pdplan.session._faults import (
@@ -64,6 +65,14 @@ class DecodeRank:
         self._streams = Streams(cache, engine, self._peers, transfer_timeout, self._form,
                                 self.stats)  # fmt: skip
         self._waiting: list[tuple[Receive, float]] = []  # for their peer, until a deadline
+        # Groups of state buffers: one slot a request, paired as pages whatever their blocks.
+        self._state_groups = {
+            number
+            for number, group in enumerate(cache.groups)
+            if group.buffers
+            and all(cache.cache.buffers[i].buffer_kind is BufferKind.MAMBA_STATE
+                    for i in group.buffers)
+        }  # fmt: skip
         self._pulls: list[Pull] = []
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()
@@ -117,7 +126,7 @@ class DecodeRank:
                     self._done(receive)
                     self._notices.add(peer, receive.remote.request_id)
                     continue
-                pages = self._pages(receive)
+                pages = self._pages(receive, peer)
                 reads = [(rank, self._descriptors(peer, rank, pages)) for rank in peer.sources]
             except Exception as error:  # a request's fault fails the request, never the engine
                 self._fail(receive, error)
@@ -143,36 +152,55 @@ class DecodeRank:
                 moved += gathered.posted[0]
         self._pulls.append(Pull(batch, handles, now + self._transfer_timeout, now, moved))
 
-    def _pages(self, receive: Receive) -> list[tuple[Any, Any, tuple[int, ...]]]:
-        """Per KV cache group, the request's pages on the prefill side and here (each group's
-        blocks span its own pages), and the group's buffers: the same for every source rank,
-        computed once."""
+    def _pages(self, receive: Receive, peer: Peer) -> list[tuple[str, Any, Any, tuple[int, ...]]]:
+        """Per KV cache group, what the request reads of it from every source rank: ``("pages",
+        prefill pages, pages here, buffers)``, each group's blocks paired from the tail, or
+        where the two sides' blocks hold other token counts ``("slots", prefill slot map, slot
+        map here, buffers)``, token by token. The same for every source rank, computed once."""
         if len(receive.remote_blocks) != len(self._cache.groups):
             raise LayoutRefused(
                 f"request {receive.request_id}: the prefill side sent blocks of "
                 f"{len(receive.remote_blocks)} KV cache groups for {len(self._cache.groups)} here"
             )
         pages = []
-        for number, (local, remote, group) in enumerate(
-            zip(receive.local_blocks, receive.remote_blocks, self._cache.groups)
+        for number, (local, remote, group, theirs) in enumerate(
+            zip(receive.local_blocks, receive.remote_blocks, self._cache.groups, peer.rules)
         ):
-            if len(remote) != len(local):
+            mine = group.rules
+            same = (mine.block_size, mine.kernel_block_size) == (
+                theirs.block_size,
+                theirs.kernel_block_size,
+            )
+            if same or number in self._state_groups:
+                # A state group keeps one slot a request whatever its block: paired as pages.
+                local, remote = paired_blocks(local, remote, number)
+                pages.append(("pages", theirs.pages(remote), mine.pages(local), group.buffers))
+                continue
+            if len(receive.local_tokens) != len(self._cache.groups) or not receive.num_tokens:
                 raise LayoutRefused(
-                    f"request {receive.request_id}: the prefill side holds {len(remote)} "
-                    f"blocks of group {number} for {len(local)} here"
+                    f"request {receive.request_id}: KV cache group {number} holds "
+                    f"{theirs.block_size} tokens a block there, {mine.block_size} here, and the "
+                    "request names no token positions to pair them by"
                 )
-            pages.append((group.rules.pages(remote), group.rules.pages(local), group.buffers))
+            remote_slots, local_slots = paired_slots(
+                local, receive.local_tokens[number], mine.block_size,
+                remote, theirs.block_size, receive.num_tokens, number,
+            )  # fmt: skip
+            pages.append(("slots", remote_slots, local_slots, group.buffers))
         return pages
 
     def _descriptors(
-        self, peer: Peer, rank: int, pages: list[tuple[Any, Any, tuple[int, ...]]]
+        self, peer: Peer, rank: int, pages: list[tuple[str, Any, Any, tuple[int, ...]]]
     ) -> Reads:
         """What this rank reads of source ``rank``, per KV cache group."""
         own = self._cache.cache
         prepared = peer.transfer(rank, own.base_ptrs, own.limits)
         reads = Reads(*self._form)
-        for remote, local, buffers in pages:
-            reads.add(prepared, remote, local, buffers=buffers)
+        for how, remote, local, buffers in pages:
+            if how == "pages":
+                reads.add(prepared, remote, local, buffers=buffers)
+            else:
+                reads.add_tokens(prepared, remote, local, buffers=buffers)
         return reads
 
     def _fail(self, receive: Receive, error: BaseException | str) -> None:

@@ -19,6 +19,7 @@ from pdplan._exchange import decode_layout, encode_layout
 from pdplan._model import ParallelLayout, RankTransferPlan
 from pdplan._planner import PDTransferPlanner
 from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
+from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.session._cache import WorkerCache
 from pdplan.session._faults import (
     LayoutRefused,
@@ -27,7 +28,13 @@ from pdplan.session._faults import (
     TransferFault,
     VersionSkew,
 )
-from pdplan.session._protocol import PrefillRankInfo, check_identity, hello, rank_info
+from pdplan.session._protocol import (
+    PrefillRankInfo,
+    block_sizes_of,
+    check_identity,
+    hello,
+    rank_info,
+)
 from pdplan.session._requests import Remote
 from pdplan.session._side_channel import ask
 
@@ -53,6 +60,9 @@ class Peer:
     port: int
     planner: PDTransferPlanner
     decode_rank: int
+    #: Each of the instance's KV cache groups' rules: its blocks and pages, which may hold
+    #: other token counts than ours (those groups pair token by token).
+    rules: tuple[RuntimeConventions, ...]
     ranks: dict[int, PrefillRankInfo] = field(default_factory=dict)
     gone: set[int] = field(default_factory=set)
     #: The instance's registration generation, as its first handshake reply said.
@@ -249,12 +259,14 @@ class Peers:
         """The peer of a first handshake reply, its identity and fingerprint checked."""
         info = rank_info(reply)
         check_identity(self._cache.identity, reply[0], "prefill")
+        rules = self._cache.peer_rules(block_sizes_of(reply[0], len(self._cache.groups), "prefill"))
         layout = decode_layout(reply[1], reply[2], max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
         planner = self._cache.rules.planner(
             prefill_layout=layout.layout,
             decode_layout=self._layout,
             prefill_buffers=layout.buffers,
             decode_buffers=self._cache.cache.buffers,
+            token_maps=self._cache.token_maps(rules),
         )
         if planner.fingerprint.encode() != reply[4]:
             raise VersionSkew(
@@ -262,7 +274,7 @@ class Peers:
                 f"{shown(reply[4])}, here {shown(planner.fingerprint)}); run one pdplan version "
                 "on both sides"
             )
-        peer = Peer(host, port, planner, self._rank, generation=info.generation)
+        peer = Peer(host, port, planner, self._rank, rules, generation=info.generation)
         peer.ranks[rank] = info
         return peer
 

@@ -22,6 +22,7 @@ from pdplan.session._protocol import (
     DONE,
     HELLO,
     PROGRESS,
+    block_sizes_of,
     check_identity,
     done_lines,
     encode_progress,
@@ -152,12 +153,14 @@ class PrefillRank:
     def _hello(self, identity: bytes, version: bytes, payload: bytes) -> list[bytes]:
         """Checks a decode rank's identity and layout, and answers with this rank's."""
         check_identity(self._cache.identity, identity, "decode")
+        rules = self._cache.peer_rules(block_sizes_of(identity, len(self._cache.groups), "decode"))
         peer = decode_layout(version, payload, max_payload_bytes=DEFAULT_MAX_LAYOUT_BYTES)
         planner = self._cache.rules.planner(
             prefill_layout=self._layout,
             decode_layout=peer.layout,
             prefill_buffers=self._cache.cache.buffers,
             decode_buffers=peer.buffers,
+            token_maps=self._cache.token_maps(rules),
         )
         return [
             self._cache.identity_bytes(),

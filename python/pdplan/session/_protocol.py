@@ -34,8 +34,9 @@ from pdplan.session._requests import block_groups
 
 #: The protocol's first frame: a peer speaking another version is refused by it. Version 2:
 #: a handshake reply names the rank's registration generation, and its engine metadata the
-#: memory it registered.
-PROTOCOL = b"pdplan-side/2"
+#: memory it registered. Version 3: each side's identity states its KV cache groups' block
+#: sizes (``BLOCK_SIZES``), which may differ from the peer's.
+PROTOCOL = b"pdplan-side/3"
 HELLO, DONE, PROGRESS = b"hello", b"done", b"progress"
 OK, REFUSED = b"ok", b"refused"
 
@@ -89,8 +90,39 @@ def request_body(frames: list[bytes]) -> tuple[bytes, list[bytes]]:
 # -- hello ------------------------------------------------------------------------------------
 
 
+#: The identity key each side states its KV cache groups' blocks under, ``[[block tokens,
+#: page tokens], ...]`` a group (the scheduler's block, the cache tensor's page): read by the
+#: peer, never compared with its own (pairs of other block sizes move tokens by slot maps).
+BLOCK_SIZES = "block_sizes"
+#: Tokens a block or page may hold at most, as read from a peer.
+MAX_BLOCK_TOKENS = 1 << 20
+
+
 def identity_bytes(identity: dict[str, Any]) -> bytes:
     return json.dumps(identity, sort_keys=True).encode()
+
+
+def block_sizes_of(peer_bytes: bytes, groups: int, peer_role: str) -> tuple[tuple[int, int], ...]:
+    """The peer's ``(block tokens, page tokens)`` of each of its ``groups`` KV cache groups,
+    from its identity (already checked by ``check_identity``), read strictly."""
+    sizes = json.loads(peer_bytes).get(BLOCK_SIZES)
+    if not isinstance(sizes, list) or len(sizes) != groups:
+        raise ProtocolFault(f"the {peer_role} peer states no block sizes of its {groups} groups")
+    out = []
+    for entry in sizes:
+        ok = isinstance(entry, list) and len(entry) == 2
+        block, page = entry if ok else (0, 0)
+        if not (
+            ok
+            and all(type(n) is int and 0 < n <= MAX_BLOCK_TOKENS for n in (block, page))
+            and block % page == 0
+        ):
+            raise ProtocolFault(
+                f"the {peer_role} peer's block sizes must be [block, page] pairs of tokens, the "
+                f"page dividing the block; got {shown(entry)}"
+            )
+        out.append((block, page))
+    return tuple(out)
 
 
 def check_identity(own: dict[str, Any], peer_bytes: bytes, peer_role: str) -> None:
@@ -103,7 +135,7 @@ def check_identity(own: dict[str, Any], peer_bytes: bytes, peer_role: str) -> No
         raise ProtocolFault(f"the {peer_role} peer's identity is not JSON") from None
     if not isinstance(peer, dict):
         raise ProtocolFault(f"the {peer_role} peer's identity is not an object")
-    for key in sorted(set(own) | set(peer)):
+    for key in sorted((set(own) | set(peer)) - {BLOCK_SIZES}):
         if own.get(key) != peer.get(key):
             # Fields of our own are named as they are; one only the peer sends, bounded.
             field = key if key in own else shown(key)

@@ -42,6 +42,18 @@ class Reads:
                 self._parts.append((flat.dst_addrs, flat.src_addrs, flat.lengths))
                 self.bytes += int(flat.lengths.sum())
 
+    def add_tokens(self, source: Any, src_slots: Any, dst_slots: Any, *, buffers: Any) -> None:
+        """A request's descriptors of ``buffers`` token by token (``token_descriptors``: the
+        two sides' blocks hold other token counts), flat whatever the form: a token's bytes
+        are no run of pages a strided row could stand for."""
+        flat: TransferDescriptors = source.token_descriptors(src_slots, dst_slots, buffers=buffers)
+        if flat.num_descriptors:
+            if self.strided:  # rows of one descriptor each, read as the strided form reads
+                self._parts.append(_rows_of(flat))
+            else:
+                self._parts.append((flat.dst_addrs, flat.src_addrs, flat.lengths))
+            self.bytes += int(flat.lengths.sum())
+
     def extend(self, other: Reads) -> None:
         """Takes in ``other``'s parts (read by this one's form and model)."""
         self._parts += other._parts
@@ -72,3 +84,16 @@ class Reads:
 
 
 _DEFAULT_MODEL = CostModel()
+
+
+def _rows_of(flat: TransferDescriptors) -> tuple[Any, Any]:
+    """Flat descriptors as strided rows of one block each, ``(local, remote)`` as a read
+    lists them: (address, length, device 0, stride = length, count 1)."""
+    n = len(flat.lengths)
+
+    def rows(addresses: Any) -> Any:
+        out = np.zeros((n, 5), np.uint64)
+        out[:, 0], out[:, 1], out[:, 3], out[:, 4] = addresses, flat.lengths, flat.lengths, 1
+        return out
+
+    return rows(flat.dst_addrs), rows(flat.src_addrs)

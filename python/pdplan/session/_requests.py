@@ -52,6 +52,14 @@ class Receive:
     remote: Remote | None
     refused: str = ""
     stream: Stream | None = None
+    #: Per KV cache group, ``(the token local_blocks[g][0] starts at, the first token this
+    #: side needs of the group)``: where the blocks sit in the request, so that groups of other
+    #: block sizes on the two sides pair token by token. () where unknown (equal block sizes
+    #: pair block by block from the tail).
+    local_tokens: tuple[tuple[int, int], ...] = ()
+    #: Tokens of the request the prefill side holds (its blocks cover ``[0, num_tokens)``,
+    #: each group's kept ones the tail); 0 where unknown.
+    num_tokens: int = 0
 
 
 def block_groups(block_ids: Any, key: str = "remote_block_ids") -> tuple[tuple[int, ...], ...]:

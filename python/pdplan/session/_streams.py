@@ -17,7 +17,7 @@ from typing import Any
 from pdplan._staging import CostModel
 from pdplan.session._cache import GroupCache, WorkerCache
 from pdplan.session._engines import TransferEngine
-from pdplan.session._faults import PeerGone, ProtocolFault, TransferFailed, cause_of
+from pdplan.session._faults import LayoutRefused, PeerGone, ProtocolFault, TransferFailed, cause_of
 from pdplan.session._metrics import SessionStats
 from pdplan.session._peers import Peer, Peers
 from pdplan.session._progress import Progress, Slice, next_slices
@@ -149,6 +149,12 @@ class Streams:
         """Starts following a streamed request: its reads start as its prefill's progress
         notices come."""
         assert receive.stream is not None
+        if self._cache.token_maps(peer.rules):
+            raise LayoutRefused(
+                "a streamed request reads its prefill side's blocks page by page as they fill, "
+                "so both instances must keep blocks of one size; send it whole (no stream_id) "
+                "or serve both with one block size"
+            )
         deadline = time.monotonic() + self._transfer_timeout
         self._following[receive.request_id] = Following(receive, peer, peer.sources, 0, deadline)
         logger.debug("pdplan: request %s streams from %s:%d (decode prefix %d of %d tokens)",

@@ -118,6 +118,7 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         numbering=layer_of,
     )
     architectures = getattr(model.hf_config, "architectures", None) or ["a model"]
+    backend = _attention_backend(vllm_config, attention)
     return WorkerCache(
         cache=cache,
         family=str(architectures[0])[:64],
@@ -130,6 +131,7 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
             "num_layers": len(kv_caches),
             "cache_groups": [g.identity() for g in groups],
         },
+        whole_pages=vllm_adapter.WHOLE_PAGES.get(backend or "", ""),
     )
 
 

@@ -16,6 +16,7 @@ from pdplan.connectors.vllm._transfer_params import (
     prefill_params,
     remote_block_groups,
     remote_of,
+    remote_tokens_of,
     stream_of,
     streamed_remote_of,
 )
@@ -23,10 +24,11 @@ from pdplan.runtimes._vllm_groups import (
     NULL_BLOCK,
     backoff,
     cache_groups,
+    first_needed,
     transfer_block_ids,
 )
 from pdplan.session import Receive, Remote, Settings, Stream
-from pdplan.session._block_pairs import kept_blocks, paired_blocks
+from pdplan.session._block_pairs import kept_blocks
 
 logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 
@@ -116,21 +118,46 @@ class SchedulerSide:
         if not any(key in params for key in REMOTE_KEYS) and num_external_tokens == 0:
             return
         local: tuple[tuple[int, ...], ...] = ()
+        listed: tuple[tuple[int, ...], ...] = ()
         if num_external_tokens > 0:
-            # The blocks to fill: past the local prefix hit, a state group's state slot.
+            # The blocks to fill: past the local prefix hit, a state group's state slot
+            # (vLLM leaves a window's null blocks out of them); every block, to place them.
             unhashed = blocks.get_unhashed_block_ids_all_groups()
             local = tuple(tuple(g) for g in self._transfer_ids(unhashed))
+            listed = tuple(tuple(g) for g in self._transfer_ids(blocks.get_block_ids()))
         try:
             remote = remote_of(params)
             groups = remote_block_groups(params.get("remote_block_ids"))
+            num_tokens = remote_tokens_of(params)
             if local:
                 local = self._kept(local)
-            wanted = self._pair(local, groups) if local else ()
+                if len(groups) != len(local):
+                    raise UnsupportedPDLayoutError(
+                        f"the prefill side sent blocks of {len(groups)} KV cache groups for "
+                        f"{len(local)} here"
+                    )
         except UnsupportedPDLayoutError as error:
             # The request waits for its blocks: the worker reports them to recompute.
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
             return
-        self._receives.append(Receive(request.request_id, local, wanted, remote))
+        tokens = self._positions(request, listed, local) if local else ()
+        self._receives.append(Receive(request.request_id, local, groups, remote,
+                                      local_tokens=tokens, num_tokens=num_tokens))  # fmt: skip
+
+    def _positions(
+        self, request: Any, listed: tuple[tuple[int, ...], ...], kept: tuple[tuple[int, ...], ...]
+    ) -> tuple[tuple[int, int], ...]:
+        """Each group's ``(token its first block to fill starts at, first token needed)``:
+        the blocks to fill are the tail of the group's list (after its prefix hit and a
+        window's null blocks), which covers the request's tokens from the first, a block a
+        position. The session pairs groups whose blocks hold other token counts on the two
+        sides by these."""
+        prompt = len(request.prompt_token_ids or ())
+        out = []
+        for group, every, mine in zip(self.groups, listed, kept):
+            first = (len(every) - len(mine)) * group.block_size
+            out.append((first, first_needed(group, prompt, first)))
+        return tuple(out)
 
     def _transfer_ids(self, block_ids: Any) -> Any:
         """A request's block ids of the groups that move (``transfer_block_ids``)."""
@@ -146,21 +173,6 @@ class SchedulerSide:
         return tuple(
             kept_blocks(ids, g.kind, NULL_BLOCK, g.scratch_blocks)
             for ids, g in zip(block_ids, self.groups)
-        )
-
-    def _pair(
-        self, local: tuple[tuple[int, ...], ...], remote: tuple[tuple[int, ...], ...]
-    ) -> tuple[tuple[int, ...], ...]:
-        """The prefill side's blocks each of the decode side's ``local`` reads, group by group,
-        tail to tail (local prefix hits cover the first blocks; a window keeps the last)."""
-        if len(remote) != len(local):
-            raise UnsupportedPDLayoutError(
-                f"the prefill side sent blocks of {len(remote)} KV cache groups for "
-                f"{len(local)} here"
-            )
-        return tuple(
-            paired_blocks(mine, theirs, group)[1]
-            for group, (mine, theirs) in enumerate(zip(local, remote))
         )
 
     def _stream_prefill(self, request: Any, blocks: Any) -> None:

@@ -71,6 +71,17 @@ def _remote(params: Mapping[str, Any], request_id: str) -> Remote:
     )
 
 
+#: Tokens a request may name at most (its blocks' tokens; vLLM's longest context is far below).
+MAX_REQUEST_TOKENS = 1 << 31
+
+
+def remote_tokens_of(params: Mapping[str, Any]) -> int:
+    """The tokens the prefill side holds of a request (``remote_num_tokens``; 0 where a
+    sender leaves it out): where its blocks sit, for groups whose blocks hold other token
+    counts on the two sides."""
+    return _int(params, "remote_num_tokens", 0, MAX_REQUEST_TOKENS, 0)
+
+
 def remote_of(params: Mapping[str, Any]) -> Remote:
     """The prefill instance and request a decode request reads from."""
     return _remote(params, _text(params, "remote_request_id"))
