@@ -6,7 +6,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use pdplan::layout::LogicalParts;
+use pdplan::layout::{LogicalParts, TokenPieces};
 use pdplan::{wire, BufferKind, BufferLayout, LogicalAxis, ParallelLayout, Planner, Role};
 
 const LAYERS: u64 = 80;
@@ -35,6 +35,7 @@ fn kv_buffers(tp: u64) -> Vec<BufferLayout> {
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,
+            token_pieces: TokenPieces::NONE,
         })
         .collect()
 }

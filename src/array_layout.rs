@@ -5,7 +5,7 @@
 //! fused plane outside head-major units) is refused naming the axis.
 
 use crate::error::{bail, quoted, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, TokenPieces};
 use crate::limits::{self, MAX_VALUE};
 
 /// What one axis of a cache array indexes.
@@ -504,6 +504,7 @@ pub fn buffer_from_array(
         logical_parts: spec.logical_parts,
         sliding_window: spec.sliding_window,
         attention_chunk_size: spec.attention_chunk_size,
+        token_pieces: TokenPieces::NONE,
     };
     layout.validate()?;
     let limit = view_extent(&named, view.itemsize)?;

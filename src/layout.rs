@@ -392,6 +392,57 @@ pub struct BufferLayout {
     /// A chunked local-attention layer's chunk (tokens, Llama 4): with token maps a request of
     /// `n` tokens moves only its current chunk, tokens `t >= (n / chunk) * chunk`.
     pub attention_chunk_size: Option<u64>,
+    /// Where a head-major unit's tokens lie when not one after another (`TokenPieces`).
+    pub token_pieces: TokenPieces,
+}
+
+/// Where the tokens of a head-major unit's page lie, when not one after another: the unit's
+/// page is cut into equal planes, and within plane `i` a token's bytes lie in `pieces[i]`
+/// equal pieces, the page's tokens one after another inside each piece. vLLM's CPU backend
+/// keeps each head's K transposed, then its V: `(head_size, 1)`. None given: one plane of one
+/// piece (a unit's tokens one after another). Only token moves read it: pages that pair move
+/// whole either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TokenPieces {
+    count: usize,
+    pieces: [u64; MAX_TOKEN_PLANES],
+}
+
+/// Planes a unit's page may be cut into (`TokenPieces`).
+pub const MAX_TOKEN_PLANES: usize = 4;
+
+impl TokenPieces {
+    /// A unit's tokens one after another.
+    pub const NONE: Self = Self {
+        count: 0,
+        pieces: [0; MAX_TOKEN_PLANES],
+    };
+
+    pub fn new(pieces: &[u64]) -> PlanResult<Self> {
+        if pieces.is_empty() || pieces.len() > MAX_TOKEN_PLANES {
+            bail!(
+                "token_pieces names 1 to {MAX_TOKEN_PLANES} planes, got {}",
+                pieces.len()
+            );
+        }
+        let mut out = Self::NONE;
+        for (slot, &n) in out.pieces.iter_mut().zip(pieces) {
+            if n == 0 || n > limits::MAX_WORLD_SIZE {
+                bail!(
+                    "token_pieces {pieces:?}: each plane's pieces must be 1 to {}",
+                    limits::MAX_WORLD_SIZE
+                );
+            }
+            *slot = n;
+        }
+        out.count = pieces.len();
+        Ok(out)
+    }
+
+    /// The pieces of each plane as given (empty: none given).
+    pub fn given(&self) -> &[u64] {
+        self.pieces.get(..self.count).unwrap_or(&[])
+    }
 }
 
 /// The first token of an `n`-token request that a buffer with this window or chunk keeps:
@@ -497,7 +548,36 @@ impl BufferLayout {
             );
         }
         self.validate_rows()?;
+        self.validate_token_pieces()?;
         self.validate_parts()
+    }
+
+    fn validate_token_pieces(&self) -> PlanResult<()> {
+        let pieces = self.token_pieces.given();
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        if self.rows_per_page != 1 || !self.logical_axis.is_sharded() {
+            bail!(
+                "token_pieces describes a head-major unit (rows_per_page 1) of a split axis; \
+                 leave it None here"
+            );
+        }
+        let planes = pieces.len() as u64;
+        let whole = self.bytes_per_logical_unit % planes == 0
+            && pieces.iter().all(|&n| {
+                n.checked_mul(self.page_size)
+                    .is_some_and(|each| (self.bytes_per_logical_unit / planes) % each == 0)
+            });
+        if !whole {
+            bail!(
+                "token_pieces {pieces:?}: bytes_per_logical_unit={} must cut into {planes} equal \
+                 planes, each into whole pieces of page_size={} tokens",
+                self.bytes_per_logical_unit,
+                self.page_size
+            );
+        }
+        Ok(())
     }
 
     fn validate_rows(&self) -> PlanResult<()> {
@@ -573,6 +653,7 @@ pub(crate) mod tests {
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,
+            token_pieces: TokenPieces::NONE,
         }
     }
 
@@ -665,16 +746,19 @@ pub(crate) mod tests {
             },
             BufferLayout {
                 attention_chunk_size: Some(0),
+                token_pieces: TokenPieces::NONE,
                 ..buffer()
             },
             BufferLayout {
                 sliding_window: Some(8),
                 attention_chunk_size: Some(8),
+                token_pieces: TokenPieces::NONE,
                 ..buffer()
             },
             BufferLayout {
                 logical_axis: LogicalAxis::StateChannel,
                 attention_chunk_size: Some(8),
+                token_pieces: TokenPieces::NONE,
                 ..buffer()
             },
         ] {

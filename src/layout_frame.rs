@@ -16,7 +16,7 @@ use crate::fragment::LATEST_VERSION;
 use crate::json_refusal;
 use crate::layout::{
     check_distinct_indexes, BufferKind, BufferLayout, ContextParallel, IndexSpace, LogicalAxis,
-    LogicalParts, ParallelLayout, Role,
+    LogicalParts, ParallelLayout, Role, TokenPieces,
 };
 use crate::limits;
 use crate::planner::{Planner, PLANNING_RULES_VERSION};
@@ -122,6 +122,11 @@ fn write_buffer(out: &mut String, b: &BufferLayout) {
         out.push_str(",\"logical_part_groups\":");
         push_list(out, Some(groups));
     }
+    let pieces = b.token_pieces.given();
+    if !pieces.is_empty() {
+        out.push_str(",\"token_pieces\":");
+        push_list(out, Some(pieces));
+    }
     out.push('}');
 }
 
@@ -224,6 +229,8 @@ struct BufferWire {
     page_bytes: Option<u64>,
     #[serde(default)]
     logical_part_groups: Option<Vec<u64>>,
+    #[serde(default)]
+    token_pieces: Option<Vec<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -270,6 +277,10 @@ impl BufferWire {
             logical_parts: parts,
             sliding_window: self.sliding_window,
             attention_chunk_size: self.attention_chunk_size,
+            token_pieces: match self.token_pieces {
+                None => TokenPieces::NONE,
+                Some(pieces) => TokenPieces::new(&pieces)?,
+            },
         };
         buffer
             .validate()

@@ -5,7 +5,7 @@
 //! pages of different sizes.
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferLayout, LogicalAxis};
+use crate::layout::{BufferLayout, LogicalAxis, TokenPieces};
 use crate::limits;
 use crate::routing::UnitOverlap;
 
@@ -81,6 +81,54 @@ impl Span {
         }
     }
 
+    /// The spans that carry local units `units` (`(src first, dst first, count)`) token by
+    /// token where a unit's tokens lie in pieces (`TokenPieces`): one a unit and plane, its
+    /// runs the plane's pieces. A unit's plane is whole bytes of a page too, so pages that
+    /// pair move it as it lies.
+    pub fn of_pieces(
+        (src_local, dst_local, len): (u64, u64, u64),
+        (src, dst): (&TokenGeometry, &TokenGeometry),
+        pages_pair: bool,
+    ) -> Vec<Self> {
+        let mut out = Vec::new();
+        for unit in 0..len {
+            for plane in 0..src.piece_planes() {
+                let (Some(from), Some(to)) = (src.piece_of(plane), dst.piece_of(plane)) else {
+                    continue;
+                };
+                let (src_offset, dst_offset) = (
+                    (src_local + unit) * src.unit_stride + from.0,
+                    (dst_local + unit) * dst.unit_stride + to.0,
+                );
+                let mut tokens = TokenSpan {
+                    src_page_size: src.page_size,
+                    dst_page_size: dst.page_size,
+                    runs: from.1,
+                    run_bytes: from.3,
+                    src_token_stride: from.3,
+                    dst_token_stride: to.3,
+                    src_run_stride: from.2,
+                    dst_run_stride: to.2,
+                    pages_unpaired: !pages_pair && src.page_size == dst.page_size,
+                };
+                if tokens.runs <= 1 {
+                    (tokens.src_run_stride, tokens.dst_run_stride) = (0, 0);
+                }
+                // Pages that pair move the unit's plane whole; others, a source page's pieces.
+                let bytes = if pages_pair {
+                    from.1 * from.2
+                } else {
+                    src.page_size * from.1 * from.3
+                };
+                out.push(Self {
+                    tokens,
+                    ..Self::contiguous(src_offset, dst_offset, bytes)
+                });
+            }
+        }
+        out
+    }
+
     /// The span that carries `overlap` from a prefill page to a decode page. Rows that are
     /// whole and dense on both sides collapse to one run, so head-major pages (one row) keep
     /// the reference's fragments.
@@ -145,6 +193,9 @@ pub struct TokenGeometry {
     pub plane_stride: u64,
     /// Local units one plane of one slot has room for.
     pub units: u64,
+    /// A head-major unit's planes and their pieces, where its tokens lie in pieces: a token's
+    /// slice is then its bytes of each piece, plane after plane (`piece_of`).
+    pub pieces: TokenPieces,
 }
 
 impl TokenGeometry {
@@ -200,16 +251,22 @@ impl TokenGeometry {
                     token_stride: unit_bytes,
                     plane_stride: 0,
                     units: 1,
+                    pieces: TokenPieces::NONE,
                 }
             } else {
+                let pieces = buffer.token_pieces;
                 Self {
                     page_size: size,
                     planes: 1,
                     unit_bytes,
                     unit_stride: unit,
-                    token_stride: unit_bytes,
+                    // Of the first piece where a unit's tokens lie in pieces (`piece_of`).
+                    token_stride: pieces.given().first().map_or(unit_bytes, |&n| {
+                        unit / pieces.given().len() as u64 / n / size
+                    }),
                     plane_stride: 0,
                     units: buffer.page_extent() / unit,
+                    pieces,
                 }
             });
         }
@@ -236,7 +293,42 @@ impl TokenGeometry {
             } else {
                 row_stride / unit_bytes
             },
+            pieces: TokenPieces::NONE,
         })
+    }
+
+    /// Where plane `plane` of a unit whose tokens lie in pieces (`TokenPieces`) holds them:
+    /// `(offset in the unit, pieces, piece stride, bytes a token takes of a piece)`; `None`
+    /// for a unit whose tokens lie one after another.
+    pub fn piece_of(&self, plane: usize) -> Option<(u64, u64, u64, u64)> {
+        let given = self.pieces.given();
+        let &pieces = given.get(plane)?;
+        // Validated: the unit cuts into equal planes, each into whole pieces of page_size.
+        let plane_bytes = self.unit_stride / given.len() as u64;
+        let stride = plane_bytes / pieces;
+        Some((
+            plane as u64 * plane_bytes,
+            pieces,
+            stride,
+            stride / self.page_size,
+        ))
+    }
+
+    /// Planes a unit is cut into where its tokens lie in pieces; 0 otherwise.
+    pub fn piece_planes(&self) -> usize {
+        self.pieces.given().len()
+    }
+
+    /// The token stride at byte `offset` of a page: of the piece there, or the geometry's.
+    pub fn token_stride_at(&self, offset: u64) -> u64 {
+        let planes = self.piece_planes() as u64;
+        if planes == 0 || self.unit_stride == 0 {
+            return self.token_stride;
+        }
+        let plane = (offset % self.unit_stride) / (self.unit_stride / planes);
+        let at = usize::try_from(plane).unwrap_or(usize::MAX);
+        self.piece_of(at)
+            .map_or(self.token_stride, |(_, _, _, bytes)| bytes)
     }
 
     /// Bytes one token of one unit takes in all its planes: what both sides must agree on.
@@ -251,6 +343,9 @@ impl TokenGeometry {
 
     /// The element at byte `offset` of a page, or `None` for a byte no element owns.
     pub fn locate(&self, offset: u64) -> Option<TokenCoord> {
+        if self.piece_planes() > 0 {
+            return self.locate_in_pieces(offset);
+        }
         // Modes from the widest stride in: each index is the quotient by its stride.
         let mut modes = [
             (self.plane_stride, self.planes, 0),
@@ -279,6 +374,31 @@ impl TokenGeometry {
             unit: index[1],
             slot: index[2],
             byte: rest,
+        })
+    }
+}
+
+impl TokenGeometry {
+    /// `locate` in a unit whose tokens lie in pieces: a token slice's bytes are its bytes of
+    /// each piece of each plane, in order.
+    fn locate_in_pieces(&self, offset: u64) -> Option<TokenCoord> {
+        let unit = offset.checked_div(self.unit_stride)?;
+        if unit >= self.units {
+            return None;
+        }
+        let within = offset % self.unit_stride;
+        let planes = self.piece_planes() as u64;
+        let plane = within / (self.unit_stride / planes);
+        let (start, _, stride, bytes) = self.piece_of(usize::try_from(plane).ok()?)?;
+        let in_plane = within - start;
+        let (piece, in_piece) = (in_plane / stride, in_plane % stride);
+        // A token takes the same bytes of every plane: the slice over planes.
+        let plane_slice = self.unit_bytes / planes;
+        Some(TokenCoord {
+            plane: 0,
+            unit,
+            slot: in_piece / bytes,
+            byte: plane * plane_slice + piece * bytes + in_piece % bytes,
         })
     }
 }
@@ -428,7 +548,7 @@ impl TokenRuns {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::layout::{LogicalAxis, LogicalParts};
+    use crate::layout::{LogicalAxis, LogicalParts, TokenPieces};
 
     #[test]
     fn token_major_rows_become_runs_unless_dense() {
@@ -447,6 +567,7 @@ mod tests {
             logical_parts: LogicalParts::WHOLE,
             sliding_window: None,
             attention_chunk_size: None,
+            token_pieces: TokenPieces::NONE,
         };
         let one_head = UnitOverlap {
             src_shard: 5,

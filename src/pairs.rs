@@ -87,6 +87,15 @@ fn check_token_geometry(position: usize, p: &BufferLayout, d: &BufferLayout) -> 
             d.page_size
         );
     }
+    if p.token_pieces != d.token_pieces {
+        bail!(
+            "prefill/decode units hold their tokens differently at buffer position {position}: \
+             token_pieces {:?} there, {:?} here; both sides must lay a unit's tokens out alike \
+             (the same backend)",
+            p.token_pieces.given(),
+            d.token_pieces.given()
+        );
+    }
     if src.unit_bytes != dst.unit_bytes {
         bail!(
             "prefill/decode bytes of one token differ at buffer position {position}: prefill \

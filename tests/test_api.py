@@ -165,6 +165,7 @@ def test_public_names() -> None:
                 ("attention_chunk_size", None),
                 ("page_bytes", None),
                 ("logical_part_groups", None),
+                ("token_pieces", None),
             ],
         ),
         (

@@ -276,11 +276,28 @@ def hostile_requests(version: bytes, payload: bytes) -> list[tuple[list[bytes], 
         ([b"", PROTOCOL, b"hello", identity, version, payload[: len(payload) // 2]], b"layout"),
         ([b"", PROTOCOL, b"hello", identity_bytes(IDENTITY), version, payload], b"protocol"),
         *[
-            ([b"", PROTOCOL, b"hello", identity_bytes({**IDENTITY, BLOCK_SIZES: bad}), version,
-              payload], b"protocol")
-            for bad in ([[BLOCK, BLOCK]] * 2, [[0, 1]], [[32, 5]], [[True, 1]], [["32", 32]],
-                        [[2**40, 32]], "32", [[32, 32, 32]])
-        ],  # fmt: skip
+            (
+                [
+                    b"",
+                    PROTOCOL,
+                    b"hello",
+                    identity_bytes({**IDENTITY, BLOCK_SIZES: bad}),
+                    version,
+                    payload,
+                ],
+                b"protocol",
+            )
+            for bad in (
+                [[BLOCK, BLOCK]] * 2,
+                [[0, 1]],
+                [[32, 5]],
+                [[True, 1]],
+                [["32", 32]],
+                [[2**40, 32]],
+                "32",
+                [[32, 32, 32]],
+            )
+        ],
         ([b"", PROTOCOL, b"hello"], b"protocol"),
         ([b"", PROTOCOL], b"protocol"),
         ([b"", PROTOCOL, b"shutdown"], b"protocol"),

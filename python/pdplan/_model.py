@@ -220,9 +220,15 @@ class BufferLayout:
     ``s * groups // S``, the group its heads read (vLLM's and SGLang's Mamba2 below
     ``n_groups``); each decode rank's copy is written, read from one prefill copy. With as
     many groups or more, a part splits at group boundaries. None: parts split evenly."""
+    token_pieces: tuple[int, ...] | None = None
+    """Where a head-major unit's tokens lie when not one after another: the unit's page is cut
+    into equal planes, and within plane ``i`` a token's bytes lie in ``token_pieces[i]`` equal
+    pieces, the page's tokens one after another inside each piece. vLLM's CPU backend keeps
+    each head's K transposed, then its V: ``(head_size, 1)``. Only token moves (pages of other
+    sizes) read it; None: one plane of one piece."""
 
     def __post_init__(self) -> None:
-        for name in ("logical_parts", "logical_part_groups"):
+        for name in ("logical_parts", "logical_part_groups", "token_pieces"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         _core.check_buffer_layout(self)

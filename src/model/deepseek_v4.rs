@@ -22,7 +22,7 @@
 
 use super::dtype::Dtype;
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, TokenPieces};
 use crate::limits::MAX_VALUE;
 
 /// One `DeepSeek`-V4 attention layer.
@@ -231,6 +231,7 @@ impl DeepseekV4Shape {
                 logical_parts: LogicalParts::WHOLE,
                 sliding_window: c.window,
                 attention_chunk_size: None,
+                token_pieces: TokenPieces::NONE,
             });
         }
         Ok(())

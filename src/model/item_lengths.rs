@@ -1,7 +1,7 @@
 //! Buffer layouts inferred from the byte lengths a runtime knows of each buffer.
 
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, TokenPieces};
 use crate::limits;
 
 /// What a runtime knows of one buffer: its per-rank item length on each side and the length
@@ -82,6 +82,7 @@ pub fn from_item_lengths(
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
         attention_chunk_size: None,
+        token_pieces: TokenPieces::NONE,
     };
     let axis = if item.buffer_kind == BufferKind::MambaState {
         LogicalAxis::StateChannel

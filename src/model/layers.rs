@@ -28,7 +28,7 @@
 use super::deepseek_v4::DeepseekV4Shape;
 use super::dtype::Dtype;
 use crate::error::{bail, PlanError, PlanResult};
-use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts};
+use crate::layout::{BufferKind, BufferLayout, LogicalAxis, LogicalParts, TokenPieces};
 use crate::limits::MAX_VALUE;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -301,6 +301,7 @@ fn token_buffer(
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
         attention_chunk_size: None,
+        token_pieces: TokenPieces::NONE,
     })
 }
 
@@ -358,6 +359,7 @@ pub fn attention(
             tp_replica_group_size: replica,
             sliding_window: a.sliding_window,
             attention_chunk_size: a.attention_chunk,
+            token_pieces: TokenPieces::NONE,
             ..buffer
         });
     }
@@ -368,6 +370,7 @@ pub fn attention(
         out.push(BufferLayout {
             sliding_window: a.sliding_window,
             attention_chunk_size: a.attention_chunk,
+            token_pieces: TokenPieces::NONE,
             ..token_buffer(cache, kinds.0, keys, "the index key cache")?
         });
     }
@@ -471,6 +474,7 @@ fn grouped_state(
         logical_parts,
         sliding_window: None,
         attention_chunk_size: None,
+        token_pieces: TokenPieces::NONE,
     })
 }
 

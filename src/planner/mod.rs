@@ -83,13 +83,38 @@ struct BufferPair {
 }
 
 impl BufferPair {
-    /// `span` with the token runs of local units `units`, when the plan maps tokens.
-    fn tokenized(&self, span: Span, units: (u64, u64, u64)) -> Span {
+    /// `span` with the token runs of local units `units`, when the plan maps tokens: one span,
+    /// or, where a unit's tokens lie in pieces, one a unit and plane (`Span::of_pieces`).
+    fn tokenized(&self, span: Span, units: (u64, u64, u64)) -> Spans {
         match &self.tokens {
-            Some((src, dst)) => {
-                span.with_tokens(units, (src, dst), self.prefill.pages_pair(&self.decode))
-            }
-            None => span,
+            Some((src, dst)) if src.piece_planes() > 0 => Spans::Many(
+                Span::of_pieces(units, (src, dst), self.prefill.pages_pair(&self.decode))
+                    .into_iter(),
+            ),
+            Some((src, dst)) => Spans::One(std::iter::once(span.with_tokens(
+                units,
+                (src, dst),
+                self.prefill.pages_pair(&self.decode),
+            ))),
+            None => Spans::One(std::iter::once(span)),
+        }
+    }
+}
+
+/// The spans of one unit run: one (no allocation, the common case) or, where a unit's tokens
+/// lie in pieces, one a unit and plane.
+enum Spans {
+    One(std::iter::Once<Span>),
+    Many(std::vec::IntoIter<Span>),
+}
+
+impl Iterator for Spans {
+    type Item = Span;
+
+    fn next(&mut self) -> Option<Span> {
+        match self {
+            Self::One(one) => one.next(),
+            Self::Many(many) => many.next(),
         }
     }
 }

@@ -90,8 +90,9 @@ impl Planner {
                 } else {
                     1
                 };
-                let span = pair.tokenized(Span::contiguous(0, 0, len), (0, 0, units));
-                visit(at, pair, span);
+                for span in pair.tokenized(Span::contiguous(0, 0, len), (0, 0, units)) {
+                    visit(at, pair, span);
+                }
             }
             return;
         }
@@ -108,21 +109,23 @@ impl Planner {
                 Some(Some(Route::WholeItem)) => {
                     // The decode item, whole (validated to be at most the prefill item).
                     let span = Span::contiguous(0, 0, pair.decode.page_extent());
-                    let span = pair.tokenized(span, (0, 0, 1));
-                    for &share in &shares {
-                        let source = self.source(at, pair.class, Units::Whole, share, rehoming);
-                        visit(source, pair, span);
+                    for span in pair.tokenized(span, (0, 0, 1)) {
+                        for &share in &shares {
+                            let source = self.source(at, pair.class, Units::Whole, share, rehoming);
+                            visit(source, pair, span);
+                        }
                     }
                 }
                 Some(Some(Route::Units(overlaps))) => {
                     for overlap in overlaps {
                         let span = Span::of_units(overlap, &pair.prefill, &pair.decode);
                         let units = (overlap.src_local, overlap.dst_local, overlap.len);
-                        let span = pair.tokenized(span, units);
-                        for &share in &shares {
-                            let units = overlap.units();
-                            let source = self.source(at, pair.class, units, share, rehoming);
-                            visit(source, pair, span);
+                        for span in pair.tokenized(span, units) {
+                            for &share in &shares {
+                                let units = overlap.units();
+                                let source = self.source(at, pair.class, units, share, rehoming);
+                                visit(source, pair, span);
+                            }
                         }
                     }
                 }

@@ -1,5 +1,5 @@
 use super::*;
-use crate::layout::{BufferKind, LogicalAxis, LogicalParts, Role};
+use crate::layout::{BufferKind, LogicalAxis, LogicalParts, Role, TokenPieces};
 
 const UNIT: u64 = 16 * 128 * 2;
 
@@ -20,6 +20,7 @@ fn kv(index: u64, kind: BufferKind, tp: u64, heads: u64) -> BufferLayout {
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
         attention_chunk_size: None,
+        token_pieces: TokenPieces::NONE,
     }
 }
 

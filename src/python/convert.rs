@@ -12,6 +12,7 @@ use crate::error::{bail, PlanError, QUOTED_CHARS};
 use crate::fragment::{Field, FieldKind, FieldValue, Fragment, FIELDS, FIELD_COUNT, SETTERS};
 use crate::layout::{
     BufferKind, BufferLayout, ContextParallel, LogicalAxis, LogicalParts, ParallelLayout, Role,
+    TokenPieces,
 };
 use crate::limits::{self, Limit, MAX_VALUE};
 use crate::model::{
@@ -173,27 +174,24 @@ impl<'py> Fields<'_, 'py> {
         }
     }
 
-    fn parts(&self, name: &Bound<'py, PyString>) -> Converted<LogicalParts> {
-        let Some(value) = self.optional(name) else {
-            if self
-                .optional(&PyString::new(name.py(), "logical_part_groups"))
-                .is_some()
-            {
-                bail!("logical_part_groups names the groups of logical_parts; give logical_parts");
-            }
-            return Ok(LogicalParts::WHOLE);
-        };
-        let sizes = each(&value, "logical_parts", &limits::PARTS, |v| {
-            to_u64(v, "logical_parts item")
-        })?;
-        let parts = LogicalParts::new(&sizes)?;
-        let Some(groups) = self.optional(&PyString::new(value.py(), "logical_part_groups")) else {
-            return Ok(parts);
-        };
-        let groups = each(&groups, "logical_part_groups", &limits::PARTS, |v| {
-            to_u64(v, "logical_part_groups item")
-        })?;
-        parts.with_groups(&groups)
+    /// A short list of counts (parts, their groups, token pieces), `None` where absent.
+    fn counts(&self, name: &str) -> Converted<Option<Vec<u64>>> {
+        let py = self.obj.py();
+        self.optional(&PyString::new(py, name))
+            .map(|value| each(&value, name, &limits::PARTS, |v| to_u64(v, name)))
+            .transpose()
+    }
+
+    fn parts(&self) -> Converted<LogicalParts> {
+        match (
+            self.counts("logical_parts")?,
+            self.counts("logical_part_groups")?,
+        ) {
+            (None, None) => Ok(LogicalParts::WHOLE),
+            (None, Some(_)) => bail!("logical_part_groups names the groups of logical_parts"),
+            (Some(sizes), None) => LogicalParts::new(&sizes),
+            (Some(sizes), Some(groups)) => LogicalParts::new(&sizes)?.with_groups(&groups),
+        }
     }
 
     fn string(&self, name: &Bound<'py, PyString>) -> Converted<String> {
@@ -287,7 +285,7 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
             .optional(name!(f, "page_bytes"))
             .map(|v| to_u64(&v, "page_bytes"))
             .transpose()?,
-        logical_parts: f.parts(name!(f, "logical_parts"))?,
+        logical_parts: f.parts()?,
         sliding_window: f
             .optional(name!(f, "sliding_window"))
             .map(|v| to_u64(&v, "sliding_window"))
@@ -296,6 +294,9 @@ pub fn buffer_layout(obj: &Bound<'_, PyAny>) -> Converted<BufferLayout> {
             .optional(name!(f, "attention_chunk_size"))
             .map(|v| to_u64(&v, "attention_chunk_size"))
             .transpose()?,
+        token_pieces: f
+            .counts("token_pieces")?
+            .map_or(Ok(TokenPieces::NONE), |pieces| TokenPieces::new(&pieces))?,
     };
     buffer.validate()?;
     Ok(buffer)

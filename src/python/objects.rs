@@ -300,7 +300,7 @@ where
 }
 
 /// `BufferLayout` fields in dataclass order (a test holds this to `dataclasses.fields`).
-pub const BUFFER_LAYOUT_FIELDS: [&str; 15] = [
+pub const BUFFER_LAYOUT_FIELDS: [&str; 16] = [
     "buffer_index",
     "buffer_kind",
     "logical_axis",
@@ -316,6 +316,7 @@ pub const BUFFER_LAYOUT_FIELDS: [&str; 15] = [
     "attention_chunk_size",
     "page_bytes",
     "logical_part_groups",
+    "token_pieces",
 ];
 
 /// A `BufferLayout` the core made and validated: built without running `__post_init__`, which
@@ -331,7 +332,7 @@ pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<
             PyTuple::new(py, values)?.into_any()
         })
     };
-    let values: [Bound<'py, PyAny>; 15] = [
+    let values: [Bound<'py, PyAny>; 16] = [
         b.buffer_index.into_pyobject(py)?.into_any(),
         types.kind_object(py, b.buffer_kind)?,
         PyString::new(py, b.logical_axis.as_str()).into_any(),
@@ -347,6 +348,7 @@ pub fn buffer_layout_object<'py>(py: Python<'py>, b: &BufferLayout) -> PyResult<
         b.attention_chunk_size.into_pyobject(py)?.into_any(),
         b.page_bytes.into_pyobject(py)?.into_any(),
         optional_tuple(groups)?,
+        optional_tuple(b.token_pieces.given())?,
     ];
     let names = BUFFER_LAYOUT_FIELDS.map(|name| PyString::intern(py, name));
     frozen_instance(

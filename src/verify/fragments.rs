@@ -208,10 +208,14 @@ pub(super) fn check_token_runs(
 ) -> PlanResult<()> {
     let (src, dst) = (TokenGeometry::of(prefill)?, TokenGeometry::of(decode)?);
     let span = fragment.token_span();
+    let (src_stride, dst_stride) = (
+        src.token_stride_at(fragment.src_byte_offset),
+        dst.token_stride_at(fragment.dst_byte_offset),
+    );
     if span.src_page_size != src.page_size
         || span.dst_page_size != dst.page_size
-        || span.src_token_stride != src.token_stride
-        || span.dst_token_stride != dst.token_stride
+        || span.src_token_stride != src_stride
+        || span.dst_token_stride != dst_stride
     {
         bail!(
             "{}: token geometry (page sizes {} -> {}, token strides {} -> {}) differs from the \
@@ -223,8 +227,8 @@ pub(super) fn check_token_runs(
             span.dst_token_stride,
             src.page_size,
             dst.page_size,
-            src.token_stride,
-            dst.token_stride
+            src_stride,
+            dst_stride
         );
     }
     let inside = |reach: Option<u64>, item: u64| reach.is_some_and(|end| end <= item);

@@ -1,5 +1,5 @@
 use super::*;
-use crate::layout::{BufferKind, LogicalParts, ParallelLayout, Role};
+use crate::layout::{BufferKind, LogicalParts, ParallelLayout, Role, TokenPieces};
 
 fn buffer(axis: LogicalAxis, heads: u64, tp: u64, replica: u64) -> BufferLayout {
     BufferLayout {
@@ -21,6 +21,7 @@ fn buffer(axis: LogicalAxis, heads: u64, tp: u64, replica: u64) -> BufferLayout 
         logical_parts: LogicalParts::WHOLE,
         sliding_window: None,
         attention_chunk_size: None,
+        token_pieces: TokenPieces::NONE,
     }
 }
 

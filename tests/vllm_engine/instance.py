@@ -126,6 +126,17 @@ def _block_bytes(worker: Any, groups: list[list[int]]) -> dict[str, list[Any]]:
     return landed.block_bytes(worker.vllm_config, runner.kv_cache_config, groups)
 
 
+def _layer_blocks(worker: Any) -> dict[str, int]:
+    """Each layer's tokens a block, as its KV cache group's spec says (vLLM may set a group's
+    blocks otherwise than asked: CPU_MLA's are 16 tokens, a hybrid's attention blocks follow
+    its state pages)."""
+    return {
+        name: int(group.kv_cache_spec.block_size)
+        for group in worker.model_runner.kv_cache_config.kv_cache_groups
+        for name in group.layer_names
+    }
+
+
 def generate_aborting(
     llm: Any, prompts: list[list[int]], params: list[dict[str, Any]], abort: list[int],
     after_steps: int = 0,
@@ -189,11 +200,19 @@ def main() -> None:
             conn.send(external_tokens(llm))
         elif command == "token_rows":
             conn.send(token_rows(llm, args["blocks"], args["tokens"]))
+        elif command == "layer_blocks":
+            conn.send(llm.collective_rpc(_layer_blocks)[0])
         elif command == "block_bytes":
             conn.send(llm.collective_rpc(_block_bytes, args=(args,)))
         elif command == "all_token_rows":
             conn.send(all_token_rows(llm))
         elif command == "exit":
+            # The engine first: an instance of TP 2 runs its workers in processes of their
+            # own, which outlive an exit that skips its shutdown (holding memory and ports).
+            try:
+                llm.llm_engine.engine_core.shutdown(timeout=10)
+            except Exception:  # the exit goes on: the test is done with the instance
+                pass
             conn.send(True)
             conn.close()
             os._exit(0)

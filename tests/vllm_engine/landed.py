@@ -19,8 +19,6 @@ ENV = "PDPLAN_LANDED"
 def block_bytes(vllm_config: Any, kv_cache_config: Any, groups: Any) -> dict[str, list[Any]]:
     """Per layer name, a copy (numpy, bytes) of each of its group's blocks ``groups[g]`` in
     every tensor of the layer (a recurrent layer's states one after another), in block order."""
-    import torch
-
     layers = vllm_config.compilation_config.static_forward_context
     out: dict[str, list[Any]] = {}
     for number, group in enumerate(kv_cache_config.kv_cache_groups):
@@ -28,11 +26,26 @@ def block_bytes(vllm_config: Any, kv_cache_config: Any, groups: Any) -> dict[str
         for name in group.layer_names:
             cache = layers[name].kv_cache
             tensors = cache if isinstance(cache, (list, tuple)) else [cache]
-            out[name] = [
-                [t[b].contiguous().view(torch.uint8).numpy().copy() for t in tensors]
-                for b in blocks
-            ]
+            spec = group.kv_cache_spec
+            # A state's slot is one page whatever its group's block.
+            block_size = 0 if type(spec).__name__ == "MambaSpec" else int(spec.block_size)
+            out[name] = [[_block(t, b, block_size) for t in tensors] for b in blocks]
     return out
+
+
+def _block(tensor: Any, block: int, block_size: int) -> Any:
+    """Block ``block``'s bytes of one tensor: its kernel pages where the tensor's pages hold
+    fewer tokens than the scheduler's block (an MLA latent's ``[pages, tokens, width]``, the
+    CPU attention's ``[pages, heads, tokens, 2 * head_size]``), joined along the tokens."""
+    import torch
+
+    if not block_size or tensor.dim() not in (3, 4):
+        return tensor[block].contiguous().view(torch.uint8).numpy().copy()
+    axis = 1 if tensor.dim() == 3 else 2
+    ratio = max(1, block_size // int(tensor.shape[axis]))
+    pages = [tensor[block * ratio + i] for i in range(ratio)]
+    joined = torch.cat(pages, dim=axis - 1) if ratio > 1 else pages[0]
+    return joined.contiguous().view(torch.uint8).numpy().copy()
 
 
 def _local_blocks(metadata: Any) -> dict[str, Any]:

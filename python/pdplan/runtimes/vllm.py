@@ -25,15 +25,16 @@ from pdplan.runtimes._states import StateSpecs, shape_of, state_buffers
 __all__ = [
     "BACKENDS",
     "CONNECTOR_VIEW",
+    "CPU_TOKEN_ISA",
     "NUMBERED_PAST_THE_LAYERS",
     "REFUSED",
-    "WHOLE_PAGES",
     "LayerNumbering",
     "buffers",
     "conventions",
     "indexer_parts",
     "layer_index",
     "packed_states",
+    "whole_pages",
 ]
 
 #: How each attention backend's per-layer KV tensor holds K and V, by vLLM's backend names:
@@ -74,12 +75,29 @@ BACKENDS: Mapping[str, str] = {
 #: block (``packed_states``).
 CONNECTOR_VIEW = "[blocks, heads, block_size, width]"
 
-#: Backends whose pages move only whole, never token by token (so a pair whose blocks hold
-#: other token counts is refused), and why.
-WHOLE_PAGES: Mapping[str, str] = {
-    "CPU_ATTN": "vLLM's CPU backend keeps each block's K transposed (a head's dims the block's "
-    "tokens apart), so where a token's bytes lie depends on the block size",
-}
+#: The ISA of vLLM's CPU attention kernel (its attention layers' ``isa``) whose pages pdplan
+#: reads token by token: ``"vec"`` keeps each head's K transposed, a row of the block's tokens
+#: a head dim, then its V token by token (``cpu_attn_reshape_and_cache``; a head's page is
+#: ``TokenPieces`` ``(head_size, 1)``). Others (``"amx"``'s bf16 tiles of 16 tokens, ``"vec16"``)
+#: interleave tokens otherwise: their pages move whole only.
+CPU_TOKEN_ISA = "vec"
+
+
+def whole_pages(backend: str | None, isa: str | None = None) -> str:
+    """Why a backend's pages move only whole, never token by token (so a pair whose blocks
+    hold other token counts is refused); empty where tokens move between any block sizes.
+
+    :param backend: vLLM's attention backend name.
+    :param isa: With ``CPU_ATTN``, its kernel's ISA (the attention layers' ``isa``).
+    """
+    if backend == "CPU_ATTN" and isa != CPU_TOKEN_ISA:
+        return (
+            f"vLLM's CPU backend with the {shown(isa)} kernel interleaves a block's tokens "
+            f"(pdplan reads its {CPU_TOKEN_ISA!r} kernel's blocks token by token), so where a "
+            "token's bytes lie depends on the block size"
+        )
+    return ""
+
 
 #: Backends whose tensors pdplan refuses, and why: their pages are not what their shape says.
 REFUSED: Mapping[str, str] = {
@@ -200,7 +218,7 @@ def _planes(tensor: Any, backend: str, label: str) -> tuple[Any, Any]:
 
 
 def _cpu_slabs(
-    tensor: Any, label: str, first: int, layer: int, tp_size: int, heads: int
+    tensor: Any, label: str, first: int, layer: int, tp_size: int, heads: int, isa: str | None
 ) -> tuple[BufferLayout, int, int]:
     """vLLM's CPU cache: per (block, head) a slab of K transposed (``[head_size][block_size]``),
     then V; a token has no place of its own in it, so the buffer moves whole slabs: one
@@ -229,9 +247,14 @@ def _cpu_slabs(
         tp_size=tp_size // replica,
         layer=layer,
     )
+    # With the "vec" kernel a head's page is K transposed (a piece a head dim, the block's
+    # tokens inside), then V token by token: tokens move between blocks of any size.
+    by_token = isa == CPU_TOKEN_ISA
     kv = dataclasses.replace(
-        layout, buffer_kind=BufferKind.TARGET_K, page_size=shape[2], tp_replica_group_size=replica
-    )
+        layout, buffer_kind=BufferKind.TARGET_K, page_size=shape[2], tp_replica_group_size=replica,
+        logical_axis="kv_head" if by_token else layout.logical_axis,
+        token_pieces=(shape[3] // 2, 1) if by_token else None,
+    )  # fmt: skip
     return kv, base, limit
 
 
@@ -350,6 +373,7 @@ def buffers(
     states: StateSpecs | None = None,
     sliding_windows: Mapping[int, int] | None = None,
     numbering: Callable[[str], int] = layer_index,
+    isa: str | None = None,
 ) -> CacheBuffers:
     """The buffers of one vLLM rank's KV cache.
 
@@ -383,6 +407,8 @@ def buffers(
     :param numbering: The model layer of a ``kv_caches`` key: ``layer_index``, or the model's
         ``LayerNumbering`` (``LayerNumbering.of(architecture, num_hidden_layers)``), which also
         reads Falcon-H1's mixers back and refuses a draft model's layers.
+    :param isa: With ``CPU_ATTN``, its kernel's ISA (the attention layers' ``isa``): the
+        ``"vec"`` kernel's pages are described token by token (``CPU_TOKEN_ISA``).
     """
     if kv_layout not in ("NHD", "HND"):
         raise UnsupportedPDLayoutError(f"kv_layout must be 'NHD' or 'HND', got {shown(kv_layout)}")
@@ -411,7 +437,7 @@ def buffers(
                     "num_kv_heads= is needed: the model's KV heads across all TP ranks"
                 )
             if named == "CPU_ATTN":
-                views = [_cpu_slabs(tensor, label, first, layer, tp_size, num_kv_heads)]
+                views = [_cpu_slabs(tensor, label, first, layer, tp_size, num_kv_heads, isa)]
             else:  # K and V of a head packed on the last axis: a unit is both
                 packed = buffer_from_array(
                     first,

@@ -24,23 +24,26 @@ from pdplan.runtimes._vllm_groups import CacheGroup, cache_groups
 from pdplan.session import GroupCache, Memory, WorkerCache
 
 
-def _attention_backend(vllm_config: Any, names: Sequence[str]) -> str | None:
-    """The attention backend of the attention layers ``names``, as vLLM names it; None
-    without attention layers."""
+def _attention_backend(vllm_config: Any, names: Sequence[str]) -> tuple[str | None, str | None]:
+    """The attention backend of the attention layers ``names``, as vLLM names it, and the
+    ISA of its kernel where it names one (the CPU backend's); None without attention
+    layers."""
     layers = vllm_config.compilation_config.static_forward_context
     found = set()
     for name in names:
-        backend = getattr(layers.get(name), "attn_backend", None)
+        layer = layers.get(name)
+        backend = getattr(layer, "attn_backend", None)
         if backend is None:
             raise UnsupportedPDLayoutError(
                 f"the attention layer {name} names no attention backend pdplan can read"
             )
-        found.add(str(backend.get_name()))
+        isa = getattr(layer, "isa", None)
+        found.add((str(backend.get_name()), None if isa is None else str(isa)))
     if len(found) > 1:
         raise UnsupportedPDLayoutError(
             f"PdplanConnector reads attention layers of one backend; the layers use {sorted(found)}"
         )
-    return found.pop() if found else None
+    return found.pop() if found else (None, None)
 
 
 def _model_shape(model_config: Any) -> ModelShape:
@@ -109,16 +112,17 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         entries[name] = vllm_adapter.packed_states(tensor, spec.shapes, itemsizes)
         recurrent.add(layer_of(name))
     attention = [name for name in kv_caches if group_of[name].kind != "state"]
+    backend, isa = _attention_backend(vllm_config, attention)
     cache = vllm_adapter.buffers(
         entries,
-        backend=_attention_backend(vllm_config, attention),
+        backend=backend,
+        isa=isa,
         tp_size=tp_size,
         num_kv_heads=model.get_total_num_kv_heads() if attention else None,
         states=_state_specs(model, recurrent),
         numbering=layer_of,
     )
     architectures = getattr(model.hf_config, "architectures", None) or ["a model"]
-    backend = _attention_backend(vllm_config, attention)
     return WorkerCache(
         cache=cache,
         family=str(architectures[0])[:64],
@@ -131,7 +135,7 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
             "num_layers": len(kv_caches),
             "cache_groups": [g.identity() for g in groups],
         },
-        whole_pages=vllm_adapter.WHOLE_PAGES.get(backend or "", ""),
+        whole_pages=vllm_adapter.whole_pages(backend, isa),
     )
 
 
