@@ -30,8 +30,9 @@ GOOD = {"remote_engine_id": "e", "remote_request_id": "r", "remote_host": "127.0
         ("remote_registration_generation", True, r"remote_registration_generation must be "),
         ("remote_registration_generation", "2", r"remote_registration_generation must be "),
         ("remote_registration_generation", 1 << 40, r"generation must be an integer in \[0, "),
-        ("pp_size", 2, r"pp_size=2: PdplanConnector reads prefill instances with pp_size 1"),
-        ("dcp_size", 4, r"dcp_size=4: PdplanConnector reads prefill instances with dcp_size 1"),
+        ("dcp_size", 4, r"dcp_size=4: PdplanConnector reads prefill instances without decode "),
+        # A pipeline of stages is read (its ranks TP x PP), within the bound on ranks.
+        ("pp_size", 2**20, r"pp_size must be an integer in \[1, 524288\]"),
         ("pp_size", [2], r"pp_size must be an integer"),
     ],
 )
@@ -42,6 +43,7 @@ def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, mes
     assert remote_of(GOOD).port == 5600
     assert remote_of(GOOD).generation == 0  # a 0.32 prefill side names none
     assert remote_of({**GOOD, "remote_registration_generation": 3}).generation == 3
+    assert remote_of({**GOOD, "pp_size": 2}).ranks == 4  # TP 2 x PP 2, each on port + rank
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         remote_of({**GOOD, key: value})
 
@@ -124,3 +126,59 @@ def test_a_device_cache_registers_where_it_lives() -> None:
         regions(cuda, "cpu")
     with pytest.raises(UnsupportedPDLayoutError, match="spans devices"):
         regions({**cuda, "x": _DeviceTensor("cuda", 0, 0x9000, 64)}, "cuda")
+
+
+def test_stages_number_their_buffers_as_one_rank_holding_every_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hybrid of attention and Mamba2 layers split over two pipeline stages: each stage's
+    rank, after the gather, describes the whole model's buffers exactly as one rank holding
+    every layer does (every KV in model order, then every state), its own addresses at its
+    own buffers and zero at the other stage's."""
+    import numpy as np
+    import torch.distributed as dist
+
+    import pdplan
+    from pdplan import Mamba2Layer
+    from pdplan.connectors.vllm._stages import whole_model
+    from pdplan.runtimes import vllm
+    from pdplan.session import GroupCache, WorkerCache
+
+    specs = pdplan.state_specs(Mamba2Layer(heads=4, head_dim=2, state_size=3, groups=2))
+    names = ["model.layers.0.self_attn.attn", "model.layers.1.mixer",
+             "model.layers.2.self_attn.attn", "model.layers.3.mixer"]  # fmt: skip
+    tensors = {
+        name: [np.zeros((6, 3, 20), np.float16), np.zeros((6, 4, 2, 3), np.float32)]
+        if name.endswith("mixer")
+        else np.zeros((6, 2, 16, 2 * 8), np.float32)
+        for name in names
+    }
+
+    def cache_of(chosen: list[str]) -> WorkerCache:
+        cache = vllm.buffers({n: tensors[n] for n in chosen}, backend="CPU_ATTN", tp_size=1,
+                             num_kv_heads=2, states=specs)  # fmt: skip
+        rules = vllm.conventions(block_size=16)
+        kv = tuple(b.buffer_index for b in cache.buffers if b.buffer_kind.value != "mamba_state")
+        state = tuple(b.buffer_index for b in cache.buffers if b.buffer_kind.value == "mamba_state")
+        return WorkerCache(cache, (GroupCache(kv, rules), GroupCache(state, rules)),
+                           {"num_layers": len(chosen)}, "hybrid")  # fmt: skip
+
+    stages = [cache_of(names[:2]), cache_of(names[2:])]
+    whole = cache_of(names).cache
+    from pdplan._exchange import encode_layout
+
+    def gather(out: list[object], own: object, group: object) -> None:
+        for stage, cache in enumerate(stages):
+            out[stage] = (stage, *encode_layout(pdplan.ParallelLayout("prefill", 1),
+                                                cache.cache.buffers), 2)  # fmt: skip
+
+    monkeypatch.setattr(dist, "all_gather_object", gather)
+    group = types.SimpleNamespace(world_size=2, cpu_group=None)
+    for stage, cache in enumerate(stages):
+        mine = whole_model(cache, stage, group)
+        assert mine.cache.buffers == whole.buffers
+        assert mine.identity["num_layers"] == 4
+        held = {i for g in mine.groups for i in g.buffers}
+        for index, (base, wanted) in enumerate(zip(mine.cache.base_ptrs, whole.base_ptrs)):
+            assert base == (wanted if index in held else 0)
+        assert {whole.buffers[i].layer for i in held} == {2 * stage, 2 * stage + 1}

@@ -54,10 +54,13 @@ HYBRID = Config([
 
 
 def side(config: Config = HYBRID) -> Any:
+    from pdplan.connectors.vllm._ranks import Ranks
     from pdplan.connectors.vllm._scheduler import SchedulerSide
     from pdplan.session._settings import Settings
 
-    return SchedulerSide("engine", Settings.of(None), 1, config)
+    settings = Settings.of(None)
+    return SchedulerSide("engine", settings, Ranks(1, 1, 0, ()), settings.side_channel_port,
+                         config)  # fmt: skip
 
 
 def request(tokens: int, params: dict[str, Any], request_id: str = "r") -> Any:

@@ -10,6 +10,7 @@ import re
 import subprocess
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,18 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], seconds: float = 30
     raise TimeoutError(f"{url} did not come up in {seconds} s")
 
 
+def complete(port: int, model: Path, prompt: list[int]) -> list[int]:
+    """The tokens a proxy's OpenAI completion of ``prompt`` decodes."""
+    body = {"model": str(model), "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "return_token_ids": True}  # fmt: skip
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=300) as response:
+        tokens: list[int] = json.loads(response.read())["choices"][0]["token_ids"]
+    return tokens
+
+
 def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
     model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]]
 ) -> None:
@@ -123,14 +136,7 @@ def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
         assert json.loads(client.stdout)["choices"][0]["token_ids"]
         lengths = [CLIENT_PROMPT_TOKENS, *LENGTHS]
         for prompt in prompts_of(LENGTHS):
-            body = {"model": str(guide_model), "prompt": prompt, "max_tokens": MAX_TOKENS,
-                    "temperature": 0, "ignore_eos": True, "return_token_ids": True}  # fmt: skip
-            request = urllib.request.Request("http://127.0.0.1:8000/v1/completions",
-                                             json.dumps(body).encode(),
-                                             {"Content-Type": "application/json"})  # fmt: skip
-            with urllib.request.urlopen(request, timeout=300) as response:
-                answer = json.loads(response.read())
-            assert answer["choices"][0]["token_ids"] == reference[tuple(prompt)]
+            assert complete(8000, guide_model, prompt) == reference[tuple(prompt)]
         # Every request's pages, read by the decode ranks together (each its KV heads), and
         # each request counted by each decode rank.
         pages = sum(-(-n // BLOCK_SIZE) for n in lengths)
@@ -151,6 +157,23 @@ def test_the_guide_s_servers_and_proxy_decode_what_one_instance_decodes(
                            decode_log)  # fmt: skip
         assert len(lines) == len(lengths) * DECODE_TP, lines
         assert sum(int(moved) for *_, moved in lines) == expected["vllm:pdplan_bytes_read_total"]
+        # The guide's prefill server of two DP ranks, through its own proxy to the same decode
+        # server: each DP rank on its own ports, each request read from its own.
+        wait_healthy("http://127.0.0.1:8300", start("prefill-dp"))
+        proxy_dp = start("proxy-dp")
+        while "proxy listening on http://127.0.0.1:8001" not in (
+            logs / "serve-proxy-dp.log"
+        ).read_text(errors="replace"):
+            assert proxy_dp.poll() is None, "the DP proxy never listened"
+            time.sleep(0.2)
+        through_dp = prompts_of(tuple(range(8, 120, 11)), salt=5)  # new to the decode side
+        with ThreadPoolExecutor(len(through_dp)) as pool:  # at once: the ranks share them
+            answers = list(pool.map(lambda p: complete(8001, guide_model, p), through_dp))
+        assert answers == [reference[tuple(p)] for p in through_dp]
+        decode_log = (logs / "serve-decode.log").read_text(errors="replace")
+        ports = set(re.findall(r"pdplan: request \S+ read .* from 127\.0\.0\.1:(58\d\d)",
+                               decode_log))  # fmt: skip
+        assert ports == {"5800", "5801"}, ports
     finally:
         for process in reversed(processes):
             process.terminate()

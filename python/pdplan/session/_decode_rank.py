@@ -53,14 +53,17 @@ class DecodeRank:
         self, cache: WorkerCache, tp_rank: int, tp_size: int, engine: TransferEngine,
         handshake_timeout: float, transfer_timeout: float, strided: bool = False,
         model: CostModel | None = None, stats: SessionStats | None = None,
+        layout: ParallelLayout | None = None,
     ) -> None:  # fmt: skip
+        """``layout``: the instance's ranks where they are more than its TP ranks (pipeline
+        stages); ``tp_rank`` is then the rank among them (TP fastest, then stage)."""
         self._cache = cache
         self._engine = engine
         self._form = (strided, model)  # strided rows where the cost model weighs them less
         self._transfer_timeout = transfer_timeout
         self.stats = stats or SessionStats()
-        self._peers = Peers(cache, ParallelLayout("decode", tp_size), tp_rank, handshake_timeout,
-                            self._forget)  # fmt: skip
+        self._peers = Peers(cache, layout or ParallelLayout("decode", tp_size), tp_rank,
+                            handshake_timeout, self._forget)  # fmt: skip
         self._notices = DoneNotices(handshake_timeout, lambda m: logger.warning("pdplan: %s", m))
         self._streams = Streams(cache, engine, self._peers, transfer_timeout, self._form,
                                 self.stats)  # fmt: skip

@@ -138,6 +138,11 @@ class Peer:
         return prepared
 
 
+def _side(tp: int, pp: int) -> str:
+    """A side's parallel layout as refusals name it."""
+    return f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "")
+
+
 def _check_generation(remote: Remote, peer: Peer) -> None:
     """A request whose blocks were written before its instance registered its cache again
     fails: they are gone. Generation 0 is a request that does not know (a streamed one, or
@@ -236,7 +241,7 @@ class Peers:
     def _first(self, remote: Remote) -> Peer:
         host, port = remote.host, remote.port
         first_error: Exception | None = None
-        for rank in range(min(remote.tp_size, MAX_FIRST_TRIES)):
+        for rank in range(min(remote.ranks, MAX_FIRST_TRIES)):
             try:
                 reply = self._hello(host, port + rank)
             except PeerGone as error:
@@ -247,8 +252,8 @@ class Peers:
             except UnsupportedPDLayoutError as error:
                 kind = type(error) if isinstance(error, TransferFault) else LayoutRefused
                 raise kind(
-                    f"{self._cache.family}, prefill TP {remote.tp_size} -> decode TP "
-                    f"{self._layout.world_size}: {error}"
+                    f"{self._cache.family}, prefill {_side(remote.tp_size, remote.pp_size)} -> "
+                    f"decode {_side(self._layout.tp_size_per_dp, self._layout.pp_size)}: {error}"
                 ) from None
             for silent in range(rank):
                 peer.lose(silent)

@@ -54,11 +54,15 @@ class PrefillRank:
         port: int,
         stats: SessionStats | None = None,
         generation: int = 1,
+        layout: ParallelLayout | None = None,
     ) -> None:
+        """``layout``: the instance's ranks where they are more than its TP ranks (pipeline
+        stages, ``ParallelLayout("prefill", tp * pp, pp_size=pp, ...)``); ``tp_rank`` is then
+        the rank among them (TP fastest, then stage), which listens on ``port + rank``."""
         self._cache = cache
         self._generation = generation
         self._tp_rank = tp_rank
-        self._layout = ParallelLayout("prefill", tp_size)
+        self._layout = layout or ParallelLayout("prefill", tp_size)
         self._engine = engine
         self._engine_metadata = engine.metadata()
         self._frames = encode_layout(

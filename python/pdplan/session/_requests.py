@@ -26,6 +26,13 @@ class Remote:
     #: How many times the prefill instance has registered its memory, as it last said: a
     #: newer one than the handshake met means its engine metadata changed (re-handshake).
     generation: int = 0
+    #: The instance's pipeline stages: its ranks are ``tp_size * pp_size``, TP fastest.
+    pp_size: int = 1
+
+    @property
+    def ranks(self) -> int:
+        """The instance's ranks (of one DP group), each listening on ``port + rank``."""
+        return self.tp_size * self.pp_size
 
 
 @dataclass(frozen=True)

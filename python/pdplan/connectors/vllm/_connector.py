@@ -21,7 +21,9 @@ from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan.connectors.vllm._caches import describe, numbering, regions
 from pdplan.connectors.vllm._metadata import StepMetadata
+from pdplan.connectors.vllm._ranks import Ranks
 from pdplan.connectors.vllm._scheduler import SchedulerSide
+from pdplan.connectors.vllm._stages import whole_model
 from pdplan.connectors.vllm._stats import PdplanPromMetrics, PdplanStats
 from pdplan.session import (
     DecodeRank,
@@ -85,7 +87,6 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._producer = bool(transfer.is_kv_producer)
         self._consumer = bool(transfer.is_kv_consumer)
         self._engine_id = str(transfer.engine_id)
-        parallel = vllm_config.parallel_config
         self._scheduler: SchedulerSide | None = None
         self._prefill: PrefillRank | None = None
         self._decode: DecodeRank | None = None
@@ -100,22 +101,24 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         self._generation_told = 1  # the first is told through the handshake metadata
         self._on_device = False
         _session_logs_under_vllm()
+        self._ranks = Ranks.of(vllm_config)
+        self._port = self._ranks.base_port(self._settings.side_channel_port)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = SchedulerSide(
-                self._engine_id, self._settings, int(parallel.tensor_parallel_size),
-                kv_cache_config,
-            )  # fmt: skip
+                self._engine_id, self._settings, self._ranks, self._port, kv_cache_config
+            )
 
     # -- worker side --------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        from vllm.distributed.parallel_state import (
-            get_tensor_model_parallel_rank,
-            get_tensor_model_parallel_world_size,
-        )
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 
-        rank, size = get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        ranks, tp_rank = self._ranks, get_tensor_model_parallel_rank()
+        stage = get_pp_group().rank_in_group if ranks.pp_size > 1 else 0
+        rank, size = ranks.rank(tp_rank, stage), ranks.tp_size
         cache = describe(self._vllm_config, self._kv_cache_config, kv_caches)
+        if ranks.pp_size > 1:  # both sides plan with the whole model's buffers
+            cache = whole_model(cache, stage, get_pp_group())
         host = self._settings.side_channel_host
         self._regions, memory = regions(kv_caches, self._buffer_device)
         self._on_device = memory.kind == "VRAM"
@@ -128,18 +131,20 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         strided = self._settings.descriptors != "flat" and self._engine.takes_strided
         model = self._settings.cost_model()
         if self._producer:
-            port = self._settings.side_channel_port
-            self._prefill = PrefillRank(cache, rank, size, self._engine, host, port, self._stats,
-                                        self._generation)  # fmt: skip
+            self._prefill = PrefillRank(cache, rank, size, self._engine, host, self._port,
+                                        self._stats, self._generation,
+                                        ranks.layout("prefill"))  # fmt: skip
         if self._consumer:
             self._decode = DecodeRank(
                 cache, rank, size, self._engine,
                 self._settings.handshake_timeout_seconds,
                 self._settings.transfer_timeout_seconds, strided, model, self._stats,
+                ranks.layout("decode"),
             )  # fmt: skip
         logger.info(
             "pdplan: rank %d of %d registered %d buffers in %s (%s, %s%s)",
-            rank, size, len(cache.cache.buffers), memory.tag().decode(), self._settings.engine,
+            rank, ranks.ranks, len(cache.cache.buffers), memory.tag().decode(),
+            self._settings.engine,
             "producer" if self._producer else "consumer",
             ", strided reads where the cost model says" if self._consumer and strided else "",
         )  # fmt: skip
@@ -201,6 +206,11 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             self._scheduler.registered(
                 [m.generation for m in metadata.values() if isinstance(m, Registration)]
             )
+
+    def set_xfer_handshake_metadata_pp_aware(self, metadata: dict[tuple[int, int], Any]) -> None:
+        """Every stage's workers' registrations (vLLM keys them by ``(pp_rank, tp_rank)``):
+        each stage registers its own layers' cache, and serves them on its own ranks' ports."""
+        self.set_xfer_handshake_metadata(dict(enumerate(metadata.values())))
 
     def bind_connector_metadata(self, connector_metadata: Any) -> None:
         super().bind_connector_metadata(connector_metadata)

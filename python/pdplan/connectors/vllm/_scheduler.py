@@ -10,6 +10,7 @@ from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan.connectors.vllm._metadata import StepMetadata
+from pdplan.connectors.vllm._ranks import Ranks
 from pdplan.connectors.vllm._stream_tracker import StreamTracker
 from pdplan.connectors.vllm._transfer_params import (
     REMOTE_KEYS,
@@ -41,11 +42,12 @@ class SchedulerSide:
     """One instance's scheduler-side state."""
 
     def __init__(
-        self, engine_id: str, settings: Settings, tp_size: int, kv_cache_config: Any
+        self, engine_id: str, settings: Settings, ranks: Ranks, port: int, kv_cache_config: Any
     ) -> None:
         self.engine_id = engine_id
         self.settings = settings
-        self.tp_size = tp_size
+        self.ranks = ranks
+        self.port = port  # this DP rank's rank 0's side channel
         self.kv_cache_config = kv_cache_config
         self.groups = groups = cache_groups(kv_cache_config)
         # Prompt tokens the prefill side leaves for the decode side to compute.
@@ -250,7 +252,8 @@ class SchedulerSide:
         if not completed:
             return True, None
         here = Remote(self.engine_id, request.request_id, self.settings.side_channel_host,
-                      self.settings.side_channel_port, self.tp_size, self.generation)  # fmt: skip
+                      self.port, self.ranks.tp_size, self.generation,
+                      self.ranks.pp_size)  # fmt: skip
         expiry = self._leases[request.request_id]
         return True, prefill_params(here, groups, int(request.num_computed_tokens), expiry)
 

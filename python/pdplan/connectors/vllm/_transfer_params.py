@@ -48,26 +48,24 @@ MAX_GENERATION = (1 << 31) - 1
 TRANSFER_MODE = "pull"
 
 
-def _single(params: Mapping[str, Any], key: str) -> None:
-    # The prefill side runs one pipeline stage and no decode context parallelism: its
-    # ranks are TP ranks (all the side channel's handshake knows).
-    if _int(params, key, 1, MAX_WORLD_SIZE, 1) != 1:
-        raise UnsupportedPDLayoutError(
-            f"kv_transfer_params {key}={params.get(key)}: PdplanConnector reads prefill "
-            f"instances with {key} 1 (TP only)"
-        )
-
-
 def _remote(params: Mapping[str, Any], request_id: str) -> Remote:
-    _single(params, "pp_size")
-    _single(params, "dcp_size")
+    # A prefill instance's ranks are TP ranks, or TP ranks of each pipeline stage; decode
+    # context parallelism (its ranks holding shares of a request's tokens) it does not run.
+    if _int(params, "dcp_size", 1, MAX_WORLD_SIZE, 1) != 1:
+        raise UnsupportedPDLayoutError(
+            f"kv_transfer_params dcp_size={params.get('dcp_size')}: PdplanConnector reads "
+            "prefill instances without decode context parallelism (dcp_size 1)"
+        )
+    tp_size = _int(params, "tp_size", 1, MAX_WORLD_SIZE, 1)
+    pp_size = _int(params, "pp_size", 1, MAX_WORLD_SIZE // tp_size, 1)
     return Remote(
         engine_id=_text(params, "remote_engine_id"),
         request_id=request_id,
         host=_text(params, "remote_host"),
         port=_int(params, "remote_port", 1, 65535, None),
-        tp_size=_int(params, "tp_size", 1, MAX_WORLD_SIZE, 1),
+        tp_size=tp_size,
         generation=_int(params, GENERATION_KEY, 0, MAX_GENERATION, 0),
+        pp_size=pp_size,
     )
 
 
@@ -103,7 +101,7 @@ def prefill_params(
         "remote_port": remote.port,
         "tp_size": remote.tp_size,
         "dcp_size": 1,
-        "pp_size": 1,
+        "pp_size": remote.pp_size,
         "remote_num_tokens": num_tokens,
         "remote_blocks_expiry_time": expires_at,
         GENERATION_KEY: remote.generation,
