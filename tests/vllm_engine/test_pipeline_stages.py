@@ -44,7 +44,8 @@ def test_stages_and_tp_ranks_pair_both_ways(tmp_path: Path, logs: Path) -> None:
             )
             before = decode.call("external_tokens")
             outputs = decode.generate(batch, decode_params(prefilled, MAX_TOKENS))
-            assert decode.call("external_tokens") - before == sum(len(p) for p in batch)
+            # The windows' model leaves each prompt's last token to the decode side.
+            assert decode.call("external_tokens") - before == sum(len(p) - 1 for p in batch)
             assert RECOMPUTED not in decode.tail(3000), decode.tail()
             assert [o["tokens"] for o in outputs] == want
     finally:

@@ -14,11 +14,15 @@ from pdplan._core import UnsupportedPDLayoutError
 #: keeps (``BlockPool.null_block`` in ``v1/core/block_pool.py``).
 NULL_BLOCK = 0
 
-#: Tokens at a prompt's end the prefill side leaves to the decode side when the model keeps
-#: state: the decode side recomputes the last prompt token (vLLM does so after every load), so
-#: a state must stand before it (h(N-1), from which the decode side derives h(N) itself), as
-#: NixlConnector's ``_prefill_backoff`` does.
-STATE_BACKOFF = 1
+#: Tokens at a prompt's end the prefill side leaves to the decode side where a group keeps
+#: less than every token: the decode side recomputes the last prompt token (vLLM does so after
+#: every load), so each group must still hold what that token reads. A state must stand before
+#: it (h(N-1), from which the decode side derives h(N) itself), as NixlConnector's
+#: ``_prefill_backoff`` does; a window or a chunk must keep the tokens it attends to, which a
+#: prefill side that computed the last token too has freed (a window's oldest once its start
+#: falls on a block boundary; at a chunk boundary, the whole chunk: the decode side would then
+#: attend to null blocks, silently).
+BACKOFF = 1
 
 #: vLLM's spec classes by the kind of blocks a group keeps (``pdplan.session._block_pairs``'
 #: ``GroupKind``). MLA is full attention over a latent; a sliding-window MLA group keeps a
@@ -130,6 +134,6 @@ def first_needed(group: CacheGroup, prompt: int, first_block: int) -> int:
 
 
 def backoff(groups: tuple[CacheGroup, ...]) -> int:
-    """Prompt tokens the prefill side leaves to the decode side (``STATE_BACKOFF`` with a
-    state group, else 0): the two sides compute it from the same groups."""
-    return STATE_BACKOFF if any(g.kind == "state" for g in groups) else 0
+    """Prompt tokens the prefill side leaves to the decode side (``BACKOFF`` with a group of
+    state, a window or a chunk, else 0): the two sides compute it from the same groups."""
+    return BACKOFF if any(g.kind in ("state", "window") for g in groups) else 0

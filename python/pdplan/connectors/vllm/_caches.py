@@ -94,12 +94,15 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
     layer_of = numbering(vllm_config)
     groups = cache_groups(kv_cache_config)
     group_of = {name: g for g in groups for name in g.layers}
-    unknown = sorted(set(kv_caches) - set(group_of))
+    sharing = _sharing(vllm_config, kv_caches)
+    unknown = sorted(set(kv_caches) - set(group_of) - set(sharing))
     if unknown:
         raise UnsupportedPDLayoutError(
             f"vLLM registered layers {unknown[:4]} in no KV cache group it transfers; "
             "PdplanConnector moves every layer's cache or none"
         )
+    # A layer reading another's cache (KV sharing) is that layer's bytes: described once.
+    kv_caches = {name: tensor for name, tensor in kv_caches.items() if name not in sharing}
     recurrent: set[int] = set()
     entries: dict[str, Any] = {}
     for name, tensor in kv_caches.items():
@@ -137,6 +140,20 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         },
         whole_pages=vllm_adapter.whole_pages(backend, isa),
     )
+
+
+def _sharing(vllm_config: Any, kv_caches: dict[str, Any]) -> dict[str, str]:
+    """Layers that keep no cache of their own but read another's (vLLM's KV sharing, Gemma
+    3n's and 4's last layers: ``kv_sharing_target_layer_name``), by the layer they read; vLLM
+    hands the connector their names too, each the same tensor as its target's. One whose
+    tensor is not its target's is no sharing pdplan can read, and is left to be refused."""
+    layers = vllm_config.compilation_config.static_forward_context
+    found = {}
+    for name, tensor in kv_caches.items():
+        target = getattr(layers.get(name), "kv_sharing_target_layer_name", None)
+        if target and kv_caches.get(target) is tensor:
+            found[name] = str(target)
+    return found
 
 
 def _group_spec(kv_cache_config: Any, name: str) -> Any:

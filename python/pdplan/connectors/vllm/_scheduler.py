@@ -66,9 +66,10 @@ class SchedulerSide:
         self._cancelled: list[str] = []
 
     def new_request(self, request: Any) -> None:
-        """A prefill request for a decode side, of a model that keeps state: its prompt loses
-        its last ``backoff`` tokens, which the decode side computes (the state it reads then
-        stands before them), as NixlConnector's ``_truncate_request_for_prefill`` does."""
+        """A prefill request for a decode side, of a model with state, windows or chunks: its
+        prompt loses its last ``backoff`` tokens, which the decode side computes (the state it
+        reads then stands before them, and every token a window or chunk reads is kept), as
+        NixlConnector's ``_truncate_request_for_prefill`` does for state."""
         params = request.kv_transfer_params
         if (
             not self.backoff
