@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 from families import FAMILIES
-from registry_families import REGISTRY
 from family_runs import PAIRS, RECOMPUTED, Decoded, FamilyRun, family_run, prompts
+from registry_families import REGISTRY
 
 pytestmark = pytest.mark.vllm
 
