@@ -1,6 +1,7 @@
 """Every model family vLLM 0.32's CPU backend runs, through PdplanConnector and through vLLM's
 own NixlConnector, side by side on every TP pair (1 -> 1, 1 -> 2, 2 -> 1): the tiny models and
-instances of the real-engine tests (tests/vllm_engine/families.py, family_runs.py), the same
+instances of the real-engine tests (tests/vllm_engine/families.py, registry_families.py,
+family_runs.py), the same
 prompts, one connector's instances up at a time. For each (family, pair, connector): how many
 of the prompts decode what one instance decodes alone, "refused" where the connector does not
 serve the pair (an instance that will not start, or every prompt computed on the decode side:
@@ -22,12 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests/vllm_engine"))
 sys.path.insert(0, str(ROOT / "benches"))
 
-from families import FAMILIES  # noqa: E402
+from families import FAMILIES as NAMED  # noqa: E402
 from family_runs import PAIRS, FamilyRun, family_run, prompts  # noqa: E402
+from registry_families import REGISTRY  # noqa: E402
 
 from provenance import write  # noqa: E402
 
 CONNECTORS = ("pdplan", "nixl")
+#: The families of the real-engine tests, then the rest of vLLM's registry its CPU build runs.
+FAMILIES = {**NAMED, **REGISTRY}
 
 
 def served(run: FamilyRun, want: list[list[int]]) -> dict[tuple[int, int], tuple[str, float]]:

@@ -1458,6 +1458,42 @@ def test_a_config_transformers_5_saved_again_reads_as_the_published_one(
     assert (shape.family, rows(shape)) == (case.family, case.rows), case.source
 
 
+#: Keys a family's serving code reads under another name too (transformers' config classes
+#: rename them at load, or alias them): each case's config with ``renames`` applied reads as
+#: its published form. NemotronHConfig reads ``mamba_n_groups``, ``mamba_d_conv`` and
+#: ``mamba_expand`` first (its ``__post_init__``), and both it and GraniteMoeHybridConfig alias
+#: the layer list (``attribute_map``: ``layer_types`` <-> ``layers_block_type``).
+ALIASES = [
+    ("nemotron-3-nano-30b", {"n_groups": "mamba_n_groups", "conv_kernel": "mamba_d_conv",
+                             "expand": "mamba_expand"}),
+    ("granite-4.0-h-small", {"layer_types": "layers_block_type"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "renames"), ALIASES)
+def test_a_key_the_serving_code_reads_under_another_name_reads_alike(
+    tmp_path: Path, name: str, renames: dict[str, str]
+) -> None:
+    case = CASES[name]
+    config = {renames.get(k, k): v for k, v in case.config.items()}
+    shape = ModelShape.from_hf_config(write(tmp_path, config, case.infinity))
+    assert (shape.family, rows(shape)) == (case.family, case.rows), case.source
+
+
+def test_nemotron_h_s_layer_list_under_either_name_reads_alike(tmp_path: Path) -> None:
+    """transformers 5 saves Nemotron-H's layers as ``layers_block_type`` (its
+    ``hybrid_override_pattern`` turned into a list, legacy names renamed) and reads
+    ``layer_types`` as the same list."""
+    case = CASES["nemotron-3-nano-30b"]
+    names = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
+    listed = [names[c] for c in case.config["hybrid_override_pattern"]]
+    for key in ("layers_block_type", "layer_types"):
+        config = {k: v for k, v in case.config.items() if k != "hybrid_override_pattern"}
+        config[key] = listed
+        shape = ModelShape.from_hf_config(write(tmp_path, config, case.infinity))
+        assert rows(shape) == case.rows, key
+
+
 def test_the_registry_names_its_families_architectures_and_keys() -> None:
     families = model_families()
     for family in families:

@@ -65,7 +65,9 @@ class Decoded:
         fewer of a window's)."""
         differing = []
         for prompt, (held, arrived) in enumerate(zip(self.held, self.landed)):
-            assert set(held) == set(arrived), (sorted(held), sorted(arrived))
+            # The model runner's groups also name layers reading another's cache (KV sharing),
+            # the connector's do not: every layer that landed was held.
+            assert arrived and set(arrived) <= set(held), (sorted(held), sorted(arrived))
             for layer, blocks in arrived.items():
                 theirs = held[layer][len(held[layer]) - len(blocks) :]
                 assert len(theirs) == len(blocks), (layer, len(held[layer]), len(blocks))

@@ -12,9 +12,12 @@ layers, the state, the latent) and must change every prompt's tokens.
 
 A pair across TP sizes is held to the tokens one instance decodes alike at both sizes: all of
 them in fp32; in bf16 (Qwen3-Next) the first few, as one instance at TP 2 drifts from one at
-TP 1 on its own. A model with state is also held, at TP 1 -> 1, to one instance computing the
-prompt as the two sides do (its first N - 1 tokens in one step, then the last) where that
-decodes otherwise than one step (``as_the_two_sides_compute``).
+TP 1 on its own, and so at TP 1 -> 1 too (bf16 drifts with the batch a token is computed in).
+A model with state is also held, at TP 1 -> 1, to one instance computing the prompt as the two
+sides do (its first N - 1 tokens in one step, then the last) where that decodes otherwise than
+one step (``as_the_two_sides_compute``). At TP 1 -> 1 every family is also held to bytes:
+every block of every layer landed on the decode side as the prefill side held it, before any
+forward pass read it (``landed``).
 
 MLA is held to bytes, not tokens: vLLM 0.32's CPU MLA decodes one prompt differently batched
 with others than alone (asserted here, so that a vLLM that stops doing so turns the check to
@@ -41,10 +44,11 @@ CI_FAMILIES = {
     "gemma2": "nixl", "mistral": "mooncake", "deepseek-v3": "nixl", "deepseek-v2": "mooncake",
     "nemotron-h": "nixl", "qwen3-next": "nixl", "lfm2": "mooncake", "mamba2": "nixl",
     "one-kv-head": "nixl", "falcon-h1": "nixl", "granite-hybrid": "nixl",
-    # From the registry's walk, each a cache feature of its own: attention sinks beside
-    # windows (and MoE), chunked local attention, layers sharing another's KV, and a model
-    # vLLM runs through its Transformers backend.
-    "gpt-oss": "nixl", "llama4": "nixl", "gemma3n": "nixl", "olmo3": "nixl",
+    # From the registry's walk, each a path of the connector's own: chunked local attention
+    # (the last token left to the decode side) and layers sharing another's KV. The walk's
+    # other families (sinks, MoE, the Transformers backend, ...) keep caches of kinds above:
+    # benches/vllm_families.py runs every one beside NixlConnector.
+    "llama4": "nixl", "gemma3n": "nixl",
 }  # fmt: skip
 #: Every family: the ones above and the rest of the registry's walk (the benchmark runs all).
 EVERY = {**FAMILIES, **REGISTRY}
@@ -145,7 +149,10 @@ def test_a_family_decodes_through_the_connector_what_one_instance_decodes(
             if mla:
                 check_latent(run, pair, decoded, batch)
                 continue
-            held = [len(t) for t in want] if pair == (1, 1) else across
+            # fp32 decodes alike whatever the batch; bf16 (Qwen3-Next) drifts with it past the
+            # first few tokens, even at TP 1 -> 1, where every byte landed as held (above).
+            exact = pair == (1, 1) and family.dtype == "float32"
+            held = [len(t) for t in want] if exact else across
             got = [t[:n] for t, n in zip(decoded.tokens, held)]
             expected = [t[:n] for t, n in zip(want, held)]
             if backoff:

@@ -12,13 +12,15 @@ use crate::model::layers::{
 };
 
 /// Nemotron-H's Mamba2 keys; the inner size is `mamba_num_heads x mamba_head_dim` (vLLM's
-/// `nemotron_h.py` never reads `expand`, which Nemotron-3 configs state differently).
+/// `nemotron_h.py` never reads `expand`, which Nemotron-3 configs state differently). Older
+/// files name the groups and the conv `mamba_n_groups` and `mamba_d_conv`, which transformers
+/// 5's `NemotronHConfig` reads first (and saves again as `n_groups`, `conv_kernel`).
 const NEMOTRON_MAMBA: MambaKeys = MambaKeys {
     heads: &["mamba_num_heads"],
     head_dim: &["mamba_head_dim"],
     state: &["ssm_state_size"],
-    groups: &["n_groups"],
-    conv: &["conv_kernel"],
+    groups: &["mamba_n_groups", "n_groups"],
+    conv: &["mamba_d_conv", "conv_kernel"],
 };
 
 /// Nemotron-H and Nemotron-3 (vLLM `nemotron_h.py`; transformers `NemotronHConfig`): a kind a
@@ -27,7 +29,12 @@ const NEMOTRON_MAMBA: MambaKeys = MambaKeys {
 /// (`M` Mamba2, `*` attention, `-` MLP, `E` `MoE`). transformers reads the list where both are
 /// given, and vLLM's pattern is derived from it.
 pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let kinds_of: Vec<usize> = if let Some(list) = c.layer_list("layers_block_type", count)? {
+    // `layer_types` is the same list by another name (transformers' `attribute_map`).
+    let listed = match c.layer_list("layers_block_type", count)? {
+        Some(list) => Some(list),
+        None => c.layer_list("layer_types", count)?,
+    };
+    let kinds_of: Vec<usize> = if let Some(list) = listed {
         list.iter()
             .enumerate()
             .map(|(i, v)| {
@@ -72,7 +79,7 @@ pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
             })
             .collect::<PlanResult<_>>()?
     };
-    let _ = c.u64("expand")?;
+    let _ = c.first_u64(&["mamba_expand", "expand"])?;
     let keys = AttentionKeys {
         head_dim: &["head_dim", "attention_head_dim"],
         ..STANDARD
@@ -131,10 +138,16 @@ fn granite_mamba(c: &Config) -> PlanResult<Layer> {
     Ok(Layer::Mamba2(m))
 }
 
-/// Granite 4.0-H (vLLM `granitemoehybrid.py`): `layer_types` of `"mamba"` and `"attention"`.
+/// Granite 4.0-H (vLLM `granitemoehybrid.py`): `layer_types` of `"mamba"` and `"attention"`
+/// (transformers 5 writes `linear_attention` and `full_attention`), or the same list as
+/// `layers_block_type` (transformers' `attribute_map`).
 pub fn granite_hybrid(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let Some(types) = c.layer_list("layer_types", count)? else {
-        bail!("config.json: a Granite 4.0-H config must list layer_types");
+    let listed = match c.layer_list("layer_types", count)? {
+        Some(list) => Some(list),
+        None => c.layer_list("layers_block_type", count)?,
+    };
+    let Some(types) = listed else {
+        bail!("config.json: a Granite 4.0-H config must list layer_types (or layers_block_type)");
     };
     let attention = || Ok(Layer::Attention(attention_shape(c, STANDARD)?));
     let mamba = || granite_mamba(c);
