@@ -1458,6 +1458,19 @@ def test_a_config_transformers_5_saved_again_reads_as_the_published_one(
     assert (shape.family, rows(shape)) == (case.family, case.rows), case.source
 
 
+def test_zamba2_as_transformers_5_saves_it_reads_as_published(tmp_path: Path) -> None:
+    """transformers 5's ``Zamba2Config`` renames ``layers_block_type``'s ``mamba`` (it aliases
+    ``layer_types``) and writes ``kv_channels = hidden_size / num_attention_heads`` and
+    ``hybrid_layer_ids``; vLLM's ``zamba2.py`` matches ``"hybrid"`` and sizes its KV by
+    ``attention_head_dim``, never ``kv_channels``: the same rows as the published file."""
+    case = CASES["zamba2-2.7b"]
+    hybrid = case.config["hybrid_layer_ids"]
+    kinds = ["hybrid" if i in hybrid else "linear_attention" for i in range(54)]
+    config = {**case.config, "layers_block_type": kinds, "kv_channels": 2560 // 32}
+    shape = ModelShape.from_hf_config(write(tmp_path, config, case.infinity))
+    assert (shape.family, rows(shape)) == (case.family, case.rows), case.source
+
+
 #: Keys a family's serving code reads under another name too (transformers' config classes
 #: rename them at load, or alias them): each case's config with ``renames`` applied reads as
 #: its published form. NemotronHConfig reads ``mamba_n_groups``, ``mamba_d_conv`` and

@@ -57,7 +57,9 @@ def test_falcon_h1_s_mixers_numbered_past_the_layers_are_read_as_their_layers() 
     for i in range(layers):
         caches[f"model.layers.{i}.attn"] = kv.tensors[i]
         caches[f"model.{layers + i}.mixer"] = states[i]
-    numbering = vllm.LayerNumbering.of("FalconH1ForCausalLM", layers)
+    numbering = vllm.LayerNumbering.of(
+        {"architectures": ["FalconH1ForCausalLM"], "num_hidden_layers": layers}
+    )
     specs = (StateSpec(48, (32, 8, 8)), StateSpec(8))
     cache = vllm.buffers(caches, backend="FLASH_ATTN", tp_size=2, num_kv_heads=4,
                          states=specs, numbering=numbering)  # fmt: skip
@@ -68,13 +70,41 @@ def test_falcon_h1_s_mixers_numbered_past_the_layers_are_read_as_their_layers() 
     # Layer 1's states are the tensors named model.3.mixer.
     assert cache.base_ptrs[6] == states[1][0].ctypes.data
     # Other models' names past their layers are no layer of theirs.
-    with pytest.raises(UnsupportedPDLayoutError, match=r"numbered 2, past the model's 2 layers"):
+    llama = vllm.LayerNumbering.of({"num_hidden_layers": layers}, "LlamaForCausalLM")
+    with pytest.raises(
+        UnsupportedPDLayoutError,
+        match=r"numbered 2 \(its number is its layer\), past the model's 2 layers",
+    ):
         vllm.buffers(caches, backend="FLASH_ATTN", tp_size=2, num_kv_heads=4, states=specs,
-                     numbering=vllm.LayerNumbering.of("LlamaForCausalLM", layers))  # fmt: skip
+                     numbering=llama)  # fmt: skip
     draft = {**caches, "model.layers.4.self_attn.attn": kv.tensors[0]}
     with pytest.raises(UnsupportedPDLayoutError, match="draft model's layer"):
         vllm.buffers(draft, backend="FLASH_ATTN", tp_size=2, num_kv_heads=4, states=specs,
                      numbering=numbering)  # fmt: skip
+
+
+def test_zamba2_s_names_are_read_as_vllm_s_zamba2_py_numbers_them() -> None:
+    """vLLM's ``zamba2.py``: layer ``i``'s mixer is ``{H + i}.mixer`` (``H`` hybrid layers);
+    the ``k``-th hybrid layer's attention is ``model.attn.{j}`` in shared block ``k % M``,
+    ``j`` counting from ``b * (H + M - 1) // M`` in that block. Worked by hand for hybrid
+    layers 1, 3, 4, 6 over two blocks: block 0 holds k = 0, 2 (layers 1, 4) as j = 0, 1;
+    block 1 starts at 1 * 5 // 2 = 2 and holds k = 1, 3 (layers 3, 6) as j = 2, 3."""
+    kinds = ["mamba", "hybrid", "mamba", "hybrid", "hybrid", "mamba", "hybrid"]
+    config = {"architectures": ["Zamba2ForCausalLM"], "num_hidden_layers": 7,
+              "layers_block_type": kinds, "num_mem_blocks": 2}  # fmt: skip
+    numbering = vllm.LayerNumbering.of(config)
+    assert [numbering(f"model.attn.{j}") for j in range(4)] == [1, 4, 3, 6]
+    assert [numbering(f"{4 + i}.mixer") for i in range(7)] == list(range(7))
+    with pytest.raises(
+        UnsupportedPDLayoutError, match=r"numbered 4 \(.*attention j is .*\), past the model's 7"
+    ):
+        numbering("model.attn.4")
+    with pytest.raises(
+        UnsupportedPDLayoutError, match=r"numbered 11 \(a mixer numbered n is layer n - 4"
+    ):
+        numbering("11.mixer")
+    with pytest.raises(UnsupportedPDLayoutError, match="layers_block_type and num_mem_blocks"):
+        vllm.LayerNumbering.of({**config, "num_mem_blocks": 0})
 
 
 def test_a_dict_in_any_order_gives_the_buffers_of_model_order() -> None:

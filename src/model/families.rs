@@ -440,7 +440,11 @@ pub const FAMILIES: &[Family] = &[
         keys: own_keys!["num_key_value_heads", "attention_head_dim", "layers_block_type", "hybrid_layer_ids", "n_mamba_heads", "mamba_headdim", "mamba_d_state", "mamba_ngroups", "mamba_d_conv", "mamba_expand", STATE_DTYPES[0], STATE_DTYPES[1]],
         source: "transformers models/zamba2/configuration_zamba2.py Zamba2Config; vLLM models/zamba2.py Zamba2HybridLayer",
         read: s::zamba2,
-        ignored: &[],
+        ignored: &[(
+            "kv_channels",
+            "transformers Zamba2Config writes kv_channels = hidden_size / num_attention_heads; \
+             vLLM models/zamba2.py sizes its KV by attention_head_dim and never reads it",
+        )],
         counted_by: None,
     },
     Family {

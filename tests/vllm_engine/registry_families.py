@@ -7,9 +7,8 @@ config and model classes, weights scaled up). Each builder takes the shared conf
 What did not run on vLLM 0.32's CPU build (its own errors, with no connector): DBRX (its
 loader: ``KeyError 'blocks.0.ffn.experts.w13_weight'``), MiniMax-M2 as published (sigmoid
 routing: the CPU router asserts softmax; a softmax variant runs, ``minimax-m2-softmax``),
-OLMo-Hybrid (``triton`` has no ``set_allocator``), Zamba2 (numbers its mixers ``{H + i}.mixer``
-and its shared attention ``model.attn.{j}``, which PdplanConnector refuses by name), Mamba1,
-Jamba and Qwen3.5 (see the serving guide)."""
+OLMo-Hybrid (``triton`` has no ``set_allocator``), Mamba1, Jamba and Qwen3.5 (see the
+serving guide)."""
 
 from __future__ import annotations
 
@@ -310,6 +309,22 @@ def _minimax_m2_softmax(config: dict[str, Any]) -> Any:
     return model
 
 
+def _zamba2(config: dict[str, Any]) -> Any:
+    t = _t()
+    return t.Zamba2ForCausalLM(t.Zamba2Config(
+        # vLLM's zamba2.py builds its shared attention with as many KV heads as heads
+        # (published Zamba2 is MHA); its head dim is 2 * hidden / heads (128). vLLM names the
+        # hybrid layers' attention model.attn.0, 1, 2 (layers 1, 2, 4) and every mixer
+        # {3 + i}.mixer. One shared block: with two (as published), vLLM 0.32's CPU build
+        # decodes 2 of 9 prompts otherwise at TP 2 than at TP 1 on its own, no connector
+        # (other first tokens), so TP 1 is no oracle for a pair from TP 2.
+        **{**_no_head_dim(config), "num_hidden_layers": 5, "num_key_value_heads": 4},
+        layers_block_type=["mamba", "hybrid", "hybrid", "mamba", "hybrid"], mamba_d_state=16,
+        mamba_d_conv=4, mamba_expand=2, mamba_ngroups=1, n_mamba_heads=8, chunk_size=64,
+        num_mem_blocks=1, use_mem_rope=True,
+    ))  # fmt: skip
+
+
 BUILDERS: dict[str, tuple[Any, dict[str, Any]]] = {
     # name: (builder, Family kwargs)
     "gpt-oss": (_gpt_oss, {"kinds": ("window", "attention")}),
@@ -358,6 +373,8 @@ BUILDERS: dict[str, tuple[Any, dict[str, Any]]] = {
     "seed-oss": (_seed_oss, {}),
     "glm": (_glm, {}),
     "arcee": (_arcee, {}),
+    # mamba_ngroups 1 below TP 2: B and C (2 x mamba_d_state channels) copied to each rank.
+    "zamba2": (_zamba2, {"kinds": ("state", "attention"), "copied_channels": 2 * 16}),
 }
 
 REGISTRY: dict[str, Family] = {n: _family(n, b, **kw) for n, (b, kw) in BUILDERS.items()}

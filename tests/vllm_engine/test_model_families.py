@@ -48,7 +48,7 @@ CI_FAMILIES = {
     # (the last token left to the decode side) and layers sharing another's KV. The walk's
     # other families (sinks, MoE, the Transformers backend, ...) keep caches of kinds above:
     # benches/vllm_families.py runs every one beside NixlConnector.
-    "llama4": "nixl", "gemma3n": "nixl",
+    "llama4": "nixl", "gemma3n": "nixl", "zamba2": "nixl",
 }  # fmt: skip
 #: Every family: the ones above and the rest of the registry's walk (the benchmark runs all).
 EVERY = {**FAMILIES, **REGISTRY}

@@ -20,13 +20,14 @@ from pdplan._core import UnsupportedPDLayoutError
 from pdplan._model import BufferKind, BufferLayout
 from pdplan.runtimes._conventions import RuntimeConventions
 from pdplan.runtimes._indexer import indexer_buffers, indexer_parts
+from pdplan.runtimes._numbering import NUMBERINGS, LayerNumbering, layer_index
 from pdplan.runtimes._states import StateSpecs, shape_of, state_buffers
 
 __all__ = [
     "BACKENDS",
     "CONNECTOR_VIEW",
     "CPU_TOKEN_ISA",
-    "NUMBERED_PAST_THE_LAYERS",
+    "NUMBERINGS",
     "REFUSED",
     "LayerNumbering",
     "buffers",
@@ -108,74 +109,6 @@ REFUSED: Mapping[str, str] = {
 _MLA = frozenset(name for name in BACKENDS if name.endswith("MLA") or "MLA_" in name)
 _PLANES_FIRST = frozenset({"FLASH_ATTN", "FLEX_ATTENTION"})
 _KV_AXES = ("page", "token", "head", "dim")
-
-
-#: What vLLM names a layer by: the one integer among the dotted parts of its name
-#: (``model.layers.7.self_attn.attn``), as ``extract_layer_index`` in vLLM's
-#: ``model_executor/models/utils.py`` reads it.
-_INDEX_PARTS = "exactly one integer among the dotted parts of the name"
-
-
-def layer_index(name: str) -> int:
-    """The model layer a vLLM layer name (a key of ``kv_caches``) names: its one integer part,
-    as vLLM's ``extract_layer_index`` reads it (``model.layers.7.self_attn.attn``: 7;
-    ``language_model.model.layers.7.mixer``: 7). A name with no integer part, or with more
-    than one, is refused naming it.
-
-    :param name: The layer's name, as vLLM keys it in ``kv_caches``.
-    """
-    numbers = [int(part) for part in str(name).split(".") if part.isdigit()]
-    if len(numbers) != 1:
-        raise UnsupportedPDLayoutError(
-            f"kv_caches key {shown(name)} names no layer pdplan can read: a vLLM layer name "
-            f"holds "
-            f"{_INDEX_PARTS} (model.layers.7.self_attn.attn); pass the dict vLLM's model "
-            "runner keeps, or a list in model order"
-        )
-    return numbers[0]
-
-
-#: vLLM models that number part of a model layer past the model's layers in its cache names,
-#: by architecture: Falcon-H1's layer ``i`` keeps its attention as ``model.layers.{i}.attn``
-#: and its Mamba mixer as ``model.{num_hidden_layers + i}.mixer`` (vLLM's ``falcon_h1.py``,
-#: ``FalconH1ParallelHybrid``: "In V1 all attention/ssm layers must have different index in
-#: prefix").
-NUMBERED_PAST_THE_LAYERS = frozenset({"FalconH1ForCausalLM"})
-
-
-@dataclasses.dataclass(frozen=True)
-class LayerNumbering:
-    """How one vLLM model numbers the layers in its cache names: ``numbering(name)`` is the
-    model layer a ``kv_caches`` key names (``layer_index``, read back where the model numbers
-    a layer's part past its layers, ``NUMBERED_PAST_THE_LAYERS``). A name numbered past the
-    model's layers otherwise (a draft model's MTP or EAGLE layer) is refused naming it: its
-    cache is no layer of the model's config.
-
-    :param num_layers: The model's layers (``num_hidden_layers``); None: names are not checked.
-    :param past_the_layers: Whether a name numbered ``num_layers + i`` is part of layer ``i``.
-    """
-
-    num_layers: int | None = None
-    past_the_layers: bool = False
-
-    @classmethod
-    def of(cls, architecture: str | None, num_layers: int | None) -> LayerNumbering:
-        """The numbering of the model ``architecture`` (its config's first architecture) of
-        ``num_layers`` layers."""
-        return cls(num_layers, architecture in NUMBERED_PAST_THE_LAYERS)
-
-    def __call__(self, name: str) -> int:
-        number = layer_index(name)
-        layers = self.num_layers
-        if layers is None or number < layers:
-            return number
-        if self.past_the_layers and number < 2 * layers:
-            return number - layers
-        raise UnsupportedPDLayoutError(
-            f"kv_caches key {shown(name)} is numbered {number}, past the model's {layers} "
-            "layers: a draft model's layer (MTP, EAGLE) or a numbering pdplan does not read; "
-            "serve without speculative decoding, or ask for this model's numbering"
-        )
 
 
 def _entries(
@@ -405,8 +338,8 @@ def buffers(
     :param sliding_windows: The window of each sliding-window attention layer, by its model
         layer (``layer_index`` of its name; its position in a list).
     :param numbering: The model layer of a ``kv_caches`` key: ``layer_index``, or the model's
-        ``LayerNumbering`` (``LayerNumbering.of(architecture, num_hidden_layers)``), which also
-        reads Falcon-H1's mixers back and refuses a draft model's layers.
+        ``LayerNumbering`` (``LayerNumbering.of(config)``), which also reads Falcon-H1's and
+        Zamba2's names back (``NUMBERINGS``) and refuses a draft model's layers.
     :param isa: With ``CPU_ATTN``, its kernel's ISA (the attention layers' ``isa``): the
         ``"vec"`` kernel's pages are described token by token (``CPU_TOKEN_ISA``).
     """

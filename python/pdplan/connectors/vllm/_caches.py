@@ -79,10 +79,7 @@ def numbering(vllm_config: Any) -> vllm_adapter.LayerNumbering:
     hf_config = vllm_config.model_config.hf_config
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     architectures = getattr(hf_config, "architectures", None) or [None]
-    layers = getattr(text, "num_hidden_layers", None)
-    return vllm_adapter.LayerNumbering.of(
-        architectures[0], int(layers) if isinstance(layers, int) else None
-    )
+    return vllm_adapter.LayerNumbering.of(text, architectures[0])
 
 
 def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) -> WorkerCache:
