@@ -73,6 +73,14 @@ def main() -> None:
                 results[name, connector] = {p: ("refused (at start)", 0.0) for p in PAIRS}
                 results[name, connector][2, 2] = ("—", 0.0)
             print(name, connector, results[name, connector], flush=True)
+        # Written after each family: a run cut short keeps the families it finished.
+        write_table([n for n in names if (n, "nixl") in results], results)
+
+
+def write_table(
+    names: list[str], results: dict[tuple[str, str], dict[tuple[int, int], tuple[str, float]]]
+) -> None:
+    """The table of ``names``' results, one row a (family, pair)."""
     rows = []
     for name in names:
         floor = results[name, "pdplan"][2, 2][0]
@@ -88,9 +96,9 @@ def main() -> None:
     table = "\n".join([
         f"Prompts of {len(prompts())} lengths (20 to 250 tokens) decoded 12 tokens greedily "
         "through each connector on each TP pair, against the TP 1 instance decoding them "
-        "alone; tiny random-weight models (tests/vllm_engine/families.py), vLLM 0.32's CPU "
-        "backend, both connectors through NIXL 1.5.1 (UCX, loopback), every instance "
-        "kv_both. TP 2 alone: how many the TP 2 instance decodes alone as the TP 1 one "
+        "alone; tiny random-weight models (tests/vllm_engine/families.py, registry_families.py), "
+        "vLLM 0.32's CPU backend, both connectors through NIXL 1.5.1 (UCX, loopback), every "
+        "instance kv_both. TP 2 alone: how many the TP 2 instance decodes alone as the TP 1 one "
         "does, the most a pair across TP sizes can be held to (bf16 drifts). Decode time: the "
         "decode side's generate for the batch (the pull and 12 steps), where both decode "
         "every prompt equal.",

@@ -294,6 +294,7 @@ def hostile_requests(version: bytes, payload: bytes) -> list[tuple[list[bytes], 
                 [[True, 1]],
                 [["32", 32]],
                 [[2**40, 32]],
+                [[1 << 24, 16]],  # a million pages a block: ids a peer could make us expand
                 "32",
                 [[32, 32, 32]],
             )

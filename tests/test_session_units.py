@@ -54,6 +54,30 @@ def test_an_identity_that_differs_is_refused_naming_the_first_field() -> None:
         check_identity(own, b"{", "prefill")
 
 
+def test_a_peer_s_state_slots_pair_whatever_its_blocks_hold() -> None:
+    """A state group's block is vLLM's ``max_model_len`` tokens, one slot a request: two
+    instances of other context lengths pair its slots as pages; only attention blocks of other
+    token counts move by token maps, and a state block split into pages is refused."""
+    import numpy as np
+
+    from pdplan.runtimes import vllm as vllm_adapter
+    from pdplan.session import GroupCache, LayoutRefused, WorkerCache
+
+    layer = "model.layers.0.self_attn.attn"
+    cache = vllm_adapter.buffers({layer: np.zeros((4, 1, 16, 8), np.float32)},
+                                 backend="CPU_ATTN", tp_size=1, num_kv_heads=1)  # fmt: skip
+    kv = GroupCache((0,), vllm_adapter.conventions(block_size=16, kernel_block_size=16))
+    state = GroupCache((), vllm_adapter.conventions(block_size=4096, kernel_block_size=4096), True)
+    own = WorkerCache(cache, (kv, state), {}, "hybrid", whole_pages="its pages are tiles")
+    assert not own.token_maps(own.peer_rules(((16, 16), (8192, 8192))))
+    tokens = WorkerCache(cache, (kv, state), {}, "hybrid")  # its pages move token by token
+    assert tokens.token_maps(tokens.peer_rules(((32, 16), (4096, 4096))))
+    with pytest.raises(LayoutRefused, match=r"blocks differ .* its pages are tiles"):
+        own.peer_rules(((32, 16), (4096, 4096)))
+    with pytest.raises(LayoutRefused, match=r"state group 1 splits a block into pages"):
+        own.peer_rules(((16, 16), (8192, 16)))
+
+
 @pytest.mark.parametrize(
     ("blocks", "message"),
     [

@@ -167,8 +167,11 @@ class Instance:
             except OSError:
                 if self.process.poll() is None and time.monotonic() < deadline:
                     continue
-                self.process.kill()
-                raise RuntimeError(f"the instance did not start: {self.tail()}") from None
+                self.kill()
+                why = self.tail()
+                self._log_file.close()
+                self._listener.close()
+                raise RuntimeError(f"the instance did not start: {why}") from None
         kind, self.initial_free = self._conn.recv()
         assert kind == "ready"
 

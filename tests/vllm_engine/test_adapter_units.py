@@ -160,25 +160,38 @@ def test_stages_number_their_buffers_as_one_rank_holding_every_layer(
         rules = vllm.conventions(block_size=16)
         kv = tuple(b.buffer_index for b in cache.buffers if b.buffer_kind.value != "mamba_state")
         state = tuple(b.buffer_index for b in cache.buffers if b.buffer_kind.value == "mamba_state")
-        return WorkerCache(cache, (GroupCache(kv, rules), GroupCache(state, rules)),
+        return WorkerCache(cache, (GroupCache(kv, rules), GroupCache(state, rules, state=True)),
                            {"num_layers": len(chosen)}, "hybrid")  # fmt: skip
 
     stages = [cache_of(names[:2]), cache_of(names[2:])]
     whole = cache_of(names).cache
     from pdplan._exchange import encode_layout
 
+    refusing: set[int] = set()
+
     def gather(out: list[object], own: object, group: object) -> None:
         for stage, cache in enumerate(stages):
-            out[stage] = (stage, *encode_layout(pdplan.ParallelLayout("prefill", 1),
-                                                cache.cache.buffers), 2)  # fmt: skip
+            out[stage] = (stage, "", *encode_layout(pdplan.ParallelLayout("prefill", 1),
+                                                    cache.cache.buffers), 2)  # fmt: skip
+            if stage in refusing:
+                out[stage] = (stage, "no such cache", b"", b"", 0)
 
     monkeypatch.setattr(dist, "all_gather_object", gather)
     group = types.SimpleNamespace(world_size=2, cpu_group=None)
     for stage, cache in enumerate(stages):
-        mine = whole_model(cache, stage, group)
+        mine = whole_model(lambda cache=cache: cache, stage, group)
         assert mine.cache.buffers == whole.buffers
         assert mine.identity["num_layers"] == 4
         held = {i for g in mine.groups for i in g.buffers}
         for index, (base, wanted) in enumerate(zip(mine.cache.base_ptrs, whole.base_ptrs)):
             assert base == (wanted if index in held else 0)
         assert {whole.buffers[i].layer for i in held} == {2 * stage, 2 * stage + 1}
+    # One stage refused: every stage raises, naming it, none waits for the others.
+    refusing.add(1)
+
+    def refused() -> WorkerCache:
+        raise pdplan.UnsupportedPDLayoutError("no such cache")
+
+    for stage, cache in enumerate(stages):
+        with pytest.raises(pdplan.UnsupportedPDLayoutError, match="pipeline stage 1: no such"):
+            whole_model(refused if stage == 1 else lambda cache=cache: cache, stage, group)

@@ -109,7 +109,10 @@ def copied_groups_control(
     source.call("corrupt", {"specs": SPECS["state"], "conv_tail": run.family.copied_channels})
     decoded = run.decode(target, batch, prefilled)
     differing = [got != ref for got, ref in zip(decoded.tokens, good)]
-    assert all(differing), (pair, differing)
+    # Noise in a few conv channels of the last tokens reaches the state through one gate: a
+    # prompt of a random-weight model may still decode its 12 tokens alike (one of 9 did in CI).
+    # A copy never read would leave every prompt alike.
+    assert 3 * sum(differing) >= 2 * len(differing), (pair, differing)
 
 
 @pytest.mark.parametrize("name", list(CI_FAMILIES))

@@ -193,6 +193,40 @@ def test_a_decode_side_serving_another_model_is_refused_naming_the_field(
     assert_no_leak(prefill, decode)
 
 
+def test_speculative_decoding_is_served_without_a_draft_cache_refused_with_one(
+    model: Path, logs: Path, reference: dict[tuple[int, ...], list[int]],
+    closing: list[Instance],
+) -> None:  # fmt: skip
+    """A decode side speculating by n-grams (no draft cache) decodes through the connector
+    what one instance decodes (greedy speculation keeps the greedy tokens); one speculating by
+    a draft model, whose KV cache sits beside the model's, is refused when it starts, naming
+    the method (vLLM numbers a draft's layers past the model's, or from 0 under another
+    prefix: MTP's ``mtp.layers.0``)."""
+    port = next(_ports)
+    prefill = Instance(llm_args(model, connector=pdplan_connector("kv_producer", port)),
+                       logs / "speculative-prefill.log")  # fmt: skip
+    closing.append(prefill)
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3,
+             "prompt_lookup_min": 1}  # fmt: skip
+    decode_args = llm_args(model, connector=pdplan_connector("kv_consumer", port + 10))
+    decode = Instance({**decode_args, "speculative_config": ngram}, logs / "ngram-decode.log")
+    closing.append(decode)
+    prompts = prompts_of(LENGTHS)
+    prefilled = prefill.generate(prompts, prefill_params(len(prompts)))
+    decoded = decode.generate(prompts, decode_params(prefilled, MAX_TOKENS))
+    assert [d["tokens"] for d in decoded] == [reference[tuple(p)] for p in prompts]
+    assert RECOMPUTED not in decode.tail(400), decode.tail()
+    decode.close()
+    drafted = {"method": "draft_model", "model": str(model), "num_speculative_tokens": 2}
+    args = llm_args(model, connector=pdplan_connector("kv_consumer", port + 20))
+    with pytest.raises(RuntimeError, match="did not start") as refused:
+        closing.append(Instance({**args, "speculative_config": drafted},
+                                logs / "draft-decode.log"))  # fmt: skip
+    assert "speculative decoding by 'draft_model' keeps a draft model's KV cache" in str(
+        refused.value
+    ), str(refused.value)
+
+
 @pytest.fixture(scope="module")
 def one_head_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_model(tmp_path_factory.mktemp("one-head") / "tiny-llama-1kv", seed=2, kv_heads=1)

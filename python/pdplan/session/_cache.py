@@ -21,6 +21,9 @@ class GroupCache:
 
     buffers: tuple[int, ...]
     rules: RuntimeConventions
+    state: bool = False
+    """A group of recurrent state: one slot a request whatever its block's token count
+    (vLLM's block of ``max_model_len`` tokens), so its pages pair as they stand."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,13 @@ class WorkerCache:
             replace(g.rules, block_size=block, kernel_block_size=page)
             for g, (block, page) in zip(self.groups, block_sizes)
         )
+        split = [n for n, (g, r) in enumerate(zip(self.groups, rules)) if g.state
+                 and r.block_size != r.kernel_block_size]  # fmt: skip
+        if split:
+            raise LayoutRefused(
+                f"the peer's state group {split[0]} splits a block into pages "
+                f"({list(block_sizes[split[0]])}); a state slot is one page a request"
+            )
         if self.whole_pages and self.token_maps(rules):
             raise LayoutRefused(
                 f"the two instances' blocks differ ({[list(s) for s in block_sizes]} there, "
@@ -57,10 +67,12 @@ class WorkerCache:
 
     def token_maps(self, peer_rules: tuple[RuntimeConventions, ...]) -> bool:
         """Whether a pair with a peer of these rules moves some group token by token (their
-        blocks hold other token counts): both sides plan with token maps then."""
+        blocks hold other token counts; state groups' slots pair whatever their blocks' token
+        counts): both sides plan with token maps then."""
         return any(
             (r.block_size, r.kernel_block_size) != (g.rules.block_size, g.rules.kernel_block_size)
             for g, r in zip(self.groups, peer_rules)
+            if not g.state
         )
 
     @property

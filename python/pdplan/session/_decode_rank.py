@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pdplan._model import BufferKind, ParallelLayout
+from pdplan._model import ParallelLayout
 from pdplan._staging import CostModel
 from pdplan.session._block_pairs import paired_blocks, paired_slots
 from pdplan.session._cache import WorkerCache
@@ -69,13 +69,7 @@ class DecodeRank:
                                 self.stats)  # fmt: skip
         self._waiting: list[tuple[Receive, float]] = []  # for their peer, until a deadline
         # Groups of state buffers: one slot a request, paired as pages whatever their blocks.
-        self._state_groups = {
-            number
-            for number, group in enumerate(cache.groups)
-            if group.buffers
-            and all(cache.cache.buffers[i].buffer_kind is BufferKind.MAMBA_STATE
-                    for i in group.buffers)
-        }  # fmt: skip
+        self._state_groups = {number for number, group in enumerate(cache.groups) if group.state}
         self._pulls: list[Pull] = []
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()

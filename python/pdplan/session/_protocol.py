@@ -20,7 +20,7 @@ from typing import Any
 from pdplan._bounded import shown
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import decode_layout
-from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES
+from pdplan.limits import DEFAULT_MAX_LAYOUT_BYTES, MAX_TOKENS
 from pdplan.session._faults import (
     LayoutRefused,
     ProtocolFault,
@@ -94,8 +94,10 @@ def request_body(frames: list[bytes]) -> tuple[bytes, list[bytes]]:
 #: page tokens], ...]`` a group (the scheduler's block, the cache tensor's page): read by the
 #: peer, never compared with its own (pairs of other block sizes move tokens by slot maps).
 BLOCK_SIZES = "block_sizes"
-#: Tokens a block or page may hold at most, as read from a peer.
-MAX_BLOCK_TOKENS = 1 << 20
+#: Pages a peer's block may split into at most (vLLM splits a block into kernel pages of 16
+#: tokens and up: a hybrid model's attention blocks of a few thousand tokens are a few hundred
+#: pages); it bounds the page ids a peer's block list expands to.
+MAX_PAGES_A_BLOCK = 1 << 12
 
 
 def identity_bytes(identity: dict[str, Any]) -> bytes:
@@ -114,12 +116,14 @@ def block_sizes_of(peer_bytes: bytes, groups: int, peer_role: str) -> tuple[tupl
         block, page = entry if ok else (0, 0)
         if not (
             ok
-            and all(type(n) is int and 0 < n <= MAX_BLOCK_TOKENS for n in (block, page))
+            and all(type(n) is int and 0 < n <= MAX_TOKENS for n in (block, page))
             and block % page == 0
+            and block // page <= MAX_PAGES_A_BLOCK
         ):
             raise ProtocolFault(
-                f"the {peer_role} peer's block sizes must be [block, page] pairs of tokens, the "
-                f"page dividing the block; got {shown(entry)}"
+                f"the {peer_role} peer's block sizes must be [block, page] pairs of at most "
+                f"{MAX_TOKENS} tokens, the page dividing the block into at most "
+                f"{MAX_PAGES_A_BLOCK} pages; got {shown(entry)}"
             )
         out.append((block, page))
     return tuple(out)

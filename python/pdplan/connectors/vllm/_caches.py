@@ -75,11 +75,30 @@ def _state_specs(model_config: Any, layers: set[int]) -> dict[int, tuple[StateSp
 
 
 def numbering(vllm_config: Any) -> vllm_adapter.LayerNumbering:
-    """How the served model numbers the layers in its cache names."""
+    """How the served model numbers the layers in its cache names. A draft model's layers
+    among them (speculative decoding by EAGLE, MTP, a draft model) are refused when the
+    instance starts, naming the method: vLLM numbers them past the model's layers or from 0
+    under another prefix (``mtp.layers.0``, Qwen3-Next), so no name tells them apart."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    if speculative is not None and _draft_caches(speculative):
+        raise UnsupportedPDLayoutError(
+            f"speculative decoding by {speculative.method!r} keeps a draft model's KV cache "
+            "beside the model's, which PdplanConnector does not plan; serve without it, or "
+            "with a method that keeps none (ngram, suffix)"
+        )
     hf_config = vllm_config.model_config.hf_config
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
     architectures = getattr(hf_config, "architectures", None) or [None]
     return vllm_adapter.LayerNumbering.of(text, architectures[0])
+
+
+def _draft_caches(speculative: Any) -> bool:
+    """Whether vLLM's speculative config keeps a draft's KV cache (its
+    ``uses_draft_kv_cache``; releases without it: EAGLE-like methods and draft models)."""
+    uses = getattr(speculative, "uses_draft_kv_cache", None)
+    if callable(uses):
+        return bool(uses())
+    return bool(speculative.use_eagle() or speculative.method == "draft_model")
 
 
 def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) -> WorkerCache:
@@ -189,7 +208,7 @@ def _group_caches(
                 f"{sorted(pages)} tokens; PdplanConnector reads one page size a group"
             )
         rules = vllm_adapter.conventions(block_size=group.block_size, kernel_block_size=kernel)
-        owned.append(GroupCache(mine, rules))
+        owned.append(GroupCache(mine, rules, state))
     every = sorted(i for g in owned for i in g.buffers)
     if every != list(range(len(cache.buffers))):
         raise UnsupportedPDLayoutError(

@@ -32,6 +32,7 @@ from pdplan.session import (
     Settings,
     SettingsFault,
     TransferEngine,
+    WorkerCache,
     make_engine,
 )
 from pdplan.session._metrics import is_empty
@@ -116,9 +117,12 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         ranks, tp_rank = self._ranks, get_tensor_model_parallel_rank()
         stage = get_pp_group().rank_in_group if ranks.pp_size > 1 else 0
         rank, size = ranks.rank(tp_rank, stage), ranks.tp_size
-        cache = describe(self._vllm_config, self._kv_cache_config, kv_caches)
-        if ranks.pp_size > 1:  # both sides plan with the whole model's buffers
-            cache = whole_model(cache, stage, get_pp_group())
+
+        def own_cache() -> WorkerCache:
+            return describe(self._vllm_config, self._kv_cache_config, kv_caches)
+
+        # With stages, both sides plan with the whole model's buffers.
+        cache = whole_model(own_cache, stage, get_pp_group()) if ranks.pp_size > 1 else own_cache()
         host = self._settings.side_channel_host
         self._regions, memory = regions(kv_caches, self._buffer_device)
         self._on_device = memory.kind == "VRAM"

@@ -6,6 +6,7 @@ order, then every state), each rank keeping the addresses of its own."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +14,7 @@ from pdplan._arrays import CacheBuffers
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan._exchange import decode_layout, encode_layout
 from pdplan._model import BufferKind, ParallelLayout
-from pdplan.session import GroupCache, WorkerCache
+from pdplan.session import WorkerCache
 
 
 def layer_partition(num_layers: int, pp_size: int) -> tuple[int, ...]:
@@ -37,20 +38,30 @@ def side_layout(role: str, tp_size: int, pp_size: int, partition: tuple[int, ...
     )
 
 
-def whole_model(cache: WorkerCache, stage: int, group: Any) -> WorkerCache:
-    """This rank's cache as the whole model's buffers: ``group``'s ranks (the stages of this
-    TP rank, vLLM's PP group) gather their buffers, in stage order; each buffer's number is its
-    place among every stage's (KV before state, then by layer), this rank's addresses kept
-    and the others' zero (the planner reads a buffer only on the stage holding its layer)."""
+def whole_model(describe: Callable[[], WorkerCache], stage: int, group: Any) -> WorkerCache:
+    """This rank's cache (``describe``'s) as the whole model's buffers: ``group``'s ranks (the
+    stages of this TP rank, vLLM's PP group) gather their buffers, in stage order; each
+    buffer's number is its place among every stage's (KV before state, then by layer), this
+    rank's addresses kept and the others' zero (the planner reads a buffer only on the stage
+    holding its layer). A stage whose cache is refused is refused on every stage, which would
+    otherwise wait for it in the gather."""
     import torch.distributed as dist
 
-    own = (stage, *encode_layout(ParallelLayout("prefill", 1), cache.cache.buffers),
-           int(cache.identity.get("num_layers", 0)))  # fmt: skip
+    try:
+        cache = describe()
+        own = (stage, "", *encode_layout(ParallelLayout("prefill", 1), cache.cache.buffers),
+               int(cache.identity.get("num_layers", 0)))  # fmt: skip
+    except UnsupportedPDLayoutError as error:
+        own = (stage, str(error) or type(error).__name__, b"", b"", 0)
     gathered: list[Any] = [None] * int(group.world_size)
     dist.all_gather_object(gathered, own, group=group.cpu_group)
+    refused = [(their_stage, why) for their_stage, why, *_ in sorted(gathered) if why]
+    if refused:
+        their_stage, why = refused[0]
+        raise UnsupportedPDLayoutError(f"pipeline stage {their_stage}: {why}")
     everyone = []
     layers_with_cache = 0
-    for their_stage, version, payload, layers in sorted(gathered):
+    for their_stage, _, version, payload, layers in sorted(gathered):
         for local, buffer in enumerate(decode_layout(version, payload).buffers):
             if buffer.layer is None:
                 raise UnsupportedPDLayoutError(
@@ -75,7 +86,7 @@ def whole_model(cache: WorkerCache, stage: int, group: Any) -> WorkerCache:
     for local, (base, limit) in enumerate(zip(cache.cache.base_ptrs, cache.cache.limits)):
         bases[number_of[(stage, local)]], limits[number_of[(stage, local)]] = base, limit
     groups = tuple(
-        GroupCache(tuple(number_of[(stage, i)] for i in g.buffers), g.rules) for g in cache.groups
+        replace(g, buffers=tuple(number_of[(stage, i)] for i in g.buffers)) for g in cache.groups
     )
     whole = CacheBuffers(buffers, tuple(bases), tuple(limits), cache.cache.shared)
     identity = {**cache.identity, "num_layers": layers_with_cache}

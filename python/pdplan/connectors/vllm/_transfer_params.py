@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pdplan._core import UnsupportedPDLayoutError
-from pdplan.limits import MAX_WORLD_SIZE
+from pdplan.limits import MAX_TOKENS, MAX_WORLD_SIZE
 from pdplan.session._requests import Remote, block_groups
 
 #: Keys a decode request's ``kv_transfer_params`` must carry to pull.
@@ -69,15 +69,11 @@ def _remote(params: Mapping[str, Any], request_id: str) -> Remote:
     )
 
 
-#: Tokens a request may name at most (its blocks' tokens; vLLM's longest context is far below).
-MAX_REQUEST_TOKENS = 1 << 31
-
-
 def remote_tokens_of(params: Mapping[str, Any]) -> int:
     """The tokens the prefill side holds of a request (``remote_num_tokens``; 0 where a
     sender leaves it out): where its blocks sit, for groups whose blocks hold other token
     counts on the two sides."""
-    return _int(params, "remote_num_tokens", 0, MAX_REQUEST_TOKENS, 0)
+    return _int(params, "remote_num_tokens", 0, MAX_TOKENS, 0)
 
 
 def remote_of(params: Mapping[str, Any]) -> Remote:
