@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pdplan import UnsupportedPDLayoutError
-from pdplan.session._block_pairs import kept_blocks, paired_blocks
+from pdplan.session._block_pairs import kept_blocks, paired_blocks, paired_slots
 
 NULL = 0
 
@@ -84,3 +84,49 @@ def test_a_null_block_where_bytes_are_kept_is_refused() -> None:
 def test_a_decode_side_needing_blocks_the_prefill_side_freed_is_refused() -> None:
     with pytest.raises(UnsupportedPDLayoutError, match="group 2: the decode side holds 3"):
         paired_blocks((1, 2, 3), (7, 8), group=2)
+
+
+@given(
+    tokens=st.integers(1, 400),
+    remote_block=st.sampled_from([16, 32, 128]),
+    local_block=st.sampled_from([16, 32, 128]),
+    window=st.none() | st.integers(1, 300),
+    hit=st.integers(0, 400),
+    early=st.integers(0, 64),
+    seed=st.integers(0, 2**16),
+)
+def test_blocks_of_other_sizes_pair_each_token_with_the_same_token_s_slot(
+    tokens: int, remote_block: int, local_block: int, window: int | None, hit: int, early: int,
+    seed: int,
+) -> None:  # fmt: skip
+    """Two sides whose blocks hold other token counts: every token the decode side needs moves
+    from the prefill slot holding it to the decode slot for it, read off both sides' simulated
+    block tables position by position; a token the prefill side's window dropped is refused."""
+    import random
+
+    rng = random.Random(seed)
+    remote_ids = rng.sample(range(1, 10_000), -(-tokens // remote_block))
+    local_ids = rng.sample(range(1, 10_000), -(-tokens // local_block))
+    prefill = table(remote_ids, tokens, remote_block, window)
+    kind = "attention" if window is None else "window"
+    # The decode side fills its blocks past its prefix hit; it needs the tokens its window
+    # keeps for the next token (or, ``early``, some the prefill side's window dropped).
+    first = min(hit, tokens - 1) // local_block * local_block
+    kept_from = 0 if window is None else max(0, tokens + 1 - window)
+    needed = max(first, kept_from - early)
+    local = local_ids[first // local_block :]
+    held_from = next(p for p, b in enumerate(prefill) if b != NULL) * remote_block
+    if needed < held_from:
+        with pytest.raises(UnsupportedPDLayoutError, match="freed bytes the decode side needs"):
+            paired_slots(local, (first, needed), local_block,
+                         kept_blocks(prefill, kind, NULL), remote_block, tokens, 0)  # fmt: skip
+        return
+    remote_slots, local_slots = paired_slots(local, (first, needed), local_block,
+                                             kept_blocks(prefill, kind, NULL), remote_block,
+                                             tokens, 0)  # fmt: skip
+    for t in range(tokens):
+        moves = t >= needed
+        want_remote = prefill[t // remote_block] * remote_block + t % remote_block
+        want_local = local_ids[t // local_block] * local_block + t % local_block
+        assert remote_slots[t] == (want_remote if moves else -1), t
+        assert local_slots[t] == (want_local if moves else -1), t

@@ -4,6 +4,7 @@ scheduler output. Run by scripts/test_vllm.sh (CI), which installs vLLM."""
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -195,3 +196,22 @@ def test_stages_number_their_buffers_as_one_rank_holding_every_layer(
     for stage, cache in enumerate(stages):
         with pytest.raises(pdplan.UnsupportedPDLayoutError, match="pipeline stage 1: no such"):
             whole_model(refused if stage == 1 else lambda cache=cache: cache, stage, group)
+
+
+def test_two_cpu_attention_kernels_are_refused_at_the_handshake() -> None:
+    """vLLM's CPU attention picks its kernel by the host (AMX tiles for bf16 blocks of 32's
+    multiples, else ``vec``); the two lay out one block size's tokens otherwise, so ranks of
+    two kernels must not pair, whatever else matches."""
+    from pdplan.connectors.vllm._caches import identity
+    from pdplan.runtimes._vllm_groups import CacheGroup
+    from pdplan.session._protocol import check_identity
+
+    config = types.SimpleNamespace(
+        model_config=types.SimpleNamespace(model="/models/tiny-llama", dtype="torch.bfloat16"),
+        cache_config=types.SimpleNamespace(cache_dtype="auto"),
+    )
+    groups = [CacheGroup("attention", "FullAttentionSpec", 32, ("model.layers.0.self_attn.attn",))]
+    amx, vec = identity(config, 1, groups, "amx"), identity(config, 1, groups, "vec")
+    check_identity(amx, json.dumps(amx).encode(), "decode")
+    with pytest.raises(UnsupportedPDLayoutError, match=r"attention_kernel: 'vec' there"):
+        check_identity(amx, json.dumps(vec).encode(), "decode")

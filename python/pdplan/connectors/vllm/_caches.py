@@ -146,16 +146,28 @@ def describe(vllm_config: Any, kv_cache_config: Any, kv_caches: dict[str, Any]) 
         cache=cache,
         family=str(architectures[0])[:64],
         groups=_group_caches(groups, cache, layer_of),
-        identity={
-            # The model's name, not where it lies: hosts keep one model at different paths.
-            "model": PurePath(str(model.model)).name,
-            "dtype": str(model.dtype),
-            "cache_dtype": str(vllm_config.cache_config.cache_dtype),
-            "num_layers": len(kv_caches),
-            "cache_groups": [g.identity() for g in groups],
-        },
+        identity=identity(vllm_config, len(kv_caches), groups, isa),
         whole_pages=vllm_adapter.whole_pages(backend, isa),
     )
+
+
+def identity(
+    vllm_config: Any, num_layers: int, groups: Sequence[CacheGroup], isa: str | None
+) -> dict[str, Any]:
+    """What must match the peer's for two ranks to pair: the model, its dtypes, its layers and
+    KV cache groups, and the CPU attention kernel's ISA (``amx`` tiles interleave a page's
+    tokens otherwise than ``vec``: a host with AMX and one without lay out one block size
+    differently)."""
+    model = vllm_config.model_config
+    return {
+        # The model's name, not where it lies: hosts keep one model at different paths.
+        "model": PurePath(str(model.model)).name,
+        "dtype": str(model.dtype),
+        "cache_dtype": str(vllm_config.cache_config.cache_dtype),
+        "num_layers": num_layers,
+        "cache_groups": [g.identity() for g in groups],
+        "attention_kernel": isa,
+    }
 
 
 def _sharing(vllm_config: Any, kv_caches: dict[str, Any]) -> dict[str, str]:
