@@ -10,6 +10,7 @@ connectors decode every prompt equal. Needs vLLM (scripts/install_vllm.sh).
 
     python benches/vllm_families.py   # writes benches/results/vllm_families.md
     PDPLAN_FAMILIES=gemma2,mamba2 python benches/vllm_families.py   # some of them
+    PDPLAN_CONNECTORS=pdplan PDPLAN_RESULTS=vllm_families_more.md python benches/vllm_families.py
 """
 
 from __future__ import annotations
@@ -59,10 +60,13 @@ def main() -> None:
     work = Path("/tmp/pdplan-vllm-families")
     work.mkdir(exist_ok=True)
     names = [n for n in os.environ.get("PDPLAN_FAMILIES", "").split(",") if n] or list(FAMILIES)
+    connectors = [c for c in os.environ.get("PDPLAN_CONNECTORS", "").split(",") if c]
+    connectors = connectors or list(CONNECTORS)
+    out = os.environ.get("PDPLAN_RESULTS", "vllm_families.md")
     results: dict[tuple[str, str], dict[tuple[int, int], tuple[str, float]]] = {}
     for number, name in enumerate(names):
         family = FAMILIES[name]
-        for offset, connector in enumerate(CONNECTORS):
+        for offset, connector in enumerate(connectors):
             port = 9000 + 100 * number + 40 * offset
             try:
                 with family_run(family, work, work, connector, port) as run:
@@ -74,20 +78,26 @@ def main() -> None:
                 results[name, connector][2, 2] = ("—", 0.0)
             print(name, connector, results[name, connector], flush=True)
         # Written after each family: a run cut short keeps the families it finished.
-        write_table([n for n in names if (n, "nixl") in results], results)
+        done = [n for n in names if all((n, c) in results for c in connectors)]
+        write_table(done, results, out)
 
 
 def write_table(
-    names: list[str], results: dict[tuple[str, str], dict[tuple[int, int], tuple[str, float]]]
+    names: list[str],
+    results: dict[tuple[str, str], dict[tuple[int, int], tuple[str, float]]],
+    out: str,
 ) -> None:
-    """The table of ``names``' results, one row a (family, pair)."""
+    """The table of ``names``' results, one row a (family, pair), into ``out``; a connector
+    left out of the run shows "not run"."""
+    absent = {p: ("not run", 0.0) for p in (*PAIRS, (2, 2))}
     rows = []
     for name in names:
-        floor = results[name, "pdplan"][2, 2][0]
-        if floor == "—":
-            floor = results[name, "nixl"][2, 2][0]
+        mine, nixl = results.get((name, "pdplan"), absent), results.get((name, "nixl"), absent)
+        floor = mine[2, 2][0]
+        if floor in ("—", "not run"):
+            floor = nixl[2, 2][0]
         for pair in PAIRS:
-            ours, theirs = results[name, "pdplan"][pair], results[name, "nixl"][pair]
+            ours, theirs = mine[pair], nixl[pair]
             both = ours[0] == theirs[0] == f"{len(prompts())}/{len(prompts())}"
             times = [f"{ours[1] * 1e3:.0f}", f"{theirs[1] * 1e3:.0f}"] if both else ["—", "—"]
             alone = "—" if pair == (1, 1) else floor
@@ -108,7 +118,7 @@ def write_table(
         "| --- | --- | --- | --- | --- | --- | --- |",
         *rows,
     ])  # fmt: skip
-    write("vllm_families.md", table)
+    write(out, table)
 
 
 if __name__ == "__main__":
