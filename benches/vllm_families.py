@@ -31,6 +31,8 @@ from registry_families import REGISTRY  # noqa: E402
 from provenance import write  # noqa: E402
 
 CONNECTORS = ("pdplan", "nixl")
+#: A family vLLM's CPU build does not run at TP 2 on its own (one instance alone fails).
+FAILS_AT_TP2 = "vLLM alone fails at TP 2"
 #: The families of the real-engine tests, then the rest of vLLM's registry its CPU build runs.
 FAMILIES = {**NAMED, **REGISTRY}
 
@@ -40,9 +42,17 @@ def served(run: FamilyRun, want: list[list[int]]) -> dict[tuple[int, int], tuple
     decode time (s). Under ``(2, 2)``: how many the TP 2 instance decodes alone as the TP 1 one
     does (the floor of a pair across TP sizes)."""
     batch = prompts()
-    alone = run.alone(batch, "tp2")
-    out = {(2, 2): (f"{sum(a == b for a, b in zip(alone, want))}/{len(want)}", 0.0)}
+    try:
+        alone = run.alone(batch, "tp2")
+    except Exception:  # vLLM's own worker dies at TP 2 (no request crossed a connector)
+        traceback.print_exc()
+        alone = None
+    floor = f"{sum(a == b for a, b in zip(alone, want))}/{len(want)}" if alone else FAILS_AT_TP2
+    out = {(2, 2): (floor, 0.0)}
     for pair in PAIRS:
+        if alone is None and 2 in pair:
+            out[pair] = (FAILS_AT_TP2, 0.0)
+            continue
         try:
             decoded = run.pair(*pair, batch)
         except Exception as error:  # a pair the connector cannot run at all

@@ -8,7 +8,7 @@ What did not run on vLLM 0.32's CPU build (its own errors, with no connector): D
 loader: ``KeyError 'blocks.0.ffn.experts.w13_weight'``), MiniMax-M2 as published (sigmoid
 routing: the CPU router asserts softmax; a softmax variant runs, ``minimax-m2-softmax``),
 OLMo-Hybrid (``triton`` has no ``set_allocator``), Mamba1, Jamba and Qwen3.5 (see the
-serving guide)."""
+serving guide); GPTBigCode runs at TP 1 only (at TP 2 a worker dies of a segfault)."""
 
 from __future__ import annotations
 
