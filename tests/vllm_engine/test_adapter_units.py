@@ -176,6 +176,7 @@ def test_stages_number_their_buffers_as_one_rank_holding_every_layer(
                                                     cache.cache.buffers), 2)  # fmt: skip
             if stage in refusing:
                 out[stage] = (stage, "no such cache", b"", b"", 0)
+        out[own[0]] = own if own[1] else out[own[0]]  # type: ignore[index]
 
     monkeypatch.setattr(dist, "all_gather_object", gather)
     group = types.SimpleNamespace(world_size=2, cpu_group=None)
@@ -196,6 +197,14 @@ def test_stages_number_their_buffers_as_one_rank_holding_every_layer(
     for stage, cache in enumerate(stages):
         with pytest.raises(pdplan.UnsupportedPDLayoutError, match="pipeline stage 1: no such"):
             whole_model(refused if stage == 1 else lambda cache=cache: cache, stage, group)
+    # Any error of a stage's own, not only a refusal, reaches it as a refusal naming it.
+    refusing.clear()
+
+    def broken() -> WorkerCache:
+        raise KeyError("model.layers.0")
+
+    with pytest.raises(pdplan.UnsupportedPDLayoutError, match=r"stage 0: KeyError: 'model\.lay"):
+        whole_model(broken, 0, group)
 
 
 def test_two_cpu_attention_kernels_are_refused_at_the_handshake() -> None:

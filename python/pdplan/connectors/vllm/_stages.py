@@ -51,8 +51,9 @@ def whole_model(describe: Callable[[], WorkerCache], stage: int, group: Any) -> 
         cache = describe()
         own = (stage, "", *encode_layout(ParallelLayout("prefill", 1), cache.cache.buffers),
                int(cache.identity.get("num_layers", 0)))  # fmt: skip
-    except UnsupportedPDLayoutError as error:
-        own = (stage, str(error) or type(error).__name__, b"", b"", 0)
+    except Exception as error:  # any: the other stages must hear of it, or wait forever
+        why = str(error) if isinstance(error, UnsupportedPDLayoutError) else ""
+        own = (stage, why or f"{type(error).__name__}: {error}", b"", b"", 0)
     gathered: list[Any] = [None] * int(group.world_size)
     dist.all_gather_object(gathered, own, group=group.cpu_group)
     refused = [(their_stage, why) for their_stage, why, *_ in sorted(gathered) if why]
