@@ -240,6 +240,17 @@ impl<'a> Config<'a> {
     }
 
     /// A list of exactly `count` entries (one a layer).
+    /// The first of `keys` that lists a value a layer (a list under another name: transformers'
+    /// `attribute_map`).
+    pub fn first_layer_list(&self, keys: &[&str], count: u64) -> PlanResult<Option<&'a [Value]>> {
+        for key in keys {
+            if let Some(list) = self.layer_list(key, count)? {
+                return Ok(Some(list));
+            }
+        }
+        Ok(None)
+    }
+
     pub fn layer_list(&self, key: &str, count: u64) -> PlanResult<Option<&'a [Value]>> {
         let Some(list) = self.list(key)? else {
             return Ok(None);

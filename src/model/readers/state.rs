@@ -30,10 +30,7 @@ const NEMOTRON_MAMBA: MambaKeys = MambaKeys {
 /// given, and vLLM's pattern is derived from it.
 pub fn nemotron_h(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
     // `layer_types` is the same list by another name (transformers' `attribute_map`).
-    let listed = match c.layer_list("layers_block_type", count)? {
-        Some(list) => Some(list),
-        None => c.layer_list("layer_types", count)?,
-    };
+    let listed = c.first_layer_list(&["layers_block_type", "layer_types"], count)?;
     let kinds_of: Vec<usize> = if let Some(list) = listed {
         list.iter()
             .enumerate()
@@ -142,10 +139,7 @@ fn granite_mamba(c: &Config) -> PlanResult<Layer> {
 /// (transformers 5 writes `linear_attention` and `full_attention`), or the same list as
 /// `layers_block_type` (transformers' `attribute_map`).
 pub fn granite_hybrid(c: &Config, count: u64) -> PlanResult<Vec<Layer>> {
-    let listed = match c.layer_list("layer_types", count)? {
-        Some(list) => Some(list),
-        None => c.layer_list("layers_block_type", count)?,
-    };
+    let listed = c.first_layer_list(&["layer_types", "layers_block_type"], count)?;
     let Some(types) = listed else {
         bail!("config.json: a Granite 4.0-H config must list layer_types (or layers_block_type)");
     };
