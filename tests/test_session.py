@@ -83,13 +83,17 @@ class Loopback:
     def state(self, handle: Any) -> str:
         return "DONE"
 
+    def abort(self, handle: Any) -> bool:
+        return True  # a memmove ended before its handle was returned
+
     def close(self) -> None:
         return None
 
 
-def worker_cache(tensor: np.ndarray, tp: int, **identity: Any) -> WorkerCache:
+def worker_cache(tensor: np.ndarray, tp: int, kv_heads: int = 1, **identity: Any) -> WorkerCache:
     layer = "model.layers.0.self_attn.attn"
-    cache = vllm_adapter.buffers({layer: tensor}, backend="CPU_ATTN", tp_size=tp, num_kv_heads=1)
+    cache = vllm_adapter.buffers({layer: tensor}, backend="CPU_ATTN", tp_size=tp,
+                                 num_kv_heads=kv_heads)  # fmt: skip
     # One full-attention group owning every buffer, its blocks one page each.
     rules = vllm_adapter.conventions(block_size=BLOCK, kernel_block_size=BLOCK)
     owned = GroupCache(tuple(range(len(cache.buffers))), rules)
@@ -148,6 +152,7 @@ def test_a_prefill_instance_that_registered_again_is_met_again(
     def request(reader: DecodeRank, name: str, generation: int, src: int,
                 dst: int) -> dict[str, set[Any]]:  # fmt: skip
         remote = Remote(f"prefill-{port}", name, HOST, port, 1, generation)
+        rank.lease({name: 60})  # the prefill side holds it (a hold confirms the read)
         reader.start([Receive(name, ((dst,),), ((src,),), remote)])
         return finished(reader, {name})
 
@@ -196,7 +201,7 @@ def test_a_silent_prefill_rank_is_read_around_from_its_replica() -> None:
              for r, t in enumerate(prefill)]  # fmt: skip
     ranks[0].close()  # rank 0 is gone: it answers nothing
     try:
-        ranks[1].lease({"req-1": time.time() + 60})
+        ranks[1].lease({"req-1": 60})
         puller, seen = pull(port, decode, "req-1", prefill_tp=2)
         assert (seen["failed"], seen["blocks"]) == (set(), set())
         np.testing.assert_array_equal(decode[[4, 6]], prefill[1][[1, 3]])
@@ -224,7 +229,7 @@ def test_a_peer_that_never_answers_stalls_no_other_request(
     decode = cache_array()
     puller = DecodeRank(worker_cache(decode, 1), 0, 1, Loopback(), 2.0, 20.0)
     try:
-        rank.lease({"good": time.time() + 60})
+        rank.lease({"good": 60})
         puller.start([
             Receive("stuck", ((2,),), ((2,),), Remote("silent", "stuck", HOST, silent_port, 1)),
             Receive("good", ((4, 6),), ((1, 3),), Remote("prefill", "good", HOST, port, 1)),
@@ -336,7 +341,7 @@ def test_no_client_can_stop_a_prefill_rank_s_side_channel(
     for thread in threads:
         thread.start()
     try:
-        rank.lease({"after": time.time() + 60})
+        rank.lease({"after": 60})
         puller, seen = pull(port, decode, "after")
         assert seen["failed"] == set()
         np.testing.assert_array_equal(decode[[4, 6]], pages[[1, 3]])

@@ -41,6 +41,30 @@ STREAMED_LENGTHS = (150, 261, 333)
 SHARED_BLOCKS = 3
 
 
+#: The fault tests' prompts by test (each its own, so no decode-side prefix hit crosses
+#: tests): whole blocks (64, 96, 128 tokens) among others, where a proxy's first token opens a
+#: block the prefill side never wrote.
+FAULT_PROMPTS = {
+    "proxy": prompts_of((64, 128, 45, 96), salt=21),
+    "queued": prompts_of((50, 70, 90), salt=25),
+    "expired": prompts_of((40, 64, 100, 120, 30, 77), salt=27),
+    "dropped": prompts_of((33, 64, 81), salt=31),
+    "stopped": prompts_of((29, 96, 60), salt=33),
+    "killed": prompts_of((47, 64, 88), salt=35),
+    "again": prompts_of((52, 75), salt=37),
+    # Read first, so the peer is connected when the fault strikes mid-read.
+    "warm-stopped": prompts_of((36,), salt=39),
+    "warm-killed": prompts_of((38,), salt=45),
+}
+
+
+def proxied_prompts() -> list[list[int]]:
+    """Prompts sharing the first two blocks of the proxy test's second (a decode-side prefix
+    hit once that one is decoded): one of whole blocks, one not."""
+    shared = FAULT_PROMPTS["proxy"][1][:64]
+    return [shared + prompts_of((64,), salt=23)[0], shared + prompts_of((41,), salt=23)[0]]
+
+
 def streamed_prompts() -> list[list[int]]:
     """The streamed prompts, then a prompt sharing its first blocks with the first of them
     (the decode side's prefix hit when it ran that one), then that first prompt's prefix."""
@@ -144,7 +168,11 @@ def pdplan_connector(role: str, port: int, engine: str = "nixl", **extra: Any) -
 class Instance:
     """One vLLM instance in a process of its own."""
 
-    def __init__(self, llm: dict[str, Any], log: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, llm: dict[str, Any], log: Path, env: dict[str, str] | None = None,
+                 serve: bool = True) -> None:  # fmt: skip
+        """``serve``: the engine steps between commands while it has work, as a server's
+        busy loop does (a prefill side's lease reaches its workers in a step), else only
+        inside a command."""
         key = secrets.token_bytes(16)
         self._listener = Listener(("127.0.0.1", 0), authkey=key)
         port = self._listener.address[1]
@@ -154,7 +182,7 @@ class Instance:
         self._log_file = open(log, "wb")
         self.process = subprocess.Popen(
             [sys.executable, str(HERE / "instance.py"), str(port), key.hex(),
-             json.dumps({"llm": llm})],
+             json.dumps({"llm": llm, "serve": serve})],
             env=environment, stdout=self._log_file, stderr=subprocess.STDOUT,
         )  # fmt: skip
         # Waits for the instance to call back, up to 600 s, but not for one that has exited.

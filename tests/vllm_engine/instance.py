@@ -80,6 +80,12 @@ def external_tokens(llm: Any) -> int:
     )
 
 
+def preemptions(llm: Any) -> int:
+    """How many times the scheduler preempted a request (``vllm:num_preemptions``)."""
+    return sum(int(getattr(metric, "value", 0)) for metric in llm.get_metrics()
+               if metric.name == "vllm:num_preemptions")  # fmt: skip
+
+
 def token_rows(llm: Any, blocks: list[int], tokens: int) -> list[list[list[str]]]:
     """Per worker, per layer of the cache (model order), a digest of each of the first
     ``tokens`` token rows of the request whose blocks are ``blocks``: an MLA latent's bytes
@@ -159,6 +165,29 @@ def generate_aborting(
     return done
 
 
+def generate_behind(
+    llm: Any, fillers: list[list[int]], filler_tokens: int, prompts: list[list[int]],
+    params: list[dict[str, Any]],
+) -> dict[int, list[int]]:  # fmt: skip
+    """Adds ``fillers`` (decoding ``filler_tokens`` each, local) first, then ``prompts``: with
+    ``max_num_seqs`` fillers, the prompts wait in the queue until the fillers finish. Steps
+    until all finish: the prompts' tokens by index."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    greedy = SamplingParams(max_tokens=filler_tokens, temperature=0.0, ignore_eos=True)
+    for i, ids in enumerate(fillers):
+        engine.add_request(f"filler-{i}", {"prompt_token_ids": ids}, greedy)
+    for i, (ids, p) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), {"prompt_token_ids": ids}, SamplingParams(**p))
+    done: dict[int, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.finished and not output.request_id.startswith("filler-"):
+                done[int(output.request_id)] = list(output.outputs[0].token_ids)
+    return done
+
+
 def main() -> None:
     port, key, config = int(sys.argv[1]), bytes.fromhex(sys.argv[2]), json.loads(sys.argv[3])
     if os.environ.get("PDPLAN_INIT_AMX"):
@@ -170,7 +199,15 @@ def main() -> None:
     llm = LLM(**config["llm"])
     conn = Client(("127.0.0.1", port), authkey=key)
     conn.send(("ready", free_blocks(llm)))
+    serving = bool(config.get("serve"))
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     while True:
+        # Serving, the engine steps between commands while it has work, as a server's busy
+        # loop does (a finished request's blocks wait for its readers: its lease reaches
+        # the workers, and frees, only in steps).
+        while serving and not conn.poll(0.02):
+            if scheduler.has_requests():
+                llm.llm_engine.step()
         command, args = conn.recv()
         if command == "generate":
             params = [SamplingParams(**p) for p in args["params"]]
@@ -186,6 +223,9 @@ def main() -> None:
         elif command == "generate_aborting":
             conn.send(generate_aborting(llm, args["prompts"], args["params"], args["abort"],
                                         args.get("after_steps", 0)))  # fmt: skip
+        elif command == "generate_behind":
+            conn.send(generate_behind(llm, args["fillers"], args["filler_tokens"],
+                                      args["prompts"], args["params"]))  # fmt: skip
         elif command == "free_blocks":
             conn.send(free_blocks(llm))
         elif command == "step_until":
@@ -196,6 +236,8 @@ def main() -> None:
             else:
                 corrupt_kv(llm, args)
             conn.send(True)
+        elif command == "preemptions":
+            conn.send(preemptions(llm))
         elif command == "external_tokens":
             conn.send(external_tokens(llm))
         elif command == "token_rows":

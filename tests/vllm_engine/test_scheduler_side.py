@@ -97,6 +97,22 @@ def test_the_decode_side_loads_all_but_the_token_it_computes() -> None:
     assert attention_only.matched_tokens(request(97, dict(params)), 0) == (97, True)
 
 
+def test_a_proxy_s_first_token_is_computed_here_never_loaded() -> None:
+    """A proxy hands the decode side the prompt and the prefill side's first token: the load
+    ends where the prefill side's tokens do (``remote_num_tokens``), past a prefix hit too;
+    a hit covering them all only notifies."""
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "p",
+              "remote_host": "127.0.0.1", "remote_port": 5600, "remote_block_ids": [[3]],
+              "remote_num_tokens": 128}  # fmt: skip
+    attention_only = side(Config(HYBRID.kv_cache_groups[2:]))
+    assert attention_only.matched_tokens(request(129, dict(params)), 0) == (128, True)
+    assert attention_only.matched_tokens(request(129, dict(params)), 96) == (32, True)
+    assert attention_only.matched_tokens(request(129, dict(params)), 128) == (0, False)
+    # A hybrid's prefill side computed all but the last of its 128 tokens.
+    params.update(remote_num_tokens=127, remote_block_ids=[[1], [2], [3]])
+    assert side().matched_tokens(request(129, dict(params)), 0) == (127, True)
+
+
 def test_each_group_pairs_the_blocks_of_the_same_tokens() -> None:
     """A 150-token prompt (the prefill side computed 149): the window keeps blocks 3 and 4
     (tokens 96-159, the window of the next token being tokens 102 on), the state group its
@@ -126,3 +142,144 @@ def test_each_group_pairs_the_blocks_of_the_same_tokens() -> None:
     receive = scheduler.step().receives[0]
     assert receive.local_blocks == ((7, 8), (9,), (11, 12, 13, 14, 15))
     assert receive.remote_blocks == ((40, 41), (50,), (60, 61, 62, 63, 64))
+
+
+def test_a_mamba_hybrid_with_prefix_caching_pairs_as_vllm_s_align_mode_lays_it_out(
+    model: Any,
+) -> None:
+    """vLLM's ``mamba_cache_mode`` ``align`` (prefix caching on a model with state), which
+    vLLM 0.32's CPU build cannot run: its real ``Scheduler`` on both sides, the model runner's
+    output written by hand. The prefill side computes 149 of 150 tokens in two steps (cut at a
+    block boundary); its state group's list holds a slot a block of tokens, the state after the
+    last token in the last. The decode side, after a 64-token prefix hit of a local request,
+    fills the state slot vLLM reads when it goes on from token 149, and the attention blocks
+    past its hit, each paired with the prefill side's of the same tokens; then it computes one
+    token. The oracle: each side's own block tables, by position."""
+    import inspect
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        ModelConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        MambaSpec,
+    )
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    blocks, layers = 64, ["model.layers.0.self_attn.attn", "model.layers.1.mixer"]
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(BLOCK, sha256)
+
+    def scheduler(role: str) -> Any:
+        transfer = KVTransferConfig(kv_connector="PdplanConnector",
+                                    kv_connector_module_path="pdplan.connectors.vllm",
+                                    kv_role=role, kv_buffer_device="cpu")  # fmt: skip
+        config = VllmConfig(
+            model_config=ModelConfig(model=str(model), skip_tokenizer_init=True,
+                                     dtype="float32", max_model_len=512),
+            cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
+                                     mamba_cache_mode="align"),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=8,
+                                             max_model_len=512, is_encoder_decoder=False),
+            kv_transfer_config=transfer, device_config=DeviceConfig("cpu"),
+        )  # fmt: skip
+        assert config.cache_config.mamba_cache_mode == "align"
+        config.cache_config.num_gpu_blocks = blocks
+        attention = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64,
+                                      dtype=torch.float32)  # fmt: skip
+        state = MambaSpec(
+            block_size=BLOCK,
+            shapes=((3, 64), (2, 8, 32)),
+            dtypes=(torch.float32, torch.float32),
+            page_size_padded=attention.page_size_bytes,
+            mamba_cache_mode="align",
+        )
+        size = attention.page_size_bytes * blocks
+        cache = KVCacheConfig(
+            num_blocks=blocks,
+            kv_cache_tensors=[KVCacheTensor(size=size, layers=[n], layer_stride=size,
+                                            block_stride=attention.page_size_bytes)
+                              for n in layers],
+            kv_cache_groups=[KVCacheGroupSpec(layers[:1], attention),
+                             KVCacheGroupSpec(layers[1:], state)],
+        )  # fmt: skip
+        args: dict[str, Any] = dict(
+            vllm_config=config,
+            kv_cache_config=cache,
+            block_size=BLOCK,
+            structured_output_manager=StructuredOutputManager(config),
+        )
+        if "hash_block_size" in inspect.signature(Scheduler.__init__).parameters:
+            args["hash_block_size"] = BLOCK
+        return Scheduler(**args)
+
+    def step(side: Any, kv: Any = None) -> Any:
+        """A step, its output as a model runner gives it (a token once a prompt is done)."""
+        scheduled = side.schedule()
+        ids = list(scheduled.num_scheduled_tokens)
+        sampled = [[7] if side.requests[r].num_computed_tokens >= side.requests[r].num_prompt_tokens
+                   else [] for r in ids]  # fmt: skip
+        fields = dict(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                      sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                      pooler_output=[None] * len(ids), kv_connector_output=kv)  # fmt: skip
+        known = inspect.signature(ModelRunnerOutput).parameters
+        outputs = side.update_from_output(
+            scheduled, ModelRunnerOutput(**{k: v for k, v in fields.items() if k in known})
+        )
+        return scheduled, [o for batch in outputs.values() for o in batch.outputs if o.finished]
+
+    def new(name: str, prompt: list[int], params: dict[str, Any], max_tokens: int) -> Any:
+        sampling = SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                  extra_args={"kv_transfer_params": params})  # fmt: skip
+        return Request(name, prompt, sampling, None, block_hasher=hasher)
+
+    prompt = [(7 * i) % 500 + 1 for i in range(150)]
+    prefill = scheduler("kv_producer")
+    prefill.add_request(new("p", list(prompt), {"do_remote_decode": True}, 1))
+    finished: list[Any] = []
+    while not finished:
+        scheduled, finished = step(prefill)
+        assert max(scheduled.num_scheduled_tokens.values()) <= 128  # cut at block boundaries
+    params = finished[0].kv_transfer_params
+    held = prefill.kv_cache_manager.get_block_ids("p")
+    assert params["remote_num_tokens"] == 149
+    last = -(-149 // BLOCK) - 1  # the slot of the state after token 149
+    assert params["remote_block_ids"] == [list(held[0]), [held[1][last]]]
+
+    decode = scheduler("kv_consumer")
+    decode.add_request(new("local", prompt[:64] + [9] * 30, {}, 1))
+    while decode.has_unfinished_requests():
+        step(decode)
+    reading = new("d", list(prompt), {**params, "do_remote_prefill": True}, 4)
+    decode.add_request(reading)
+    scheduled, _ = step(decode)
+    (receive,) = scheduled.kv_connector_metadata.receives
+    mine = decode.kv_cache_manager.get_block_ids("d")
+    hit = 64 // BLOCK
+    assert reading.num_computed_tokens == 149  # its hit, then what it loads
+    assert receive.local_blocks == (tuple(mine[0][hit:]), (mine[1][last],))
+    assert receive.remote_blocks == (tuple(held[0]), (held[1][last],))
+    # The decode side pairs its blocks with the prefill side's from the tail: the same tokens.
+    from pdplan.session._block_pairs import paired_blocks
+
+    assert paired_blocks(receive.local_blocks[0], receive.remote_blocks[0], 0)[1] == tuple(
+        held[0][hit:]
+    )
+    scheduled, _ = step(decode, KVConnectorOutput(finished_recving={"d"}))
+    scheduled, _ = step(decode)
+    assert dict(scheduled.num_scheduled_tokens) == {"d": 1}

@@ -4,7 +4,12 @@ through the engine; then every prefill rank that holds the request's blocks hear
 the step's path. Nothing here waits on the network: a request waits (up to its transfer
 timeout) while its peer connects in the background, the others go on. A prefill rank that does
 not answer is read around where another holds its bytes; what no rank can give is reported as
-blocks the runtime must recompute, never decoded from stale memory."""
+blocks the runtime must recompute, never decoded from stale memory.
+
+A read counts only once its prefill ranks confirm they held the request's blocks through it
+(``_holds``: the same asks renew their leases while the request waits); a read that failed or
+ran late is aborted through the engine, and its request reported only once no byte of it can
+still land in blocks the runtime would hand to another request."""
 
 from __future__ import annotations
 
@@ -20,16 +25,18 @@ from pdplan.session._cache import WorkerCache
 from pdplan.session._engines import TransferEngine
 from pdplan.session._faults import (
     LayoutRefused,
+    LeaseExpired,
     PeerGone,
     SettingsFault,
     TransferFailed,
     cause_of,
 )
+from pdplan.session._holds import Holds
 from pdplan.session._metrics import SessionStats
 from pdplan.session._notices import DoneNotices
 from pdplan.session._peers import Peer, Peers
 from pdplan.session._reads import Reads
-from pdplan.session._requests import Receive
+from pdplan.session._requests import Receive, Remote
 from pdplan.session._streams import Following, Streams
 
 logger = logging.getLogger("pdplan.session")
@@ -44,6 +51,22 @@ class Pull:
     deadline: float
     started: float
     moved_bytes: int
+    #: Why the pull failed (a read failed, or ran past its deadline): its requests fail once
+    #: the engine says no byte of its handles still in flight can land.
+    failed: str = ""
+
+
+@dataclass
+class Landed:
+    """A request whose bytes landed, waiting for its source ranks to confirm they held its
+    blocks through the read."""
+
+    receive: Receive
+    peer: Peer
+    moved: int
+    started: float
+    landed_at: float
+    deadline: float
 
 
 class DecodeRank:
@@ -71,6 +94,12 @@ class DecodeRank:
         # Groups of state buffers: one slot a request, paired as pages whatever their blocks.
         self._state_groups = {number for number, group in enumerate(cache.groups) if group.state}
         self._pulls: list[Pull] = []
+        self._landed: list[Landed] = []
+        self._holds = Holds(handshake_timeout, self.stats)
+        # Requests waiting in the runtime's queue (by request id here), their prefill side
+        # asked to hold them once it is connected; those not asked yet.
+        self._queued: dict[str, Remote] = {}
+        self._to_hold: set[str] = set()
         self._load_errors: set[int] = set()
         self._finished: set[str] = set()
         self._failed: set[str] = set()
@@ -78,10 +107,45 @@ class DecodeRank:
 
     # -- per request --------------------------------------------------------------------
 
+    def hold(self, queued: dict[str, Remote]) -> None:
+        """Requests (by request id here) that wait in the runtime's queue for their turn:
+        their prefill ranks are asked to hold their blocks until their reads are confirmed
+        (``unhold``: they left the queue otherwise)."""
+        self._queued.update(queued)
+        self._to_hold.update(queued)
+
+    def unhold(self, request_ids: list[str]) -> None:
+        """Queued requests that ended before they were read (aborted, computed here)."""
+        for request_id in request_ids:
+            self._to_hold.discard(request_id)
+            remote = self._queued.pop(request_id, None)
+            if remote is not None:
+                self._holds.drop_request(remote.request_id)
+
+    def _hold_queued(self) -> None:
+        for request_id in list(self._to_hold):
+            remote = self._queued[request_id]
+            try:
+                peer = self._peers.connected(remote)
+            except Exception:  # the request fails with it when its read starts
+                self._to_hold.discard(request_id)
+                continue
+            if peer is None:
+                continue  # connecting: asked once it is
+            self._to_hold.discard(request_id)
+            if not peer.lost:
+                self._want(peer, remote.request_id)
+
+    def _want(self, peer: Peer, prefill_request: str) -> None:
+        for rank in peer.holders:
+            self._holds.want((peer.host, peer.port + rank), prefill_request)
+
     def start(self, receives: list[Receive]) -> None:
         """Takes a step's requests: each starts once its peer is connected (``poll``)."""
         deadline = time.monotonic() + self._transfer_timeout
         for receive in receives:
+            self._to_hold.discard(receive.request_id)
+            self._queued.pop(receive.request_id, None)
             if receive.remote is None:
                 self._fail(receive, SettingsFault(receive.refused))
             else:
@@ -98,6 +162,7 @@ class DecodeRank:
         now = time.monotonic()
         for receive, deadline in waiting:
             assert receive.remote is not None  # only requests with a remote wait
+            peer: Peer | None = None
             try:
                 peer = self._peers.connected(receive.remote)
                 if peer is None:
@@ -120,13 +185,24 @@ class DecodeRank:
                     self._streams.follow(receive, peer)
                     continue
                 if not receive.local_blocks:  # nothing to read: the prefill side may free it
+                    self._holds.drop_request(receive.remote.request_id)
                     self._done(receive)
                     self._notices.add(peer, receive.remote.request_id)
                     continue
+                self._want(peer, receive.remote.request_id)
+                for rank in peer.sources:  # checked before every read
+                    if self._holds.freed((peer.host, peer.port + rank), receive.remote.request_id):
+                        raise LeaseExpired(
+                            f"prefill rank {rank} freed the request's blocks before they were "
+                            "read (their lease ran out)"
+                        )
                 pages = self._pages(receive, peer)
                 reads = [(rank, self._descriptors(peer, rank, pages)) for rank in peer.sources]
             except Exception as error:  # a request's fault fails the request, never the engine
                 self._fail(receive, error)
+                self._holds.drop_request(receive.remote.request_id)
+                if isinstance(error, LeaseExpired) and peer is not None:
+                    self._notices.add(peer, receive.remote.request_id)
                 continue
             batch.append((receive, peer, sum(read.bytes for _, read in reads)))
             for rank, read in reads:
@@ -275,36 +351,102 @@ class DecodeRank:
             self._notices.add(following.peer, following.prefill_request)
 
     def poll(self) -> None:
-        """Starts the requests whose peer connected, and completes those whose reads are done,
-        failed or timed out."""
+        """Starts the requests whose peer connected, completes those whose reads landed and
+        were confirmed held, and fails those whose reads failed or timed out once no byte
+        of theirs can still land."""
+        self._holds.collect()  # first: what a rank said decides which reads start or count
+        self._hold_queued()
         self._start_ready()
         if self._streams:
             for following, cause in self._streams.advance():
                 self._ended(following, cause)
         now = time.monotonic()
-        waiting = []
+        in_flight = []
         for pull in self._pulls:
-            states = [self._engine.state(h) for h in pull.handles]
-            pull.handles = [h for h, s in zip(pull.handles, states) if s == "PROC"]
-            failed = "ERR" in states or (pull.handles and now > pull.deadline)
-            if pull.handles and not failed:
-                waiting.append(pull)
-                continue
-            if not failed:
-                self.stats.read(len(pull.requests), pull.moved_bytes, now - pull.started)
-            for receive, peer, moved in pull.requests:
-                if failed:
-                    self._fail(receive, TransferFailed("a read failed or timed out"))
+            self._settle(pull, now)
+            if pull.handles:
+                in_flight.append(pull)
+            elif pull.failed:
+                for receive, peer, _ in pull.requests:
+                    assert receive.remote is not None  # only requests with a remote are read
+                    self._fail(receive, TransferFailed(pull.failed))
+                    self._let_go(peer, receive.remote.request_id)
                     # Met anew at its next request (its registration may have changed).
-                    assert receive.remote is not None
                     self._peers.drop(receive.remote.engine_id)
-                else:
-                    self._read(receive, moved, now - pull.started)
-                    self._done(receive)
-                assert receive.remote is not None
-                self._notices.add(peer, receive.remote.request_id)
-        self._pulls = waiting
+            else:
+                self.stats.read(len(pull.requests), pull.moved_bytes, now - pull.started)
+                self._landed += [Landed(r, p, m, pull.started, now, pull.deadline)
+                                 for r, p, m in pull.requests]  # fmt: skip
+        self._pulls = in_flight
+        if self._landed:
+            self._confirm(now)
+        self._holds.send()
         self._notices.flush()
+
+    def _settle(self, pull: Pull, now: float) -> None:
+        """Polls a pull's handles: a failed or late one fails the pull, and then every handle
+        still in flight is aborted through the engine, kept until the engine says it ended
+        (a read the engine cannot stop may still write into the blocks)."""
+        states = [self._engine.state(h) for h in pull.handles]
+        pull.handles = [h for h, state in zip(pull.handles, states) if state == "PROC"]
+        if not pull.failed:
+            if "ERR" in states:
+                pull.failed = "a read failed"
+            elif pull.handles and now > pull.deadline:
+                pull.failed = f"a read ran past its {self._transfer_timeout} s timeout"
+            else:
+                return
+            if pull.handles:
+                logger.warning("pdplan: %s; its %d reads still in flight are aborted, and its "
+                               "blocks wait until the engine says they ended", pull.failed,
+                               len(pull.handles))  # fmt: skip
+        pull.handles = [h for h in pull.handles if not self._engine.abort(h)]
+
+    def _confirm(self, now: float) -> None:
+        """Requests whose bytes landed: read once every source rank confirms it held their
+        blocks through the read, failed once one says they went free (or none confirms
+        before the request's deadline)."""
+        waiting = []
+        for landed in self._landed:
+            receive, peer = landed.receive, landed.peer
+            assert receive.remote is not None  # only requests with a remote are read
+            prefill_request = receive.remote.request_id
+            verdicts = [
+                self._holds.confirmed((peer.host, peer.port + r), prefill_request,
+                                      landed.landed_at)
+                for r in peer.sources
+            ]  # fmt: skip
+            if all(verdicts):
+                self._read(receive, landed.moved, now - landed.started)
+                self._done(receive)
+            elif False in verdicts:
+                self._fail(
+                    receive,
+                    LeaseExpired(
+                        "the prefill side freed the request's blocks (their lease ran out) before "
+                        "the read was confirmed: the bytes read may be another request's"
+                    ),
+                )
+            elif now > landed.deadline:
+                self._fail(
+                    receive,
+                    LeaseExpired(
+                        f"no prefill rank confirmed within {self._transfer_timeout} s that it held "
+                        "the request's blocks through the read"
+                    ),
+                )
+                # Silent that long, it may be gone: met anew at its next request.
+                self._peers.drop(receive.remote.engine_id)
+            else:
+                waiting.append(landed)
+                continue
+            self._let_go(peer, prefill_request)
+        self._landed = waiting
+
+    def _let_go(self, peer: Peer, prefill_request: str) -> None:
+        """The request is done here: no hold for it, and its prefill ranks may free it."""
+        self._holds.drop_request(prefill_request)
+        self._notices.add(peer, prefill_request)
 
     def take_finished(self) -> tuple[set[str], set[str], set[int]]:
         """Requests done since the last call, those of them that failed, and their blocks."""
@@ -314,5 +456,6 @@ class DecodeRank:
 
     def close(self) -> None:
         self._streams.close()
+        self._holds.close()
         self._peers.close()
         self._notices.close()

@@ -51,7 +51,12 @@ class TransferEngine(Protocol):
         """``read`` of strided lists, row for row, block for block: a handle for ``state``."""
 
     def state(self, handle: Any) -> str:
-        """``"DONE"``, ``"PROC"`` or ``"ERR"``; a finished handle is released."""
+        """``"DONE"``, ``"PROC"`` or ``"ERR"``; a finished handle is released (one the
+        engine will not release yet stays ``"PROC"``: it may still write)."""
+
+    def abort(self, handle: Any) -> bool:
+        """Stops a read in flight: True once the engine says no byte of it can land (it
+        ended, or was cancelled and released), False while it may (asked again later)."""
 
     def close(self) -> None:
         """Releases the engine."""
@@ -184,7 +189,7 @@ class NixlEngine:
         return handle
 
     def _release(self, handle: Any) -> None:
-        self._agent.release_xfer_handle(handle)
+        self._agent.release_xfer_handle(handle)  # raises while NIXL cannot stop it: kept
         for prepared in self._lists.pop(id(handle), ()):
             self._agent.release_dlist_handle(prepared)
 
@@ -192,9 +197,20 @@ class NixlEngine:
         if handle is None:
             return "ERR"
         state = str(self._agent.check_xfer_state(handle))
-        if state in ("DONE", "ERR"):
-            self._release(handle)
+        if state in ("DONE", "ERR") and not self.abort(handle):
+            return "PROC"  # a status error does not say the backend stopped writing
         return state
+
+    def abort(self, handle: Any) -> bool:
+        """Releases the handle: NIXL cancels a transfer still active, or refuses (raises,
+        NIXL_ERR_REPOST_ACTIVE) while it cannot, and the handle is kept."""
+        if handle is None:
+            return True
+        try:
+            self._release(handle)
+        except Exception:
+            return False
+        return True
 
     def close(self) -> None:
         return None
@@ -277,6 +293,11 @@ class MooncakeEngine:
         if not future.done():
             return "PROC"
         return "DONE" if future.exception() is None and future.result() == 0 else "ERR"
+
+    def abort(self, handle: Any) -> bool:
+        """Mooncake's transfer engine cannot cancel a read: it has ended once its
+        synchronous call returned (its own timeout bounds it)."""
+        return handle is None or bool(handle.done())
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)

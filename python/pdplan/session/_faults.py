@@ -53,10 +53,25 @@ class TransferFailed(TransferFault):
     cause = "transfer"
 
 
+class LeaseExpired(TransferFault):
+    """The prefill side freed a request's blocks (its lease ran out) before a read of them
+    was confirmed, or did not confirm it held them through the read."""
+
+    cause = "lease"
+
+
 #: Each fault type by its cause: a peer's refusal names the cause, and is raised as its type.
 FAULTS: dict[str, type[TransferFault]] = {
     kind.cause: kind
-    for kind in (PeerGone, ProtocolFault, LayoutRefused, SettingsFault, VersionSkew, TransferFailed)
+    for kind in (
+        PeerGone,
+        ProtocolFault,
+        LayoutRefused,
+        SettingsFault,
+        VersionSkew,
+        TransferFailed,
+        LeaseExpired,
+    )
 }
 
 

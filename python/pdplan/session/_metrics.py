@@ -53,6 +53,16 @@ class SessionStats:
         with self._lock:
             self._counts["leases_expired"] += 1
 
+    def renewed(self, requests: int) -> None:
+        """Leases this rank renewed for a decode side's holds (prefill side)."""
+        with self._lock:
+            self._counts["leases_renewed"] += requests
+
+    def held(self, requests: int) -> None:
+        """Requests this rank asked prefill ranks to hold (decode side)."""
+        with self._lock:
+            self._counts["holds_sent"] += requests
+
     def take(self) -> dict[str, Any]:
         """The counts since the last call (JSON-able), and zero from now."""
         with self._lock:

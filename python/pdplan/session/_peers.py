@@ -42,8 +42,8 @@ logger = logging.getLogger("pdplan.session")
 
 #: How long an instance whose handshake failed (none of its ranks answered, or it refused)
 #: fails its requests with that fault before it is asked again (each ask waits the handshake
-#: timeout).
-RETRY_FAILED_SECONDS = 30.0
+#: timeout; an instance started again is met within this).
+RETRY_FAILED_SECONDS = 5.0
 #: Ranks asked for a first handshake at most, when the first ones do not answer.
 MAX_FIRST_TRIES = 8
 #: Instances connected at once (each connection waits on the network, not a core), and

@@ -1,6 +1,8 @@
 """A prefill rank's side of the session: its side-channel server (the handshake, the decode
-side's "done", streams' progress), and the requests whose blocks it holds until every decode
-rank that reads or must notify it is done, or their lease runs out."""
+side's "done", streams' progress, holds), and the requests whose blocks it holds until every
+decode rank that reads or must notify it is done, or their lease runs out. A decode side
+waiting for a request renews its lease by holds (``hold``), and learns from their replies
+whether the blocks are still held: a read is trusted only once a hold confirms it."""
 
 from __future__ import annotations
 
@@ -20,14 +22,19 @@ from pdplan.session._metrics import SessionStats
 from pdplan.session._progress import Progress
 from pdplan.session._protocol import (
     DONE,
+    FREED,
     HELLO,
+    HOLD,
     PROGRESS,
+    UNKNOWN,
     block_sizes_of,
     check_identity,
     done_lines,
+    encode_holds,
     encode_progress,
     generation_frame,
     hello_fields,
+    hold_names,
     progress_names,
 )
 from pdplan.session._side_channel import SideChannelServer
@@ -39,6 +46,12 @@ logger = logging.getLogger("pdplan.session")
 MAX_EARLY_NOTICES = 65536
 #: Streams whose progress a rank keeps (the oldest are dropped past this).
 MAX_STREAMS = 4096
+#: Requests whose blocks went free a rank remembers, to answer a hold for them "freed" (the
+#: oldest are forgotten past this).
+MAX_FREED_KEPT = 65536
+#: What a hold renews a lease to: this share of its length from the hold on (a decode side
+#: asks again well before, NixlConnector's heartbeats renew as much).
+RENEWED_SHARE = 2 / 3
 
 
 class PrefillRank:
@@ -73,7 +86,8 @@ class PrefillRank:
         )
         self._lock = threading.Lock()
         self._notices: OrderedDict[str, list[int]] = OrderedDict()  # id -> [heard, expected]
-        self._leases: dict[str, float] = {}
+        self._leases: dict[str, tuple[float, float]] = {}  # id -> (deadline, lease seconds)
+        self._freed: OrderedDict[str, None] = OrderedDict()
         # Streams' progress: what this step's forward pass makes final, then what is final.
         self._expected: dict[str, Progress] = {}
         self._saved: set[int] = set()  # model layers the running step has written
@@ -106,7 +120,32 @@ class PrefillRank:
             return []
         if verb == PROGRESS:
             return self._streams(progress_names(frames))
-        raise ProtocolFault("expected a hello, a done or a progress request")
+        if verb == HOLD:
+            return encode_holds(self._hold(hold_names(frames)))
+        raise ProtocolFault("expected a hello, a done, a progress or a hold request")
+
+    def _hold(self, request_ids: list[str]) -> dict[str, int | str]:
+        """A decode rank waiting for (or reading) requests: each one's lease renewed, and
+        how long this rank holds its blocks from now on (milliseconds), or that they went
+        free, or that no lease for it has reached this rank yet (its blocks are held by the
+        scheduler until one does)."""
+        now = time.monotonic()
+        states: dict[str, int | str] = {}
+        renewed = 0
+        with self._lock:
+            for request_id in request_ids:
+                held = self._leases.get(request_id)
+                if held is not None:
+                    deadline, seconds = held
+                    renewed_to = max(deadline, now + seconds * RENEWED_SHARE)
+                    renewed += renewed_to > deadline
+                    self._leases[request_id] = (renewed_to, seconds)
+                    states[request_id] = int((renewed_to - now) * 1000)
+                else:
+                    states[request_id] = FREED if request_id in self._freed else UNKNOWN
+        if renewed:
+            self.stats.renewed(renewed)
+        return states
 
     def _streams(self, names: list[str]) -> list[bytes]:
         """Streams' progress on this rank, for stream ids a line each: one JSON object by
@@ -186,16 +225,19 @@ class PrefillRank:
                 self._notices.popitem(last=False)
 
     def lease(self, leases: dict[str, float]) -> None:
-        """Requests whose blocks this rank holds, each until its deadline (``time.time()``)."""
+        """Requests whose blocks this rank holds, each for its lease (seconds from now, on
+        this rank's monotonic clock; a decode side's holds renew it)."""
+        now = time.monotonic()
         with self._lock:
-            self._leases.update(leases)
+            for request_id, seconds in leases.items():
+                self._leases[request_id] = (now + seconds, seconds)
 
     def freed(self) -> set[str]:
         """Requests every reader is done with, or whose lease ran out: their blocks go free."""
-        now = time.time()
+        now = time.monotonic()
         done: set[str] = set()
         with self._lock:
-            for request_id, deadline in list(self._leases.items()):
+            for request_id, (deadline, _) in list(self._leases.items()):
                 heard = self._notices.get(request_id)
                 if heard is not None and heard[0] >= heard[1]:
                     done.add(request_id)
@@ -210,6 +252,9 @@ class PrefillRank:
             for request_id in done:
                 del self._leases[request_id]
                 self._notices.pop(request_id, None)
+                self._freed[request_id] = None
+            while len(self._freed) > MAX_FREED_KEPT:
+                self._freed.popitem(last=False)
             if done:
                 for stream_id in [k for k, p in self._progress.items() if p.request_id in done]:
                     del self._progress[stream_id]

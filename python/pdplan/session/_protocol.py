@@ -8,7 +8,11 @@ A request is ``[PROTOCOL, verb, ...]``; a reply ``[OK, ...]`` or ``[REFUSED, rea
 - ``hello``: ``identity, layout version, layout payload`` -> ``identity, layout version,
   layout payload (with base addresses), engine metadata, planner fingerprint``.
 - ``done``: one line a request, ``request_id<TAB>decode ranks the prefill rank waits for``.
-- ``progress``: one stream id a line -> one JSON object (``encode_progress``)."""
+- ``progress``: one stream id a line -> one JSON object (``encode_progress``).
+- ``hold``: one request id a line -> one line a request, ``request_id<TAB>state``: the
+  milliseconds the rank holds its blocks from now on (the ask renews the lease), ``freed``
+  (they went free: the lease ran out, or every reader was done) or ``unknown`` (no lease has
+  reached the rank yet)."""
 
 from __future__ import annotations
 
@@ -35,9 +39,10 @@ from pdplan.session._requests import block_groups
 #: The protocol's first frame: a peer speaking another version is refused by it. Version 2:
 #: a handshake reply names the rank's registration generation, and its engine metadata the
 #: memory it registered. Version 3: each side's identity states its KV cache groups' block
-#: sizes (``BLOCK_SIZES``), which may differ from the peer's.
-PROTOCOL = b"pdplan-side/3"
-HELLO, DONE, PROGRESS = b"hello", b"done", b"progress"
+#: sizes (``BLOCK_SIZES``), which may differ from the peer's. Version 4: ``hold`` (leases
+#: renewed and confirmed by the decode side).
+PROTOCOL = b"pdplan-side/4"
+HELLO, DONE, PROGRESS, HOLD = b"hello", b"done", b"progress", b"hold"
 OK, REFUSED = b"ok", b"refused"
 
 #: Frames a message carries at most, and bytes it may take (a layout frame of a large model
@@ -308,4 +313,50 @@ def notices_of(reply: list[bytes]) -> dict[str, Progress]:
         out[str(stream_id)[:MAX_ID_CHARS]] = Progress(
             entry[0][:MAX_ID_CHARS], blocks, final_tokens, final_length, ahead
         )
+    return out
+
+
+# -- hold -------------------------------------------------------------------------------------
+
+#: A hold reply's states besides milliseconds held: the blocks went free, or no lease for the
+#: request has reached the rank yet.
+FREED, UNKNOWN = "freed", "unknown"
+#: The longest hold a reply states (a day, in milliseconds).
+MAX_HOLD_MS = 86_400_000
+
+
+def hold_request(request_ids: list[str]) -> list[bytes]:
+    return [HOLD, "\n".join(request_ids).encode()]
+
+
+def hold_names(body: list[bytes]) -> list[str]:
+    """The request ids a hold asks for."""
+    if len(body) != 1:
+        raise ProtocolFault("a hold request is one frame of request ids")
+    names = body[0].split(b"\n", MAX_NOTICES_A_MESSAGE)
+    if len(names) > MAX_NOTICES_A_MESSAGE:
+        raise ProtocolFault(f"a hold request names over {MAX_NOTICES_A_MESSAGE} requests")
+    return [n.decode(errors="replace")[:MAX_ID_CHARS] for n in names]
+
+
+def encode_holds(states: dict[str, int | str]) -> list[bytes]:
+    """A hold reply: each request's milliseconds held, ``FREED`` or ``UNKNOWN``."""
+    return ["\n".join(f"{k}\t{v}" for k, v in states.items()).encode()]
+
+
+def holds_of(reply: list[bytes]) -> dict[str, int | str]:
+    """A hold reply read strictly (it comes from a peer)."""
+    if len(reply) != 1:
+        raise ProtocolFault("a hold reply is one frame of lines")
+    lines = reply[0].split(b"\n", MAX_NOTICES_A_MESSAGE) if reply[0] else []
+    if len(lines) > MAX_NOTICES_A_MESSAGE:
+        raise ProtocolFault(f"a hold reply names over {MAX_NOTICES_A_MESSAGE} requests")
+    out: dict[str, int | str] = {}
+    for line in lines:
+        name, tab, state = line.partition(b"\t")
+        text = state.decode(errors="replace")
+        if not tab or not (text in (FREED, UNKNOWN) or (text.isdigit() and len(text) <= 9)):
+            raise ProtocolFault("a hold line is not request_id<TAB>milliseconds|freed|unknown")
+        value: int | str = text if text in (FREED, UNKNOWN) else min(int(text), MAX_HOLD_MS)
+        out[name.decode(errors="replace")[:MAX_ID_CHARS]] = value
     return out

@@ -45,6 +45,8 @@ class Following:
     handles: list[Any] = field(default_factory=list)
     #: Its request ended (aborted): no more reads; released once those in flight land.
     cancelled: bool = False
+    #: Why it failed while reads were in flight: it ends once the engine let them go.
+    failed: str = ""
     #: Model layers read past ``read_to`` (their step's layers saved ahead), to which token.
     ahead: dict[int, int] = field(default_factory=dict)
     #: The reads in flight: their bytes, and when they were posted.
@@ -175,16 +177,21 @@ class Streams:
         notices = self._answered()
         ended: list[Ended] = []
         for request_id, following in list(self._following.items()):
-            if following.cancelled:
-                if self._landed(following):
+            if following.cancelled or following.failed:
+                if self._let_go(following):
                     del self._following[request_id]
-                    ended.append((following, "cancelled"))
+                    ended.append((following, following.failed or "cancelled"))
                 continue
             try:
                 outcome = self._advance_one(following, notices.get(following.stream.stream_id))
             except Exception as error:  # a connector fault fails the request, never the engine
                 logger.exception("pdplan: request %s failed while streaming", request_id)
                 outcome = cause_of(error)
+            if outcome is not None and outcome != "" and following.handles:
+                # Failed with reads in flight: it ends once no byte of them can land.
+                following.failed = outcome
+                if not self._let_go(following):
+                    continue
             if outcome != "":
                 del self._following[request_id]
                 ended.append((following, outcome))
@@ -236,6 +243,13 @@ class Streams:
         """Whether a stream's reads in flight have all ended (landed or failed)."""
         states = [self._engine.state(h) for h in following.handles]
         following.handles = [h for h, state in zip(following.handles, states) if state == "PROC"]
+        return not following.handles
+
+    def _let_go(self, following: Following) -> bool:
+        """Aborts an ended stream's reads in flight: whether the engine let all go (none of
+        their bytes can land any more)."""
+        self._landed(following)
+        following.handles = [h for h in following.handles if not self._engine.abort(h)]
         return not following.handles
 
     def _advance_one(self, following: Following, notice: Progress | None) -> str | None:

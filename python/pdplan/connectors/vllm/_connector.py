@@ -230,6 +230,9 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
             return
         if self._prefill is not None and meta.leases:
             self._prefill.lease(meta.leases)
+        if self._decode is not None and (meta.held or meta.unheld):
+            self._decode.hold(meta.held)
+            self._decode.unhold(meta.unheld)
         if self._decode is not None and meta.cancelled:
             self._decode.cancel(meta.cancelled)
         if self._decode is not None and meta.receives:
@@ -274,7 +277,10 @@ class PdplanConnector(KVConnectorBase_V1, SupportsHMA):  # type: ignore[misc]
         if self._decode is not None:
             self._decode.poll()
             recving, failed, blocks = self._decode.take_finished()
-            self._load_errors |= blocks
+            # vLLM maps failed blocks back to requests only with one KV cache group; with more
+            # it recomputes the requests reported failed, and refuses block ids.
+            if len(self._kv_cache_config.kv_cache_groups) == 1:
+                self._load_errors |= blocks
             sending |= self._decode.take_released()
         return KVConnectorTransferResults(
             finished_sending=sending, finished_recving=recving, failed_recving=failed

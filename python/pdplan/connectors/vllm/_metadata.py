@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pdplan.session import Receive
+from pdplan.session import Receive, Remote
 from pdplan.session._progress import Progress
 
 try:  # vLLM's base class, so vLLM's runner accepts the object
@@ -16,8 +16,7 @@ except ImportError:  # pragma: no cover - the connector module refuses a missing
 @dataclass
 class StepMetadata(KVConnectorMetadata):  # type: ignore[misc]
     """One step's work: requests to pull (decode), requests whose blocks wait for their
-    readers until a deadline (prefill: ``time.time()`` seconds), and streams' progress
-    (prefill)."""
+    readers for a lease (prefill: seconds), and streams' progress (prefill)."""
 
     receives: list[Receive] = field(default_factory=list)
     leases: dict[str, float] = field(default_factory=dict)
@@ -26,3 +25,8 @@ class StepMetadata(KVConnectorMetadata):  # type: ignore[misc]
     cancelled: list[str] = field(default_factory=list)
     """Streamed decode requests that ended before their last slice landed (aborted): their
     reads stop, and their blocks are released once the reads in flight land."""
+    held: dict[str, Remote] = field(default_factory=dict)
+    """Decode requests that joined the queue, by request id: their prefill ranks are asked to
+    hold their blocks while they wait."""
+    unheld: list[str] = field(default_factory=list)
+    """Queued decode requests that ended before their blocks were allocated."""

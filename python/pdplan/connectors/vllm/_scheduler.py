@@ -57,7 +57,10 @@ class SchedulerSide:
         self.generation = 0
         self._receives: list[Receive] = []
         self._leases: dict[str, float] = {}
-        self._held: set[str] = set()
+        # Decode requests that joined the queue this step, and queued ones that ended.
+        self._held: dict[str, Remote] = {}
+        self._unheld: list[str] = []
+        self._holding: set[str] = set()
         self._streams = StreamTracker()
         # Decode requests that stream: the tokens their local prefix hit covers, those being
         # read, and those that ended before their last slice landed.
@@ -66,11 +69,14 @@ class SchedulerSide:
         self._cancelled: list[str] = []
 
     def new_request(self, request: Any) -> None:
-        """A prefill request for a decode side, of a model with state, windows or chunks: its
-        prompt loses its last ``backoff`` tokens, which the decode side computes (the state it
-        reads then stands before them, and every token a window or chunk reads is kept), as
-        NixlConnector's ``_truncate_request_for_prefill`` does for state."""
+        """A decode request that pulls joins the queue: its prefill ranks are asked to hold
+        its blocks while it waits (``_hold``). A prefill request for a decode side, of a model
+        with state, windows or chunks: its prompt loses its last ``backoff`` tokens, which the
+        decode side computes (the state it reads then stands before them, and every token a
+        window or chunk reads is kept), as NixlConnector's ``_truncate_request_for_prefill``
+        does for state."""
         params = request.kv_transfer_params
+        self._hold(request)
         if (
             not self.backoff
             or not params
@@ -86,6 +92,20 @@ class SchedulerSide:
         request.max_tokens = 1
         params[TRUNCATED_KEY] = True
 
+    def _hold(self, request: Any) -> None:
+        params = request.kv_transfer_params
+        if not params or not params.get("do_remote_prefill") or stream_of(params) is not None:
+            return
+        try:
+            self._held[request.request_id] = remote_of(params)
+        except UnsupportedPDLayoutError:
+            pass  # refused where it is matched
+
+    def _leaves_queue(self, request_id: str) -> None:
+        """A queued decode request computed here after all: no hold for it anymore."""
+        if self._held.pop(request_id, None) is None:
+            self._unheld.append(request_id)
+
     def matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill"):
@@ -98,14 +118,27 @@ class SchedulerSide:
             except UnsupportedPDLayoutError as error:
                 logger.error("pdplan: request %s is computed here: %s", request.request_id, error)
                 params["do_remote_prefill"] = False
+                self._leaves_queue(request.request_id)
                 return 0, False
-            prompt = len(request.prompt_token_ids or ())
-            count = prompt - (self.backoff if prompt > self.backoff else 0) - num_computed_tokens
+            count = self._loaded_end(request) - num_computed_tokens
             if count > 0:
                 if params.get("stream_id") is not None:
                     self._hits[request.request_id] = num_computed_tokens
                 return count, True
         return 0, False
+
+    def _loaded_end(self, request: Any) -> int:
+        """The token a decode request's load ends at: its prompt less what the prefill side
+        leaves to this side, and never past the tokens the prefill side holds
+        (``remote_num_tokens``): a proxy may hand this side the prompt and the first token, whose
+        KV no prefill block holds (this side computes it)."""
+        prompt = len(request.prompt_token_ids or ())
+        end = prompt - (self.backoff if prompt > self.backoff else 0)
+        try:
+            held = remote_tokens_of(request.kv_transfer_params)
+        except UnsupportedPDLayoutError:
+            held = 0  # refused where the request is read (after_alloc)
+        return min(end, held) if held else end
 
     def after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         params = request.kv_transfer_params
@@ -155,11 +188,13 @@ class SchedulerSide:
         window's null blocks), which covers the request's tokens from the first, a block a
         position. The session pairs groups whose blocks hold other token counts on the two
         sides by these."""
-        prompt = len(request.prompt_token_ids or ())
+        # The decode side computes from the load's end on: a window's first needed token is
+        # the oldest that token attends to.
+        computed_from = self._loaded_end(request)
         out = []
         for group, every, mine in zip(self.groups, listed, kept):
             first = (len(every) - len(mine)) * group.block_size
-            out.append((first, first_needed(group, prompt, first)))
+            out.append((first, first_needed(group, computed_from + 1, first)))
         return tuple(out)
 
     def _transfer_ids(self, block_ids: Any) -> Any:
@@ -219,7 +254,7 @@ class SchedulerSide:
             # blocks once the reads in flight have landed.
             self._following.discard(request.request_id)
             self._cancelled.append(request.request_id)
-            self._held.add(request.request_id)
+            self._holding.add(request.request_id)
             return True, None
         if not params:
             return False, None
@@ -229,7 +264,7 @@ class SchedulerSide:
             try:
                 self._receives.append(Receive(request.request_id, (), (), remote_of(params)))
             except UnsupportedPDLayoutError:
-                pass  # nothing can be told to a prefill side named wrongly
+                self._leaves_queue(request.request_id)  # nothing can be told to it
             return False, None
         if not params.get("do_remote_decode"):
             return False, None
@@ -248,14 +283,16 @@ class SchedulerSide:
             return False, None
         # Held until every reader is done or the lease ends; a streamed request even when it
         # did not complete: its blocks were advertised while it ran.
-        self._leases[request.request_id] = time.time() + self.settings.kv_lease_seconds
-        self._held.add(request.request_id)
+        self._leases[request.request_id] = self.settings.kv_lease_seconds
+        self._holding.add(request.request_id)
         if not completed:
             return True, None
         here = Remote(self.engine_id, request.request_id, self.settings.side_channel_host,
                       self.port, self.ranks.tp_size, self.generation,
                       self.ranks.pp_size)  # fmt: skip
-        expiry = self._leases[request.request_id]
+        # For proxies and routers: a wall-clock time the lease lasts at least (a decode side's
+        # holds renew it; the prefill rank counts it on its own clock).
+        expiry = time.time() + self.settings.kv_lease_seconds
         return True, prefill_params(here, groups, int(request.num_computed_tokens), expiry)
 
     def registered(self, generations: list[int]) -> None:
@@ -265,14 +302,16 @@ class SchedulerSide:
 
     def step(self, scheduler_output: Any = None) -> StepMetadata:
         progress = self._streams.step(scheduler_output)
-        meta = StepMetadata(self._receives, self._leases, progress, self._cancelled)
+        meta = StepMetadata(self._receives, self._leases, progress, self._cancelled,
+                            self._held, self._unheld)  # fmt: skip
         self._receives, self._leases, self._cancelled = [], {}, []
+        self._held, self._unheld = {}, []
         return meta
 
     def freed(self, request_ids: set[str], received: set[str] | None = None) -> None:
-        self._held -= request_ids
+        self._holding -= request_ids
         self._following -= received or set()
 
     @property
     def holding(self) -> bool:
-        return bool(self._held)
+        return bool(self._holding)

@@ -24,6 +24,8 @@ COUNTERS = {
     "descriptors_posted": "Flat (src, dst, length) descriptors posted to the engine.",
     "rows_posted": "Strided rows posted to the engine.",
     "leases_expired": "Requests a prefill rank freed at their lease's end, unread.",
+    "leases_renewed": "Leases a prefill rank renewed for a decode side's holds.",
+    "holds_sent": "Requests a decode rank asked a prefill rank to hold (renewals, confirmations).",
 }
 #: Failures by cause: the session's kind -> the counter and what it says.
 FAILURES = {
