@@ -8,7 +8,7 @@ block must receive the prefill block that holds the same tokens."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pdplan import UnsupportedPDLayoutError
@@ -86,6 +86,7 @@ def test_a_decode_side_needing_blocks_the_prefill_side_freed_is_refused() -> Non
         paired_blocks((1, 2, 3), (7, 8), group=2)
 
 
+@example(tokens=16, remote_block=16, local_block=16, window=1, hit=0, early=0, seed=0)
 @given(
     tokens=st.integers(1, 400),
     remote_block=st.sampled_from([16, 32, 128]),
@@ -115,7 +116,8 @@ def test_blocks_of_other_sizes_pair_each_token_with_the_same_token_s_slot(
     kept_from = 0 if window is None else max(0, tokens + 1 - window)
     needed = max(first, kept_from - early)
     local = local_ids[first // local_block :]
-    held_from = next(p for p, b in enumerate(prefill) if b != NULL) * remote_block
+    # A window of fewer tokens than the last block's may have dropped every block.
+    held_from = next((p for p, b in enumerate(prefill) if b != NULL), len(prefill)) * remote_block
     if needed < held_from:
         with pytest.raises(UnsupportedPDLayoutError, match="freed bytes the decode side needs"):
             paired_slots(local, (first, needed), local_block,

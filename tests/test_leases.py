@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,7 +25,14 @@ import numpy as np
 import pytest
 from test_session import HOST, Loopback, cache_array, finished, worker_cache
 
-from pdplan.session import DecodeRank, PrefillRank, ProtocolFault, Receive, Remote
+from pdplan.session import (
+    DecodeRank,
+    PrefillRank,
+    ProtocolFault,
+    Receive,
+    Remote,
+    SettingsFault,
+)
 from pdplan.session._engines import NixlEngine
 from pdplan.session._protocol import (
     FREED,
@@ -36,7 +44,9 @@ from pdplan.session._protocol import (
     holds_of,
 )
 
-_ports = itertools.count(7500, 4)
+#: Ports of this file's own, apart for each xdist worker (tests of one file run on both).
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+_ports = itertools.count(9400 + 200 * _WORKER, 4)
 
 
 @pytest.fixture
@@ -99,11 +109,76 @@ def test_a_request_read_after_its_lease_ran_out_is_recomputed(
         assert (seen["failed"], seen["blocks"]) == ({"d-late"}, {4, 6})
         failures = puller.stats.take()["failures"]
         assert failures == {"requests:lease": 1, "recomputed_blocks:lease": 2}, failures
-        # A second one, told freed before it starts: refused before any read.
-        puller.start([Receive("d-late-2", ((5,),), ((1,),), remote(port, "late"))])
-        assert finished(puller, {"d-late-2"})["failed"] == {"d-late-2"}
     finally:
         puller.close()
+
+
+class Counting(Loopback):
+    """A loopback engine that counts its reads."""
+
+    reads = 0
+
+    def read(self, peer: bytes, local: Any, remote: Any, lengths: Any) -> Any:
+        self.reads += 1
+        return super().read(peer, local, remote, lengths)
+
+
+def test_a_queued_request_told_freed_is_never_read(
+    prefill: tuple[PrefillRank, np.ndarray, int],
+) -> None:
+    """The decode side learns from a hold while the request waits that its lease ran out:
+    the request fails before any read is posted."""
+    rank, _, port = prefill
+    engine = Counting()
+    decode = cache_array()  # kept alive: the engine writes into it
+    puller = DecodeRank(worker_cache(decode, 1), 0, 1, engine, 2.0, 20.0)
+    try:
+        rank.lease({"gone": 0.05})
+        until_freed(rank, "gone")
+        puller.hold({"d-gone": remote(port, "gone")})
+        told = time.monotonic() + 1.0
+        while time.monotonic() < told:  # its hold answered "freed" meanwhile
+            puller.poll()
+            time.sleep(0.02)
+        puller.start([Receive("d-gone", ((5,),), ((1,),), remote(port, "gone"))])
+        assert finished(puller, {"d-gone"})["failed"] == {"d-gone"}
+        assert engine.reads == 0
+    finally:
+        puller.close()
+
+
+def test_a_prefill_instance_started_again_confirms_nothing_it_never_held() -> None:
+    """A request held by an instance that is then killed and started again on the same port:
+    the new one answers ``unknown`` for it, which after a hold means it forgot (the bytes
+    there are not the request's): the read fails, even though the old hold had not ended."""
+    port = next(_ports)
+    # Both kept alive: the loopback engine reads whichever addresses the handshake gave.
+    pages = [cache_array(30), cache_array(31), cache_array()]
+    first = PrefillRank(worker_cache(pages[0], 1), 0, 1, Loopback(), HOST, port)
+    puller = DecodeRank(worker_cache(pages[2], 1), 0, 1, Loopback(), 2.0, 5.0)
+    again: PrefillRank | None = None
+    try:
+        first.lease({"r": 60})
+        puller.hold({"d-r": remote(port, "r")})
+        held = time.monotonic() + 0.5
+        while time.monotonic() < held:
+            puller.poll()
+            time.sleep(0.02)
+        first.close()
+        deadline = time.monotonic() + 10
+        while again is None:  # the port is free once the old server's socket closed
+            try:
+                again = PrefillRank(worker_cache(pages[1], 1), 0, 1, Loopback(), HOST, port)
+            except SettingsFault:
+                assert time.monotonic() < deadline, "the port never came free"
+                time.sleep(0.1)
+        puller.start([Receive("d-r", ((4,),), ((1,),), remote(port, "r"))])
+        seen = finished(puller, {"d-r"})
+        assert (seen["failed"], seen["blocks"]) == ({"d-r"}, {4})
+    finally:
+        puller.close()
+        if again is not None:
+            again.close()
 
 
 def test_a_read_waits_for_the_prefill_rank_to_confirm_its_lease(
@@ -221,7 +296,10 @@ def test_hold_messages_round_trip_and_are_read_strictly() -> None:
     states: dict[str, int | str] = {"a": 1500, "b-1": FREED, "c": UNKNOWN}
     assert holds_of(encode_holds(states)) == states
     assert holds_of([b""]) == {}
+    assert holds_of([b"a\tb\t7"]) == {"a\tb": 7}  # an id with a tab: its last one splits
     for bad in (
+        ["a\t\u00b2".encode()],  # digits str.isdigit takes, int() does not
+        ["a\t\u0661".encode()],
         [b"a\t-5"],
         [b"a"],
         [b"a\tsoon"],
@@ -243,4 +321,7 @@ def test_a_prefill_rank_answers_holds_by_what_it_holds(
     until_freed(rank, "short")
     answered = rank._hold(["held", "short", "never"])
     assert answered["short"] == FREED and answered["never"] == UNKNOWN
-    assert 1900 <= int(answered["held"]) <= 3000  # 2/3 of the lease on, or what was left
+    assert 2900 <= int(answered["held"]) <= 3000  # what was left: never shortened
+    time.sleep(1.5)
+    renewed = int(rank._hold(["held"])["held"])
+    assert 1950 <= renewed <= 2000, renewed  # renewed to 2/3 of the lease from now

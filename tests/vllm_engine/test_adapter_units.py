@@ -27,6 +27,9 @@ GOOD = {"remote_engine_id": "e", "remote_request_id": "r", "remote_host": "127.0
         ("tp_size", 10**9, r"tp_size must be an integer in \[1, "),
         ("remote_host", "h" * 1000, r"remote_host must be a string of 1 to 256"),
         ("remote_engine_id", None, r"remote_engine_id must be a string"),
+        # A side-channel line's separators (a hold or done line would split on them).
+        ("remote_request_id", "a\tb", r"remote_request_id must be .* none a control character"),
+        ("remote_host", "h\n", r"remote_host must be .* none a control character"),
         ("remote_registration_generation", -1, r"remote_registration_generation must be an "),
         ("remote_registration_generation", True, r"remote_registration_generation must be "),
         ("remote_registration_generation", "2", r"remote_registration_generation must be "),
@@ -91,7 +94,7 @@ def test_a_streamed_decode_request_names_its_stream_and_prefill_side() -> None:
     assert streamed_remote_of(params).request_id == "s-1"
     with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be a string"):
         stream_of({"stream_id": ""})
-    with pytest.raises(UnsupportedPDLayoutError, match="stream_id must be one line"):
+    with pytest.raises(UnsupportedPDLayoutError, match=r"stream_id .* none a control character"):
         stream_of({"stream_id": "a\nb"})
     with pytest.raises(UnsupportedPDLayoutError, match="remote_port"):
         streamed_remote_of({**params, "remote_port": 0})

@@ -88,6 +88,15 @@ def test_the_prefill_side_leaves_a_model_with_state_its_last_prompt_token_once()
     assert other.num_prompt_tokens == 97
 
 
+def test_a_client_s_bad_params_never_fail_a_request_s_arrival() -> None:
+    """``on_new_request`` runs inside vLLM's ``add_request``: a bad value is refused where
+    the request is matched, never raised there."""
+    scheduler = side()
+    for bad in ({"stream_id": 5}, {"stream_id": "a\nb"}, {"remote_port": "x"}):
+        scheduler.new_request(request(40, {"do_remote_prefill": True, **bad}))
+    assert scheduler.step().held == {}
+
+
 def test_the_decode_side_loads_all_but_the_token_it_computes() -> None:
     params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "p",
               "remote_host": "127.0.0.1", "remote_port": 5600,

@@ -127,8 +127,7 @@ class DecodeRank:
             remote = self._queued[request_id]
             try:
                 peer = self._peers.connected(remote)
-            except Exception:  # the request fails with it when its read starts
-                self._to_hold.discard(request_id)
+            except Exception:  # not connected now: tried again at a later poll
                 continue
             if peer is None:
                 continue  # connecting: asked once it is
@@ -136,17 +135,19 @@ class DecodeRank:
             if not peer.lost:
                 self._want(peer, remote.request_id)
 
-    def _want(self, peer: Peer, prefill_request: str) -> None:
+    def _want(self, peer: Peer, prefill_request: str, now: bool = False) -> None:
         for rank in peer.holders:
-            self._holds.want((peer.host, peer.port + rank), prefill_request)
+            self._holds.want((peer.host, peer.port + rank), prefill_request, now)
 
     def start(self, receives: list[Receive]) -> None:
         """Takes a step's requests: each starts once its peer is connected (``poll``)."""
         deadline = time.monotonic() + self._transfer_timeout
         for receive in receives:
             self._to_hold.discard(receive.request_id)
-            self._queued.pop(receive.request_id, None)
+            queued = self._queued.pop(receive.request_id, None)
             if receive.remote is None:
+                if queued is not None:  # held while it waited: no more
+                    self._holds.drop_request(queued.request_id)
                 self._fail(receive, SettingsFault(receive.refused))
             else:
                 self._waiting.append((receive, deadline))
@@ -172,6 +173,7 @@ class DecodeRank:
                     self._waiting.append((receive, deadline))
                     continue
                 if peer.lost:
+                    self._holds.drop_request(receive.remote.request_id)
                     self._fail(
                         receive,
                         PeerGone(
@@ -189,7 +191,8 @@ class DecodeRank:
                     self._done(receive)
                     self._notices.add(peer, receive.remote.request_id)
                     continue
-                self._want(peer, receive.remote.request_id)
+                # Asked as the read is posted: its reply confirms the read.
+                self._want(peer, receive.remote.request_id, now=True)
                 for rank in peer.sources:  # checked before every read
                     if self._holds.freed((peer.host, peer.port + rank), receive.remote.request_id):
                         raise LeaseExpired(
@@ -360,10 +363,10 @@ class DecodeRank:
         if self._streams:
             for following, cause in self._streams.advance():
                 self._ended(following, cause)
-        now = time.monotonic()
         in_flight = []
         for pull in self._pulls:
-            self._settle(pull, now)
+            self._settle(pull, time.monotonic())
+            now = time.monotonic()  # every byte of a pull that landed had landed by now
             if pull.handles:
                 in_flight.append(pull)
             elif pull.failed:
@@ -379,7 +382,7 @@ class DecodeRank:
                                  for r, p, m in pull.requests]  # fmt: skip
         self._pulls = in_flight
         if self._landed:
-            self._confirm(now)
+            self._confirm(time.monotonic())
         self._holds.send()
         self._notices.flush()
 
@@ -413,7 +416,7 @@ class DecodeRank:
             prefill_request = receive.remote.request_id
             verdicts = [
                 self._holds.confirmed((peer.host, peer.port + r), prefill_request,
-                                      landed.landed_at)
+                                      landed.started, landed.landed_at)
                 for r in peer.sources
             ]  # fmt: skip
             if all(verdicts):

@@ -5,6 +5,7 @@ runtime took it back (``deregister``, then ``register``: sleep mode, weight relo
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,6 +21,8 @@ from pdplan.session._memory import HOST, Memory, tagged, untagged
 Addresses = npt.NDArray[np.uint64]
 #: NIXL 1.5's strided rows: ``(address, length, device, stride, count)``, N x 5.
 Rows = npt.NDArray[np.uint64]
+
+logger = logging.getLogger("pdplan.session")
 
 #: Mooncake fails a batch of 4,096 descriptors or more: read in batches below that.
 MOONCAKE_BATCH = 2048
@@ -191,7 +194,10 @@ class NixlEngine:
     def _release(self, handle: Any) -> None:
         self._agent.release_xfer_handle(handle)  # raises while NIXL cannot stop it: kept
         for prepared in self._lists.pop(id(handle), ()):
-            self._agent.release_dlist_handle(prepared)
+            try:
+                self._agent.release_dlist_handle(prepared)
+            except Exception:  # the read is released; only its prepared list leaks
+                logger.exception("pdplan: NIXL did not release a read's prepared list")
 
     def state(self, handle: Any) -> str:
         if handle is None:

@@ -1,14 +1,18 @@
 """A decode rank's holds: it asks each prefill rank that holds a request's blocks for it to
 keep holding them, from the moment the request waits here until its read is confirmed, and
 reads each reply as a proof: "held for N ms more" from a rank means the rank held the blocks
-from the request's finish up to the reply, and will until N ms past it. A read that landed by
-then read the request's own bytes; one the rank does not confirm is not trusted.
+from the request's finish up to the reply, and will until N ms past it. A read counts only
+once a reply to an ask sent after the read was posted says the rank holds the blocks until
+the read landed or later: the rank that answered is the one whose memory was read (an
+instance started again on the same port answers ``unknown`` for a request it never had), and
+the read's bytes are that request's.
 
 No clock is compared across hosts: a reply's hold is counted on this rank's monotonic clock
 from when its ask was *sent* (before the rank answered, so never later than the rank's own
-deadline). Asks go out without a thread (``AskSockets``), one round a rank at a time, and are
-renewed a quarter of the hold before it ends (NixlConnector's heartbeats renew every sixth of
-a lease, a lease at most 2/3 ahead: several asks may be lost before a lease runs out)."""
+deadline). Asks go out without a thread (``AskSockets``), one round a rank at a time, and a
+held request is asked again once a quarter of its hold has passed (NixlConnector's heartbeats
+renew every sixth of a lease, a lease 2/3 ahead: several asks may be lost before one runs
+out). A rank that answers wrongly or not at all is asked again after a back-off."""
 
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from pdplan._core import UnsupportedPDLayoutError
 from pdplan.session._metrics import SessionStats
 from pdplan.session._progress_asks import AskSockets, Endpoint
 from pdplan.session._protocol import (
@@ -31,8 +34,10 @@ from pdplan.session._protocol import (
 
 logger = logging.getLogger("pdplan.session")
 
-#: An unconfirmed request is asked again after this (a lease not yet at the rank, a reply lost).
+#: An unconfirmed request is asked again after this (a lease not yet at the rank).
 RETRY_SECONDS = 0.02
+#: A rank that answered wrongly, not at all, or could not be sent to is asked again after this.
+BACKOFF_SECONDS = 1.0
 #: The share of a confirmed hold after which it is renewed.
 RENEW_AT = 0.25
 #: Confirmed states: ``(ask sent at, held until)`` on this rank's monotonic clock, or ``FREED``.
@@ -58,10 +63,14 @@ class Holds:
         self._stats = stats
         self._ranks: dict[Endpoint, _Rank] = {}
 
-    def want(self, endpoint: Endpoint, request_id: str) -> None:
-        """Asks ``endpoint`` to hold the request from now on (at the next ``send``)."""
+    def want(self, endpoint: Endpoint, request_id: str, now: bool = False) -> None:
+        """Asks ``endpoint`` to hold the request from now on (at the next ``send``); ``now``:
+        asked at the next ``send`` even if it was asked before (a read was just posted)."""
         rank = self._ranks.setdefault(endpoint, _Rank())
-        rank.due.setdefault(request_id, 0.0)
+        if now and not any(request_id in ids for _, ids in rank.asked):
+            rank.due[request_id] = 0.0
+        else:
+            rank.due.setdefault(request_id, 0.0)
 
     def drop(self, endpoint: Endpoint, request_id: str) -> None:
         """The request needs no hold from ``endpoint`` anymore (read, failed, or gone)."""
@@ -84,17 +93,20 @@ class Holds:
         rank = self._ranks.get(endpoint)
         return rank is not None and rank.known.get(request_id) == FREED
 
-    def confirmed(self, endpoint: Endpoint, request_id: str, landed_at: float) -> bool | None:
-        """Whether the rank held the request's blocks through ``landed_at`` (a read's end):
-        True once a reply says so, False once one says they went free, None until then (an
-        ask goes out at the next ``send`` whose reply can tell)."""
+    def confirmed(
+        self, endpoint: Endpoint, request_id: str, posted_at: float, landed_at: float
+    ) -> bool | None:
+        """Whether the rank held the request's blocks through a read posted at
+        ``posted_at`` that landed by ``landed_at``: True once a reply to an ask sent since the
+        post says so, False once one says they went free, None until then (an ask goes out
+        at the next ``send`` whose reply can tell)."""
         rank = self._ranks.setdefault(endpoint, _Rank())
         known = rank.known.get(request_id)
         if known == FREED:
             return False
-        if isinstance(known, tuple) and known[1] >= landed_at:
+        if isinstance(known, tuple) and known[0] >= posted_at and known[1] >= landed_at:
             return True
-        # Asked again (at the next ``send``), unless an ask sent after the read landed is in
+        # Asked again (at the next ``send``), unless an ask sent since the read landed is in
         # flight already.
         if not any(sent >= landed_at and request_id in ids for sent, ids in rank.asked):
             rank.due[request_id] = min(rank.due.get(request_id, 0.0), landed_at)
@@ -102,10 +114,13 @@ class Holds:
 
     def collect(self) -> None:
         """Reads the replies that arrived (a rank whose asks go unanswered past the timeout
-        gets its socket renewed and is asked again)."""
+        gets its socket renewed and is asked again); forgets ranks no request needs."""
         now = time.monotonic()
         for endpoint, rank in list(self._ranks.items()):
             self._collect(endpoint, rank, now)
+            if not rank.due and not rank.asked:
+                del self._ranks[endpoint]
+                self._sockets.reset(endpoint)
 
     def send(self) -> None:
         """Sends the asks due, one round a rank at a time."""
@@ -125,7 +140,7 @@ class Holds:
             sent, ids = rank.asked.popleft()
             try:
                 states = holds_of(reply_body(reply, f"{endpoint[0]}:{endpoint[1]}"))
-            except UnsupportedPDLayoutError as error:
+            except Exception as error:  # a peer's bytes: never the engine's step
                 logger.warning("pdplan: prefill rank %s:%d answered a hold wrongly: %s",
                                *endpoint, error)  # fmt: skip
                 self._reset(endpoint, rank, now)
@@ -141,6 +156,10 @@ class Holds:
                     held = state / 1000
                     rank.known[request_id] = (sent, sent + held)
                     rank.due[request_id] = sent + max(held * RENEW_AT, RETRY_SECONDS)
+                elif isinstance(rank.known.get(request_id), tuple):
+                    # It held them and forgot: an instance started again on its port.
+                    rank.known[request_id] = FREED
+                    rank.due[request_id] = float("inf")
                 else:  # no lease reached the rank yet: its scheduler holds the blocks
                     rank.due[request_id] = now + RETRY_SECONDS
         if rank.asked and now - rank.asked[0][0] > self._timeout:
@@ -149,11 +168,12 @@ class Holds:
             self._reset(endpoint, rank, now)
 
     def _reset(self, endpoint: Endpoint, rank: _Rank, now: float) -> None:
-        """Asks in flight are dropped (their late replies never read as another's)."""
-        for _, ids in rank.asked:
-            for request_id in ids:
-                if request_id in rank.due:
-                    rank.due[request_id] = min(rank.due[request_id], now)
+        """Asks in flight are dropped (their late replies never read as another's), and the
+        rank is asked again after the back-off."""
+        later = now + BACKOFF_SECONDS
+        for request_id, at in rank.due.items():
+            if at <= now or any(request_id in ids for _, ids in rank.asked):
+                rank.due[request_id] = later
         rank.asked.clear()
         self._sockets.reset(endpoint)
 
@@ -167,7 +187,7 @@ class Holds:
                     rank.due[request_id] = float("inf")  # until its reply
         except Exception as error:  # its queue full, its address unusable: asked again later
             logger.warning("pdplan: a hold could not be sent to %s:%d: %s", *endpoint, error)
-            self._reset(endpoint, rank, now + RETRY_SECONDS)
+            self._reset(endpoint, rank, now)
             return
         self._stats.held(len(due))
 

@@ -17,6 +17,7 @@ A request is ``[PROTOCOL, verb, ...]``; a reply ``[OK, ...]`` or ``[REFUSED, rea
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -321,8 +322,9 @@ def notices_of(reply: list[bytes]) -> dict[str, Progress]:
 #: A hold reply's states besides milliseconds held: the blocks went free, or no lease for the
 #: request has reached the rank yet.
 FREED, UNKNOWN = "freed", "unknown"
-#: The longest hold a reply states (a day, in milliseconds).
+#: The longest hold a reply states (a day, in milliseconds), and its digits as sent.
 MAX_HOLD_MS = 86_400_000
+_MILLISECONDS = re.compile(rb"[0-9]{1,9}")
 
 
 def hold_request(request_ids: list[str]) -> list[bytes]:
@@ -340,8 +342,10 @@ def hold_names(body: list[bytes]) -> list[str]:
 
 
 def encode_holds(states: dict[str, int | str]) -> list[bytes]:
-    """A hold reply: each request's milliseconds held, ``FREED`` or ``UNKNOWN``."""
-    return ["\n".join(f"{k}\t{v}" for k, v in states.items()).encode()]
+    """A hold reply: each request's milliseconds held (at most ``MAX_HOLD_MS``), ``FREED``
+    or ``UNKNOWN``."""
+    lines = (f"{k}\t{min(v, MAX_HOLD_MS) if isinstance(v, int) else v}" for k, v in states.items())
+    return ["\n".join(lines).encode()]
 
 
 def holds_of(reply: list[bytes]) -> dict[str, int | str]:
@@ -353,10 +357,9 @@ def holds_of(reply: list[bytes]) -> dict[str, int | str]:
         raise ProtocolFault(f"a hold reply names over {MAX_NOTICES_A_MESSAGE} requests")
     out: dict[str, int | str] = {}
     for line in lines:
-        name, tab, state = line.partition(b"\t")
-        text = state.decode(errors="replace")
-        if not tab or not (text in (FREED, UNKNOWN) or (text.isdigit() and len(text) <= 9)):
+        name, tab, state = line.rpartition(b"\t")
+        if not tab or not (state in (b"freed", b"unknown") or _MILLISECONDS.fullmatch(state)):
             raise ProtocolFault("a hold line is not request_id<TAB>milliseconds|freed|unknown")
-        value: int | str = text if text in (FREED, UNKNOWN) else min(int(text), MAX_HOLD_MS)
+        value: int | str = state.decode() if state[:1].isalpha() else min(int(state), MAX_HOLD_MS)
         out[name.decode(errors="replace")[:MAX_ID_CHARS]] = value
     return out

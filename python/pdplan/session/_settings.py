@@ -12,6 +12,8 @@ from pdplan._staging import CostModel
 from pdplan.session._faults import SettingsFault
 
 _DEFAULTS = CostModel()
+#: The longest lease or timeout taken (a day): a hold states a lease in milliseconds.
+MAX_SECONDS = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,8 @@ class Settings:
         if not 0 < settings.side_channel_port < 65536:
             raise SettingsFault(f"side_channel_port={settings.side_channel_port} is not a TCP port")
         for name in ("kv_lease_seconds", "handshake_timeout_seconds", "transfer_timeout_seconds"):
-            if not getattr(settings, name) > 0:
-                raise SettingsFault(f"{name} must be positive")
+            if not 0 < getattr(settings, name) <= MAX_SECONDS:
+                raise SettingsFault(f"{name} must be positive, at most {MAX_SECONDS} (a day)")
         if settings.descriptors not in ("auto", "strided", "flat"):
             raise SettingsFault(
                 f"descriptors={shown(settings.descriptors)} must be 'auto', 'strided' or 'flat'"

@@ -180,7 +180,8 @@ class Streams:
             if following.cancelled or following.failed:
                 if self._let_go(following):
                     del self._following[request_id]
-                    ended.append((following, following.failed or "cancelled"))
+                    ended.append((following, "cancelled" if following.cancelled
+                                  else following.failed))  # fmt: skip
                 continue
             try:
                 outcome = self._advance_one(following, notices.get(following.stream.stream_id))

@@ -94,10 +94,11 @@ class SchedulerSide:
 
     def _hold(self, request: Any) -> None:
         params = request.kv_transfer_params
-        if not params or not params.get("do_remote_prefill") or stream_of(params) is not None:
+        if not params or not params.get("do_remote_prefill"):
             return
         try:
-            self._held[request.request_id] = remote_of(params)
+            if stream_of(params) is None:  # a stream's prefill side still runs it
+                self._held[request.request_id] = remote_of(params)
         except UnsupportedPDLayoutError:
             pass  # refused where it is matched
 

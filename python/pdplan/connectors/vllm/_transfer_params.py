@@ -21,9 +21,14 @@ MAX_TEXT = 256
 
 def _text(params: Mapping[str, Any], key: str) -> str:
     value = params.get(key)
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_TEXT:
+    if (
+        not isinstance(value, str)
+        or not 0 < len(value) <= MAX_TEXT
+        or any(ord(c) < 32 or ord(c) == 127 for c in value)
+    ):
         raise UnsupportedPDLayoutError(
-            f"kv_transfer_params {key} must be a string of 1 to {MAX_TEXT} characters"
+            f"kv_transfer_params {key} must be a string of 1 to {MAX_TEXT} characters, none a "
+            "control character"
         )
     return value
 
@@ -115,10 +120,7 @@ def stream_of(params: Mapping[str, Any]) -> str | None:
     None."""
     if params.get(STREAM_KEY) is None:
         return None
-    stream_id = _text(params, STREAM_KEY)
-    if "\n" in stream_id:
-        raise UnsupportedPDLayoutError(f"kv_transfer_params {STREAM_KEY} must be one line")
-    return stream_id
+    return _text(params, STREAM_KEY)  # one line: no control character
 
 
 def streamed_remote_of(params: Mapping[str, Any]) -> Remote:
