@@ -52,6 +52,8 @@ class _Rank:
     due: dict[str, float] = field(default_factory=dict)
     known: dict[str, Known] = field(default_factory=dict)
     asked: deque[tuple[float, list[str]]] = field(default_factory=deque)
+    #: The requests in the asks in flight, each with when its ask went.
+    in_flight: dict[str, float] = field(default_factory=dict)
 
 
 class Holds:
@@ -67,7 +69,7 @@ class Holds:
         """Asks ``endpoint`` to hold the request from now on (at the next ``send``); ``now``:
         asked at the next ``send`` even if it was asked before (a read was just posted)."""
         rank = self._ranks.setdefault(endpoint, _Rank())
-        if now and not any(request_id in ids for _, ids in rank.asked):
+        if now and request_id not in rank.in_flight:
             rank.due[request_id] = 0.0
         else:
             rank.due.setdefault(request_id, 0.0)
@@ -108,7 +110,7 @@ class Holds:
             return True
         # Asked again (at the next ``send``), unless an ask sent since the read landed is in
         # flight already.
-        if not any(sent >= landed_at and request_id in ids for sent, ids in rank.asked):
+        if rank.in_flight.get(request_id, -1.0) < landed_at:
             rank.due[request_id] = min(rank.due.get(request_id, 0.0), landed_at)
         return None
 
@@ -138,6 +140,8 @@ class Holds:
             if reply is None:
                 break
             sent, ids = rank.asked.popleft()
+            for request_id in ids:
+                rank.in_flight.pop(request_id, None)
             try:
                 states = holds_of(reply_body(reply, f"{endpoint[0]}:{endpoint[1]}"))
             except Exception as error:  # a peer's bytes: never the engine's step
@@ -172,9 +176,10 @@ class Holds:
         rank is asked again after the back-off."""
         later = now + BACKOFF_SECONDS
         for request_id, at in rank.due.items():
-            if at <= now or any(request_id in ids for _, ids in rank.asked):
+            if at <= now or request_id in rank.in_flight:
                 rank.due[request_id] = later
         rank.asked.clear()
+        rank.in_flight.clear()
         self._sockets.reset(endpoint)
 
     def _ask(self, endpoint: Endpoint, rank: _Rank, due: list[str], now: float) -> None:
@@ -185,6 +190,7 @@ class Holds:
                 rank.asked.append((now, part))
                 for request_id in part:
                     rank.due[request_id] = float("inf")  # until its reply
+                    rank.in_flight[request_id] = now
         except Exception as error:  # its queue full, its address unusable: asked again later
             logger.warning("pdplan: a hold could not be sent to %s:%d: %s", *endpoint, error)
             self._reset(endpoint, rank, now)
