@@ -62,6 +62,23 @@ def remote(port: int, request: str, tp: int = 1) -> Remote:
     return Remote(f"prefill-{port}", request, HOST, port, tp)
 
 
+def puller_of(engine: Any = None, timeout: float = 20.0) -> tuple[DecodeRank, np.ndarray]:
+    """A decode rank at TP 1 over a fresh cache (returned too: kept alive while the engine
+    writes into it)."""
+    decode = cache_array()
+    return DecodeRank(worker_cache(decode, 1), 0, 1, engine or Loopback(), 2.0, timeout), decode
+
+
+def poll_for(puller: DecodeRank, seconds: float, check: Any = None) -> None:
+    """Polls as a runtime's steps would for ``seconds``, calling ``check`` after each."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        puller.poll()
+        if check is not None:
+            check()
+        time.sleep(0.02)
+
+
 def until_freed(rank: PrefillRank, request: str, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while request not in rank.freed():
@@ -73,16 +90,15 @@ def test_a_waiting_request_keeps_its_lease_past_its_length(
     prefill: tuple[PrefillRank, np.ndarray, int],
 ) -> None:
     rank, pages, port = prefill
-    decode = cache_array()
-    puller = DecodeRank(worker_cache(decode, 1), 0, 1, Loopback(), 2.0, 20.0)
+    puller, decode = puller_of()
     try:
         rank.lease({"waits": 0.6})
         puller.hold({"d-waits": remote(port, "waits")})
-        waited = time.monotonic() + 2.0  # over three leases
-        while time.monotonic() < waited:
-            puller.poll()
+
+        def held() -> None:
             assert "waits" not in rank.freed(), "freed while the decode side held it"
-            time.sleep(0.02)
+
+        poll_for(puller, 2.0, held)  # over three leases
         puller.start([Receive("d-waits", ((4, 6),), ((1, 3),), remote(port, "waits"))])
         seen = finished(puller, {"d-waits"})
         assert seen["failed"] == set()
@@ -98,8 +114,7 @@ def test_a_request_read_after_its_lease_ran_out_is_recomputed(
     prefill: tuple[PrefillRank, np.ndarray, int],
 ) -> None:
     rank, pages, port = prefill
-    decode = cache_array()
-    puller = DecodeRank(worker_cache(decode, 1), 0, 1, Loopback(), 2.0, 20.0)
+    puller, _decode = puller_of()  # kept alive while the engine writes into it
     try:
         rank.lease({"late": 0.05})
         until_freed(rank, "late")
@@ -130,16 +145,12 @@ def test_a_queued_request_told_freed_is_never_read(
     the request fails before any read is posted."""
     rank, _, port = prefill
     engine = Counting()
-    decode = cache_array()  # kept alive: the engine writes into it
-    puller = DecodeRank(worker_cache(decode, 1), 0, 1, engine, 2.0, 20.0)
+    puller, _ = puller_of(engine)
     try:
         rank.lease({"gone": 0.05})
         until_freed(rank, "gone")
         puller.hold({"d-gone": remote(port, "gone")})
-        told = time.monotonic() + 1.0
-        while time.monotonic() < told:  # its hold answered "freed" meanwhile
-            puller.poll()
-            time.sleep(0.02)
+        poll_for(puller, 1.0)  # its hold answered "freed" meanwhile
         puller.start([Receive("d-gone", ((5,),), ((1,),), remote(port, "gone"))])
         assert finished(puller, {"d-gone"})["failed"] == {"d-gone"}
         assert engine.reads == 0
@@ -160,10 +171,7 @@ def test_a_prefill_instance_started_again_confirms_nothing_it_never_held() -> No
     try:
         first.lease({"r": 60})
         puller.hold({"d-r": remote(port, "r")})
-        held = time.monotonic() + 0.5
-        while time.monotonic() < held:
-            puller.poll()
-            time.sleep(0.02)
+        poll_for(puller, 0.5)
         first.close()
         deadline = time.monotonic() + 10
         while again is None:  # the port is free once the old server's socket closed
@@ -185,15 +193,14 @@ def test_a_read_waits_for_the_prefill_rank_to_confirm_its_lease(
     prefill: tuple[PrefillRank, np.ndarray, int],
 ) -> None:
     rank, pages, port = prefill
-    decode = cache_array()
-    puller = DecodeRank(worker_cache(decode, 1), 0, 1, Loopback(), 2.0, 20.0)
+    puller, decode = puller_of()
     try:
         puller.start([Receive("d-early", ((4,),), ((1,),), remote(port, "early"))])
-        shown = time.monotonic() + 0.5
-        while time.monotonic() < shown:  # the bytes landed; no lease at the rank yet
-            puller.poll()
+
+        def unreported() -> None:  # the bytes landed; no lease at the rank yet
             assert puller.take_finished()[0] == set()
-            time.sleep(0.02)
+
+        poll_for(puller, 0.5, unreported)
         rank.lease({"early": 60})
         seen = finished(puller, {"d-early"})
         assert seen["failed"] == set()

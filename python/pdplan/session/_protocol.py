@@ -246,14 +246,19 @@ def progress_request(stream_ids: list[str]) -> list[bytes]:
     return [PROGRESS, "\n".join(stream_ids).encode()]
 
 
-def progress_names(body: list[bytes]) -> list[str]:
-    """The stream ids a progress request asks for."""
+def _asked_ids(body: list[bytes], what: str) -> list[str]:
+    """The ids a request of one frame, an id a line, asks for (a progress or a hold)."""
     if len(body) != 1:
-        raise ProtocolFault("a progress request is one frame of stream ids")
+        raise ProtocolFault(f"a {what} request is one frame of ids")
     names = body[0].split(b"\n", MAX_NOTICES_A_MESSAGE)
     if len(names) > MAX_NOTICES_A_MESSAGE:
-        raise ProtocolFault(f"a progress request names over {MAX_NOTICES_A_MESSAGE} streams")
+        raise ProtocolFault(f"a {what} request names over {MAX_NOTICES_A_MESSAGE} ids")
     return [n.decode(errors="replace")[:MAX_ID_CHARS] for n in names]
+
+
+def progress_names(body: list[bytes]) -> list[str]:
+    """The stream ids a progress request asks for."""
+    return _asked_ids(body, "progress")
 
 
 def encode_progress(known: dict[str, Progress]) -> bytes:
@@ -333,12 +338,7 @@ def hold_request(request_ids: list[str]) -> list[bytes]:
 
 def hold_names(body: list[bytes]) -> list[str]:
     """The request ids a hold asks for."""
-    if len(body) != 1:
-        raise ProtocolFault("a hold request is one frame of request ids")
-    names = body[0].split(b"\n", MAX_NOTICES_A_MESSAGE)
-    if len(names) > MAX_NOTICES_A_MESSAGE:
-        raise ProtocolFault(f"a hold request names over {MAX_NOTICES_A_MESSAGE} requests")
-    return [n.decode(errors="replace")[:MAX_ID_CHARS] for n in names]
+    return _asked_ids(body, "hold")
 
 
 def encode_holds(states: dict[str, int | str]) -> list[bytes]:
