@@ -291,7 +291,7 @@ def counts_table(counts: dict[str, float], before: dict[str, Any] | None) -> str
         lines += [f"| {op} | {n:,.0f} |" for op, n in counts.items()]
     else:
         lines += [
-            f"| operation | before ({before['commit']}) | now | fewer by |",
+            f"| operation | before ({before['provenance']['commit']}) | now | fewer by |",
             "| --- | ---: | ---: | ---: |",
         ]
         for op, n in counts.items():
@@ -566,8 +566,8 @@ def main() -> None:
         print()
         counts = instruction_counts()
         if args.save_counts:
-            commit = provenance.commit()
-            args.save_counts.write_text(json.dumps({"commit": commit, "counts": counts}) + "\n")
+            saved = {"provenance": provenance.fields(), "counts": counts}
+            args.save_counts.write_text(json.dumps(saved, indent=1) + "\n")
         before = json.loads(args.counts_before.read_text()) if args.counts_before else None
         table += "\n\n" + counts_table(counts, before)
     provenance.write("large_world.md", table)
@@ -579,7 +579,7 @@ def main() -> None:
         print("\nscaling:")
         points = scaling(max(1, args.repeat // 2))
         plot(points, provenance.ROOT / "docs" / "images" / "scaling.png")
-        (RESULTS / "scaling.json").write_text(json.dumps(points, indent=1) + "\n")
+        provenance.write_json("scaling.json", {"points": points})
         print("wrote docs/images/scaling.png")
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benches" / "results"
@@ -46,9 +48,8 @@ def commit() -> str:
     return _run("git", "rev-parse", "--short=12", "HEAD")
 
 
-def header(command: str | None = None) -> str:
-    """The lines that say how, where and on what the figures below were measured."""
-    command = command or invocation()
+def fields(command: str | None = None) -> dict[str, str]:
+    """How, where and on what the figures were measured: a JSON result's ``provenance``."""
     measured = commit()
     # Results a run writes are not changes to what was measured.
     changed = _run(
@@ -56,15 +57,32 @@ def header(command: str | None = None) -> str:
     )
     if changed not in ("", "unknown"):
         measured += " (with uncommitted changes)"
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return {
+        "written_by": command or invocation(),
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": measured,
+        "machine": f"{_cpu()} ({os.cpu_count()} cores)",
+        "python": f"CPython {platform.python_version()}",
+        "rustc": _run("rustc", "--version"),
+    }
+
+
+def header(command: str | None = None) -> str:
+    """The lines that say how, where and on what the figures below were measured."""
+    f = fields(command)
     return "\n".join(
         [
-            f"<!-- written by `{command}` -->",
-            f"Measured {when} at commit {measured}, on {_cpu()} ({os.cpu_count()} cores),",
-            f"CPython {platform.python_version()}, {_run('rustc', '--version')}.",
+            f"<!-- written by `{f['written_by']}` -->",
+            f"Measured {f['measured']} at commit {f['commit']}, on {f['machine']},",
+            f"{f['python']}, {f['rustc']}.",
             "",
         ]
     )
+
+
+def write_json(name: str, data: dict[str, Any]) -> None:
+    """Writes `benches/results/<name>`: ``data`` under its ``provenance``."""
+    (RESULTS / name).write_text(json.dumps({"provenance": fields(), **data}, indent=1) + "\n")
 
 
 def write(name: str, text: str) -> None:
