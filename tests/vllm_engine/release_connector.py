@@ -16,7 +16,6 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -184,8 +183,8 @@ def workers(model: str, leases: Any, receiving: Any) -> dict[str, Any]:
     for name in LAYERS:
         caches["prefill"][name].copy_(torch.randn(caches["prefill"][name].shape))
         caches["decode"][name].zero_()
-    newer = replace(receive, request_id="d-2", remote=replace(receive.remote, generation=2))
-    older = replace(receive, request_id="d-3", remote=replace(receive.remote, generation=1))
+    newer = receive._replace(request_id="d-2", remote=receive.remote._replace(generation=2))
+    older = receive._replace(request_id="d-3", remote=receive.remote._replace(generation=1))
     for reading in (newer, older):
         decode.bind_connector_metadata(StepMetadata(receives=[reading]))
         decode.start_load_kv(None)

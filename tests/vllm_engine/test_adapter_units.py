@@ -8,8 +8,11 @@ import json
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdplan import UnsupportedPDLayoutError
+from pdplan.limits import MAX_TOKENS, MAX_WORLD_SIZE
 
 pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -50,6 +53,47 @@ def test_a_peer_s_transfer_params_are_read_strictly(key: str, value: object, mes
     assert remote_of({**GOOD, "pp_size": 2}).ranks == 4  # TP 2 x PP 2, each on port + rank
     with pytest.raises(UnsupportedPDLayoutError, match=message):
         remote_of({**GOOD, key: value})
+
+
+#: Each key's values on both sides of each of its bounds, and of the wrong types.
+_TEXTS = ["e", "", "x" * 256, "x" * 257, "a\tb", "h\n", "\x7f", "\x1f", "é", 5, None]
+_MAX_WORLD, _MAX_GENERATION, _MAX_TOKENS = MAX_WORLD_SIZE, (1 << 31) - 1, MAX_TOKENS
+EDGES = {
+    "remote_engine_id": _TEXTS, "remote_request_id": _TEXTS, "remote_host": _TEXTS,
+    "remote_port": [0, 1, 65535, 65536, -1, True, "5600", 5600.0, None],
+    "tp_size": [0, 1, 2, _MAX_WORLD, _MAX_WORLD + 1, True, None, "2"],
+    "pp_size": [0, 1, 2, _MAX_WORLD // 2, _MAX_WORLD // 2 + 1, _MAX_WORLD, True, [2]],
+    "dcp_size": [0, 1, 2, True, None, 1.0],
+    "remote_registration_generation": [-1, 0, 3, _MAX_GENERATION, _MAX_GENERATION + 1, True,
+                                       "2", None],
+    "remote_num_tokens": [-1, 0, 40, _MAX_TOKENS, _MAX_TOKENS + 1, True, None, "40"],
+    "remote_block_ids": [[], [[]], [[0]], [[-1]], [[True]], [[1.0]], [1, 2], [[1], [2]], "x",
+                         [[1]] * 65, None, [[1, 2], 3], [(1, 2)], ((1, 2),)],
+    "stream_id": [None, "s", "", "a\nb", 5],
+}  # fmt: skip
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.data())
+def test_params_read_the_short_way_as_key_by_key(data: st.DataObject) -> None:
+    """Read once a request on vLLM's scheduling thread, the params every sender writes take a
+    short way: it reads what the key-by-key reader (whose refusals are tested above) reads,
+    and refuses what it refuses, with its message."""
+    from pdplan.connectors.vllm._transfer_params import pull_of, strict_pull_of
+
+    keys = data.draw(st.sets(st.sampled_from(sorted(EDGES)), max_size=3))
+    changed = {key: data.draw(st.sampled_from(EDGES[key])) for key in sorted(keys)}
+    dropped = data.draw(st.sets(st.sampled_from(sorted(EDGES)), max_size=2))
+    params = {k: v for k, v in {**GOOD, "remote_num_tokens": 40, **changed}.items()
+              if k not in dropped}  # fmt: skip
+    try:
+        expected = strict_pull_of(params)
+    except UnsupportedPDLayoutError as error:
+        with pytest.raises(UnsupportedPDLayoutError) as raised:
+            pull_of(params)
+        assert str(raised.value) == str(error)
+        return
+    assert pull_of(params) == expected
 
 
 def test_a_streaming_prefill_request_s_progress_follows_its_chunks() -> None:

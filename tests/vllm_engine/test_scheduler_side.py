@@ -292,3 +292,46 @@ def test_a_mamba_hybrid_with_prefix_caching_pairs_as_vllm_s_align_mode_lays_it_o
     scheduled, _ = step(decode, KVConnectorOutput(finished_recving={"d"}))
     scheduled, _ = step(decode)
     assert dict(scheduled.num_scheduled_tokens) == {"d": 1}
+
+
+def test_a_cache_of_full_attention_only_reads_past_its_prefix_hit() -> None:
+    """Every group full attention (the short way, ``_plain``): the blocks to fill are those
+    vLLM found no cached copy of, each group's first at the hit's end; the prefill side sends
+    every block. The same as the general way gives, and a null block is refused on either."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+    from vllm.v1.request import RequestStatus
+
+    two = Config([Group(["a"], spec("FullAttentionSpec")), Group(["b"], spec("FullAttentionSpec"))])
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "p",
+              "remote_host": "127.0.0.1", "remote_port": 5600, "remote_num_tokens": 160,
+              "remote_block_ids": [[40, 41, 42, 43, 44], [50, 51, 52, 53, 54]]}  # fmt: skip
+    found = []
+    for plain in (True, False):
+        scheduler = side(two)
+        assert scheduler._plain
+        scheduler._plain = plain
+        for hit in (0, 2, 4):
+            made = tuple(
+                [KVCacheBlock(b) for b in ids] for ids in ([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+            )
+            for group in made:
+                for block in group[:hit]:  # a cached block has a hash
+                    block._block_hash = b"cached" + bytes([block.block_id])  # type: ignore[assignment]
+            decode = request(161, dict(params), f"d{hit}")
+            scheduler.after_alloc(decode, KVCacheBlocks(made), 160 - hit * BLOCK)
+            [receive] = scheduler.step().receives
+            assert receive.local_blocks == ((1, 2, 3, 4, 5)[hit:], (6, 7, 8, 9, 10)[hit:])
+            assert receive.local_tokens == ((hit * BLOCK, hit * BLOCK),) * 2
+            found.append(receive)
+        prefill = request(160, {"do_remote_decode": True}, "p")
+        prefill.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        _, sent = scheduler.finished(prefill, ([3, 4, 5, 6, 7], [8, 9, 10, 11, 12]))
+        assert sent is not None and sent["remote_block_ids"] == [
+            [3, 4, 5, 6, 7],
+            [8, 9, 10, 11, 12],
+        ]
+        nulled = request(160, {"do_remote_decode": True}, "q")
+        nulled.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        assert scheduler.finished(nulled, ([3, 0, 5, 6, 7], [8, 9, 10, 11, 12])) == (False, None)
+    assert found[:3] == found[3:]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pdplan._staging import CostModel
@@ -74,7 +74,7 @@ class Following:
         """The request, naming the prefill side's own request id (its "done" notice)."""
         remote = self.receive.remote
         assert remote is not None and self.prefill_request is not None
-        return replace(self.receive, remote=replace(remote, request_id=self.prefill_request))
+        return self.receive._replace(remote=remote._replace(request_id=self.prefill_request))
 
     def slices(self, notice: Progress, layers: tuple[int, ...] | None) -> list[Slice]:
         """What to read of ``notice`` (``next_slices``), the marks moved as if read."""

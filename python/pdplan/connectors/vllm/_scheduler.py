@@ -4,6 +4,7 @@ protocol: a proxy or router that drives NixlConnector drives this one unchanged)
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -14,12 +15,11 @@ from pdplan.connectors.vllm._ranks import Ranks
 from pdplan.connectors.vllm._stream_tracker import StreamTracker
 from pdplan.connectors.vllm._transfer_params import (
     REMOTE_KEYS,
+    Pull,
     prefill_params,
+    pull_of,
     remote_block_groups,
-    remote_of,
-    remote_tokens_of,
     stream_of,
-    streamed_remote_of,
 )
 from pdplan.runtimes._vllm_groups import (
     NULL_BLOCK,
@@ -38,6 +38,14 @@ logger = logging.getLogger("vllm.pdplan")  # under vLLM's handlers
 TRUNCATED_KEY = "_p_side_truncated"
 
 
+@functools.cache
+def _completed() -> tuple[Any, ...]:
+    """The states of a request that ran to its end (vLLM's, imported once vLLM runs)."""
+    from vllm.v1.request import RequestStatus
+
+    return (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
+
+
 class SchedulerSide:
     """One instance's scheduler-side state."""
 
@@ -52,6 +60,14 @@ class SchedulerSide:
         self.groups = groups = cache_groups(kv_cache_config)
         # Prompt tokens the prefill side leaves for the decode side to compute.
         self.backoff = backoff(groups)
+        # Every group of the cache moves and keeps every token's block: a request's blocks to
+        # fill are those vLLM did not find cached, each group's first at the hit's end.
+        every = getattr(kv_cache_config, "kv_cache_groups", None)
+        self._plain = (
+            every is not None
+            and len(every) == len(groups)
+            and all(g.kind == "attention" for g in groups)
+        )
         # How many times the workers registered the cache (``registered``): a decode side
         # that met an older registration handshakes anew.
         self.generation = 0
@@ -67,6 +83,8 @@ class SchedulerSide:
         self._hits: dict[str, int] = {}
         self._following: set[str] = set()
         self._cancelled: list[str] = []
+        # Decode requests that pull, their params read once (``_pull``) until they are read.
+        self._pulls: dict[str, Pull] = {}
 
     def new_request(self, request: Any) -> None:
         """A decode request that pulls joins the queue: its prefill ranks are asked to hold
@@ -97,10 +115,19 @@ class SchedulerSide:
         if not params or not params.get("do_remote_prefill"):
             return
         try:
-            if stream_of(params) is None:  # a stream's prefill side still runs it
-                self._held[request.request_id] = remote_of(params)
+            pull = self._pull(request)
         except UnsupportedPDLayoutError:
-            pass  # refused where it is matched
+            return  # refused where it is matched
+        if pull.stream_id is None:  # a stream's prefill side still runs it
+            self._held[request.request_id] = pull.remote
+
+    def _pull(self, request: Any) -> Pull:
+        """A decode request's params, read strictly the first time they are asked for (when
+        it arrives): the scheduler asks again every step it tries to schedule the request."""
+        pull = self._pulls.get(request.request_id)
+        if pull is None:
+            pull = self._pulls[request.request_id] = pull_of(request.kv_transfer_params)
+        return pull
 
     def _leaves_queue(self, request_id: str) -> None:
         """A queued decode request computed here after all: no hold for it anymore."""
@@ -111,34 +138,26 @@ class SchedulerSide:
         params = request.kv_transfer_params
         if params and params.get("do_remote_prefill"):
             try:
-                if stream_of(params) is not None:
-                    streamed_remote_of(params)
-                else:
-                    remote_of(params)
-                    remote_block_groups(params.get("remote_block_ids"))
+                pull = self._pull(request)
             except UnsupportedPDLayoutError as error:
                 logger.error("pdplan: request %s is computed here: %s", request.request_id, error)
                 params["do_remote_prefill"] = False
                 self._leaves_queue(request.request_id)
                 return 0, False
-            count = self._loaded_end(request) - num_computed_tokens
+            count = self._loaded_end(request, pull.num_tokens) - num_computed_tokens
             if count > 0:
-                if params.get("stream_id") is not None:
+                if pull.stream_id is not None:
                     self._hits[request.request_id] = num_computed_tokens
                 return count, True
         return 0, False
 
-    def _loaded_end(self, request: Any) -> int:
+    def _loaded_end(self, request: Any, held: int) -> int:
         """The token a decode request's load ends at: its prompt less what the prefill side
-        leaves to this side, and never past the tokens the prefill side holds
-        (``remote_num_tokens``): a proxy may hand this side the prompt and the first token, whose
-        KV no prefill block holds (this side computes it)."""
+        leaves to this side, and never past the ``held`` tokens the prefill side holds
+        (``remote_num_tokens``, 0 where not said): a proxy may hand this side the prompt and the
+        first token, whose KV no prefill block holds (this side computes it)."""
         prompt = len(request.prompt_token_ids or ())
         end = prompt - (self.backoff if prompt > self.backoff else 0)
-        try:
-            held = remote_tokens_of(request.kv_transfer_params)
-        except UnsupportedPDLayoutError:
-            held = 0  # refused where the request is read (after_alloc)
         return min(end, held) if held else end
 
     def after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -152,20 +171,24 @@ class SchedulerSide:
             self._stream_decode(request, blocks, num_external_tokens)
             return
         params["do_remote_prefill"] = False
-        if not any(key in params for key in REMOTE_KEYS) and num_external_tokens == 0:
+        if num_external_tokens == 0 and params.keys().isdisjoint(REMOTE_KEYS):
+            return
+        pull = self._pulls.pop(request.request_id, None)
+        if self._plain and num_external_tokens > 0:
+            self._plain_receive(request, blocks, pull)
             return
         local: tuple[tuple[int, ...], ...] = ()
-        listed: tuple[tuple[int, ...], ...] = ()
+        listed: tuple[int, ...] = ()
         if num_external_tokens > 0:
             # The blocks to fill: past the local prefix hit, a state group's state slot
-            # (vLLM leaves a window's null blocks out of them); every block, to place them.
+            # (vLLM leaves a window's null blocks out of them); how many blocks each group
+            # lists in all, to place them.
             unhashed = blocks.get_unhashed_block_ids_all_groups()
             local = tuple(tuple(g) for g in self._transfer_ids(unhashed))
-            listed = tuple(tuple(g) for g in self._transfer_ids(blocks.get_block_ids()))
+            listed = tuple(map(len, self._transfer_ids(blocks.get_block_ids())))
         try:
-            remote = remote_of(params)
-            groups = remote_block_groups(params.get("remote_block_ids"))
-            num_tokens = remote_tokens_of(params)
+            pull = pull or pull_of(params)
+            remote, groups, num_tokens = pull.remote, pull.blocks, pull.num_tokens
             if local:
                 local = self._kept(local)
                 if len(groups) != len(local):
@@ -177,24 +200,52 @@ class SchedulerSide:
             # The request waits for its blocks: the worker reports them to recompute.
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
             return
-        tokens = self._positions(request, listed, local) if local else ()
+        tokens = self._positions(request, num_tokens, listed, local) if local else ()
         self._receives.append(Receive(request.request_id, local, groups, remote,
                                       local_tokens=tokens, num_tokens=num_tokens))  # fmt: skip
 
+    def _plain_receive(self, request: Any, blocks: Any, pull: Pull | None) -> None:
+        """``after_alloc`` of a request read into a cache whose groups all keep every token's
+        block (``_plain``): the blocks to fill are those vLLM found no cached copy of, each
+        group's first at the hit's end (the general way's answer without its per-group work:
+        this runs a request on the scheduling thread)."""
+        local = tuple(map(tuple, blocks.get_unhashed_block_ids_all_groups()))
+        try:
+            pull = pull or pull_of(request.kv_transfer_params)
+            if len(pull.blocks) != len(local):
+                raise UnsupportedPDLayoutError(
+                    f"the prefill side sent blocks of {len(pull.blocks)} KV cache groups for "
+                    f"{len(local)} here"
+                )
+        except UnsupportedPDLayoutError as error:
+            # The request waits for its blocks: the worker reports them to recompute.
+            self._receives.append(Receive(request.request_id, local, (), None, str(error)))
+            return
+        tokens = tuple(
+            ((len(every) - len(mine)) * group.block_size,) * 2
+            for group, every, mine in zip(self.groups, blocks.blocks, local)
+        )
+        self._receives.append(Receive(request.request_id, local, pull.blocks, pull.remote, "",
+                                      None, tokens, pull.num_tokens))  # fmt: skip
+
     def _positions(
-        self, request: Any, listed: tuple[tuple[int, ...], ...], kept: tuple[tuple[int, ...], ...]
+        self,
+        request: Any,
+        held: int,
+        listed: tuple[int, ...],
+        kept: tuple[tuple[int, ...], ...],
     ) -> tuple[tuple[int, int], ...]:
         """Each group's ``(token its first block to fill starts at, first token needed)``:
-        the blocks to fill are the tail of the group's list (after its prefix hit and a
-        window's null blocks), which covers the request's tokens from the first, a block a
-        position. The session pairs groups whose blocks hold other token counts on the two
-        sides by these."""
+        the blocks to fill are the tail of the group's list of ``listed`` blocks (after its
+        prefix hit and a window's null blocks), which covers the request's tokens from the
+        first, a block a position. The session pairs groups whose blocks hold other token
+        counts on the two sides by these."""
         # The decode side computes from the load's end on: a window's first needed token is
         # the oldest that token attends to.
-        computed_from = self._loaded_end(request)
+        computed_from = self._loaded_end(request, held)
         out = []
         for group, every, mine in zip(self.groups, listed, kept):
-            first = (len(every) - len(mine)) * group.block_size
+            first = (every - len(mine)) * group.block_size
             out.append((first, first_needed(group, computed_from + 1, first)))
         return tuple(out)
 
@@ -213,6 +264,19 @@ class SchedulerSide:
             kept_blocks(ids, g.kind, NULL_BLOCK, g.scratch_blocks)
             for ids, g in zip(block_ids, self.groups)
         )
+
+    def _sent_blocks(self, block_ids: Any) -> tuple[tuple[int, ...], ...]:
+        """Each group's blocks a finished prefill request sends, of vLLM's ``block_ids`` (a
+        list a group): every block where each group keeps every token's (no null block among
+        them), else each group's kept blocks."""
+        if (
+            self._plain
+            and type(block_ids) is tuple
+            and len(block_ids) == len(self.groups)
+            and all(type(g) is list and NULL_BLOCK not in g for g in block_ids)
+        ):
+            return tuple(map(tuple, block_ids))
+        return self._kept(self._transfer_ids(remote_block_groups(block_ids, "block_ids")))
 
     def _stream_prefill(self, request: Any, blocks: Any) -> None:
         """A prefill request whose decode side reads it while it runs: its progress goes to
@@ -233,7 +297,7 @@ class SchedulerSide:
         params["do_remote_prefill"] = False
         local = tuple(tuple(g) for g in blocks.get_block_ids()) if num_external_tokens else ()
         try:
-            remote = streamed_remote_of(params)
+            remote = (self._pulls.pop(request.request_id, None) or pull_of(params)).remote
         except UnsupportedPDLayoutError as error:
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
             return
@@ -248,6 +312,7 @@ class SchedulerSide:
 
     def finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         params = request.kv_transfer_params
+        pull = self._pulls.pop(request.request_id, None)
         streamed = self._streams.drop(request.request_id)
         self._hits.pop(request.request_id, None)
         if request.request_id in self._following:
@@ -263,23 +328,19 @@ class SchedulerSide:
             # Aborted before its blocks were allocated: tell the prefill side to free.
             params["do_remote_prefill"] = False
             try:
-                self._receives.append(Receive(request.request_id, (), (), remote_of(params)))
+                remote = (pull or pull_of(params)).remote
+                self._receives.append(Receive(request.request_id, (), (), remote))
             except UnsupportedPDLayoutError:
                 self._leaves_queue(request.request_id)  # nothing can be told to it
             return False, None
         if not params.get("do_remote_decode"):
             return False, None
-        from vllm.v1.request import RequestStatus
-
         try:
-            groups = self._kept(self._transfer_ids(remote_block_groups(block_ids, "block_ids")))
+            groups = self._sent_blocks(block_ids)
         except UnsupportedPDLayoutError as error:  # never fails the engine: nothing is sent
             logger.error("pdplan: request %s is not sent: %s", request.request_id, error)
             return False, None
-        completed = request.status in (
-            RequestStatus.FINISHED_LENGTH_CAPPED,
-            RequestStatus.FINISHED_STOPPED,
-        )
+        completed = request.status in _completed()
         if not any(groups) or not (completed or streamed):
             return False, None
         # Held until every reader is done or the lease ends; a streamed request even when it

@@ -4,8 +4,9 @@ connector acts on it, and a bad one is refused naming the key."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from pdplan._core import UnsupportedPDLayoutError
 from pdplan.limits import MAX_TOKENS, MAX_WORLD_SIZE
@@ -17,15 +18,13 @@ REMOTE_KEYS = ("remote_block_ids", "remote_engine_id", "remote_request_id", "rem
 
 #: Longest string value read.
 MAX_TEXT = 256
+#: A control character: never in a value sent on (a tab or newline would split a line).
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def _text(params: Mapping[str, Any], key: str) -> str:
     value = params.get(key)
-    if (
-        not isinstance(value, str)
-        or not 0 < len(value) <= MAX_TEXT
-        or any(ord(c) < 32 or ord(c) == 127 for c in value)
-    ):
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_TEXT or _CONTROL.search(value):
         raise UnsupportedPDLayoutError(
             f"kv_transfer_params {key} must be a string of 1 to {MAX_TEXT} characters, none a "
             "control character"
@@ -136,3 +135,68 @@ def remote_block_groups(
 ) -> tuple[tuple[int, ...], ...]:
     """Block ids of ``kv_transfer_params`` per KV cache group, read strictly."""
     return block_groups(block_ids, f"kv_transfer_params {key}")
+
+
+class Pull(NamedTuple):
+    """What a decode request's ``kv_transfer_params`` say, read once when it arrives: the
+    prefill instance and request, its blocks per group and tokens (none for a stream, whose
+    progress notices tell them), and the stream it follows, if any."""
+
+    remote: Remote
+    blocks: tuple[tuple[int, ...], ...]
+    num_tokens: int
+    stream_id: str | None = None
+
+
+def pull_of(params: Mapping[str, Any]) -> Pull:
+    """A decode request's params read strictly, or a refusal naming the key. Read once a
+    request on vLLM's scheduling thread: params every sender writes (exact ints and strings in
+    range) take the short way; any other goes the key-by-key way, which refuses with reasons."""
+    get = params.get
+    if get(STREAM_KEY) is None:
+        engine, request, host = (
+            get("remote_engine_id"),
+            get("remote_request_id"),
+            get("remote_host"),
+        )
+        port, tokens = get("remote_port"), get("remote_num_tokens", 0)
+        tp, pp, dcp = get("tp_size", 1), get("pp_size", 1), get("dcp_size", 1)
+        generation = get(GENERATION_KEY, 0)
+        if (
+            type(engine) is str
+            and type(request) is str
+            and type(host) is str
+            and 0 < len(engine) <= MAX_TEXT
+            and 0 < len(request) <= MAX_TEXT
+            and 0 < len(host) <= MAX_TEXT
+            and not _CONTROL.search(engine + request + host)
+            and type(port) is int
+            and 0 < port <= 65535
+            and type(tp) is int
+            and type(pp) is int
+            and 0 < tp
+            and 0 < pp
+            and tp * pp <= MAX_WORLD_SIZE
+            and type(dcp) is int
+            and dcp == 1
+            and type(generation) is int
+            and 0 <= generation <= MAX_GENERATION
+            and type(tokens) is int
+            and 0 <= tokens <= MAX_TOKENS
+        ):
+            blocks = remote_block_groups(get("remote_block_ids"))
+            return Pull(Remote(engine, request, host, port, tp, generation, pp), blocks, tokens)
+    return strict_pull_of(params)
+
+
+def strict_pull_of(params: Mapping[str, Any]) -> Pull:
+    """``pull_of`` key by key: each value checked alone, a refusal naming the first bad one."""
+    stream_id = stream_of(params)
+    if stream_id is not None:
+        try:
+            tokens = remote_tokens_of(params)
+        except UnsupportedPDLayoutError:
+            tokens = 0  # a stream's length comes from its progress notices
+        return Pull(_remote(params, stream_id), (), tokens, stream_id)
+    blocks = remote_block_groups(params.get("remote_block_ids"))
+    return Pull(remote_of(params), blocks, remote_tokens_of(params))
