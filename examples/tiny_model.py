@@ -15,20 +15,22 @@ from typing import Any
 
 def write_model(
     folder: Path, arch: str = "llama", seed: int = 0, layers: int = 2, kv_heads: int = 2,
-    window: int | None = None,
+    window: int | None = None, heads: int = 4, head_dim: int = 64, positions: int = 1024,
 ) -> Path:  # fmt: skip
     """A tiny random-weight model in ``folder``: Llama with GQA, or Qwen3 (the same with q/k
     norms). With ``window``, the Llama's even layers attend over a sliding window of that many
     tokens (``layer_types``, as vLLM's Llama reads them; its odd layers stay full): a hybrid
-    cache of two KV cache groups. The same seed writes the same weights."""
+    cache of two KV cache groups. ``heads`` and ``head_dim`` size the attention (a KV-heavy
+    model: more KV heads of more dims), ``positions`` the longest sequence. The same seed writes
+    the same weights."""
     import torch
     import transformers
 
     torch.manual_seed(seed)
     common = dict(
         vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=64,
-        max_position_embeddings=1024, torch_dtype="float32",
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        max_position_embeddings=positions, torch_dtype="float32",
     )  # fmt: skip
     if window is not None:
         kinds = ("sliding_attention", "full_attention")
