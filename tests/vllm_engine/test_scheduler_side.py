@@ -335,3 +335,35 @@ def test_a_cache_of_full_attention_only_reads_past_its_prefix_hit() -> None:
         nulled.status = RequestStatus.FINISHED_LENGTH_CAPPED
         assert scheduler.finished(nulled, ([3, 0, 5, 6, 7], [8, 9, 10, 11, 12])) == (False, None)
     assert found[:3] == found[3:]
+
+
+def test_a_request_aborted_before_its_blocks_tells_only_a_prefill_request_to_free() -> None:
+    """Aborted while it waits: a request naming the prefill side's request tells it to free;
+    a streamed one names only its stream (no prefill request to free), so nothing is sent."""
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_host": "127.0.0.1",
+              "remote_port": 5600}  # fmt: skip
+    scheduler = side(Config(HYBRID.kv_cache_groups[2:]))
+    pulled = request(40, {**params, "remote_request_id": "p", "remote_block_ids": [[3, 4]]}, "a")
+    streamed = request(40, {**params, "stream_id": "s-7"}, "b")
+    for made in (pulled, streamed):
+        scheduler.new_request(made)
+        assert scheduler.finished(made, ([],)) == (False, None)
+    receives = scheduler.step().receives
+    assert [(r.request_id, r.local_blocks, r.remote.request_id) for r in receives] == [
+        ("a", (), "p")
+    ]
+
+
+def test_a_bad_remote_num_tokens_is_computed_here_not_failed() -> None:
+    """Read when the request arrives: a bad ``remote_num_tokens`` refuses the pull where the
+    request is matched (vLLM computes it), never as a failed load."""
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "p",
+              "remote_host": "127.0.0.1", "remote_port": 5600,
+              "remote_block_ids": [[3, 4]]}  # fmt: skip
+    scheduler = side(Config(HYBRID.kv_cache_groups[2:]))
+    for bad in (-1, "40", None, True):
+        made = request(40, {**params, "remote_num_tokens": bad}, f"r{bad}")
+        scheduler.new_request(made)
+        assert scheduler.matched_tokens(made, 0) == (0, False)
+        assert made.kv_transfer_params["do_remote_prefill"] is False
+    assert scheduler.step().held == {}

@@ -91,8 +91,7 @@ def block_groups(block_ids: Any, key: str = "remote_block_ids") -> tuple[tuple[i
     for group in groups:
         if not isinstance(group, (list, tuple)) or len(group) > MAX_BLOCKS:
             raise UnsupportedPDLayoutError(f"{key} must hold lists of at most {MAX_BLOCKS} ids")
-        # Exact ints (a bool is not one), none negative: checked at C speed, a group at once.
-        if group and (not set(map(type, group)) <= {int} or min(group) < 0):
+        if any(isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in group):
             raise UnsupportedPDLayoutError(f"{key} must hold non-negative integers")
         out.append(tuple(group))
     return tuple(out)

@@ -328,10 +328,14 @@ class SchedulerSide:
             # Aborted before its blocks were allocated: tell the prefill side to free.
             params["do_remote_prefill"] = False
             try:
-                remote = (pull or pull_of(params)).remote
-                self._receives.append(Receive(request.request_id, (), (), remote))
+                pull = pull or pull_of(params)
             except UnsupportedPDLayoutError:
-                self._leaves_queue(request.request_id)  # nothing can be told to it
+                pull = None
+            if pull is None or pull.stream_id is not None:
+                # Nothing can be told to it; a stream names no prefill request to free.
+                self._leaves_queue(request.request_id)
+            else:
+                self._receives.append(Receive(request.request_id, (), (), pull.remote))
             return False, None
         if not params.get("do_remote_decode"):
             return False, None
