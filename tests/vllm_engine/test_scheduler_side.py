@@ -367,3 +367,32 @@ def test_a_bad_remote_num_tokens_is_computed_here_not_failed() -> None:
         assert scheduler.matched_tokens(made, 0) == (0, False)
         assert made.kv_transfer_params["do_remote_prefill"] is False
     assert scheduler.step().held == {}
+
+
+def test_blocks_of_another_number_of_groups_are_refused_to_recompute() -> None:
+    """The prefill side sent one group's blocks where this cache has two (a dense pair read by
+    the short way) or three (a hybrid, the general way): the request's blocks are handed back
+    to recompute, the reason named."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+    params = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "p",
+              "remote_host": "127.0.0.1", "remote_port": 5600,
+              "remote_block_ids": [[40, 41]]}  # fmt: skip
+    dense = Config(
+        [Group(["a"], spec("FullAttentionSpec")), Group(["b"], spec("FullAttentionSpec"))]
+    )
+    for config, ids in ((dense, ([1, 2], [3, 4])), (HYBRID, ([0, 1], [2, 3], [4, 5]))):
+        scheduler = side(config)
+        made = tuple([KVCacheBlock(b) for b in group] for group in ids)
+        for group in made:
+            for block in group:
+                block.is_null = block.block_id == 0
+        decode = request(50, dict(params), "d")
+        scheduler.new_request(decode)
+        scheduler.after_alloc(decode, KVCacheBlocks(made), 49)
+        [receive] = scheduler.step().receives
+        assert receive.remote is None and receive.local_blocks
+        assert receive.refused == (
+            f"the prefill side sent blocks of 1 KV cache groups for {len(ids)} here"
+        )

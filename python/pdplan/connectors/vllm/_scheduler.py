@@ -46,6 +46,14 @@ def _completed() -> tuple[Any, ...]:
     return (RequestStatus.FINISHED_LENGTH_CAPPED, RequestStatus.FINISHED_STOPPED)
 
 
+def _check_groups(sent: tuple[Any, ...], here: tuple[Any, ...]) -> None:
+    """Refuses a request whose prefill side sent blocks of another number of groups."""
+    if len(sent) != len(here):
+        raise UnsupportedPDLayoutError(
+            f"the prefill side sent blocks of {len(sent)} KV cache groups for {len(here)} here"
+        )
+
+
 class SchedulerSide:
     """One instance's scheduler-side state."""
 
@@ -191,11 +199,7 @@ class SchedulerSide:
             remote, groups, num_tokens = pull.remote, pull.blocks, pull.num_tokens
             if local:
                 local = self._kept(local)
-                if len(groups) != len(local):
-                    raise UnsupportedPDLayoutError(
-                        f"the prefill side sent blocks of {len(groups)} KV cache groups for "
-                        f"{len(local)} here"
-                    )
+                _check_groups(groups, local)
         except UnsupportedPDLayoutError as error:
             # The request waits for its blocks: the worker reports them to recompute.
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
@@ -212,11 +216,7 @@ class SchedulerSide:
         local = tuple(map(tuple, blocks.get_unhashed_block_ids_all_groups()))
         try:
             pull = pull or pull_of(request.kv_transfer_params)
-            if len(pull.blocks) != len(local):
-                raise UnsupportedPDLayoutError(
-                    f"the prefill side sent blocks of {len(pull.blocks)} KV cache groups for "
-                    f"{len(local)} here"
-                )
+            _check_groups(pull.blocks, local)
         except UnsupportedPDLayoutError as error:
             # The request waits for its blocks: the worker reports them to recompute.
             self._receives.append(Receive(request.request_id, local, (), None, str(error)))
